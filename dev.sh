@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Sluice's entry point for people and CI.
+#   ./dev.sh demo    set up, build, and run the vehicle demo on the embedded generator
+#   ./dev.sh test    set up, build, and run the whole test suite (what CI runs)
+#   ./dev.sh bench   set up, build, and run the throughput benchmark
+# "Set up" installs what is missing: the wasm32-wasip2 target and Debian packages.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+# One target directory outside the clone, so fresh clones on the same machine
+# (CI runs in one) build incrementally instead of from scratch.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
+WASM_DIR="$CARGO_TARGET_DIR/wasm32-wasip2/release"
+
+setup() {
+    local missing=()
+    # rocksdb's bindings are generated with libclang.
+    compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || missing+=(libclang-dev)
+    command -v c++ >/dev/null || missing+=(g++)
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "setup: installing ${missing[*]}" >&2
+        local sudo=""
+        [ "$(id -u)" = 0 ] || sudo=sudo
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+}
+
+build_operators() {
+    cargo build --release --target wasm32-wasip2 -p vehicle-stats -p probe
+}
+
+# The demo and the tests share one build. Building tests and binaries in one command
+# resolves features exactly as `cargo test` does, so nothing (RocksDB above all) is
+# built twice.
+build_host() {
+    cargo build --workspace --bins --tests
+}
+
+case "${1:-}" in
+demo)
+    setup
+    build_operators
+    build_host
+    out=demo-out
+    rm -rf "$out"
+    "$CARGO_TARGET_DIR/debug/sluice" run \
+        --operator "$WASM_DIR/vehicle_stats.wasm" \
+        --vehicles 10000 --count 1000000 --seed 42 --partitions 4 \
+        --state-dir "$out/state" --output "$out/outputs.jsonl" --dead-letter "$out/dead-letter.jsonl" \
+        --report-interval 1
+    echo "--- three vehicles' final summaries (sluice state dump --state-dir $out/state):"
+    "$CARGO_TARGET_DIR/debug/sluice" state dump --state-dir "$out/state" | head -n 3
+    ;;
+test)
+    setup
+    build_operators
+    build_host
+    cargo fmt --all -- --check
+    cargo test --workspace
+    ;;
+bench)
+    setup
+    build_operators
+    cargo bench -p sluice --bench throughput
+    ;;
+*)
+    echo "usage: $0 demo|test|bench" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,350 @@
+//! Write Sluice stream operators in Rust.
+//!
+//! An operator is a type that implements [`Operator`] and is exported with
+//! [`export_operator!`]. Built for `wasm32-wasip2`, the crate becomes a WebAssembly
+//! component that the `sluice` host runs in its sandbox, one record at a time.
+//!
+//! This crate owns the operator author's view of the `sluice:operator` WIT world:
+//! [`Record`] and [`Output`] instead of raw bindings, [`State`] for typed keyed state
+//! (any `Serialize + DeserializeOwned` value under a name, scoped to the record's key),
+//! and [`log`]. It does not own anything operational — partitions, offsets, storage,
+//! checkpoints — which all live in the host.
+//!
+//! State values are stored as JSON, which is self-describing: a later version of an
+//! operator can add a field with `#[serde(default)]` and still read what an earlier
+//! version wrote, with no migration.
+//!
+//! ```no_run
+//! use serde::{Deserialize, Serialize};
+//! use sluice_guest::{export_operator, Operator, Output, Record, Result, State};
+//!
+//! #[derive(Default, Serialize, Deserialize)]
+//! struct Count {
+//!     seen: u64,
+//! }
+//!
+//! struct Counter;
+//!
+//! impl Operator for Counter {
+//!     fn process(record: Record, state: &State<'_>) -> Result<Vec<Output>> {
+//!         let mut count: Count = state.get("count")?.unwrap_or_default();
+//!         count.seen += 1;
+//!         state.put("count", &count)?;
+//!         Ok(vec![Output::json(record.key, &count)?])
+//!     }
+//! }
+//!
+//! export_operator!(Counter);
+//! ```
+
+// The generated bindings name this crate by its public path so that the export
+// macro also resolves when it expands inside an operator's crate.
+extern crate self as sluice_guest;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::fmt;
+
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)] // generated code mirrors the canonical ABI
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../wit",
+        world: "operator",
+        pub_export_macro: true,
+        export_macro_name: "__export_operator_world",
+        default_bindings_module: "sluice_guest::bindings",
+        runtime_path: "sluice_guest::__private::wit_bindgen::rt",
+    });
+}
+
+#[cfg(target_arch = "wasm32")]
+use bindings::sluice::operator::state as wit_state;
+use bindings::sluice::operator::{log as wit_log, types};
+
+/// What an operator implements.
+pub trait Operator {
+    /// Called once per instance before its first record, with the operator's
+    /// `[operator.config]` table. The default accepts any config.
+    fn init(config: Vec<(String, String)>) -> Result<()> {
+        let _ = config;
+        Ok(())
+    }
+
+    /// Processes one record: read and write `state` for the record's key, return the
+    /// outputs. An `Err` sends the record to the dead-letter destination with the
+    /// error as its reason and discards the record's state writes.
+    fn process(record: Record, state: &State<'_>) -> Result<Vec<Output>>;
+}
+
+/// An operator's error: a message for the dead-letter record or the host's log.
+///
+/// Any `std::error::Error` converts into it, so `?` works on serde, parsing and I/O
+/// results alike.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Error(String);
+
+impl Error {
+    /// An error with the given message.
+    pub fn msg(message: impl fmt::Display) -> Self {
+        Error(message.to_string())
+    }
+}
+
+impl<E: std::error::Error> From<E> for Error {
+    fn from(error: E) -> Self {
+        Error(error.to_string())
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The result type of operator code.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One input record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// The partitioning key; [`State`] is scoped to it.
+    pub key: Vec<u8>,
+    /// The payload.
+    pub value: Vec<u8>,
+    /// Event time, milliseconds since the Unix epoch.
+    pub timestamp_ms: i64,
+    /// The source partition.
+    pub partition: u32,
+    /// The offset within the partition.
+    pub offset: u64,
+    /// Record headers, in order.
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+impl Record {
+    /// Parses the value as JSON into `T`; the error names the field that did not match
+    /// and the position in the value.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T> {
+        let mut json = serde_json::Deserializer::from_slice(&self.value);
+        serde_path_to_error::deserialize(&mut json).map_err(|e| match e.path().to_string().as_str() {
+            "." => Error(format!("value is not valid JSON for this operator: {}", e.inner())),
+            path => Error(format!("value is not valid JSON for this operator: field `{path}`: {}", e.inner())),
+        })
+    }
+
+    /// The key as UTF-8 text.
+    pub fn key_str(&self) -> Result<&str> {
+        std::str::from_utf8(&self.key).map_err(|e| Error(format!("key is not UTF-8: {e}")))
+    }
+}
+
+impl From<types::InputRecord> for Record {
+    fn from(r: types::InputRecord) -> Self {
+        Record {
+            key: r.key,
+            value: r.value,
+            timestamp_ms: r.timestamp_ms,
+            partition: r.partition,
+            offset: r.offset,
+            headers: r.headers.into_iter().map(|h| (h.key, h.value)).collect(),
+        }
+    }
+}
+
+/// One record an operator emits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Output {
+    /// The output key.
+    pub key: Vec<u8>,
+    /// The output payload.
+    pub value: Vec<u8>,
+    /// Destination topic; `None` sends it to the job's sink.
+    pub topic: Option<String>,
+}
+
+impl Output {
+    /// An output with raw bytes.
+    pub fn new(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
+        Output { key: key.into(), value: value.into(), topic: None }
+    }
+
+    /// An output whose value is `value` serialized as JSON.
+    pub fn json<T: Serialize + ?Sized>(key: impl Into<Vec<u8>>, value: &T) -> Result<Self> {
+        Ok(Output::new(key, serde_json::to_vec(value)?))
+    }
+
+    /// Sends this output to `topic` instead of the job's sink.
+    pub fn to_topic(mut self, topic: impl Into<String>) -> Self {
+        self.topic = Some(topic.into());
+        self
+    }
+}
+
+/// Keyed state for the record being processed.
+///
+/// Every value lives under a name and the current record's key; another key's state
+/// is out of reach. Values are any `Serialize + DeserializeOwned` type, stored as
+/// JSON. Writes become durable only if `process` returns normally.
+///
+/// Inside the host, calls go to the `sluice:operator/state` interface. Compiled for
+/// any other target, a `State` reads and writes a [`native::StateBackend`], so the
+/// same operator code runs in native tests and benchmarks.
+pub struct State<'a> {
+    #[cfg(target_arch = "wasm32")]
+    backend: std::marker::PhantomData<&'a ()>,
+    #[cfg(not(target_arch = "wasm32"))]
+    backend: &'a dyn native::StateBackend,
+}
+
+impl State<'_> {
+    /// The value under `name`, or `None` if nothing is stored. Fails if the stored
+    /// bytes do not deserialize into `T`, naming the state entry.
+    pub fn get<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>> {
+        match self.get_bytes(name) {
+            None => Ok(None),
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| Error(format!("state `{name}` does not decode as {}: {e}", std::any::type_name::<T>()))),
+        }
+    }
+
+    /// Stores `value` under `name`.
+    pub fn put<T: Serialize + ?Sized>(&self, name: &str, value: &T) -> Result<()> {
+        self.put_bytes(name, &serde_json::to_vec(value)?);
+        Ok(())
+    }
+
+    /// Removes the value under `name`.
+    pub fn delete(&self, name: &str) {
+        #[cfg(target_arch = "wasm32")]
+        wit_state::delete(name);
+        #[cfg(not(target_arch = "wasm32"))]
+        self.backend.delete(name);
+    }
+
+    /// The raw bytes under `name`.
+    pub fn get_bytes(&self, name: &str) -> Option<Vec<u8>> {
+        #[cfg(target_arch = "wasm32")]
+        return wit_state::get(name);
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.backend.get(name);
+    }
+
+    /// Stores raw bytes under `name`.
+    pub fn put_bytes(&self, name: &str, value: &[u8]) {
+        #[cfg(target_arch = "wasm32")]
+        wit_state::put(name, value);
+        #[cfg(not(target_arch = "wasm32"))]
+        self.backend.put(name, value);
+    }
+}
+
+/// Running operators outside the sandbox, against state the caller provides: for
+/// native unit tests of operator logic and for the host's native-baseline benchmark.
+#[cfg(not(target_arch = "wasm32"))]
+pub mod native {
+    use super::State;
+
+    /// Where a native [`State`] reads and writes, already scoped to the current key.
+    pub trait StateBackend {
+        /// The value under `name`.
+        fn get(&self, name: &str) -> Option<Vec<u8>>;
+        /// Stores `value` under `name`.
+        fn put(&self, name: &str, value: &[u8]);
+        /// Removes `name`.
+        fn delete(&self, name: &str);
+    }
+
+    impl<'a> State<'a> {
+        /// A `State` over `backend`.
+        pub fn native(backend: &'a dyn StateBackend) -> Self {
+            State { backend }
+        }
+    }
+}
+
+/// Logging into the host's log, tagged there with the operator and partition.
+/// Outside the sandbox, lines go to stderr.
+pub mod log {
+    /// How important a line is.
+    pub use super::wit_log::Level;
+
+    /// Logs `message` at `level`.
+    pub fn log(level: Level, message: &str) {
+        #[cfg(target_arch = "wasm32")]
+        super::wit_log::log(level, message);
+        #[cfg(not(target_arch = "wasm32"))]
+        eprintln!("{level:?}: {message}");
+    }
+
+    /// Logs at info level.
+    pub fn info(message: &str) {
+        log(Level::Info, message)
+    }
+
+    /// Logs at warn level.
+    pub fn warn(message: &str) {
+        log(Level::Warn, message)
+    }
+
+    /// Logs at error level.
+    pub fn error(message: &str) {
+        log(Level::Error, message)
+    }
+}
+
+/// Exports a type implementing [`Operator`] as this component's operator.
+///
+/// Use it once, at the crate root of a `cdylib` built for `wasm32-wasip2`.
+#[macro_export]
+macro_rules! export_operator {
+    ($operator:ty) => {
+        #[doc(hidden)]
+        #[cfg(target_arch = "wasm32")]
+        struct __SluiceOperatorExport;
+
+        #[cfg(target_arch = "wasm32")]
+        impl $crate::bindings::Guest for __SluiceOperatorExport {
+            fn init(config: ::std::vec::Vec<(::std::string::String, ::std::string::String)>) -> ::std::result::Result<(), ::std::string::String> {
+                $crate::__private::init::<$operator>(config)
+            }
+
+            fn process(
+                record: $crate::bindings::InputRecord,
+            ) -> ::std::result::Result<::std::vec::Vec<$crate::bindings::OutputRecord>, ::std::string::String> {
+                $crate::__private::process::<$operator>(record)
+            }
+        }
+
+        #[cfg(target_arch = "wasm32")]
+        $crate::bindings::__export_operator_world!(__SluiceOperatorExport with_types_in $crate::bindings);
+    };
+}
+
+#[doc(hidden)]
+pub mod __private {
+    //! What [`export_operator!`] expands to calls; not part of the API.
+    use super::*;
+
+    pub use wit_bindgen;
+
+    pub fn init<O: Operator>(config: Vec<(String, String)>) -> std::result::Result<(), String> {
+        O::init(config).map_err(|e| e.0)
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    pub fn process<O: Operator>(record: types::InputRecord) -> std::result::Result<Vec<types::OutputRecord>, String> {
+        static PANIC_HOOK: std::sync::Once = std::sync::Once::new();
+        // std's default hook reads the environment, which traps in the sandbox before
+        // the message is printed; this one hands the message to the host, which puts
+        // it in the dead letter.
+        PANIC_HOOK.call_once(|| {
+            std::panic::set_hook(Box::new(|info| log::log(log::Level::Error, &format!("panicked: {info}"))))
+        });
+        let state = State { backend: std::marker::PhantomData };
+        let outputs = O::process(record.into(), &state).map_err(|e| e.0)?;
+        Ok(outputs.into_iter().map(|o| types::OutputRecord { key: o.key, value: o.value, topic: o.topic }).collect())
+    }
+}

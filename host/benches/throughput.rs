@@ -1,0 +1,153 @@
+//! Records/s per core of vehicle-stats over the fleet generator, with RocksDB state,
+//! three ways in one run:
+//!
+//! 1. the WASM component through the host's worker path (what `sluice run` does);
+//! 2. the same operator code compiled natively, through the same worker path;
+//! 3. a raw RocksDB read-modify-write loop over the same keys (get, update a
+//!    16-byte aggregate, put), the floor of what keyed state costs.
+//!
+//! Each runs on one thread over one partition's pre-generated records, so records/s
+//! is per core. Run with `./dev.sh bench` (it builds the component first);
+//! `SLUICE_BENCH_RECORDS` and `SLUICE_BENCH_VEHICLES` change the sizes.
+
+use anyhow::Result;
+use sluice::operator::wasm::{Limits, WasmOperator};
+use sluice::operator::{Operator, Outcome, Output};
+use sluice::sink::Sink;
+use sluice::source::SourceRecord;
+use sluice::source::generator::{Fleet, FleetOptions};
+use sluice::state::{PartitionStore, Transaction};
+use sluice::worker::{self, Destinations, PartitionStats};
+use sluice_guest::native::StateBackend;
+use std::cell::RefCell;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BATCH: usize = 512;
+
+fn main() -> Result<()> {
+    let env = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let count = env("SLUICE_BENCH_RECORDS", 1_000_000);
+    let vehicles = env("SLUICE_BENCH_VEHICLES", 10_000) as u32;
+    let records: Vec<SourceRecord> = Fleet::new(&FleetOptions { vehicles, count: Some(count), seed: 42 })
+        .enumerate()
+        .map(|(offset, raw)| {
+            let raw = raw.expect("the generator does not fail");
+            SourceRecord {
+                partition: 0,
+                offset: offset as u64,
+                key: raw.key,
+                value: raw.value,
+                timestamp_ms: raw.timestamp_ms,
+            }
+        })
+        .collect();
+    let dir = tempfile::tempdir()?;
+    println!("vehicle-stats, {count} records over {vehicles} vehicles, one partition, one thread\n");
+
+    // `./dev.sh bench` builds the component into the same target directory.
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let wasm_path = target.join("wasm32-wasip2/release/vehicle_stats.wasm");
+    let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
+    let operator = Arc::new(WasmOperator::load(&wasm_path, limits, Vec::new())?);
+    let mut wasm = operator.instantiate(0, Transaction::new(PartitionStore::open(&dir.path().join("wasm"), 0)?))?;
+    let wasm_rate = through_worker(&mut wasm, &records, &dir.path().join("wasm"))?;
+    println!("wasm component, worker path   {wasm_rate:>12.0} records/s");
+
+    let mut native = NativeVehicleStats { txn: Transaction::new(PartitionStore::open(&dir.path().join("native"), 0)?) };
+    let native_rate = through_worker(&mut native, &records, &dir.path().join("native"))?;
+    println!("native Rust, worker path      {native_rate:>12.0} records/s");
+
+    let raw_rate = raw_rocksdb(&records, &dir.path().join("raw"))?;
+    println!("raw RocksDB read-modify-write {raw_rate:>12.0} records/s");
+    println!("\nwasm / native      {:.2}", wasm_rate / native_rate);
+    println!("wasm / raw RocksDB {:.2}", wasm_rate / raw_rate);
+    Ok(())
+}
+
+/// Records/s of `operator` through [`worker::run`] with every batch already queued.
+fn through_worker(operator: &mut dyn Operator, records: &[SourceRecord], dir: &Path) -> Result<f64> {
+    let batches: Vec<Vec<SourceRecord>> = records.chunks(BATCH).map(<[_]>::to_vec).collect();
+    let (tx, rx) = std::sync::mpsc::sync_channel(batches.len());
+    for batch in batches {
+        tx.send(batch)?;
+    }
+    drop(tx);
+    let (sink, dead) = (Sink::file(&dir.join("out.jsonl"))?, Sink::file(&dir.join("dead.jsonl"))?);
+    let destinations = Destinations { sink: &sink, dead_letters: &dead, operator: "bench" };
+    let started = Instant::now();
+    worker::run(operator, rx, &destinations, &PartitionStats::default())?;
+    Ok(records.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// vehicle-stats compiled natively, over the partition's transaction.
+struct NativeVehicleStats {
+    txn: Transaction,
+}
+
+struct TransactionBackend<'a>(RefCell<&'a mut Transaction>);
+
+impl StateBackend for TransactionBackend<'_> {
+    fn get(&self, name: &str) -> Option<Vec<u8>> {
+        self.0.borrow().get(name).expect("reading state")
+    }
+
+    fn put(&self, name: &str, value: &[u8]) {
+        self.0.borrow_mut().put(name, value.to_vec())
+    }
+
+    fn delete(&self, name: &str) {
+        self.0.borrow_mut().delete(name)
+    }
+}
+
+impl Operator for NativeVehicleStats {
+    fn process(&mut self, record: &SourceRecord) -> Result<Outcome> {
+        use sluice_guest::Operator as _;
+        let input = sluice_guest::Record {
+            key: record.key.clone(),
+            value: record.value.clone(),
+            timestamp_ms: record.timestamp_ms,
+            partition: record.partition,
+            offset: record.offset,
+            headers: Vec::new(),
+        };
+        let backend = TransactionBackend(RefCell::new(&mut self.txn));
+        let state = sluice_guest::State::native(&backend);
+        Ok(match vehicle_stats::VehicleStats::process(input, &state) {
+            Ok(outputs) => Outcome::Emitted(
+                outputs.into_iter().map(|o| Output { key: o.key, value: o.value, topic: o.topic }).collect(),
+            ),
+            Err(e) => Outcome::Rejected(e.to_string()),
+        })
+    }
+
+    fn state(&mut self) -> &mut Transaction {
+        &mut self.txn
+    }
+}
+
+/// Records/s of get + update + put per record, straight on RocksDB.
+fn raw_rocksdb(records: &[SourceRecord], dir: &Path) -> Result<f64> {
+    let mut options = rocksdb::Options::default();
+    options.create_if_missing(true);
+    options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    let db = rocksdb::DB::open(&options, dir)?;
+    let started = Instant::now();
+    for record in records {
+        let (mut count, mut speed_sum) = match db.get(&record.key)? {
+            Some(v) => (u64::from_le_bytes(v[..8].try_into()?), f64::from_le_bytes(v[8..16].try_into()?)),
+            None => (0, 0.0),
+        };
+        count += 1;
+        speed_sum += record.timestamp_ms as f64;
+        let mut value = [0u8; 16];
+        value[..8].copy_from_slice(&count.to_le_bytes());
+        value[8..].copy_from_slice(&speed_sum.to_le_bytes());
+        db.put(&record.key, value)?;
+    }
+    Ok(records.len() as f64 / started.elapsed().as_secs_f64())
+}

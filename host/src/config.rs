@@ -1,0 +1,302 @@
+//! The job's configuration: a TOML file, then command-line overrides.
+//!
+//! This module owns parsing and validating configuration and nothing else: every
+//! error names the file and, for TOML errors, the line and column. Unknown keys are
+//! errors, so a typo never silently falls back to a default.
+//!
+//! ```toml
+//! [operator]
+//! path = "vehicle_stats.wasm"
+//! call_timeout_ms = 1000      # CPU deadline of one call
+//! memory_limit_mib = 64       # linear-memory cap of one instance
+//! [operator.config]           # passed to the operator's init
+//!
+//! [source]                    # or: kind = "file", path = "input.jsonl", key_field = "vehicle_id"
+//! kind = "generator"
+//! vehicles = 10000
+//! count = 1000000
+//! seed = 42
+//! # rate = 5000               # records/s; absent = as fast as possible
+//!
+//! [sink]                      # or: kind = "stdout"
+//! kind = "file"
+//! path = "out/outputs.jsonl"
+//!
+//! [state]
+//! dir = "sluice-state"
+//! partitions = 4
+//! commit_every = 512          # records per state commit, at most
+//!
+//! [dead_letter]
+//! path = "out/dead-letter.jsonl"
+//! ```
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// A whole job.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The operator to run.
+    pub operator: OperatorConfig,
+    /// Where records come from.
+    #[serde(default)]
+    pub source: SourceConfig,
+    /// Where outputs go.
+    #[serde(default)]
+    pub sink: SinkConfig,
+    /// Where state lives.
+    #[serde(default)]
+    pub state: StateConfig,
+    /// Where records the operator could not process go.
+    #[serde(default)]
+    pub dead_letter: DeadLetterConfig,
+    /// The running summary.
+    #[serde(default)]
+    pub report: ReportConfig,
+}
+
+/// `[operator]`
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorConfig {
+    /// The operator component (`.wasm`).
+    pub path: PathBuf,
+    /// CPU deadline of one call, in milliseconds.
+    #[serde(default = "default_call_timeout_ms")]
+    pub call_timeout_ms: u64,
+    /// Linear-memory cap of one instance, in MiB.
+    #[serde(default = "default_memory_limit_mib")]
+    pub memory_limit_mib: u64,
+    /// Name/value pairs passed to the operator's `init`.
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+}
+
+fn default_call_timeout_ms() -> u64 {
+    1000
+}
+
+fn default_memory_limit_mib() -> u64 {
+    64
+}
+
+/// `[source]`
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum SourceConfig {
+    /// The embedded fleet generator.
+    Generator {
+        /// Number of vehicles (distinct keys).
+        #[serde(default = "default_vehicles")]
+        vehicles: u32,
+        /// Records to produce; absent with no `duration_s` is unbounded.
+        count: Option<u64>,
+        /// Wall-clock seconds to run for.
+        duration_s: Option<f64>,
+        /// Records per second; absent is as fast as possible.
+        rate: Option<f64>,
+        /// Seed: the same seed gives the same records.
+        #[serde(default)]
+        seed: u64,
+    },
+    /// A JSONL file, one record per line.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The JSON field holding the record key.
+        #[serde(default = "default_key_field")]
+        key_field: String,
+        /// The JSON field holding the event time (ms since the epoch).
+        #[serde(default = "default_timestamp_field")]
+        timestamp_field: String,
+        /// Records per second; absent is as fast as possible.
+        rate: Option<f64>,
+    },
+}
+
+fn default_vehicles() -> u32 {
+    1000
+}
+
+fn default_key_field() -> String {
+    "vehicle_id".into()
+}
+
+fn default_timestamp_field() -> String {
+    "ts".into()
+}
+
+impl Default for SourceConfig {
+    fn default() -> Self {
+        SourceConfig::Generator {
+            vehicles: default_vehicles(),
+            count: Some(100_000),
+            duration_s: None,
+            rate: None,
+            seed: 0,
+        }
+    }
+}
+
+/// `[sink]`
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum SinkConfig {
+    /// A JSONL file, appended to.
+    File {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Standard output.
+    Stdout,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        SinkConfig::Stdout
+    }
+}
+
+/// `[state]`
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateConfig {
+    /// The state directory: one RocksDB database per partition.
+    #[serde(default = "default_state_dir")]
+    pub dir: PathBuf,
+    /// How many partitions keys are hashed into.
+    #[serde(default = "default_partitions")]
+    pub partitions: u32,
+    /// The most records per state commit (and per batch handed to a worker).
+    #[serde(default = "default_commit_every")]
+    pub commit_every: usize,
+}
+
+fn default_state_dir() -> PathBuf {
+    "sluice-state".into()
+}
+
+fn default_partitions() -> u32 {
+    4
+}
+
+fn default_commit_every() -> usize {
+    512
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig { dir: default_state_dir(), partitions: default_partitions(), commit_every: default_commit_every() }
+    }
+}
+
+/// `[dead_letter]`
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterConfig {
+    /// The JSONL file dead letters are appended to.
+    #[serde(default = "default_dead_letter_path")]
+    pub path: PathBuf,
+}
+
+fn default_dead_letter_path() -> PathBuf {
+    "dead-letter.jsonl".into()
+}
+
+impl Default for DeadLetterConfig {
+    fn default() -> Self {
+        DeadLetterConfig { path: default_dead_letter_path() }
+    }
+}
+
+/// `[report]`
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportConfig {
+    /// Seconds between running-summary lines; 0 turns them off.
+    #[serde(default = "default_report_interval")]
+    pub interval_s: f64,
+}
+
+fn default_report_interval() -> f64 {
+    2.0
+}
+
+impl Default for ReportConfig {
+    fn default() -> Self {
+        ReportConfig { interval_s: default_report_interval() }
+    }
+}
+
+impl Config {
+    /// A job running the operator at `path` with every other setting at its default.
+    pub fn for_operator(path: &Path) -> Self {
+        Config {
+            operator: OperatorConfig {
+                path: path.to_path_buf(),
+                call_timeout_ms: default_call_timeout_ms(),
+                memory_limit_mib: default_memory_limit_mib(),
+                config: BTreeMap::new(),
+            },
+            source: SourceConfig::default(),
+            sink: SinkConfig::default(),
+            state: StateConfig::default(),
+            dead_letter: DeadLetterConfig::default(),
+            report: ReportConfig::default(),
+        }
+    }
+
+    /// Reads and validates the config file at `path`.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+        let config: Config = toml::from_str(&text).map_err(|e| {
+            anyhow::anyhow!("config file {} is not a valid sluice config: {}", path.display(), e.to_string().trim_end())
+        })?;
+        config.validate().with_context(|| format!("config file {}", path.display()))?;
+        Ok(config)
+    }
+
+    /// Checks values that parse but cannot work.
+    pub fn validate(&self) -> Result<()> {
+        if self.state.partitions == 0 {
+            bail!("[state] partitions must be at least 1");
+        }
+        if self.state.commit_every == 0 {
+            bail!("[state] commit_every must be at least 1");
+        }
+        if self.operator.call_timeout_ms == 0 || self.operator.memory_limit_mib == 0 {
+            bail!("[operator] call_timeout_ms and memory_limit_mib must be positive");
+        }
+        let rate = match &self.source {
+            SourceConfig::Generator { vehicles: 0, .. } => bail!("[source] vehicles must be at least 1"),
+            SourceConfig::Generator { rate, .. } | SourceConfig::File { rate, .. } => rate,
+        };
+        if rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
+            bail!("[source] rate must be a positive number of records per second");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_minimal_config_takes_defaults() {
+        let config: Config = toml::from_str("[operator]\npath = \"op.wasm\"\n").unwrap();
+        assert_eq!(config.state.partitions, 4);
+        assert_eq!(config.sink, SinkConfig::Stdout);
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn a_typo_is_an_error_not_a_default() {
+        let err = toml::from_str::<Config>("[operator]\npath = \"op.wasm\"\n[state]\npartitons = 3\n").unwrap_err();
+        assert!(err.to_string().contains("partitons"), "{err}");
+    }
+}

@@ -1,0 +1,214 @@
+//! A job: the wiring of source, partition workers, operator, state and sinks.
+//!
+//! [`run`] opens the state directory, loads and validates the operator, restores each
+//! partition's offset from its state, starts one worker thread per partition and the
+//! source's dispatcher, prints a running summary while they work, and returns the
+//! final [`JobReport`]. It owns thread lifetimes and error propagation; each piece's
+//! behaviour lives in its own module.
+
+use crate::config::{Config, SinkConfig, SourceConfig};
+use crate::operator::Operator;
+use crate::operator::wasm::{Limits, WasmOperator};
+use crate::sink::SinkTarget;
+use crate::source::file::JsonlFile;
+use crate::source::generator::{Fleet, FleetOptions};
+use crate::source::{self, DispatchOptions, DispatchReport, RawRecord};
+use crate::state::{StateDir, Transaction};
+use crate::worker::{self, Destinations, PartitionStats};
+use anyhow::{Context, Result, anyhow};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Batches a worker may have queued before the source waits for it.
+const QUEUED_BATCHES: usize = 4;
+
+/// What a job did, per partition and in all.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobReport {
+    /// Wall-clock time from the first record to the last commit.
+    pub elapsed: Duration,
+    /// What the source read and skipped.
+    pub source: DispatchReport,
+    /// One entry per partition, in partition order.
+    pub partitions: Vec<PartitionReport>,
+}
+
+/// One partition's part of a [`JobReport`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartitionReport {
+    /// The partition.
+    pub partition: u32,
+    /// The offset it resumed from (stored with its state).
+    pub resumed_at: u64,
+    /// The next offset to process, committed with its state.
+    pub committed_offset: u64,
+    /// Records processed by this run.
+    pub processed: u64,
+    /// Records sent to the dead-letter file by this run.
+    pub dead_letters: u64,
+    /// Distinct keys holding state.
+    pub keys: u64,
+}
+
+impl JobReport {
+    /// Records processed by this run, over all partitions.
+    pub fn processed(&self) -> u64 {
+        self.partitions.iter().map(|p| p.processed).sum()
+    }
+}
+
+impl fmt::Display for JobReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let processed = self.processed();
+        let rate = processed as f64 / self.elapsed.as_secs_f64().max(1e-9);
+        let dead: u64 = self.partitions.iter().map(|p| p.dead_letters).sum();
+        let keys: u64 = self.partitions.iter().map(|p| p.keys).sum();
+        writeln!(
+            f,
+            "processed {processed} records in {:.2}s ({rate:.0} records/s); {dead} dead letters; {keys} keys hold state; \
+             {} records skipped (already in state)",
+            self.elapsed.as_secs_f64(),
+            self.source.skipped
+        )?;
+        writeln!(f, "partition  resumed-at  committed  processed  dead-letters  keys")?;
+        for p in &self.partitions {
+            writeln!(
+                f,
+                "{:>9}  {:>10}  {:>9}  {:>9}  {:>12}  {:>4}",
+                p.partition, p.resumed_at, p.committed_offset, p.processed, p.dead_letters, p.keys
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs the job described by `config` to the end of its source.
+pub fn run(config: &Config) -> Result<JobReport> {
+    config.validate()?;
+    let partitions = config.state.partitions;
+    let state_dir = StateDir::open(&config.state.dir, partitions)?;
+    let limits = Limits {
+        call_timeout: Duration::from_millis(config.operator.call_timeout_ms),
+        memory_bytes: (config.operator.memory_limit_mib as usize) << 20,
+    };
+    let operator_config = config.operator.config.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let operator = Arc::new(WasmOperator::load(&config.operator.path, limits, operator_config)?);
+    let mut instances = Vec::new();
+    let mut start_offsets = Vec::new();
+    for partition in 0..partitions {
+        let store = state_dir.open_partition(partition)?;
+        start_offsets.push(store.committed_offset()?);
+        instances.push(operator.instantiate(partition, Transaction::new(store))?);
+    }
+    // Sinks open last, so a job that cannot start leaves no files behind.
+    let sink = match &config.sink {
+        SinkConfig::File { path } => SinkTarget::File(path.clone()),
+        SinkConfig::Stdout => SinkTarget::Stdout,
+    }
+    .open()?;
+    let dead_letters = SinkTarget::File(config.dead_letter.path.clone()).open()?;
+    let stats: Vec<PartitionStats> = start_offsets
+        .iter()
+        .map(|&offset| {
+            let stats = PartitionStats::default();
+            stats.committed_offset.store(offset, Ordering::Relaxed);
+            stats
+        })
+        .collect();
+    let (records, dispatch_options) = open_source(&config.source, config.state.commit_every)?;
+    tracing::info!(
+        operator = %config.operator.path.display(),
+        partitions,
+        state = %config.state.dir.display(),
+        sink = sink.name(),
+        "job started; resuming at offsets {start_offsets:?}"
+    );
+
+    let started = Instant::now();
+    let destinations = Destinations { sink: &sink, dead_letters: &dead_letters, operator: operator.name() };
+    let (source_report, instances) =
+        std::thread::scope(|scope| -> Result<_> {
+            let mut senders = Vec::new();
+            let mut workers = Vec::new();
+            for (mut instance, stats) in instances.into_iter().zip(&stats) {
+                let (tx, rx) = std::sync::mpsc::sync_channel(QUEUED_BATCHES);
+                senders.push(tx);
+                let destinations = &destinations;
+                let thread = std::thread::Builder::new().name(format!("sluice-p{}", workers.len()));
+                workers.push(thread.spawn_scoped(scope, move || {
+                    worker::run(&mut instance, rx, destinations, stats).map(|()| instance)
+                })?);
+            }
+            let dispatcher = std::thread::Builder::new().name("sluice-source".into()).spawn_scoped(scope, {
+                let start_offsets = &start_offsets;
+                move || source::dispatch(records, start_offsets, &senders, &dispatch_options)
+            })?;
+            let summary = Duration::from_secs_f64(config.report.interval_s.max(0.0));
+            let mut last = (Instant::now(), 0u64);
+            while !workers.iter().all(|w| w.is_finished()) {
+                std::thread::sleep(Duration::from_millis(20).min(summary.max(Duration::from_millis(1))));
+                if !summary.is_zero() && last.0.elapsed() >= summary {
+                    last = print_summary(started, last, &stats);
+                }
+            }
+            let mut finished = Vec::new();
+            for (partition, worker) in workers.into_iter().enumerate() {
+                let result = worker.join().map_err(|_| anyhow!("worker of partition {partition} panicked"))?;
+                finished.push(result.with_context(|| format!("partition {partition} stopped"))?);
+            }
+            let report = dispatcher.join().map_err(|_| anyhow!("the source panicked"))??;
+            Ok((report, finished))
+        })?;
+    let elapsed = started.elapsed();
+
+    let mut reports = Vec::new();
+    for (partition, (mut instance, stats)) in instances.into_iter().zip(&stats).enumerate() {
+        reports.push(PartitionReport {
+            partition: partition as u32,
+            resumed_at: start_offsets[partition],
+            committed_offset: stats.committed_offset.load(Ordering::Relaxed),
+            processed: stats.processed.load(Ordering::Relaxed),
+            dead_letters: stats.dead_letters.load(Ordering::Relaxed),
+            keys: instance.state().store().count_keys()?,
+        });
+    }
+    Ok(JobReport { elapsed, source: source_report, partitions: reports })
+}
+
+/// The records of `source` and how to pace them.
+fn open_source(
+    source: &SourceConfig,
+    batch_size: usize,
+) -> Result<(Box<dyn Iterator<Item = Result<RawRecord>> + Send>, DispatchOptions)> {
+    Ok(match source {
+        SourceConfig::Generator { vehicles, count, duration_s, rate, seed } => (
+            Box::new(Fleet::new(&FleetOptions { vehicles: *vehicles, count: *count, seed: *seed })),
+            DispatchOptions { rate: *rate, duration: duration_s.map(Duration::from_secs_f64), batch_size },
+        ),
+        SourceConfig::File { path, key_field, timestamp_field, rate } => (
+            Box::new(JsonlFile::open(path, key_field, timestamp_field)?),
+            DispatchOptions { rate: *rate, duration: None, batch_size },
+        ),
+    })
+}
+
+/// Prints one running-summary line to stderr and returns the new reference point.
+fn print_summary(started: Instant, (since, before): (Instant, u64), stats: &[PartitionStats]) -> (Instant, u64) {
+    let processed: u64 = stats.iter().map(|s| s.processed.load(Ordering::Relaxed)).sum();
+    let rate = (processed - before) as f64 / since.elapsed().as_secs_f64();
+    let partitions: Vec<String> = stats
+        .iter()
+        .enumerate()
+        .map(|(p, s)| {
+            format!("p{p}@{} keys~{}", s.committed_offset.load(Ordering::Relaxed), s.entries.load(Ordering::Relaxed))
+        })
+        .collect();
+    eprintln!(
+        "[{:>6.1}s] {processed} records, {rate:.0} records/s | {}",
+        started.elapsed().as_secs_f64(),
+        partitions.join(" | ")
+    );
+    (Instant::now(), processed)
+}

@@ -1,0 +1,312 @@
+//! The WebAssembly sandbox: loading, validating and running operator components.
+//!
+//! A [`WasmOperator`] is a validated, compiled component with its linker set up; it
+//! makes one [`WasmInstance`] per partition. Instances get only the `sluice:operator`
+//! imports (keyed state and logging). WASI imports that the Rust standard library
+//! links in are defined as traps, so a guest that touches the filesystem, network,
+//! clock or environment traps with the name of the function; any other import is
+//! refused when the component is loaded. Each call runs under a CPU deadline (epoch
+//! interruption) and a memory cap (store limits).
+
+use super::{Operator, Outcome, Output};
+use crate::source::SourceRecord;
+use crate::state::Transaction;
+use anyhow::{Context, Result, anyhow, bail};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use wasmtime::component::types::ComponentItem;
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "operator",
+        imports: { default: trappable },
+        anyhow: true,
+    });
+}
+
+use bindings::sluice::operator::{log, state, types};
+use bindings::{InputRecord, Operator as Bindings, OperatorPre};
+
+/// The WIT package operators are built against, and the version range this host serves.
+pub const WIT_PACKAGE: &str = "sluice:operator";
+/// The package's major.minor this host serves: any `0.1.x` component links.
+pub const WIT_VERSION: &str = "0.1";
+
+/// How often the epoch advances; the granularity of call deadlines.
+const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// Limits every call of an operator runs under.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Wall-clock deadline of one `process` or `init` call.
+    pub call_timeout: Duration,
+    /// The most linear memory an instance may hold, in bytes.
+    pub memory_bytes: usize,
+}
+
+/// A validated, compiled operator component, ready to instantiate per partition.
+pub struct WasmOperator {
+    engine: Engine,
+    pre: OperatorPre<HostCtx>,
+    path: PathBuf,
+    name: Arc<str>,
+    limits: Limits,
+    config: Vec<(String, String)>,
+}
+
+/// What the host functions see: the partition's state and the instance's limits.
+struct HostCtx {
+    txn: Transaction,
+    limits: StoreLimits,
+    operator: Arc<str>,
+    partition: u32,
+    /// A failure of the host itself (RocksDB), raised as a trap to unwind the guest
+    /// and reported by the worker as fatal rather than as the record's fault.
+    host_error: Option<anyhow::Error>,
+    /// The guest's last error-level log line in the current call: the SDK's panic
+    /// hook logs the panic message there just before the trap.
+    last_error: Option<String>,
+}
+
+impl WasmOperator {
+    /// Reads, validates and compiles the component at `path`.
+    ///
+    /// Fails with an error naming the file when it is not a WebAssembly component,
+    /// was built against another world or version, or imports anything but the
+    /// sluice interfaces and WASI.
+    pub fn load(path: &Path, limits: Limits, config: Vec<(String, String)>) -> Result<Self> {
+        let bytes = std::fs::read(path).with_context(|| format!("reading operator {}", path.display()))?;
+        check_component_header(&bytes).with_context(|| format!("operator {}", path.display()))?;
+
+        let mut engine_config = wasmtime::Config::new();
+        engine_config.epoch_interruption(true);
+        let engine = Engine::new(&engine_config)?;
+        let component = Component::new(&engine, &bytes)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("operator {}: not a valid WebAssembly component", path.display()))?;
+        check_imports(&engine, &component).with_context(|| format!("operator {}", path.display()))?;
+
+        let mut linker = Linker::<HostCtx>::new(&engine);
+        Bindings::add_to_linker::<HostCtx, HasSelf<HostCtx>>(&mut linker, |ctx| ctx)?;
+        linker.define_unknown_imports_as_traps(&component)?;
+        let pre =
+            linker.instantiate_pre(&component).and_then(OperatorPre::new).map_err(anyhow::Error::from).with_context(
+                || {
+                    format!(
+                        "operator {} does not implement the {WIT_PACKAGE}/operator@{WIT_VERSION} world \
+                     (it must export `init` and `process` with the signatures in wit/operator.wit)",
+                        path.display()
+                    )
+                },
+            )?;
+
+        let weak = engine.weak();
+        std::thread::Builder::new().name("sluice-epoch".into()).spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })?;
+
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default().into();
+        Ok(WasmOperator { engine, pre, path: path.to_path_buf(), name, limits, config })
+    }
+
+    /// The operator's name (its file stem), used in logs and dead letters.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Instantiates the operator for `partition` over `txn` and calls its `init`.
+    pub fn instantiate(self: &Arc<Self>, partition: u32, txn: Transaction) -> Result<WasmInstance> {
+        let ctx = HostCtx {
+            txn,
+            limits: StoreLimitsBuilder::new().memory_size(self.limits.memory_bytes).trap_on_grow_failure(true).build(),
+            operator: self.name.clone(),
+            partition,
+            host_error: None,
+            last_error: None,
+        };
+        let (store, bindings) = self.start(ctx)?;
+        Ok(WasmInstance { operator: self.clone(), live: Some(Live { store, bindings }) })
+    }
+
+    fn start(&self, ctx: HostCtx) -> Result<(Store<HostCtx>, Bindings)> {
+        let mut store = Store::new(&self.engine, ctx);
+        store.limiter(|ctx| &mut ctx.limits);
+        self.arm_deadline(&mut store);
+        let bindings = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("instantiating operator {}", self.path.display()))?;
+        self.arm_deadline(&mut store);
+        match bindings.call_init(&mut store, &self.config) {
+            Ok(Ok(())) => Ok((store, bindings)),
+            Ok(Err(reason)) => {
+                bail!("operator {} refused to start: init returned an error: {reason}", self.path.display())
+            }
+            Err(trap) => {
+                let panic = store.data_mut().last_error.take();
+                bail!("operator {} trapped in init: {}", self.path.display(), describe_trap(trap, &self.limits, panic))
+            }
+        }
+    }
+
+    fn arm_deadline(&self, store: &mut Store<HostCtx>) {
+        let ticks = self.limits.call_timeout.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1;
+        store.set_epoch_deadline(ticks);
+    }
+}
+
+/// One partition's instance of a [`WasmOperator`].
+pub struct WasmInstance {
+    operator: Arc<WasmOperator>,
+    /// Always `Some` between calls; taken only while a trapped instance is replaced.
+    live: Option<Live>,
+}
+
+struct Live {
+    store: Store<HostCtx>,
+    bindings: Bindings,
+}
+
+impl Operator for WasmInstance {
+    fn process(&mut self, record: &SourceRecord) -> Result<Outcome> {
+        let live = self.live.as_mut().expect("instance is live between calls");
+        self.operator.arm_deadline(&mut live.store);
+        let input = InputRecord {
+            key: record.key.clone(),
+            value: record.value.clone(),
+            timestamp_ms: record.timestamp_ms,
+            partition: record.partition,
+            offset: record.offset,
+            headers: Vec::new(),
+        };
+        live.store.data_mut().last_error = None;
+        let result = live.bindings.call_process(&mut live.store, &input);
+        if let Some(error) = live.store.data_mut().host_error.take() {
+            return Err(error);
+        }
+        match result {
+            Ok(Ok(outputs)) => Ok(Outcome::Emitted(
+                outputs.into_iter().map(|o| Output { key: o.key, value: o.value, topic: o.topic }).collect(),
+            )),
+            Ok(Err(reason)) => Ok(Outcome::Rejected(reason)),
+            Err(trap) => {
+                let panic = live.store.data_mut().last_error.take();
+                let reason = describe_trap(trap, &self.operator.limits, panic);
+                // A trapped instance may hold broken invariants in its memory: replace it.
+                let ctx = self.live.take().expect("instance is live").store.into_data();
+                let (store, bindings) = self.operator.start(ctx)?;
+                self.live = Some(Live { store, bindings });
+                Ok(Outcome::Trapped(reason))
+            }
+        }
+    }
+
+    fn state(&mut self) -> &mut Transaction {
+        &mut self.live.as_mut().expect("instance is live between calls").store.data_mut().txn
+    }
+}
+
+impl state::Host for HostCtx {
+    fn get(&mut self, name: String) -> Result<Option<Vec<u8>>> {
+        self.txn.get(&name).map_err(|e| self.fail(e))
+    }
+
+    fn put(&mut self, name: String, value: Vec<u8>) -> Result<()> {
+        self.txn.put(&name, value);
+        Ok(())
+    }
+
+    fn delete(&mut self, name: String) -> Result<()> {
+        self.txn.delete(&name);
+        Ok(())
+    }
+}
+
+impl log::Host for HostCtx {
+    fn log(&mut self, level: log::Level, message: String) -> Result<()> {
+        let (operator, partition) = (&*self.operator, self.partition);
+        match level {
+            log::Level::Trace => tracing::trace!(operator, partition, "{message}"),
+            log::Level::Debug => tracing::debug!(operator, partition, "{message}"),
+            log::Level::Info => tracing::info!(operator, partition, "{message}"),
+            log::Level::Warn => tracing::warn!(operator, partition, "{message}"),
+            log::Level::Error => {
+                tracing::error!(operator, partition, "{message}");
+                self.last_error = Some(message);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl types::Host for HostCtx {}
+
+impl HostCtx {
+    /// Records a host failure and returns the trap that unwinds the guest.
+    fn fail(&mut self, error: anyhow::Error) -> anyhow::Error {
+        let trap = anyhow!("host failure: {error:#}");
+        self.host_error = Some(error);
+        trap
+    }
+}
+
+/// Why a call trapped, in one line — the limit it hit, the panic message, or the
+/// denied import — followed by wasmtime's account with the guest's backtrace.
+fn describe_trap(trap: wasmtime::Error, limits: &Limits, panic: Option<String>) -> String {
+    let account = format!("{trap:#}");
+    let root = trap.root_cause().to_string();
+    let cause = if matches!(trap.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) {
+        format!("call exceeded its deadline of {:?}", limits.call_timeout)
+    } else if account.contains("forcing trap when growing memory") {
+        format!("operator exceeded its memory limit of {} MiB", limits.memory_bytes >> 20)
+    } else if let Some(panic) = panic {
+        panic
+    } else if let Some(import) = root.strip_prefix("unknown import: ").and_then(|r| r.split('`').nth(1)) {
+        format!("operator called `{import}`, which the sandbox denies (no filesystem, network, clock or environment)")
+    } else {
+        root
+    };
+    format!("{cause}\n{account}")
+}
+
+/// Checks the 8-byte preamble: `\0asm`, then the component-model version and layer.
+fn check_component_header(bytes: &[u8]) -> Result<()> {
+    match bytes.get(..8) {
+        Some([0, b'a', b's', b'm', _, _, 1, 0]) => Ok(()),
+        Some([0, b'a', b's', b'm', 1, 0, 0, 0]) => bail!(
+            "is a core WebAssembly module, not a component; build the operator with \
+             `cargo build --target wasm32-wasip2`, which produces a component"
+        ),
+        _ => bail!("is not a WebAssembly file (it does not start with the `\\0asm` preamble)"),
+    }
+}
+
+/// Refuses imports the sandbox cannot satisfy, naming each.
+fn check_imports(engine: &Engine, component: &Component) -> Result<()> {
+    for (name, item) in component.component_type().imports(engine) {
+        if let Some(rest) = name.strip_prefix(WIT_PACKAGE).and_then(|r| r.strip_prefix('/')) {
+            let version = rest.split_once('@').map(|(_, v)| v).unwrap_or("");
+            if version.split('.').take(2).collect::<Vec<_>>().join(".") != WIT_VERSION {
+                bail!(
+                    "imports `{name}`: built against {WIT_PACKAGE}@{version}, but this host serves \
+                     {WIT_PACKAGE}@{WIT_VERSION}.x; rebuild it against a compatible guest SDK"
+                );
+            }
+        } else if !name.starts_with("wasi:") || !matches!(item.ty, ComponentItem::ComponentInstance(_)) {
+            bail!(
+                "imports `{name}`, which the sandbox does not provide; operators may import only \
+                 {WIT_PACKAGE}@{WIT_VERSION}.x interfaces (WASI interfaces link, but every call traps)"
+            );
+        }
+    }
+    Ok(())
+}

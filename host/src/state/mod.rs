@@ -1,0 +1,119 @@
+//! Keyed operator state: one RocksDB instance per partition under a state directory.
+//!
+//! This module owns the on-disk layout of a state directory, its format version, and
+//! the encoding of state entries. [`StateDir`] checks that a directory was written by
+//! a compatible sluice and with the same partition count before anything is opened
+//! for writing; [`PartitionStore`] is one partition's database with the offset its
+//! state reflects; [`Transaction`] stages a batch of records' writes so that state and
+//! offset commit in one RocksDB write batch.
+//!
+//! It does not decide *when* to commit (the [worker](crate::worker) does) and knows
+//! nothing about operators beyond the current record's key.
+
+mod partition;
+mod transaction;
+
+pub use partition::{PartitionStore, StateEntry};
+pub use transaction::Transaction;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The state format this build writes and reads. Bump it whenever the layout or the
+/// entry encoding changes, so an older or newer sluice refuses the directory instead
+/// of misreading it.
+pub const STATE_FORMAT: u32 = 1;
+
+/// The file at the root of a state directory that records its format.
+pub const MANIFEST_FILE: &str = "sluice-state.json";
+
+/// What a state directory was written with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StateManifest {
+    /// The [`STATE_FORMAT`] of the sluice that created the directory.
+    pub format: u32,
+    /// How many partitions the keys were hashed into. A different count would send
+    /// keys to partitions that do not hold their state.
+    pub partitions: u32,
+    /// The sluice version that created the directory, for error messages.
+    pub created_by: String,
+}
+
+/// A state directory: a manifest and one RocksDB database per partition.
+#[derive(Debug)]
+pub struct StateDir {
+    root: PathBuf,
+    manifest: StateManifest,
+}
+
+impl StateDir {
+    /// Opens the state directory at `root` for a job with `partitions` partitions,
+    /// creating it when it does not exist. Fails, touching nothing, when the directory
+    /// was written by an incompatible format or with another partition count.
+    pub fn open(root: &Path, partitions: u32) -> Result<Self> {
+        let manifest_path = root.join(MANIFEST_FILE);
+        let manifest = if manifest_path.exists() {
+            let manifest = Self::read_manifest(root)?;
+            if manifest.format != STATE_FORMAT {
+                bail!(
+                    "{} says the state directory was written in state format {} (by sluice {}); this sluice {} reads \
+                     format {} only. Use a matching sluice or a new state directory; nothing was changed",
+                    manifest_path.display(),
+                    manifest.format,
+                    manifest.created_by,
+                    env!("CARGO_PKG_VERSION"),
+                    STATE_FORMAT
+                );
+            }
+            if manifest.partitions != partitions {
+                bail!(
+                    "state directory {} holds {} partitions but the job asks for {partitions}; keys would hash to \
+                     partitions that do not hold their state. Run with partitions = {} or a new state directory",
+                    root.display(),
+                    manifest.partitions,
+                    manifest.partitions
+                );
+            }
+            manifest
+        } else {
+            if root.exists() && std::fs::read_dir(root)?.next().is_some() {
+                bail!(
+                    "state directory {} is not empty but has no {MANIFEST_FILE}: it was not written by sluice; \
+                     refusing to write into it",
+                    root.display()
+                );
+            }
+            std::fs::create_dir_all(root).with_context(|| format!("creating state directory {}", root.display()))?;
+            let manifest =
+                StateManifest { format: STATE_FORMAT, partitions, created_by: env!("CARGO_PKG_VERSION").to_string() };
+            let tmp = root.join(format!("{MANIFEST_FILE}.tmp"));
+            std::fs::write(&tmp, serde_json::to_vec_pretty(&manifest)?)?;
+            std::fs::rename(&tmp, &manifest_path)?;
+            manifest
+        };
+        Ok(StateDir { root: root.to_path_buf(), manifest })
+    }
+
+    /// Reads the manifest of an existing state directory without opening anything.
+    pub fn read_manifest(root: &Path) -> Result<StateManifest> {
+        let path = root.join(MANIFEST_FILE);
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_slice(&bytes).with_context(|| format!("{} is not a sluice state manifest", path.display()))
+    }
+
+    /// The partition count recorded in the manifest.
+    pub fn partitions(&self) -> u32 {
+        self.manifest.partitions
+    }
+
+    /// The directory of partition `partition`'s database.
+    pub fn partition_path(&self, partition: u32) -> PathBuf {
+        self.root.join(format!("partition-{partition:04}"))
+    }
+
+    /// Opens partition `partition`'s database, creating it on first use.
+    pub fn open_partition(&self, partition: u32) -> Result<PartitionStore> {
+        PartitionStore::open(&self.partition_path(partition), partition)
+    }
+}

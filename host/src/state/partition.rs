@@ -1,0 +1,153 @@
+//! One partition's RocksDB database: state entries and the offset they reflect.
+
+use super::STATE_FORMAT;
+use anyhow::{Context, Result, bail};
+use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch};
+use std::path::{Path, PathBuf};
+
+/// Column family holding the partition's bookkeeping: format and committed offset.
+const META_CF: &str = "meta";
+const META_FORMAT: &[u8] = b"format";
+const META_OFFSET: &[u8] = b"offset";
+
+/// One state entry: a named value under a record key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateEntry {
+    /// The record key the value belongs to.
+    pub key: Vec<u8>,
+    /// The name the operator stored it under.
+    pub name: String,
+    /// The stored bytes.
+    pub value: Vec<u8>,
+}
+
+/// A partition's database. State entries live in the default column family under
+/// [`entry_key`]; the committed source offset lives in the `meta` column family and
+/// is only ever written in the same batch as the state it reflects.
+pub struct PartitionStore {
+    db: DB,
+    path: PathBuf,
+    partition: u32,
+}
+
+impl PartitionStore {
+    /// Opens (or creates) the database at `path`, checking its recorded format.
+    pub fn open(path: &Path, partition: u32) -> Result<Self> {
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        options.create_missing_column_families(true);
+        options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let cfs = [ColumnFamilyDescriptor::new(META_CF, Options::default())];
+        let db = DB::open_cf_descriptors(&options, path, cfs)
+            .with_context(|| format!("opening state of partition {partition} at {}", path.display()))?;
+        let store = PartitionStore { db, path: path.to_path_buf(), partition };
+        match store.get_meta(META_FORMAT)? {
+            None => {
+                let mut batch = WriteBatch::default();
+                batch.put_cf(store.meta(), META_FORMAT, STATE_FORMAT.to_be_bytes());
+                store.db.write(batch)?;
+            }
+            Some(bytes) if bytes == STATE_FORMAT.to_be_bytes() => {}
+            Some(bytes) => bail!(
+                "state of partition {partition} at {} has format {:?}, this sluice reads format {STATE_FORMAT}",
+                path.display(),
+                bytes
+            ),
+        }
+        Ok(store)
+    }
+
+    /// The partition this store belongs to.
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    /// The next source offset to process: the offset committed with the state, or 0.
+    pub fn committed_offset(&self) -> Result<u64> {
+        match self.get_meta(META_OFFSET)? {
+            None => Ok(0),
+            Some(bytes) => {
+                let bytes: [u8; 8] = bytes.as_slice().try_into().with_context(|| {
+                    format!("corrupt offset in state of partition {} at {}", self.partition, self.path.display())
+                })?;
+                Ok(u64::from_be_bytes(bytes))
+            }
+        }
+    }
+
+    /// Reads the value of an encoded entry key.
+    pub(super) fn get(&self, entry_key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.db.get(entry_key).with_context(|| format!("reading state of partition {}", self.partition))
+    }
+
+    /// Writes `batch` with the new committed `offset`, atomically.
+    pub(super) fn write(&self, mut batch: WriteBatch, offset: u64) -> Result<()> {
+        batch.put_cf(self.meta(), META_OFFSET, offset.to_be_bytes());
+        self.db.write(batch).with_context(|| format!("committing state of partition {}", self.partition))
+    }
+
+    /// RocksDB's estimate of the number of state entries; cheap, for running summaries.
+    pub fn estimated_entries(&self) -> u64 {
+        self.db.property_int_value("rocksdb.estimate-num-keys").ok().flatten().unwrap_or(0)
+    }
+
+    /// Every state entry in key order.
+    pub fn entries(&self) -> impl Iterator<Item = Result<StateEntry>> + '_ {
+        self.db.iterator(IteratorMode::Start).map(|item| {
+            let (k, v) = item?;
+            let (key, name) = decode_entry_key(&k).context("corrupt state entry key")?;
+            Ok(StateEntry { key: key.to_vec(), name: String::from_utf8_lossy(name).into_owned(), value: v.to_vec() })
+        })
+    }
+
+    /// The number of distinct record keys holding state; reads every entry.
+    pub fn count_keys(&self) -> Result<u64> {
+        let mut count = 0;
+        let mut last: Option<Vec<u8>> = None;
+        for entry in self.entries() {
+            let entry = entry?;
+            if last.as_ref() != Some(&entry.key) {
+                count += 1;
+                last = Some(entry.key);
+            }
+        }
+        Ok(count)
+    }
+
+    fn meta(&self) -> &rocksdb::ColumnFamily {
+        self.db.cf_handle(META_CF).expect("meta column family is created on open")
+    }
+
+    fn get_meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.db.get_cf(self.meta(), key).with_context(|| format!("reading state of partition {}", self.partition))
+    }
+}
+
+/// Encodes the RocksDB key of the value `name` under record key `key`:
+/// the key's length (u32, big-endian), the key, then the name. The length prefix keeps
+/// one key's names contiguous and apart from every other key's.
+pub(super) fn entry_key(key: &[u8], name: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + key.len() + name.len());
+    out.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    out.extend_from_slice(key);
+    out.extend_from_slice(name.as_bytes());
+    out
+}
+
+fn decode_entry_key(encoded: &[u8]) -> Option<(&[u8], &[u8])> {
+    let len = u32::from_be_bytes(encoded.get(..4)?.try_into().ok()?) as usize;
+    let key = encoded.get(4..4 + len)?;
+    Some((key, &encoded[4 + len..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_keys_of_different_keys_never_collide() {
+        // Without the length prefix, key "ab" + name "c" would equal key "a" + name "bc".
+        assert_ne!(entry_key(b"ab", "c"), entry_key(b"a", "bc"));
+        assert_eq!(decode_entry_key(&entry_key(b"ab", "c")), Some((&b"ab"[..], &b"c"[..])));
+    }
+}

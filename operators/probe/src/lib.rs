@@ -1,0 +1,98 @@
+//! A test operator that probes the sandbox and the guest SDK. Not an example to copy.
+//!
+//! Each record's value is JSON `{"action": ..., ...}`:
+//! - `roundtrip` with `sample`: stores the sample as typed state, reads it back, and
+//!   emits `{"previous": <sample stored before>, "readback_equal": bool}`;
+//! - `count`: increments a counter and emits it;
+//! - `put-then-panic`: writes state, then panics (the write must be discarded);
+//! - `read-fs`, `read-env`: touch the filesystem / environment (must trap);
+//! - `spin`: loops forever (must hit the deadline);
+//! - `hog`: allocates without bound (must hit the memory cap).
+//!
+//! With `fail_init = "true"` in its config, `init` fails.
+use serde::{Deserialize, Serialize};
+use sluice_guest::{Error, Operator, Output, Record, Result, State, export_operator};
+use std::collections::BTreeMap;
+
+/// A value exercising most of serde's data model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub text: String,
+    pub int: i64,
+    pub float: f64,
+    pub list: Vec<u32>,
+    pub map: BTreeMap<String, Option<bool>>,
+    pub kind: Kind,
+    pub nested: Option<Box<Sample>>,
+}
+
+/// An enum with unit, tuple and struct variants.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Kind {
+    Unit,
+    Tuple(u8, String),
+    Struct { bytes: Vec<u8> },
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "action", rename_all = "kebab-case")]
+enum Action {
+    Roundtrip { sample: Sample },
+    Count,
+    PutThenPanic,
+    ReadFs,
+    ReadEnv,
+    Spin,
+    Hog,
+}
+
+/// The probe operator.
+pub struct Probe;
+
+impl Operator for Probe {
+    fn init(config: Vec<(String, String)>) -> Result<()> {
+        match config.iter().any(|(k, v)| k == "fail_init" && v == "true") {
+            true => Err(Error::msg("fail_init is set")),
+            false => Ok(()),
+        }
+    }
+
+    fn process(record: Record, state: &State<'_>) -> Result<Vec<Output>> {
+        let key = record.key.clone();
+        let emitted = match record.json::<Action>()? {
+            Action::Roundtrip { sample } => {
+                let previous: Option<Sample> = state.get("sample")?;
+                state.put("sample", &sample)?;
+                let back: Sample = state.get("sample")?.ok_or_else(|| Error::msg("sample vanished"))?;
+                serde_json::json!({ "previous": previous, "readback_equal": back == sample })
+            }
+            Action::Count => {
+                let count = state.get::<u64>("count")?.unwrap_or(0) + 1;
+                state.put("count", &count)?;
+                serde_json::json!({ "count": count })
+            }
+            Action::PutThenPanic => {
+                state.put("count", &1_000_000u64)?;
+                panic!("probe panics after a write");
+            }
+            Action::ReadFs => serde_json::json!({ "read": std::fs::read_to_string("/etc/hostname")? }),
+            Action::ReadEnv => serde_json::json!({ "env": std::env::vars().collect::<Vec<_>>() }),
+            Action::Spin => {
+                let mut n: u64 = 0;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            Action::Hog => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 1 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+        };
+        Ok(vec![Output::json(key, &emitted)?])
+    }
+}
+
+export_operator!(Probe);

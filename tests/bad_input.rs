@@ -1,0 +1,182 @@
+//! Bad input gets a clear error naming what is wrong and where, and harms no stored
+//! state: configs, WASM files, records, state directories.
+
+use anyhow::Result;
+use sluice_tests::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// A state directory holding the fold of a small input, and that input.
+struct Seeded {
+    dir: tempfile::TempDir,
+    input: PathBuf,
+    state: PathBuf,
+}
+
+impl Seeded {
+    fn new() -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let (input, state) = (dir.path().join("input.jsonl"), dir.path().join("state"));
+        generate(&input, 10, 500, 1)?;
+        let seeded = Seeded { dir, input, state };
+        run_ok(&mut seeded.run_with(&operator_wasm("vehicle_stats"), 2))?;
+        Ok(seeded)
+    }
+
+    /// `sluice run` of `operator` over the seeded input and state.
+    fn run_with(&self, operator: &Path, partitions: u32) -> std::process::Command {
+        let mut command = sluice();
+        command
+            .arg("run")
+            .arg("--operator")
+            .arg(operator)
+            .arg("--input")
+            .arg(&self.input)
+            .arg("--output")
+            .arg(self.dir.path().join("out.jsonl"))
+            .arg("--dead-letter")
+            .arg(self.dir.path().join("dead.jsonl"))
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(["--partitions", &partitions.to_string(), "--report-interval", "0"]);
+        command
+    }
+
+    /// Fails unless the state still holds exactly the fold of the input.
+    fn assert_unharmed(&self) -> Result<()> {
+        assert_state_matches(&dump_state(&self.state)?, &Reference::fold(&self.input)?, "state after bad input");
+        Ok(())
+    }
+}
+
+#[test]
+fn a_missing_or_malformed_config_names_the_file_and_the_problem() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let missing = dir.path().join("nope.toml");
+    let err = run_err(sluice().arg("run").arg("--config").arg(&missing))?;
+    assert!(err.contains("nope.toml") && err.contains("No such file"), "{err}");
+
+    let cases = [
+        ("[operator]\npath = \"x.wasm\"\n[state\npartitions = 2\n", "line 3"),
+        ("[operator]\npath = \"x.wasm\"\n[state]\npartitons = 2\n", "partitons"),
+        ("[operator]\npath = \"x.wasm\"\n[state]\npartitions = 0\n", "[state] partitions must be at least 1"),
+        ("[operator]\npath = \"x.wasm\"\n[source]\nkind = \"kafka\"\n", "kafka"),
+        ("[state]\npartitions = 2\n", "operator"),
+    ];
+    for (i, (text, expected)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("bad-{i}.toml"));
+        std::fs::write(&path, text)?;
+        let err = run_err(sluice().arg("run").arg("--config").arg(&path))?;
+        assert!(err.contains(&format!("bad-{i}.toml")) && err.contains(expected), "case {i}: {err}");
+    }
+    Ok(())
+}
+
+#[test]
+fn wasm_files_that_are_not_our_components_are_refused_and_state_is_unharmed() -> Result<()> {
+    let seeded = Seeded::new()?;
+    let files: [(&str, Vec<u8>, &str); 5] = [
+        ("text.wasm", b"hello, I am not wasm".to_vec(), "is not a WebAssembly file"),
+        (
+            "core.wasm",
+            wat::parse_str("(module (func (export \"process\")))")?,
+            "core WebAssembly module, not a component",
+        ),
+        ("empty.wasm", wat::parse_str("(component)")?, "does not implement the sluice:operator/operator@0.1 world"),
+        (
+            "net.wasm",
+            wat::parse_str("(component (import \"evil:net/socket\" (instance)))")?,
+            "imports `evil:net/socket`, which the sandbox does not provide",
+        ),
+        (
+            "future.wasm",
+            wat::parse_str("(component (import \"sluice:operator/state@0.2.0\" (instance)))")?,
+            "built against sluice:operator@0.2.0",
+        ),
+    ];
+    for (name, bytes, expected) in files {
+        let path = seeded.dir.path().join(name);
+        std::fs::write(&path, bytes)?;
+        let err = run_err(&mut seeded.run_with(&path, 2))?;
+        assert!(err.contains(name) && err.contains(expected), "{name}: {err}");
+    }
+    seeded.assert_unharmed()
+}
+
+#[test]
+fn a_record_that_is_not_json_goes_to_the_dead_letter_file_and_processing_continues() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    generate(&input, 8, 400, 2)?;
+    let mut lines: Vec<String> = std::fs::read_to_string(&input)?.lines().map(String::from).collect();
+    lines.insert(100, "{not json at all".into());
+    lines.insert(200, r#"{"vehicle_id":"veh-00001","ts":"yesterday"}"#.into());
+    std::fs::write(&input, lines.join("\n") + "\n")?;
+
+    let (out, dead, state) = (dir.path().join("out.jsonl"), dir.path().join("dead.jsonl"), dir.path().join("state"));
+    run_ok(
+        sluice()
+            .arg("run")
+            .arg("--operator")
+            .arg(operator_wasm("vehicle_stats"))
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(&out)
+            .arg("--dead-letter")
+            .arg(&dead)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["--report-interval", "0"]),
+    )?;
+    let reference = Reference::fold(&input)?;
+    assert_eq!(read_jsonl(&out)?.len(), 400);
+    assert_state_matches(&dump_state(&state)?, &reference, "state beside poison records");
+
+    let dead = read_jsonl(&dead)?;
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    let by_value: BTreeMap<String, &serde_json::Value> =
+        dead.iter().map(|d| (d["value"].to_string(), d)).collect::<BTreeMap<_, _>>();
+    let not_json = by_value[&serde_json::Value::String("{not json at all".into()).to_string()];
+    assert_eq!(not_json["error"], "rejected");
+    assert!(not_json["reason"].as_str().unwrap().contains("not valid JSON"), "{not_json}");
+    assert_eq!(not_json["key"], "", "a line without a key gets the empty key");
+    let bad_ts = dead.iter().find(|d| d["key"] == "veh-00001").expect("dead letter for the bad timestamp");
+    assert!(bad_ts["reason"].as_str().unwrap().contains("field `ts`"), "{bad_ts}");
+    assert!(bad_ts["partition"].is_u64() && bad_ts["offset"].is_u64() && bad_ts["operator"] == "vehicle_stats");
+    Ok(())
+}
+
+#[test]
+fn a_state_directory_of_another_format_or_partition_count_is_refused_untouched() -> Result<()> {
+    let seeded = Seeded::new()?;
+    let manifest = seeded.state.join("sluice-state.json");
+    let original = std::fs::read_to_string(&manifest)?;
+    std::fs::write(&manifest, original.replace("\"format\": 1", "\"format\": 99"))?;
+    let before = snapshot(&seeded.state)?;
+    let err = run_err(&mut seeded.run_with(&operator_wasm("vehicle_stats"), 2))?;
+    assert!(err.contains("sluice-state") && err.contains("state format 99") && err.contains("reads format 1"), "{err}");
+    assert_eq!(snapshot(&seeded.state)?, before, "no file of the state directory changed");
+
+    std::fs::write(&manifest, &original)?;
+    let err = run_err(&mut seeded.run_with(&operator_wasm("vehicle_stats"), 5))?;
+    assert!(err.contains("holds 2 partitions but the job asks for 5"), "{err}");
+    seeded.assert_unharmed()
+}
+
+/// Every file under `dir` with its contents.
+fn snapshot(dir: &Path) -> Result<BTreeMap<PathBuf, Vec<u8>>> {
+    let mut files = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                files.insert(path.clone(), std::fs::read(&path)?);
+            }
+        }
+    }
+    Ok(files)
+}

@@ -1,0 +1,192 @@
+//! Shared pieces of the end-to-end tests: locating the built `sluice` binary and
+//! operators, running them, reading JSONL, and the reference fold of vehicle-stats
+//! computed independently of the operator.
+//!
+//! `./dev.sh test` builds the binary and the operators before the tests run; the
+//! tests find them next to their own executable in the cargo target directory.
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The cargo target directory the tests were built into.
+pub fn target_dir() -> PathBuf {
+    // <target>/debug/deps/<test-binary>
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.ancestors().nth(3).expect("test executable lives in <target>/<profile>/deps").to_path_buf()
+}
+
+/// The `sluice` binary built alongside the tests.
+pub fn sluice_bin() -> PathBuf {
+    let bin = target_dir().join("debug").join("sluice");
+    assert!(bin.exists(), "{} is missing: run the tests with ./dev.sh test, which builds it", bin.display());
+    bin
+}
+
+/// The component of operator crate `name` (e.g. `vehicle_stats`), built for wasm32-wasip2.
+pub fn operator_wasm(name: &str) -> PathBuf {
+    let wasm = target_dir().join("wasm32-wasip2").join("release").join(format!("{name}.wasm"));
+    assert!(wasm.exists(), "{} is missing: run the tests with ./dev.sh test, which builds operators", wasm.display());
+    wasm
+}
+
+/// A `sluice` command with logging kept to warnings.
+pub fn sluice() -> Command {
+    let mut command = Command::new(sluice_bin());
+    command.env("SLUICE_LOG", "warn");
+    command
+}
+
+/// Runs `command`, failing with its stderr unless it succeeds.
+pub fn run_ok(command: &mut Command) -> Result<Output> {
+    let output = command.output().with_context(|| format!("running {command:?}"))?;
+    if !output.status.success() {
+        bail!("{command:?} failed ({}):\n{}", output.status, String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(output)
+}
+
+/// Runs `command`, expecting it to fail; returns its stderr.
+pub fn run_err(command: &mut Command) -> Result<String> {
+    let output = command.output().with_context(|| format!("running {command:?}"))?;
+    if output.status.success() {
+        bail!("{command:?} succeeded but should have failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// Writes the generator's records to `path` with `sluice generate`.
+pub fn generate(path: &Path, vehicles: u32, count: u64, seed: u64) -> Result<()> {
+    let output = run_ok(sluice().args(["generate", "--vehicles", &vehicles.to_string()]).args([
+        "--count",
+        &count.to_string(),
+        "--seed",
+        &seed.to_string(),
+    ]))?;
+    std::fs::write(path, output.stdout)?;
+    Ok(())
+}
+
+/// Parses every line of a JSONL file (a missing file is empty).
+pub fn read_jsonl(path: &Path) -> Result<Vec<Value>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).with_context(|| format!("{}: bad line {l}", path.display())))
+        .collect()
+}
+
+/// `sluice state dump` of `state_dir`: key -> name -> value.
+pub fn dump_state(state_dir: &Path) -> Result<BTreeMap<String, BTreeMap<String, Value>>> {
+    let output = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(state_dir))?;
+    let mut state: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
+    for line in String::from_utf8(output.stdout)?.lines() {
+        let entry: Value = serde_json::from_str(line)?;
+        let key = entry["key"].as_str().context("dump line without key")?.to_string();
+        let name = entry["name"].as_str().context("dump line without name")?.to_string();
+        state.entry(key).or_default().insert(name, entry["value"].clone());
+    }
+    Ok(state)
+}
+
+/// The vehicle-stats summary of one vehicle, as the reference fold computes it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    pub count: u64,
+    pub mean_speed_kmh: f64,
+    pub max_speed_kmh: f64,
+    pub distance_km: f64,
+    pub first_seen: i64,
+    pub last_seen: i64,
+    pub last_lat: f64,
+    pub last_lon: f64,
+}
+
+/// The reference fold of vehicle-stats: every input's summary after it, in input
+/// order, computed here from the specification, not from the operator's code.
+pub struct Reference {
+    /// Per input line (that is a valid position), the vehicle and its summary after it.
+    pub after_each: Vec<(String, Summary)>,
+    /// Each vehicle's final summary.
+    pub last: BTreeMap<String, Summary>,
+}
+
+impl Reference {
+    /// Folds the JSONL positions in `input`, skipping lines that are not positions.
+    pub fn fold(input: &Path) -> Result<Self> {
+        let mut last: BTreeMap<String, Summary> = BTreeMap::new();
+        let mut after_each = Vec::new();
+        for line in std::fs::read_to_string(input)?.lines() {
+            let Ok(p) = serde_json::from_str::<Value>(line) else { continue };
+            let (Some(id), Some(ts), Some(lat), Some(lon), Some(speed)) = (
+                p["vehicle_id"].as_str(),
+                p["ts"].as_i64(),
+                p["lat"].as_f64(),
+                p["lon"].as_f64(),
+                p["speed_kmh"].as_f64(),
+            ) else {
+                continue;
+            };
+            let s = last.entry(id.to_string()).or_default();
+            if s.count == 0 {
+                s.first_seen = ts;
+                s.last_seen = ts;
+            } else {
+                s.distance_km += great_circle_km((s.last_lat, s.last_lon), (lat, lon));
+            }
+            s.count += 1;
+            s.mean_speed_kmh = (s.mean_speed_kmh * (s.count - 1) as f64 + speed) / s.count as f64;
+            s.max_speed_kmh = s.max_speed_kmh.max(speed);
+            s.first_seen = s.first_seen.min(ts);
+            s.last_seen = s.last_seen.max(ts);
+            (s.last_lat, s.last_lon) = (lat, lon);
+            after_each.push((id.to_string(), s.clone()));
+        }
+        Ok(Reference { after_each, last })
+    }
+}
+
+/// Haversine distance on a sphere of the mean Earth radius.
+fn great_circle_km((lat1, lon1): (f64, f64), (lat2, lon2): (f64, f64)) -> f64 {
+    let (p1, p2) = (lat1.to_radians(), lat2.to_radians());
+    let h = ((p2 - p1) / 2.0).sin().powi(2) + p1.cos() * p2.cos() * ((lon2 - lon1).to_radians() / 2.0).sin().powi(2);
+    2.0 * 6371.0088 * h.sqrt().asin()
+}
+
+/// Fails unless the operator's JSON summary equals `expected` (floats to 1e-9 relative).
+pub fn assert_summary(actual: &Value, vehicle: &str, expected: &Summary, context: &str) {
+    let close = |field: &str, want: f64| {
+        let got = actual[field].as_f64().unwrap_or(f64::NAN);
+        assert!(
+            (got - want).abs() <= 1e-9 * want.abs().max(1.0),
+            "{context}: vehicle {vehicle} {field} = {got}, reference {want}\n{actual}"
+        );
+    };
+    assert_eq!(actual["vehicle_id"].as_str(), Some(vehicle), "{context}: {actual}");
+    assert_eq!(actual["count"].as_u64(), Some(expected.count), "{context}: vehicle {vehicle} count\n{actual}");
+    assert_eq!(actual["first_seen"].as_i64(), Some(expected.first_seen), "{context}: vehicle {vehicle}\n{actual}");
+    assert_eq!(actual["last_seen"].as_i64(), Some(expected.last_seen), "{context}: vehicle {vehicle}\n{actual}");
+    close("mean_speed_kmh", expected.mean_speed_kmh);
+    close("max_speed_kmh", expected.max_speed_kmh);
+    close("distance_km", expected.distance_km);
+    close("last_lat", expected.last_lat);
+    close("last_lon", expected.last_lon);
+}
+
+/// Fails unless the dumped state holds exactly the reference's final summaries.
+pub fn assert_state_matches(state: &BTreeMap<String, BTreeMap<String, Value>>, reference: &Reference, context: &str) {
+    assert_eq!(
+        state.keys().collect::<Vec<_>>(),
+        reference.last.keys().collect::<Vec<_>>(),
+        "{context}: vehicles holding state"
+    );
+    for (vehicle, expected) in &reference.last {
+        assert_summary(&state[vehicle]["summary"], vehicle, expected, context);
+    }
+}
