@@ -53,11 +53,12 @@ fn main() -> Result<()> {
     let wasm_path = target.join("wasm32-wasip2/release/vehicle_stats.wasm");
     let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
     let operator = Arc::new(WasmOperator::load(&wasm_path, limits, Vec::new())?);
-    let mut wasm = operator.instantiate(0, Transaction::new(PartitionStore::open(&dir.path().join("wasm"), 0)?))?;
+    let mut wasm = operator.instantiate(0, Transaction::new(PartitionStore::open(&dir.path().join("wasm"), 0)?)?)?;
     let wasm_rate = through_worker(&mut wasm, &records, &dir.path().join("wasm"))?;
     println!("wasm component, worker path   {wasm_rate:>12.0} records/s");
 
-    let mut native = NativeVehicleStats { txn: Transaction::new(PartitionStore::open(&dir.path().join("native"), 0)?) };
+    let mut native =
+        NativeVehicleStats { txn: Transaction::new(PartitionStore::open(&dir.path().join("native"), 0)?)? };
     let native_rate = through_worker(&mut native, &records, &dir.path().join("native"))?;
     println!("native Rust, worker path      {native_rate:>12.0} records/s");
 
@@ -92,7 +93,7 @@ struct TransactionBackend<'a>(RefCell<&'a mut Transaction>);
 
 impl StateBackend for TransactionBackend<'_> {
     fn get(&self, name: &str) -> Option<Vec<u8>> {
-        self.0.borrow().get(name).expect("reading state")
+        self.0.borrow_mut().get(name).expect("reading state")
     }
 
     fn put(&self, name: &str, value: &[u8]) {

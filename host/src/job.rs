@@ -100,7 +100,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     for partition in 0..partitions {
         let store = state_dir.open_partition(partition)?;
         start_offsets.push(store.committed_offset()?);
-        instances.push(operator.instantiate(partition, Transaction::new(store))?);
+        instances.push(operator.instantiate(partition, Transaction::new(store)?)?);
     }
     // Sinks open last, so a job that cannot start leaves no files behind.
     let sink = match &config.sink {
@@ -109,11 +109,13 @@ pub fn run(config: &Config) -> Result<JobReport> {
     }
     .open()?;
     let dead_letters = SinkTarget::File(config.dead_letter.path.clone()).open()?;
-    let stats: Vec<PartitionStats> = start_offsets
-        .iter()
-        .map(|&offset| {
+    let stats: Vec<PartitionStats> = instances
+        .iter_mut()
+        .zip(&start_offsets)
+        .map(|(instance, &offset)| {
             let stats = PartitionStats::default();
             stats.committed_offset.store(offset, Ordering::Relaxed);
+            stats.entries.store(instance.state().entries(), Ordering::Relaxed);
             stats
         })
         .collect();
@@ -202,7 +204,7 @@ fn print_summary(started: Instant, (since, before): (Instant, u64), stats: &[Par
         .iter()
         .enumerate()
         .map(|(p, s)| {
-            format!("p{p}@{} keys~{}", s.committed_offset.load(Ordering::Relaxed), s.entries.load(Ordering::Relaxed))
+            format!("p{p}@{} entries={}", s.committed_offset.load(Ordering::Relaxed), s.entries.load(Ordering::Relaxed))
         })
         .collect();
     eprintln!(

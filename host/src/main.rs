@@ -6,7 +6,7 @@ use sluice::config::{Config, SinkConfig, SourceConfig};
 use sluice::sink::Payload;
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::StateDir;
-use std::io::Write;
+use std::io::{ErrorKind, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -109,6 +109,10 @@ fn main() -> ExitCode {
         .init();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
+        // `sluice state dump | head` closing the pipe early is not a failure.
+        Err(error) if error.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == ErrorKind::BrokenPipe) => {
+            ExitCode::SUCCESS
+        }
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE

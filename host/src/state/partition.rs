@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 const META_CF: &str = "meta";
 const META_FORMAT: &[u8] = b"format";
 const META_OFFSET: &[u8] = b"offset";
+const META_ENTRIES: &[u8] = b"entries";
 
 /// One state entry: a named value under a record key.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,15 +65,13 @@ impl PartitionStore {
 
     /// The next source offset to process: the offset committed with the state, or 0.
     pub fn committed_offset(&self) -> Result<u64> {
-        match self.get_meta(META_OFFSET)? {
-            None => Ok(0),
-            Some(bytes) => {
-                let bytes: [u8; 8] = bytes.as_slice().try_into().with_context(|| {
-                    format!("corrupt offset in state of partition {} at {}", self.partition, self.path.display())
-                })?;
-                Ok(u64::from_be_bytes(bytes))
-            }
-        }
+        self.get_u64(META_OFFSET)
+    }
+
+    /// The number of state entries, committed with the state (exact, unlike RocksDB's
+    /// own estimate, which counts every overwrite still in a memtable).
+    pub fn committed_entries(&self) -> Result<u64> {
+        self.get_u64(META_ENTRIES)
     }
 
     /// Reads the value of an encoded entry key.
@@ -80,15 +79,11 @@ impl PartitionStore {
         self.db.get(entry_key).with_context(|| format!("reading state of partition {}", self.partition))
     }
 
-    /// Writes `batch` with the new committed `offset`, atomically.
-    pub(super) fn write(&self, mut batch: WriteBatch, offset: u64) -> Result<()> {
+    /// Writes `batch` with the new committed `offset` and entry count, atomically.
+    pub(super) fn write(&self, mut batch: WriteBatch, offset: u64, entries: u64) -> Result<()> {
         batch.put_cf(self.meta(), META_OFFSET, offset.to_be_bytes());
+        batch.put_cf(self.meta(), META_ENTRIES, entries.to_be_bytes());
         self.db.write(batch).with_context(|| format!("committing state of partition {}", self.partition))
-    }
-
-    /// RocksDB's estimate of the number of state entries; cheap, for running summaries.
-    pub fn estimated_entries(&self) -> u64 {
-        self.db.property_int_value("rocksdb.estimate-num-keys").ok().flatten().unwrap_or(0)
     }
 
     /// Every state entry in key order.
@@ -120,6 +115,20 @@ impl PartitionStore {
 
     fn get_meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.db.get_cf(self.meta(), key).with_context(|| format!("reading state of partition {}", self.partition))
+    }
+
+    /// A big-endian u64 in the meta column family; 0 when absent.
+    fn get_u64(&self, key: &[u8]) -> Result<u64> {
+        let Some(bytes) = self.get_meta(key)? else { return Ok(0) };
+        let bytes: [u8; 8] = bytes.as_slice().try_into().with_context(|| {
+            format!(
+                "corrupt `{}` in state of partition {} at {}",
+                String::from_utf8_lossy(key),
+                self.partition,
+                self.path.display()
+            )
+        })?;
+        Ok(u64::from_be_bytes(bytes))
     }
 }
 

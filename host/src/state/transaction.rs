@@ -22,12 +22,30 @@ pub struct Transaction {
     record: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     /// Writes of completed records since the last commit.
     batch: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Whether entries read from the database since the last commit exist there, so
+    /// that commit can count new and removed entries without reading them again.
+    exists: HashMap<Vec<u8>, bool>,
+    /// State entries in the database as of the last commit.
+    entries: u64,
 }
 
 impl Transaction {
     /// Starts staging writes against `store`.
-    pub fn new(store: PartitionStore) -> Self {
-        Transaction { store, key: Vec::new(), record: Vec::new(), batch: HashMap::new() }
+    pub fn new(store: PartitionStore) -> Result<Self> {
+        let entries = store.committed_entries()?;
+        Ok(Transaction {
+            store,
+            key: Vec::new(),
+            record: Vec::new(),
+            batch: HashMap::new(),
+            exists: HashMap::new(),
+            entries,
+        })
+    }
+
+    /// State entries as of the last commit; exact, and committed with the state.
+    pub fn entries(&self) -> u64 {
+        self.entries
     }
 
     /// The underlying store.
@@ -43,7 +61,7 @@ impl Transaction {
     }
 
     /// The value under `name` for the current key.
-    pub fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+    pub fn get(&mut self, name: &str) -> Result<Option<Vec<u8>>> {
         let entry = entry_key(&self.key, name);
         if let Some((_, value)) = self.record.iter().rev().find(|(k, _)| *k == entry) {
             return Ok(value.clone());
@@ -51,7 +69,9 @@ impl Transaction {
         if let Some(value) = self.batch.get(&entry) {
             return Ok(value.clone());
         }
-        self.store.get(&entry)
+        let value = self.store.get(&entry)?;
+        self.exists.insert(entry, value.is_some());
+        Ok(value)
     }
 
     /// Stages `value` under `name` for the current key.
@@ -77,13 +97,28 @@ impl Transaction {
     pub fn commit(&mut self, next_offset: u64) -> Result<()> {
         debug_assert!(self.record.is_empty(), "commit inside a record");
         let mut batch = WriteBatch::default();
+        let mut entries = self.entries;
         for (key, value) in self.batch.drain() {
+            // Blind writes (no read since the last commit) are the rare case that costs a read.
+            let existed = match self.exists.get(&key) {
+                Some(&existed) => existed,
+                None => self.store.get(&key)?.is_some(),
+            };
             match value {
-                Some(value) => batch.put(key, value),
-                None => batch.delete(key),
+                Some(value) => {
+                    entries += u64::from(!existed);
+                    batch.put(key, value);
+                }
+                None => {
+                    entries -= u64::from(existed);
+                    batch.delete(key);
+                }
             }
         }
-        self.store.write(batch, next_offset)
+        self.exists.clear();
+        self.store.write(batch, next_offset, entries)?;
+        self.entries = entries;
+        Ok(())
     }
 }
 
@@ -94,7 +129,7 @@ mod tests {
     fn open() -> (tempfile::TempDir, Transaction) {
         let dir = tempfile::tempdir().unwrap();
         let store = PartitionStore::open(&dir.path().join("p"), 0).unwrap();
-        (dir, Transaction::new(store))
+        (dir, Transaction::new(store).unwrap())
     }
 
     #[test]
@@ -115,6 +150,33 @@ mod tests {
         assert_eq!(txn.get("n").unwrap(), Some(b"kept".to_vec()));
         txn.end_record(true);
         assert_eq!(txn.store().committed_offset().unwrap(), 7);
+    }
+
+    #[test]
+    fn entry_counts_are_exact_through_overwrites_deletes_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut txn = Transaction::new(PartitionStore::open(&dir.path().join("p"), 0).unwrap()).unwrap();
+        for round in 0..3u8 {
+            for key in [b"a", b"b", b"c"] {
+                txn.begin_record(key);
+                txn.get("n").unwrap();
+                txn.put("n", vec![round]);
+                txn.end_record(true);
+            }
+            txn.commit(u64::from(round)).unwrap();
+        }
+        txn.begin_record(b"b");
+        txn.delete("n"); // blind: not read since the last commit
+        txn.put("other", vec![1]); // blind and new
+        txn.end_record(true);
+        txn.commit(9).unwrap();
+        assert_eq!(txn.entries(), 3);
+        let reopened = Transaction::new(PartitionStore::open(&dir.path().join("q"), 0).unwrap()).unwrap();
+        assert_eq!(reopened.entries(), 0);
+        drop(txn);
+        let reopened = Transaction::new(PartitionStore::open(&dir.path().join("p"), 0).unwrap()).unwrap();
+        assert_eq!(reopened.entries(), 3);
+        assert_eq!(reopened.store().entries().count(), 3);
     }
 
     #[test]

@@ -15,7 +15,6 @@ use crate::source::SourceRecord;
 use anyhow::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
-use std::time::{Duration, Instant};
 
 /// A partition's live counters, read by the running summary while the worker runs.
 #[derive(Debug, Default)]
@@ -26,7 +25,7 @@ pub struct PartitionStats {
     pub dead_letters: AtomicU64,
     /// The next offset to process, as last committed.
     pub committed_offset: AtomicU64,
-    /// RocksDB's estimate of the state entries held.
+    /// State entries held, as of the last commit.
     pub entries: AtomicU64,
 }
 
@@ -40,9 +39,6 @@ pub struct Destinations<'a> {
     pub operator: &'a str,
 }
 
-/// How often the state-entry estimate is refreshed: it costs a RocksDB property read.
-const ENTRIES_REFRESH: Duration = Duration::from_millis(500);
-
 /// Processes batches from `batches` until the sender goes away, committing after each.
 pub fn run(
     operator: &mut dyn Operator,
@@ -52,7 +48,6 @@ pub fn run(
 ) -> Result<()> {
     let mut outputs = Vec::new();
     let mut dead = Vec::new();
-    let mut entries_refreshed = Instant::now() - ENTRIES_REFRESH;
     for batch in batches {
         let Some(last) = batch.last() else { continue };
         let next_offset = last.offset + 1;
@@ -85,10 +80,7 @@ pub fn run(
         stats.processed.fetch_add(batch.len() as u64, Ordering::Relaxed);
         stats.dead_letters.fetch_add(dead_count, Ordering::Relaxed);
         stats.committed_offset.store(next_offset, Ordering::Relaxed);
-        if entries_refreshed.elapsed() >= ENTRIES_REFRESH {
-            stats.entries.store(operator.state().store().estimated_entries(), Ordering::Relaxed);
-            entries_refreshed = Instant::now();
-        }
+        stats.entries.store(operator.state().entries(), Ordering::Relaxed);
     }
     Ok(())
 }
