@@ -17,6 +17,7 @@ impl Seeded {
     fn new() -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let (input, state) = (dir.path().join("input.jsonl"), dir.path().join("state"));
+        // run_file_job keeps state in <dir>/state.
         generate(&input, 10, 500, 1)?;
         let seeded = Seeded { dir, input, state };
         run_ok(&mut seeded.run_with(&operator_wasm("vehicle_stats"), 2))?;
@@ -25,21 +26,7 @@ impl Seeded {
 
     /// `sluice run` of `operator` over the seeded input and state.
     fn run_with(&self, operator: &Path, partitions: u32) -> std::process::Command {
-        let mut command = sluice();
-        command
-            .arg("run")
-            .arg("--operator")
-            .arg(operator)
-            .arg("--input")
-            .arg(&self.input)
-            .arg("--output")
-            .arg(self.dir.path().join("out.jsonl"))
-            .arg("--dead-letter")
-            .arg(self.dir.path().join("dead.jsonl"))
-            .arg("--state-dir")
-            .arg(&self.state)
-            .args(["--partitions", &partitions.to_string(), "--report-interval", "0"]);
-        command
+        run_file_job(operator, &self.input, self.dir.path(), partitions)
     }
 
     /// Fails unless the state still holds exactly the fold of the input.
@@ -114,21 +101,7 @@ fn a_record_that_is_not_json_goes_to_the_dead_letter_file_and_processing_continu
     std::fs::write(&input, lines.join("\n") + "\n")?;
 
     let (out, dead, state) = (dir.path().join("out.jsonl"), dir.path().join("dead.jsonl"), dir.path().join("state"));
-    run_ok(
-        sluice()
-            .arg("run")
-            .arg("--operator")
-            .arg(operator_wasm("vehicle_stats"))
-            .arg("--input")
-            .arg(&input)
-            .arg("--output")
-            .arg(&out)
-            .arg("--dead-letter")
-            .arg(&dead)
-            .arg("--state-dir")
-            .arg(&state)
-            .args(["--report-interval", "0"]),
-    )?;
+    run_ok(&mut run_file_job(&operator_wasm("vehicle_stats"), &input, dir.path(), 4))?;
     let reference = Reference::fold(&input)?;
     assert_eq!(read_jsonl(&out)?.len(), 400);
     assert_state_matches(&dump_state(&state)?, &reference, "state beside poison records");

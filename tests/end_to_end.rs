@@ -13,21 +13,7 @@ fn every_output_and_the_final_state_equal_the_reference_fold() -> Result<()> {
     let reference = Reference::fold(&input)?;
     let (out, state) = (dir.path().join("out.jsonl"), dir.path().join("state"));
 
-    let run = run_ok(
-        sluice()
-            .arg("run")
-            .arg("--operator")
-            .arg(operator_wasm("vehicle_stats"))
-            .arg("--input")
-            .arg(&input)
-            .arg("--output")
-            .arg(&out)
-            .arg("--state-dir")
-            .arg(&state)
-            .args(["--partitions", "3", "--report-interval", "0"])
-            .arg("--dead-letter")
-            .arg(dir.path().join("dead.jsonl")),
-    )?;
+    let run = run_ok(&mut run_file_job(&operator_wasm("vehicle_stats"), &input, dir.path(), 3))?;
     let report = String::from_utf8_lossy(&run.stderr);
     assert!(report.contains("processed 3000 records") && report.contains("40 keys hold state"), "{report}");
 
@@ -60,21 +46,7 @@ fn every_output_and_the_final_state_equal_the_reference_fold() -> Result<()> {
 
     // A second run over the same input resumes from the stored offsets: nothing is
     // processed again, and the state is unchanged.
-    let again = run_ok(
-        sluice()
-            .arg("run")
-            .arg("--operator")
-            .arg(operator_wasm("vehicle_stats"))
-            .arg("--input")
-            .arg(&input)
-            .arg("--output")
-            .arg(&out)
-            .arg("--state-dir")
-            .arg(&state)
-            .args(["--partitions", "3", "--report-interval", "0"])
-            .arg("--dead-letter")
-            .arg(dir.path().join("dead.jsonl")),
-    )?;
+    let again = run_ok(&mut run_file_job(&operator_wasm("vehicle_stats"), &input, dir.path(), 3))?;
     let report = String::from_utf8_lossy(&again.stderr);
     assert!(report.contains("processed 0 records") && report.contains("3000 records skipped"), "{report}");
     assert_eq!(read_jsonl(&out)?.len(), outputs.len());

@@ -133,10 +133,7 @@ impl Operator for NativeVehicleStats {
 
 /// Records/s of get + update + put per record, straight on RocksDB.
 fn raw_rocksdb(records: &[SourceRecord], dir: &Path) -> Result<f64> {
-    let mut options = rocksdb::Options::default();
-    options.create_if_missing(true);
-    options.set_compression_type(rocksdb::DBCompressionType::Lz4);
-    let db = rocksdb::DB::open(&options, dir)?;
+    let db = rocksdb::DB::open(&PartitionStore::options(), dir)?;
     let started = Instant::now();
     for record in records {
         let (mut count, mut speed_sum) = match db.get(&record.key)? {

@@ -39,6 +39,27 @@ pub fn sluice() -> Command {
     command
 }
 
+/// `sluice run` of `operator` over the JSONL file `input` with `partitions`
+/// partitions, state in `dir/state`, outputs in `dir/out.jsonl` and dead letters in
+/// `dir/dead.jsonl`, without the running summary.
+pub fn run_file_job(operator: &Path, input: &Path, dir: &Path, partitions: u32) -> Command {
+    let mut command = sluice();
+    command
+        .arg("run")
+        .arg("--operator")
+        .arg(operator)
+        .arg("--input")
+        .arg(input)
+        .arg("--output")
+        .arg(dir.join("out.jsonl"))
+        .arg("--dead-letter")
+        .arg(dir.join("dead.jsonl"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args(["--partitions", &partitions.to_string(), "--report-interval", "0"]);
+    command
+}
+
 /// Runs `command`, failing with its stderr unless it succeeds.
 pub fn run_ok(command: &mut Command) -> Result<Output> {
     let output = command.output().with_context(|| format!("running {command:?}"))?;

@@ -34,10 +34,8 @@ pub struct PartitionStore {
 impl PartitionStore {
     /// Opens (or creates) the database at `path`, checking its recorded format.
     pub fn open(path: &Path, partition: u32) -> Result<Self> {
-        let mut options = Options::default();
-        options.create_if_missing(true);
+        let mut options = Self::options();
         options.create_missing_column_families(true);
-        options.set_compression_type(rocksdb::DBCompressionType::Lz4);
         let cfs = [ColumnFamilyDescriptor::new(META_CF, Options::default())];
         let db = DB::open_cf_descriptors(&options, path, cfs)
             .with_context(|| format!("opening state of partition {partition} at {}", path.display()))?;
@@ -56,6 +54,15 @@ impl PartitionStore {
             ),
         }
         Ok(store)
+    }
+
+    /// The RocksDB options of a partition's state (public so benchmarks compare raw
+    /// RocksDB under the same settings).
+    pub fn options() -> Options {
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        options
     }
 
     /// The partition this store belongs to.
