@@ -136,15 +136,15 @@ fn raw_rocksdb(records: &[SourceRecord], dir: &Path) -> Result<f64> {
     let db = rocksdb::DB::open(&PartitionStore::options(), dir)?;
     let started = Instant::now();
     for record in records {
-        let (mut count, mut speed_sum) = match db.get(&record.key)? {
+        let (mut count, mut sum) = match db.get(&record.key)? {
             Some(v) => (u64::from_le_bytes(v[..8].try_into()?), f64::from_le_bytes(v[8..16].try_into()?)),
             None => (0, 0.0),
         };
         count += 1;
-        speed_sum += record.timestamp_ms as f64;
+        sum += record.timestamp_ms as f64;
         let mut value = [0u8; 16];
         value[..8].copy_from_slice(&count.to_le_bytes());
-        value[8..].copy_from_slice(&speed_sum.to_le_bytes());
+        value[8..].copy_from_slice(&sum.to_le_bytes());
         db.put(&record.key, value)?;
     }
     Ok(records.len() as f64 / started.elapsed().as_secs_f64())
