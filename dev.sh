@@ -2,7 +2,7 @@
 # Sluice's entry point for people and CI.
 #   ./dev.sh demo    set up, build, and run the vehicle demo on the embedded generator
 #   ./dev.sh test    set up, build, and run the whole test suite (what CI runs)
-#   ./dev.sh bench   set up, build, and run the throughput benchmark
+#   ./dev.sh bench   set up, build, and run the benchmarks (throughput, checkpoints and restore)
 # "Set up" installs what is missing: the wasm32-wasip2 target and Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -11,6 +11,9 @@ cd "$(dirname "$0")"
 # (CI runs in one) build incrementally instead of from scratch.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/sluice/target}"
 WASM_DIR="$CARGO_TARGET_DIR/wasm32-wasip2/release"
+# Programs the tests run (installed once, then cached across clones).
+TOOLS="$HOME/.cache/sluice/tools"
+export PATH="$TOOLS/bin:$PATH"
 
 setup() {
     local missing=()
@@ -25,6 +28,13 @@ setup() {
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
     rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+}
+
+# The tests' S3-compatible server, for the checkpoint store's S3 path.
+install_test_tools() {
+    command -v s3s-fs >/dev/null && return
+    echo "setup: installing s3s-fs (the tests' S3 server) into $TOOLS" >&2
+    CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --root "$TOOLS" s3s-fs --version 0.14.1 --features binary
 }
 
 build_operators() {
@@ -55,6 +65,7 @@ demo)
     ;;
 test)
     setup
+    install_test_tools
     build_operators
     build_host
     cargo fmt --all -- --check
@@ -63,7 +74,7 @@ test)
 bench)
     setup
     build_operators
-    cargo bench -p sluice --bench throughput
+    cargo bench -p sluice --bench throughput --bench checkpoint
     ;;
 *)
     echo "usage: $0 demo|test|bench" >&2

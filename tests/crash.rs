@@ -12,20 +12,10 @@ const VEHICLES: u32 = 300;
 const COUNT: u64 = 40_000;
 const SEED: u64 = 3;
 
+/// A generator job over a state directory named `state` whose outputs go to `<state>.out.jsonl`.
 fn run_generator(dir: &Path, state: &str, rate: Option<u32>) -> std::process::Command {
-    let mut command = sluice();
-    command
-        .arg("run")
-        .arg("--operator")
-        .arg(operator_wasm("vehicle_stats"))
-        .args(["--vehicles", &VEHICLES.to_string(), "--count", &COUNT.to_string(), "--seed", &SEED.to_string()])
-        .arg("--output")
-        .arg(dir.join(format!("{state}.out.jsonl")))
-        .arg("--state-dir")
-        .arg(dir.join(state))
-        .arg("--dead-letter")
-        .arg(dir.join("dead.jsonl"))
-        .args(["--partitions", "4", "--report-interval", "0"]);
+    let mut command = run_generator_job(dir, VEHICLES, COUNT, SEED, 4);
+    command.arg("--output").arg(dir.join(format!("{state}.out.jsonl"))).arg("--state-dir").arg(dir.join(state));
     if let Some(rate) = rate {
         command.args(["--rate", &rate.to_string()]);
     }

@@ -80,7 +80,7 @@ fn through_worker(operator: &mut dyn Operator, records: &[SourceRecord], dir: &P
     let (sink, dead) = (Sink::file(&dir.join("out.jsonl"))?, Sink::file(&dir.join("dead.jsonl"))?);
     let destinations = Destinations { sink: &sink, dead_letters: &dead, operator: "bench" };
     let started = Instant::now();
-    worker::run(operator, rx, &destinations, &PartitionStats::default())?;
+    worker::run(operator, rx, &destinations, &PartitionStats::default(), None)?;
     Ok(records.len() as f64 / started.elapsed().as_secs_f64())
 }
 

@@ -29,6 +29,14 @@
 //!
 //! [dead_letter]
 //! path = "out/dead-letter.jsonl"
+//!
+//! [checkpoint]
+//! enabled = true
+//! store = "s3://bucket/sluice"  # or a directory; absent = "<state dir>.checkpoints"
+//! interval_s = 10
+//! retain = 3                  # checkpoints kept per partition
+//! restore_budget_s = 60       # warn when a restore is predicted to take longer
+//! # upload_bytes_per_s = 50000000
 //! ```
 
 use anyhow::{Context, Result, bail};
@@ -54,6 +62,9 @@ pub struct Config {
     /// Where records the operator could not process go.
     #[serde(default)]
     pub dead_letter: DeadLetterConfig,
+    /// Checkpoints of the state to a checkpoint store, and restores from it.
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
     /// The running summary.
     #[serde(default)]
     pub report: ReportConfig,
@@ -213,6 +224,68 @@ impl Default for DeadLetterConfig {
     }
 }
 
+/// `[checkpoint]`
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// Whether to checkpoint and restore at all.
+    #[serde(default = "default_checkpoint_enabled")]
+    pub enabled: bool,
+    /// The checkpoint store: a directory, `file:///dir` or `s3://bucket/prefix`.
+    /// Absent: `<state dir>.checkpoints`, a directory beside the state directory.
+    pub store: Option<String>,
+    /// Seconds between a partition's checkpoints.
+    #[serde(default = "default_checkpoint_interval")]
+    pub interval_s: f64,
+    /// Checkpoints kept per partition.
+    #[serde(default = "default_checkpoint_retain")]
+    pub retain: usize,
+    /// A restore predicted to take longer than this many seconds logs a warning.
+    #[serde(default = "default_restore_budget")]
+    pub restore_budget_s: f64,
+    /// Upload bandwidth cap in bytes per second; absent is unlimited.
+    pub upload_bytes_per_s: Option<u64>,
+}
+
+fn default_checkpoint_enabled() -> bool {
+    true
+}
+
+fn default_checkpoint_interval() -> f64 {
+    10.0
+}
+
+fn default_checkpoint_retain() -> usize {
+    3
+}
+
+fn default_restore_budget() -> f64 {
+    60.0
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            enabled: default_checkpoint_enabled(),
+            store: None,
+            interval_s: default_checkpoint_interval(),
+            retain: default_checkpoint_retain(),
+            restore_budget_s: default_restore_budget(),
+            upload_bytes_per_s: None,
+        }
+    }
+}
+
+impl CheckpointConfig {
+    /// The store URL: the configured one, or `<state_dir>.checkpoints`.
+    pub fn store_url(&self, state_dir: &Path) -> String {
+        self.store.clone().unwrap_or_else(|| {
+            let name = state_dir.file_name().map_or("sluice-state".into(), |n| n.to_string_lossy());
+            state_dir.with_file_name(format!("{name}.checkpoints")).to_string_lossy().into_owned()
+        })
+    }
+}
+
 /// `[report]`
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -246,6 +319,7 @@ impl Config {
             sink: SinkConfig::default(),
             state: StateConfig::default(),
             dead_letter: DeadLetterConfig::default(),
+            checkpoint: CheckpointConfig::default(),
             report: ReportConfig::default(),
         }
     }
@@ -271,6 +345,19 @@ impl Config {
         if self.operator.call_timeout_ms == 0 || self.operator.memory_limit_mib == 0 {
             bail!("[operator] call_timeout_ms and memory_limit_mib must be positive");
         }
+        let checkpoint = &self.checkpoint;
+        if !(checkpoint.interval_s.is_finite() && checkpoint.interval_s >= 0.0) {
+            bail!("[checkpoint] interval_s must be a number of seconds, 0 or more");
+        }
+        if checkpoint.retain == 0 {
+            bail!("[checkpoint] retain must be at least 1");
+        }
+        if !(checkpoint.restore_budget_s.is_finite() && checkpoint.restore_budget_s >= 0.0) {
+            bail!("[checkpoint] restore_budget_s must be a number of seconds, 0 or more");
+        }
+        if checkpoint.upload_bytes_per_s == Some(0) {
+            bail!("[checkpoint] upload_bytes_per_s must be positive (leave it out for no cap)");
+        }
         let rate = match &self.source {
             SourceConfig::Generator { vehicles: 0, .. } => bail!("[source] vehicles must be at least 1"),
             SourceConfig::Generator { rate, .. } | SourceConfig::File { rate, .. } => rate,
@@ -292,6 +379,15 @@ mod tests {
         assert_eq!(config.state.partitions, 4);
         assert_eq!(config.sink, SinkConfig::Stdout);
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn the_default_checkpoint_store_sits_beside_the_state_directory() {
+        let checkpoint = CheckpointConfig::default();
+        assert_eq!(checkpoint.store_url(Path::new("out/state")), "out/state.checkpoints");
+        assert_eq!(checkpoint.store_url(Path::new("out/state/")), "out/state.checkpoints");
+        let configured = CheckpointConfig { store: Some("s3://b/p".into()), ..CheckpointConfig::default() };
+        assert_eq!(configured.store_url(Path::new("out/state")), "s3://b/p");
     }
 
     #[test]

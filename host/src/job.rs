@@ -1,11 +1,13 @@
 //! A job: the wiring of source, partition workers, operator, state and sinks.
 //!
 //! [`run`] opens the state directory, loads and validates the operator, restores each
-//! partition's offset from its state, starts one worker thread per partition and the
-//! source's dispatcher, prints a running summary while they work, and returns the
-//! final [`JobReport`]. It owns thread lifetimes and error propagation; each piece's
+//! partition's state (local recovery or the checkpoint store) and so its offset, starts
+//! one worker thread per partition (each with its checkpointer) and the source's
+//! dispatcher, prints a running summary while they work, and returns the final
+//! [`JobReport`]. It owns thread lifetimes and error propagation; each piece's
 //! behaviour lives in its own module.
 
+use crate::checkpoint::{self, CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
 use crate::config::{Config, SinkConfig, SourceConfig};
 use crate::operator::Operator;
 use crate::operator::wasm::{Limits, WasmOperator};
@@ -29,6 +31,8 @@ const QUEUED_BATCHES: usize = 4;
 pub struct JobReport {
     /// Wall-clock time from the first record to the last commit.
     pub elapsed: Duration,
+    /// How long restoring state took before processing began (`None`: checkpoints off).
+    pub restore_took: Option<Duration>,
     /// What the source read and skipped.
     pub source: DispatchReport,
     /// One entry per partition, in partition order.
@@ -50,6 +54,14 @@ pub struct PartitionReport {
     pub dead_letters: u64,
     /// Distinct keys holding state.
     pub keys: u64,
+    /// Where its state came from at start.
+    pub restored_from: RestoredFrom,
+    /// Checkpoints this run completed.
+    pub checkpoints: u64,
+    /// The offset of the newest of them (0 if none).
+    pub checkpoint_offset: u64,
+    /// Bytes they uploaded.
+    pub uploaded_bytes: u64,
 }
 
 impl JobReport {
@@ -72,12 +84,28 @@ impl fmt::Display for JobReport {
             self.elapsed.as_secs_f64(),
             self.source.skipped
         )?;
-        writeln!(f, "partition  resumed-at  committed  processed  dead-letters  keys")?;
+        if let Some(took) = self.restore_took {
+            writeln!(f, "restore took {:.3}s before processing began", took.as_secs_f64())?;
+        }
+        writeln!(
+            f,
+            "partition  restored-from           resumed-at  committed  processed  dead-letters  keys  checkpoints  \
+             checkpointed-at  uploaded"
+        )?;
         for p in &self.partitions {
             writeln!(
                 f,
-                "{:>9}  {:>10}  {:>9}  {:>9}  {:>12}  {:>4}",
-                p.partition, p.resumed_at, p.committed_offset, p.processed, p.dead_letters, p.keys
+                "{:>9}  {:<22}  {:>10}  {:>9}  {:>9}  {:>12}  {:>4}  {:>11}  {:>15}  {}",
+                p.partition,
+                p.restored_from.to_string(),
+                p.resumed_at,
+                p.committed_offset,
+                p.processed,
+                p.dead_letters,
+                p.keys,
+                p.checkpoints,
+                p.checkpoint_offset,
+                checkpoint::bytes(p.uploaded_bytes)
             )?;
         }
         Ok(())
@@ -95,6 +123,16 @@ pub fn run(config: &Config) -> Result<JobReport> {
     };
     let operator_config = config.operator.config.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let operator = Arc::new(WasmOperator::load(&config.operator.path, limits, operator_config)?);
+    let runtime = checkpoint::runtime()?;
+    let restore = if config.checkpoint.enabled {
+        let store = CheckpointStore::open(&config.checkpoint.store_url(&config.state.dir))?;
+        runtime.block_on(store.check_partitions(partitions))?;
+        let budget = Duration::from_secs_f64(config.checkpoint.restore_budget_s);
+        let report = runtime.block_on(checkpoint::restore::restore(&state_dir, &store, budget))?;
+        Some((store, report))
+    } else {
+        None
+    };
     let mut instances = Vec::new();
     let mut start_offsets = Vec::new();
     for partition in 0..partitions {
@@ -102,6 +140,33 @@ pub fn run(config: &Config) -> Result<JobReport> {
         start_offsets.push(store.committed_offset()?);
         instances.push(operator.instantiate(partition, Transaction::new(store)?)?);
     }
+    let restored_from: Vec<RestoredFrom> = match &restore {
+        Some((_, report)) => report.restored.clone(),
+        None => start_offsets.iter().map(|&offset| RestoredFrom::Local { offset }).collect(),
+    };
+    let mut checkpointers: Vec<Option<Checkpointer>> = match &restore {
+        Some((store, report)) => {
+            let settings = CheckpointSettings {
+                interval: Duration::from_secs_f64(config.checkpoint.interval_s),
+                retain: config.checkpoint.retain,
+                upload_bytes_per_s: config.checkpoint.upload_bytes_per_s,
+            };
+            (report.plan.partitions.iter().zip(&report.restored))
+                .map(|(plan, restored)| {
+                    Some(Checkpointer::new(
+                        store.clone(),
+                        runtime.handle().clone(),
+                        plan,
+                        restored,
+                        settings.clone(),
+                        state_dir.snapshot_path(plan.partition),
+                        operator.version().to_string(),
+                    ))
+                })
+                .collect()
+        }
+        None => (0..partitions).map(|_| None).collect(),
+    };
     // Sinks open last, so a job that cannot start leaves no files behind.
     let sink = match &config.sink {
         SinkConfig::File { path } => SinkTarget::File(path.clone()),
@@ -124,45 +189,45 @@ pub fn run(config: &Config) -> Result<JobReport> {
         operator = %config.operator.path.display(),
         partitions,
         state = %config.state.dir.display(),
+        checkpoints = restore.as_ref().map_or("off", |(store, _)| store.url()),
         sink = sink.name(),
         "job started; resuming at offsets {start_offsets:?}"
     );
 
     let started = Instant::now();
     let destinations = Destinations { sink: &sink, dead_letters: &dead_letters, operator: operator.name() };
-    let (source_report, instances) =
-        std::thread::scope(|scope| -> Result<_> {
-            let mut senders = Vec::new();
-            let mut workers = Vec::new();
-            for (mut instance, stats) in instances.into_iter().zip(&stats) {
-                let (tx, rx) = std::sync::mpsc::sync_channel(QUEUED_BATCHES);
-                senders.push(tx);
-                let destinations = &destinations;
-                let thread = std::thread::Builder::new().name(format!("sluice-p{}", workers.len()));
-                workers.push(thread.spawn_scoped(scope, move || {
-                    worker::run(&mut instance, rx, destinations, stats).map(|()| instance)
-                })?);
-            }
-            let dispatcher = std::thread::Builder::new().name("sluice-source".into()).spawn_scoped(scope, {
-                let start_offsets = &start_offsets;
-                move || source::dispatch(records, start_offsets, &senders, &dispatch_options)
-            })?;
-            let summary = Duration::from_secs_f64(config.report.interval_s.max(0.0));
-            let mut last = (Instant::now(), 0u64);
-            while !workers.iter().all(|w| w.is_finished()) {
-                std::thread::sleep(Duration::from_millis(20).min(summary.max(Duration::from_millis(1))));
-                if !summary.is_zero() && last.0.elapsed() >= summary {
-                    last = print_summary(started, last, &stats);
-                }
-            }
-            let mut finished = Vec::new();
-            for (partition, worker) in workers.into_iter().enumerate() {
-                let result = worker.join().map_err(|_| anyhow!("worker of partition {partition} panicked"))?;
-                finished.push(result.with_context(|| format!("partition {partition} stopped"))?);
-            }
-            let report = dispatcher.join().map_err(|_| anyhow!("the source panicked"))??;
-            Ok((report, finished))
+    let (source_report, instances) = std::thread::scope(|scope| -> Result<_> {
+        let mut senders = Vec::new();
+        let mut workers = Vec::new();
+        for ((mut instance, stats), checkpointer) in instances.into_iter().zip(&stats).zip(&mut checkpointers) {
+            let (tx, rx) = std::sync::mpsc::sync_channel(QUEUED_BATCHES);
+            senders.push(tx);
+            let destinations = &destinations;
+            let thread = std::thread::Builder::new().name(format!("sluice-p{}", workers.len()));
+            workers.push(thread.spawn_scoped(scope, move || {
+                worker::run(&mut instance, rx, destinations, stats, checkpointer.as_mut()).map(|()| instance)
+            })?);
+        }
+        let dispatcher = std::thread::Builder::new().name("sluice-source".into()).spawn_scoped(scope, {
+            let start_offsets = &start_offsets;
+            move || source::dispatch(records, start_offsets, &senders, &dispatch_options)
         })?;
+        let summary = Duration::from_secs_f64(config.report.interval_s.max(0.0));
+        let mut last = (Instant::now(), 0u64);
+        while !workers.iter().all(|w| w.is_finished()) {
+            std::thread::sleep(Duration::from_millis(20).min(summary.max(Duration::from_millis(1))));
+            if !summary.is_zero() && last.0.elapsed() >= summary {
+                last = print_summary(started, last, &stats);
+            }
+        }
+        let mut finished = Vec::new();
+        for (partition, worker) in workers.into_iter().enumerate() {
+            let result = worker.join().map_err(|_| anyhow!("worker of partition {partition} panicked"))?;
+            finished.push(result.with_context(|| format!("partition {partition} stopped"))?);
+        }
+        let report = dispatcher.join().map_err(|_| anyhow!("the source panicked"))??;
+        Ok((report, finished))
+    })?;
     let elapsed = started.elapsed();
 
     let mut reports = Vec::new();
@@ -174,9 +239,18 @@ pub fn run(config: &Config) -> Result<JobReport> {
             processed: stats.processed.load(Ordering::Relaxed),
             dead_letters: stats.dead_letters.load(Ordering::Relaxed),
             keys: instance.state().store().count_keys()?,
+            restored_from: restored_from[partition].clone(),
+            checkpoints: stats.checkpoints.load(Ordering::Relaxed),
+            checkpoint_offset: stats.checkpoint_offset.load(Ordering::Relaxed),
+            uploaded_bytes: stats.uploaded_bytes.load(Ordering::Relaxed),
         });
     }
-    Ok(JobReport { elapsed, source: source_report, partitions: reports })
+    Ok(JobReport {
+        elapsed,
+        restore_took: restore.map(|(_, report)| report.took),
+        source: source_report,
+        partitions: reports,
+    })
 }
 
 /// The records of `source` and how to pace them.
@@ -204,7 +278,12 @@ fn print_summary(started: Instant, (since, before): (Instant, u64), stats: &[Par
         .iter()
         .enumerate()
         .map(|(p, s)| {
-            format!("p{p}@{} entries={}", s.committed_offset.load(Ordering::Relaxed), s.entries.load(Ordering::Relaxed))
+            format!(
+                "p{p}@{} entries={} ckpt@{}",
+                s.committed_offset.load(Ordering::Relaxed),
+                s.entries.load(Ordering::Relaxed),
+                s.checkpoint_offset.load(Ordering::Relaxed)
+            )
         })
         .collect();
     eprintln!(

@@ -3,8 +3,12 @@
 //! The modules follow a record's path: a [`source`] assigns it a partition and
 //! offset; that partition's [`worker`] runs the [`operator`] on it against the
 //! partition's keyed [`state`]; outputs go to the [`sink`]; then state and offset
-//! commit together. A [`job`] wires these from a [`config`].
+//! commit together. Every so often the worker [`checkpoint`]s its state to a
+//! checkpoint store, from which a job restores when its local state is gone. A [`job`]
+//! wires these from a [`config`].
 
+pub mod checkpoint;
+pub mod checksum;
 pub mod config;
 pub mod job;
 pub mod operator;

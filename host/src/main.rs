@@ -1,7 +1,8 @@
 //! The `sluice` command line.
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
+use sluice::checkpoint::{self, CheckpointStore, bytes};
 use sluice::config::{Config, SinkConfig, SourceConfig};
 use sluice::sink::Payload;
 use sluice::source::generator::{Fleet, FleetOptions};
@@ -9,9 +10,12 @@ use sluice::state::StateDir;
 use std::io::{ErrorKind, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, UNIX_EPOCH};
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "Runs stateful stream operators as sandboxed WebAssembly components")]
+// A flag given twice takes its last value, so scripts can append overrides.
+#[command(args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -28,6 +32,51 @@ enum Command {
         #[command(subcommand)]
         command: StateCommand,
     },
+    /// Inspect a checkpoint store.
+    Checkpoints {
+        #[command(subcommand)]
+        command: CheckpointsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CheckpointsCommand {
+    /// List each partition's checkpoints: offset, entries, files, size, bytes uploaded.
+    List {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Only this partition.
+        #[arg(long)]
+        partition: Option<u32>,
+    },
+    /// Read every file of a checkpoint and check it against the manifest.
+    Verify {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The partition.
+        #[arg(long)]
+        partition: u32,
+        /// The checkpoint id; default the newest.
+        #[arg(long)]
+        checkpoint: Option<u64>,
+    },
+    /// Say what a start with this state directory would restore, and how long it
+    /// should take given the bandwidth of earlier restores.
+    Estimate {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The local state directory (absent or missing: a new machine).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+}
+
+/// Which checkpoint store.
+#[derive(Args)]
+struct StoreArgs {
+    /// The checkpoint store: a directory, file:///dir or s3://bucket/prefix.
+    #[arg(long)]
+    store: String,
 }
 
 #[derive(Subcommand)]
@@ -72,6 +121,15 @@ struct RunArgs {
     /// Seconds between running-summary lines; 0 turns them off.
     #[arg(long)]
     report_interval: Option<f64>,
+    /// Checkpoint store: a directory, file:///dir or s3://bucket/prefix.
+    #[arg(long)]
+    checkpoint_store: Option<String>,
+    /// Seconds between a partition's checkpoints.
+    #[arg(long)]
+    checkpoint_interval: Option<f64>,
+    /// Neither checkpoint nor restore from a checkpoint store.
+    #[arg(long, conflicts_with_all = ["checkpoint_store", "checkpoint_interval"])]
+    no_checkpoints: bool,
 }
 
 /// Generator settings that override the configured ones.
@@ -147,6 +205,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(out.flush()?)
         }
+        Command::Checkpoints { command } => checkpoints(command),
         Command::State { command: StateCommand::Dump { state_dir } } => {
             let manifest = StateDir::read_manifest(&state_dir)?;
             let dir = StateDir::open(&state_dir, manifest.partitions)?;
@@ -166,6 +225,88 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
             Ok(out.flush()?)
+        }
+    }
+}
+
+/// `sluice checkpoints …`
+fn checkpoints(command: CheckpointsCommand) -> Result<()> {
+    let runtime = checkpoint::runtime()?;
+    let open = |args: &StoreArgs| -> Result<(CheckpointStore, u32)> {
+        let store = CheckpointStore::open(&args.store)?;
+        match runtime.block_on(store.store_manifest())? {
+            Some(manifest) => Ok((store, manifest.partitions)),
+            None => bail!("{} holds no checkpoints (no sluice-checkpoints.json)", args.store),
+        }
+    };
+    match command {
+        CheckpointsCommand::List { store, partition } => {
+            let (store, partitions) = open(&store)?;
+            println!(
+                "partition  checkpoint      offset    entries  files        size    uploaded  created                 \
+                 operator"
+            );
+            for partition in (0..partitions).filter(|p| partition.is_none_or(|only| only == *p)) {
+                for id in runtime.block_on(store.checkpoint_ids(partition))? {
+                    match runtime.block_on(store.manifest(partition, id)) {
+                        Ok(m) => println!(
+                            "{partition:>9}  {id:>10}  {:>10}  {:>9}  {:>5}  {:>10}  {:>10}  {}  {}",
+                            m.offset,
+                            m.entries,
+                            m.files.len(),
+                            bytes(m.bytes()),
+                            bytes(m.uploaded_bytes),
+                            humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(m.created_at_ms)),
+                            m.operator
+                        ),
+                        Err(e) => println!("{partition:>9}  {id:>10}  unreadable: {e:#}"),
+                    }
+                }
+            }
+            Ok(())
+        }
+        CheckpointsCommand::Verify { store, partition, checkpoint } => {
+            let (store, _) = open(&store)?;
+            let id = match checkpoint {
+                Some(id) => id,
+                None => *runtime
+                    .block_on(store.checkpoint_ids(partition))?
+                    .last()
+                    .ok_or_else(|| anyhow!("partition {partition} has no checkpoints in {}", store.url()))?,
+            };
+            let manifest = runtime.block_on(store.manifest(partition, id))?;
+            let mut bad = 0;
+            for file in &manifest.files {
+                match runtime.block_on(store.verify(partition, file)) {
+                    Ok(()) => println!("ok   {} ({})", file.name, bytes(file.size)),
+                    Err(e) => {
+                        bad += 1;
+                        println!("BAD  {e:#}");
+                    }
+                }
+            }
+            if bad > 0 {
+                bail!(
+                    "checkpoint {id} of partition {partition}: {bad} of {} files are missing or corrupt",
+                    manifest.files.len()
+                );
+            }
+            println!(
+                "checkpoint {id} of partition {partition} (offset {}): all {} files verified",
+                manifest.offset,
+                manifest.files.len()
+            );
+            Ok(())
+        }
+        CheckpointsCommand::Estimate { store, state_dir } => {
+            let (store, partitions) = open(&store)?;
+            let state = match state_dir.filter(|dir| dir.exists()) {
+                Some(dir) => Some(StateDir::open(&dir, partitions)?),
+                None => None,
+            };
+            let plan = runtime.block_on(checkpoint::restore::plan(state.as_ref(), partitions, &store))?;
+            println!("{plan}");
+            Ok(())
         }
     }
 }
@@ -214,6 +355,15 @@ impl RunArgs {
         }
         if let Some(interval) = self.report_interval {
             config.report.interval_s = interval;
+        }
+        if let Some(store) = self.checkpoint_store {
+            config.checkpoint.store = Some(store);
+        }
+        if let Some(interval) = self.checkpoint_interval {
+            config.checkpoint.interval_s = interval;
+        }
+        if self.no_checkpoints {
+            config.checkpoint.enabled = false;
         }
         config.validate()?;
         Ok(config)

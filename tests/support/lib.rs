@@ -60,6 +60,137 @@ pub fn run_file_job(operator: &Path, input: &Path, dir: &Path, partitions: u32) 
     command
 }
 
+/// `sluice run` of vehicle-stats over the embedded generator (`vehicles`, `count`,
+/// `seed`) with `partitions` partitions, state in `dir/state` (so checkpoints in
+/// `dir/state.checkpoints`), outputs in `dir/out.jsonl`, dead letters in
+/// `dir/dead.jsonl`, without the running summary.
+pub fn run_generator_job(dir: &Path, vehicles: u32, count: u64, seed: u64, partitions: u32) -> Command {
+    let mut command = sluice();
+    command
+        .arg("run")
+        .arg("--operator")
+        .arg(operator_wasm("vehicle_stats"))
+        .args(["--vehicles", &vehicles.to_string(), "--count", &count.to_string(), "--seed", &seed.to_string()])
+        .arg("--output")
+        .arg(dir.join("out.jsonl"))
+        .arg("--dead-letter")
+        .arg(dir.join("dead.jsonl"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args(["--partitions", &partitions.to_string(), "--report-interval", "0"]);
+    command
+}
+
+/// The checkpoint manifests of `partition` in the local checkpoint store `store`,
+/// oldest first.
+pub fn checkpoint_manifests(store: &Path, partition: u32) -> Result<Vec<Value>> {
+    let dir = store.join(format!("partition-{partition:04}")).join("manifests");
+    let mut paths: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries.map(|e| Ok(e?.path())).collect::<Result<_>>()?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    paths.retain(|p| p.extension().is_some_and(|e| e == "json"));
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| serde_json::from_slice(&std::fs::read(p)?).with_context(|| format!("parsing {}", p.display())))
+        .collect()
+}
+
+/// The files of `partition` in the local checkpoint store `store`: object name -> size.
+pub fn checkpoint_files(store: &Path, partition: u32) -> Result<BTreeMap<String, u64>> {
+    let dir = store.join(format!("partition-{partition:04}")).join("files");
+    let mut files = BTreeMap::new();
+    match std::fs::read_dir(&dir) {
+        Ok(entries) => {
+            for entry in entries {
+                let entry = entry?;
+                files.insert(entry.file_name().to_string_lossy().into_owned(), entry.metadata()?.len());
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    }
+    Ok(files)
+}
+
+/// The object names a manifest references (`name.checksum`, as the store names them).
+pub fn manifest_objects(manifest: &Value) -> std::collections::BTreeSet<String> {
+    manifest["files"]
+        .as_array()
+        .map(|files| {
+            files
+                .iter()
+                .map(|f| format!("{}.{}", f["name"].as_str().unwrap_or(""), f["checksum"].as_str().unwrap_or("")))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// An S3-compatible server (`s3s-fs`, installed by `./dev.sh test`) on a free loopback
+/// port, serving the bucket `sluice` from a temporary directory; stopped when dropped.
+pub struct S3Server {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    /// The bucket's directory: every object is a file under it.
+    pub bucket_dir: PathBuf,
+    _root: tempfile::TempDir,
+}
+
+impl S3Server {
+    /// Starts the server and waits until it accepts connections.
+    pub fn start() -> Result<Self> {
+        let root = tempfile::tempdir()?;
+        let bucket_dir = root.path().join("sluice");
+        std::fs::create_dir(&bucket_dir)?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let child = Command::new("s3s-fs")
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--access-key",
+                "sluice",
+                "--secret-key",
+                "sluice-secret",
+            ])
+            .arg(root.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting s3s-fs, the test S3 server (./dev.sh test installs it)")?;
+        let server = S3Server { child, endpoint: format!("http://127.0.0.1:{port}"), bucket_dir, _root: root };
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if started.elapsed() > std::time::Duration::from_secs(20) {
+                bail!("s3s-fs did not start listening on port {port}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Ok(server)
+    }
+
+    /// Sets the `AWS_*` variables that point a `sluice` command at this server.
+    pub fn configure<'a>(&self, command: &'a mut Command) -> &'a mut Command {
+        command
+            .env("AWS_ENDPOINT", &self.endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", "sluice")
+            .env("AWS_SECRET_ACCESS_KEY", "sluice-secret")
+            .env("AWS_REGION", "us-east-1")
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+    }
+}
+
 /// Runs `command`, failing with its stderr unless it succeeds.
 pub fn run_ok(command: &mut Command) -> Result<Output> {
     let output = command.output().with_context(|| format!("running {command:?}"))?;

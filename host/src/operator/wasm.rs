@@ -54,6 +54,7 @@ pub struct WasmOperator {
     pre: OperatorPre<HostCtx>,
     path: PathBuf,
     name: Arc<str>,
+    version: String,
     limits: Limits,
     config: Vec<(String, String)>,
 }
@@ -114,12 +115,19 @@ impl WasmOperator {
         })?;
 
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default().into();
-        Ok(WasmOperator { engine, pre, path: path.to_path_buf(), name, limits, config })
+        let version = format!("{name}@{}", crate::checksum::of_bytes(&bytes));
+        Ok(WasmOperator { engine, pre, path: path.to_path_buf(), name, version, limits, config })
     }
 
     /// The operator's name (its file stem), used in logs and dead letters.
     pub fn name(&self) -> &Arc<str> {
         &self.name
+    }
+
+    /// The operator's name and the [checksum](crate::checksum) of its component,
+    /// `name@checksum`: names exactly which build wrote a checkpoint's state.
+    pub fn version(&self) -> &str {
+        &self.version
     }
 
     /// Instantiates the operator for `partition` over `txn` and calls its `init`.

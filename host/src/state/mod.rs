@@ -7,6 +7,11 @@
 //! state reflects; [`Transaction`] stages a batch of records' writes so that state and
 //! offset commit in one RocksDB write batch.
 //!
+//! Besides the partitions' databases, a state directory holds `snapshots/` (checkpoint
+//! snapshots being uploaded), `partition-NNNN.restoring` (a checkpoint being restored)
+//! and `partition-NNNN.replaced` (the database a restore replaced); all are removed when
+//! the directory is opened.
+//!
 //! It does not decide *when* to commit (the [worker](crate::worker) does) and knows
 //! nothing about operators beyond the current record's key.
 
@@ -45,7 +50,13 @@ pub struct StateManifest {
 pub struct StateDir {
     root: PathBuf,
     manifest: StateManifest,
+    /// An exclusive lock on [`LOCK_FILE`], held while the directory is open: one
+    /// process at a time, so no one removes another's snapshots or restores.
+    _lock: std::fs::File,
 }
+
+/// The file a process locks while it has the state directory open.
+const LOCK_FILE: &str = "sluice.lock";
 
 impl StateDir {
     /// Opens the state directory at `root` for a job with `partitions` partitions,
@@ -92,7 +103,26 @@ impl StateDir {
             std::fs::rename(&tmp, &manifest_path)?;
             manifest
         };
-        Ok(StateDir { root: root.to_path_buf(), manifest })
+        let lock_path = root.join(LOCK_FILE);
+        let lock = std::fs::File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
+        if let Err(e) = lock.try_lock() {
+            bail!("state directory {} is in use by another process ({}: {e})", root.display(), lock_path.display());
+        }
+        let dir = StateDir { root: root.to_path_buf(), manifest, _lock: lock };
+        dir.remove_leftovers()?;
+        Ok(dir)
+    }
+
+    /// Removes what a killed run can leave behind: snapshots that were uploading,
+    /// half-restored databases and replaced ones. None is ever opened as state.
+    fn remove_leftovers(&self) -> Result<()> {
+        let leftovers = (0..self.partitions())
+            .flat_map(|p| [self.restore_path(p), self.replaced_path(p)])
+            .chain([self.root.join("snapshots")]);
+        for path in leftovers.filter(|p| p.exists()) {
+            std::fs::remove_dir_all(&path).with_context(|| format!("removing leftover {}", path.display()))?;
+        }
+        Ok(())
     }
 
     /// Reads the manifest of an existing state directory without opening anything.
@@ -110,6 +140,24 @@ impl StateDir {
     /// The directory of partition `partition`'s database.
     pub fn partition_path(&self, partition: u32) -> PathBuf {
         self.root.join(format!("partition-{partition:04}"))
+    }
+
+    /// Where partition `partition`'s database is restored before it replaces the live
+    /// one: the same file system, so the move is a rename.
+    pub fn restore_path(&self, partition: u32) -> PathBuf {
+        self.root.join(format!("partition-{partition:04}.restoring"))
+    }
+
+    /// Where partition `partition`'s previous database waits to be deleted once a
+    /// restored one has taken its place.
+    pub fn replaced_path(&self, partition: u32) -> PathBuf {
+        self.root.join(format!("partition-{partition:04}.replaced"))
+    }
+
+    /// Where partition `partition`'s checkpoint snapshots are staged while they upload
+    /// (hard links into the live database, so on the same file system).
+    pub fn snapshot_path(&self, partition: u32) -> PathBuf {
+        self.root.join("snapshots").join(format!("partition-{partition:04}"))
     }
 
     /// Opens partition `partition`'s database, creating it on first use.

@@ -6,9 +6,13 @@
 //! the next offset in one RocksDB write batch. It owns that ordering — outputs
 //! before commit, commit after every batch — and the partition's live counters.
 //!
+//! Checkpoints happen between batches, after a commit, so a snapshot always holds
+//! whole batches and the offset committed with them.
+//!
 //! It does not own where records come from (the [source](crate::source)) or how the
 //! operator runs (the [operator](crate::operator)).
 
+use crate::checkpoint::Checkpointer;
 use crate::operator::{Operator, Outcome};
 use crate::sink::{self, Sink};
 use crate::source::SourceRecord;
@@ -27,6 +31,14 @@ pub struct PartitionStats {
     pub committed_offset: AtomicU64,
     /// State entries held, as of the last commit.
     pub entries: AtomicU64,
+    /// Checkpoints completed by this run.
+    pub checkpoints: AtomicU64,
+    /// The offset of the newest completed checkpoint.
+    pub checkpoint_offset: AtomicU64,
+    /// Bytes uploaded by this run's checkpoints.
+    pub uploaded_bytes: AtomicU64,
+    /// Checkpoints that failed (each logged).
+    pub checkpoint_failures: AtomicU64,
 }
 
 /// Where a worker sends what it produces.
@@ -39,12 +51,15 @@ pub struct Destinations<'a> {
     pub operator: &'a str,
 }
 
-/// Processes batches from `batches` until the sender goes away, committing after each.
+/// Processes batches from `batches` until the sender goes away, committing after each
+/// and letting `checkpointer` checkpoint after a commit when one is due; at the end,
+/// a last checkpoint holds the final state.
 pub fn run(
     operator: &mut dyn Operator,
     batches: Receiver<Vec<SourceRecord>>,
     to: &Destinations<'_>,
     stats: &PartitionStats,
+    mut checkpointer: Option<&mut Checkpointer>,
 ) -> Result<()> {
     let mut outputs = Vec::new();
     let mut dead = Vec::new();
@@ -81,6 +96,12 @@ pub fn run(
         stats.dead_letters.fetch_add(dead_count, Ordering::Relaxed);
         stats.committed_offset.store(next_offset, Ordering::Relaxed);
         stats.entries.store(operator.state().entries(), Ordering::Relaxed);
+        if let Some(checkpointer) = checkpointer.as_deref_mut() {
+            checkpointer.after_commit(operator.state().store(), stats);
+        }
+    }
+    if let Some(checkpointer) = checkpointer {
+        checkpointer.finish(operator.state().store(), stats)?;
     }
     Ok(())
 }

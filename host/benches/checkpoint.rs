@@ -1,0 +1,203 @@
+//! What checkpoints cost and what restores take, each against a baseline in the same
+//! run:
+//!
+//! 1. job throughput (vehicle-stats over the generator, two partitions) with
+//!    checkpoints every 1 s and every 10 s versus none, alternating, two rounds;
+//! 2. bytes uploaded per checkpoint versus the state's size, from the 1 s runs;
+//! 3. restoring a large partition (`SLUICE_BENCH_STATE_MB`, default 1024 MiB of
+//!    incompressible values) from a local checkpoint store versus a plain copy of the
+//!    same files on the same disk (`std::fs::copy` + fsync, one file after another);
+//! 4. local recovery (state intact, nothing fetched) for that partition and for one a
+//!    hundredth its size: the time should not grow with the size.
+//!
+//! Run with `./dev.sh bench` (it builds the component first). Files are fresh in the
+//! page cache for both the copy and the restore, so (3) compares the two code paths,
+//! not the disk. `SLUICE_BENCH_RECORDS` sets the job runs' length.
+
+use anyhow::Result;
+use sluice::checkpoint::{self, CheckpointSettings, CheckpointStore, Checkpointer, bytes, restore};
+use sluice::config::{Config, SinkConfig, SourceConfig};
+use sluice::state::{StateDir, Transaction};
+use sluice::worker::PartitionStats;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn main() -> Result<()> {
+    let env = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let records = env("SLUICE_BENCH_RECORDS", 1_000_000);
+    let state_mb = env("SLUICE_BENCH_STATE_MB", 1024);
+    let dir = tempfile::tempdir()?;
+    let runtime = checkpoint::runtime()?;
+
+    throughput(dir.path(), records)?;
+    let large = dir.path().join("large");
+    let store = fill_and_checkpoint(&runtime, &large, state_mb << 20)?;
+    restore_versus_copy(&runtime, &large, &store)?;
+    let small = dir.path().join("small");
+    let small_store = fill_and_checkpoint(&runtime, &small, (state_mb << 20) / 100)?;
+    println!("\nlocal recovery (state intact; plan, nothing fetched, open)");
+    for (dir, store) in [(&small, &small_store), (&large, &store)] {
+        let size = dir_bytes(&StateDir::open(&dir.join("state"), 1)?.partition_path(0))?;
+        let took = local_recovery(&runtime, dir, store)?;
+        println!("  {:>10} of state  {:>8.1} ms", bytes(size), took.as_secs_f64() * 1e3);
+    }
+    Ok(())
+}
+
+/// (1) and (2): the same job with checkpoints off, every 10 s and every 1 s.
+fn throughput(dir: &Path, records: u64) -> Result<()> {
+    let wasm = target_dir().join("wasm32-wasip2/release/vehicle_stats.wasm");
+    println!("vehicle-stats, {records} records over 10000 vehicles, 2 partitions; records/s per run\n");
+    let intervals: [(&str, Option<f64>); 3] = [("none", None), ("10 s", Some(10.0)), ("1 s", Some(1.0))];
+    let mut rates = vec![Vec::new(); intervals.len()];
+    let mut per_checkpoint = Vec::new();
+    for round in 0..2 {
+        for (i, (name, interval)) in intervals.iter().enumerate() {
+            let run_dir = dir.join(format!("job-{round}-{i}"));
+            let mut config = Config::for_operator(&wasm);
+            config.source = SourceConfig::Generator {
+                vehicles: 10_000,
+                count: Some(records),
+                duration_s: None,
+                rate: None,
+                seed: 42,
+            };
+            config.sink = SinkConfig::File { path: run_dir.join("out.jsonl") };
+            config.dead_letter.path = run_dir.join("dead.jsonl");
+            config.state.dir = run_dir.join("state");
+            config.state.partitions = 2;
+            config.report.interval_s = 0.0;
+            config.checkpoint.enabled = interval.is_some();
+            config.checkpoint.interval_s = interval.unwrap_or(0.0);
+            let report = sluice::job::run(&config)?;
+            let rate = report.processed() as f64 / report.elapsed.as_secs_f64();
+            let checkpoints: u64 = report.partitions.iter().map(|p| p.checkpoints).sum();
+            let uploaded: u64 = report.partitions.iter().map(|p| p.uploaded_bytes).sum();
+            println!("  round {round}, checkpoints {name:>4}: {rate:>9.0} records/s, {checkpoints} checkpoints");
+            rates[i].push(rate);
+            if *interval == Some(1.0) && checkpoints > 0 {
+                let state = dir_bytes(&config.state.dir)?;
+                per_checkpoint.push((uploaded / checkpoints, state / 2));
+            }
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let none = mean(&rates[0]);
+    println!();
+    for (i, (name, _)) in intervals.iter().enumerate().skip(1) {
+        println!("checkpoints every {name:>4} / none: {:.3}", mean(&rates[i]) / none);
+    }
+    for (uploaded, state) in per_checkpoint {
+        println!(
+            "every 1 s: {} uploaded per checkpoint per partition, partition state {} ({:.1}%)",
+            bytes(uploaded),
+            bytes(state),
+            100.0 * uploaded as f64 / state as f64
+        );
+    }
+    Ok(())
+}
+
+/// A one-partition state directory in `dir/state` holding about `size` bytes of
+/// incompressible values, checkpointed to `dir/store`.
+fn fill_and_checkpoint(runtime: &tokio::runtime::Runtime, dir: &Path, size: u64) -> Result<CheckpointStore> {
+    const VALUE: usize = 1024;
+    let state = StateDir::open(&dir.join("state"), 1)?;
+    let mut txn = Transaction::new(state.open_partition(0)?)?;
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut value = vec![0u8; VALUE];
+    let keys = size / VALUE as u64;
+    for key in 0..keys {
+        txn.begin_record(format!("vehicle-{key:09}").as_bytes());
+        for chunk in value.chunks_mut(8) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            chunk.copy_from_slice(&seed.to_le_bytes());
+        }
+        txn.put("summary", value.clone());
+        txn.end_record(true);
+        if key % 4096 == 4095 || key + 1 == keys {
+            txn.commit(key + 1)?;
+        }
+    }
+    drop(txn);
+    let store = CheckpointStore::open(dir.join("store").to_str().expect("UTF-8 temp path"))?;
+    runtime.block_on(store.check_partitions(1))?;
+    let plan = runtime.block_on(restore::plan(Some(&state), 1, &store))?;
+    let partition = state.open_partition(0)?;
+    let settings = CheckpointSettings { interval: Duration::ZERO, retain: 1, upload_bytes_per_s: None };
+    let restored = checkpoint::RestoredFrom::Local { offset: keys };
+    let mut checkpointer = Checkpointer::new(
+        store.clone(),
+        runtime.handle().clone(),
+        &plan.partitions[0],
+        &restored,
+        settings,
+        state.snapshot_path(0),
+        "bench".into(),
+    );
+    let started = Instant::now();
+    checkpointer.finish(&partition, &PartitionStats::default())?;
+    println!(
+        "\nfilled {} of state, first checkpoint uploaded in {:.2}s",
+        bytes(dir_bytes(&state.partition_path(0))?),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(store)
+}
+
+/// (3): a plain copy of the checkpoint's files, then a restore of the wiped state.
+fn restore_versus_copy(runtime: &tokio::runtime::Runtime, dir: &Path, store: &CheckpointStore) -> Result<()> {
+    let files = dir.join("store/partition-0000/files");
+    let copy = dir.join("copy");
+    std::fs::create_dir_all(&copy)?;
+    let started = Instant::now();
+    let mut copied = 0;
+    for entry in std::fs::read_dir(&files)? {
+        let entry = entry?;
+        let to = copy.join(entry.file_name());
+        copied += std::fs::copy(entry.path(), &to)?;
+        std::fs::File::open(&to)?.sync_all()?;
+    }
+    let copy_took = started.elapsed();
+
+    let state = StateDir::open(&dir.join("state"), 1)?;
+    std::fs::remove_dir_all(state.partition_path(0))?;
+    let report = runtime.block_on(restore::restore(&state, store, Duration::from_secs(3600)))?;
+    let fetched = report.plan.bytes_to_fetch();
+    let mb_s = |b: u64, t: Duration| b as f64 / t.as_secs_f64() / (1 << 20) as f64;
+    println!("\nrestore of {} from a local checkpoint store", bytes(fetched));
+    println!("  plain copy + fsync   {:>8.2}s  {:>8.0} MiB/s", copy_took.as_secs_f64(), mb_s(copied, copy_took));
+    println!("  sluice restore       {:>8.2}s  {:>8.0} MiB/s", report.took.as_secs_f64(), mb_s(fetched, report.took));
+    println!("  restore / copy throughput {:.2}", mb_s(fetched, report.took) / mb_s(copied, copy_took));
+    std::fs::remove_dir_all(copy)?;
+    Ok(())
+}
+
+/// (4): what a start costs when the local state is current.
+fn local_recovery(runtime: &tokio::runtime::Runtime, dir: &Path, store: &CheckpointStore) -> Result<Duration> {
+    let started = Instant::now();
+    let state = StateDir::open(&dir.join("state"), 1)?;
+    let report = runtime.block_on(restore::restore(&state, store, Duration::from_secs(3600)))?;
+    assert!(matches!(report.restored[0], checkpoint::RestoredFrom::Local { .. }), "{:?}", report.restored);
+    state.open_partition(0)?.committed_offset()?;
+    Ok(started.elapsed())
+}
+
+fn dir_bytes(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
+    }
+    Ok(total)
+}
+
+/// `./dev.sh bench` builds the component into the same target directory.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+}

@@ -1,0 +1,306 @@
+//! A partition's checkpointer: snapshots its database on the worker's thread, uploads
+//! the snapshot in the background, and keeps the store to the last N checkpoints.
+//!
+//! Taking the snapshot is the only part on the record path: RocksDB flushes the
+//! memtable and hard-links the live files into a staging directory (milliseconds).
+//! Uploading runs on the checkpoint runtime while the worker goes on processing. While
+//! an upload is in flight no new checkpoint starts; the next one starts at the first
+//! commit after it finished, so a slow store lowers the checkpoint rate instead of
+//! piling up snapshots.
+
+use super::bytes;
+use super::restore::{PartitionPlan, RestoredFrom};
+use super::store::{self, CheckpointStore, Manifest, ManifestFile};
+use crate::state::{PartitionStore, STATE_FORMAT};
+use crate::worker::PartitionStats;
+use anyhow::{Context, Result};
+use futures::{StreamExt, TryStreamExt};
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+
+/// Files uploaded at once when the upload is not rate-limited.
+const PARALLEL_UPLOADS: usize = 4;
+
+/// How a partition is checkpointed.
+#[derive(Debug, Clone)]
+pub struct CheckpointSettings {
+    /// Time between the starts of two checkpoints.
+    pub interval: Duration,
+    /// Checkpoints kept per partition; older ones and files only they use are deleted.
+    pub retain: usize,
+    /// Upload bandwidth cap in bytes/s, so checkpoints do not starve the job's own I/O.
+    pub upload_bytes_per_s: Option<u64>,
+}
+
+/// Checkpoints one partition. Owned by the partition's worker.
+pub struct Checkpointer {
+    store: CheckpointStore,
+    runtime: Handle,
+    partition: u32,
+    settings: CheckpointSettings,
+    staging: PathBuf,
+    operator: String,
+    next_id: u64,
+    /// The offset of the newest checkpoint taken (or found in the store).
+    checkpointed_offset: Option<u64>,
+    started: Instant,
+    in_flight: Option<JoinHandle<Result<Manifest>>>,
+    /// Checksums of SST files already read, by name and size: SST files never change,
+    /// so each is read once per process, not once per checkpoint.
+    sst_checksums: Arc<Mutex<HashMap<(String, u64), String>>>,
+}
+
+impl Checkpointer {
+    /// A checkpointer for `plan`'s partition whose snapshots are staged in `staging`
+    /// (on the database's file system: snapshots are hard links), numbering on from the
+    /// checkpoints the plan found. `restored` says what the partition's state is now.
+    pub fn new(
+        store: CheckpointStore,
+        runtime: Handle,
+        plan: &PartitionPlan,
+        restored: &RestoredFrom,
+        settings: CheckpointSettings,
+        staging: PathBuf,
+        operator: String,
+    ) -> Self {
+        Checkpointer {
+            store,
+            runtime,
+            partition: plan.partition,
+            settings,
+            staging,
+            operator,
+            next_id: plan.last_id.map_or(1, |id| id + 1),
+            // Only a usable checkpoint at the state's own offset makes a new one redundant.
+            checkpointed_offset: match restored {
+                RestoredFrom::Checkpoint { offset, .. } => Some(*offset),
+                RestoredFrom::Local { offset } => plan.newest.as_ref().map(|m| m.offset).filter(|o| o == offset),
+                RestoredFrom::Empty => None,
+            },
+            started: Instant::now(),
+            in_flight: None,
+            sst_checksums: Arc::default(),
+        }
+    }
+
+    /// Called by the worker after every commit: collects a finished upload and starts
+    /// a checkpoint when one is due and none is in flight. A failure is logged and
+    /// counted, and the next checkpoint tries again.
+    pub fn after_commit(&mut self, state: &PartitionStore, stats: &PartitionStats) {
+        if self.in_flight.as_ref().is_some_and(JoinHandle::is_finished) {
+            self.wait(stats).unwrap_or_else(|e| {
+                stats.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(partition = self.partition, "checkpoint failed: {e:#}");
+            });
+        }
+        if self.in_flight.is_none() && self.started.elapsed() >= self.settings.interval {
+            // A snapshot that fails (a full disk, say) costs this checkpoint, not the job.
+            self.start(state).unwrap_or_else(|e| {
+                stats.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(partition = self.partition, "checkpoint failed: {e:#}");
+            });
+        }
+    }
+
+    /// Waits for the upload in flight, then takes and uploads a last checkpoint if the
+    /// state moved since the newest one, so the store holds the newest state. Only the
+    /// last checkpoint's failure is an error.
+    pub fn finish(&mut self, state: &PartitionStore, stats: &PartitionStats) -> Result<()> {
+        if let Err(e) = self.wait(stats) {
+            stats.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(partition = self.partition, "checkpoint failed: {e:#}");
+        }
+        self.start(state)?;
+        self.wait(stats)
+    }
+
+    /// Snapshots `state` and starts uploading it, unless the newest checkpoint already
+    /// holds this offset.
+    fn start(&mut self, state: &PartitionStore) -> Result<()> {
+        self.started = Instant::now();
+        let offset = state.committed_offset()?;
+        if self.checkpointed_offset == Some(offset) {
+            return Ok(());
+        }
+        let id = self.next_id;
+        let dir = self.staging.join(format!("{id:010}"));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing stale snapshot {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(&self.staging)?;
+        state.snapshot(&dir)?;
+        let upload = Upload {
+            store: self.store.clone(),
+            settings: self.settings.clone(),
+            manifest: Manifest {
+                format: store::CHECKPOINT_FORMAT,
+                state_format: STATE_FORMAT,
+                partition: self.partition,
+                id,
+                offset,
+                entries: state.committed_entries()?,
+                operator: self.operator.clone(),
+                created_at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+                uploaded_bytes: 0,
+                files: Vec::new(),
+            },
+            dir,
+            sst_checksums: self.sst_checksums.clone(),
+        };
+        self.next_id += 1;
+        self.checkpointed_offset = Some(offset);
+        self.in_flight = Some(self.runtime.spawn(upload.run()));
+        Ok(())
+    }
+
+    /// Waits for the upload in flight, if any, and records its outcome.
+    fn wait(&mut self, stats: &PartitionStats) -> Result<()> {
+        let Some(upload) = self.in_flight.take() else { return Ok(()) };
+        let result = self.runtime.block_on(upload).context("checkpoint upload task failed");
+        match result.and_then(|r| r) {
+            Ok(manifest) => {
+                stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+                stats.checkpoint_offset.store(manifest.offset, Ordering::Relaxed);
+                stats.uploaded_bytes.fetch_add(manifest.uploaded_bytes, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                // The store may or may not hold it; the next checkpoint decides afresh.
+                self.checkpointed_offset = None;
+                Err(e.context(format!("checkpoint of partition {} to {}", self.partition, self.store.url())))
+            }
+        }
+    }
+}
+
+/// One checkpoint on its way to the store.
+struct Upload {
+    store: CheckpointStore,
+    settings: CheckpointSettings,
+    /// The manifest to write, files still empty.
+    manifest: Manifest,
+    /// The local snapshot.
+    dir: PathBuf,
+    sst_checksums: Arc<Mutex<HashMap<(String, u64), String>>>,
+}
+
+impl Upload {
+    /// Uploads the files the store lacks, writes the manifest, deletes what retention
+    /// lets go, and removes the local snapshot whatever happened.
+    async fn run(mut self) -> Result<Manifest> {
+        let result = self.upload().await;
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await?.ok();
+        result?;
+        let collected = collect_garbage(&self.store, self.manifest.partition, self.settings.retain).await;
+        if let Err(e) = collected {
+            tracing::warn!(partition = self.manifest.partition, "checkpoint garbage collection failed: {e:#}");
+        }
+        Ok(self.manifest)
+    }
+
+    async fn upload(&mut self) -> Result<()> {
+        let started = Instant::now();
+        let (dir, checksums) = (self.dir.clone(), self.sst_checksums.clone());
+        let files = tokio::task::spawn_blocking(move || describe_snapshot(&dir, &checksums)).await??;
+        let partition = self.manifest.partition;
+        let stored = self.store.files(partition).await?;
+        let missing: Vec<&ManifestFile> =
+            files.iter().filter(|f| stored.get(&store::object_name(f)) != Some(&f.size)).collect();
+        let total: u64 = files.iter().map(|f| f.size).sum();
+        let uploading: u64 = missing.iter().map(|f| f.size).sum();
+        tracing::debug!(
+            partition,
+            checkpoint = self.manifest.id,
+            offset = self.manifest.offset,
+            "checkpoint uploading {} of {} files ({} of {})",
+            missing.len(),
+            files.len(),
+            bytes(uploading),
+            bytes(total)
+        );
+        let parallel = if self.settings.upload_bytes_per_s.is_some() { 1 } else { PARALLEL_UPLOADS };
+        let mut sent = 0u64;
+        let uploads: Vec<_> =
+            missing.iter().map(|&file| self.store.put_file(partition, file, self.dir.join(&file.name))).collect();
+        let mut uploads = futures::stream::iter(uploads).buffer_unordered(parallel);
+        while let Some(size) = uploads.try_next().await? {
+            sent += size;
+            // Sleep after each file until the average is back under the cap.
+            if let Some(rate) = self.settings.upload_bytes_per_s {
+                let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+                tokio::time::sleep(due.saturating_sub(started.elapsed())).await;
+            }
+        }
+        drop(uploads);
+        self.manifest.files = files;
+        self.manifest.uploaded_bytes = uploading;
+        self.store.put_manifest(&self.manifest).await?;
+        tracing::info!(
+            partition,
+            checkpoint = self.manifest.id,
+            offset = self.manifest.offset,
+            "checkpoint complete in {:.3}s: uploaded {} of {}",
+            started.elapsed().as_secs_f64(),
+            bytes(uploading),
+            bytes(total)
+        );
+        Ok(())
+    }
+}
+
+/// The manifest entries of every file in the snapshot at `dir`.
+fn describe_snapshot(dir: &Path, sst_checksums: &Mutex<HashMap<(String, u64), String>>) -> Result<Vec<ManifestFile>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading snapshot {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let size = std::fs::metadata(&path)?.len();
+        let cached = sst_checksums.lock().expect("no panics under this lock").get(&(name.clone(), size)).cloned();
+        let file = match cached {
+            Some(checksum) => ManifestFile { name, size, checksum },
+            None => {
+                let file = store::describe(&path)?;
+                if file.name.ends_with(".sst") {
+                    sst_checksums
+                        .lock()
+                        .expect("no panics under this lock")
+                        .insert((file.name.clone(), file.size), file.checksum.clone());
+                }
+                file
+            }
+        };
+        files.push(file);
+    }
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(files)
+}
+
+/// Deletes all but the newest `retain` checkpoints of `partition`, then every file no
+/// remaining checkpoint lists. Returns how many files it deleted.
+pub async fn collect_garbage(store: &CheckpointStore, partition: u32, retain: usize) -> Result<usize> {
+    let ids = store.checkpoint_ids(partition).await?;
+    let (expired, kept) = ids.split_at(ids.len().saturating_sub(retain.max(1)));
+    for &id in expired {
+        store.delete_manifest(partition, id).await?;
+    }
+    let mut referenced = HashSet::new();
+    for &id in kept {
+        // A kept manifest that cannot be read might still reference files: keep all.
+        let manifest = store.manifest(partition, id).await.context("keeping every file")?;
+        referenced.extend(manifest.files.iter().map(store::object_name));
+    }
+    let mut deleted = store.remove_partial_uploads(partition).await?;
+    for object in store.files(partition).await?.into_keys() {
+        if !referenced.contains(&object) {
+            store.delete_file(partition, &object).await?;
+            deleted += 1;
+        }
+    }
+    Ok(deleted)
+}

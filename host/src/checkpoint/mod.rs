@@ -1,0 +1,52 @@
+//! Checkpoints: each partition's state copied to a checkpoint store, and restored
+//! from it when the local copy is gone or older.
+//!
+//! A checkpoint is a consistent RocksDB snapshot of one partition (RocksDB's
+//! checkpoint API: a flush, then hard links to the immutable SST files) uploaded to a
+//! [`CheckpointStore`] file by file, then a [`Manifest`] naming the files with their
+//! sizes and checksums, the source offset the state reflects and the operator that
+//! wrote it. Files are stored under their checksum, so a file the store already holds
+//! is not uploaded again: consecutive checkpoints share most of their SST files, and a
+//! checkpoint uploads roughly what changed. A checkpoint exists only once its manifest
+//! is written, and the manifest is written last.
+//!
+//! - [`store`]: the store's layout, manifests, verified transfers, restore history.
+//! - [`checkpointer`]: taking a partition's checkpoints in the background of its
+//!   worker, retention and garbage collection.
+//! - [`restore`]: choosing between local recovery and a checkpoint, predicting and
+//!   reporting the restore, falling back past missing or corrupt files.
+//!
+//! This module does not decide when a checkpoint is due relative to records (the
+//! [worker](crate::worker) asks its [`Checkpointer`] after each commit), and it never
+//! writes into a database that is open.
+
+pub mod checkpointer;
+pub mod restore;
+pub mod store;
+
+pub use checkpointer::{CheckpointSettings, Checkpointer};
+pub use restore::{RestorePlan, RestoreReport, RestoredFrom};
+pub use store::{CheckpointStore, Manifest, ManifestFile};
+
+use anyhow::Result;
+
+/// The runtime checkpoint I/O runs on: two threads beside the partition workers.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("sluice-checkpoint")
+        .enable_all()
+        .build()?)
+}
+
+/// `n` bytes for people: B, KiB, MiB or GiB.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}

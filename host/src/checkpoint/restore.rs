@@ -1,0 +1,382 @@
+//! Restoring partitions' state from the checkpoint store, with the duration predicted
+//! beforehand and measured afterwards.
+//!
+//! For each partition the local database wins when it is at least as new as the newest
+//! checkpoint (local recovery: nothing is copied). Otherwise the newest checkpoint is
+//! downloaded into a side directory, every file checked against its manifest, the
+//! database opened to confirm it holds the manifest's offset, and only then moved into
+//! place; a missing or corrupt file is named and the previous checkpoint tried. A
+//! half-restored database is never where the job will open it.
+//!
+//! This module owns that decision and the copying; the [state](crate::state) module
+//! owns the directory layout it writes into.
+
+use super::bytes;
+use super::store::{CheckpointStore, Manifest};
+use crate::state::{PartitionStore, StateDir};
+use anyhow::{Context, Result, bail};
+use futures::{StreamExt, TryStreamExt};
+use std::fmt;
+use std::io::IsTerminal;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Files downloaded at once per partition.
+const PARALLEL_DOWNLOADS: usize = 4;
+/// The bandwidth assumed until a restore from the store has been measured.
+const ASSUMED_BYTES_PER_S: f64 = 100.0 * 1024.0 * 1024.0;
+
+/// What one partition would restore from, decided without copying anything.
+#[derive(Debug, Clone)]
+pub struct PartitionPlan {
+    /// The partition.
+    pub partition: u32,
+    /// The offset of the local database, if there is one.
+    pub local_offset: Option<u64>,
+    /// Checkpoints newer than the local state, newest first: the restore candidates.
+    pub candidates: Vec<Manifest>,
+    /// The newest readable checkpoint in the store, if any.
+    pub newest: Option<Manifest>,
+    /// The highest checkpoint id in the store, readable or not: new checkpoints
+    /// number on from it.
+    pub last_id: Option<u64>,
+    /// Manifests that could not be read, with why.
+    pub unreadable: Vec<String>,
+}
+
+impl PartitionPlan {
+    /// The bytes a restore fetches: the newest candidate's size, 0 for local recovery.
+    pub fn bytes_to_fetch(&self) -> u64 {
+        self.candidates.first().map_or(0, Manifest::bytes)
+    }
+}
+
+/// A restore plan for a job, with the predicted duration.
+#[derive(Debug, Clone)]
+pub struct RestorePlan {
+    /// One per partition, in partition order.
+    pub partitions: Vec<PartitionPlan>,
+    /// Restore bandwidth measured on earlier restores from this store.
+    pub measured_bytes_per_s: Option<f64>,
+}
+
+impl RestorePlan {
+    /// Bytes to fetch over all partitions.
+    pub fn bytes_to_fetch(&self) -> u64 {
+        self.partitions.iter().map(PartitionPlan::bytes_to_fetch).sum()
+    }
+
+    /// The predicted restore duration and the bandwidth it assumes.
+    pub fn predicted(&self) -> (Duration, f64) {
+        let bandwidth = self.measured_bytes_per_s.unwrap_or(ASSUMED_BYTES_PER_S);
+        (Duration::from_secs_f64(self.bytes_to_fetch() as f64 / bandwidth), bandwidth)
+    }
+}
+
+impl fmt::Display for RestorePlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for p in &self.partitions {
+            let local = p.local_offset.map_or("none".to_string(), |o| format!("offset {o}"));
+            match (p.candidates.first(), &p.newest) {
+                (Some(m), _) => writeln!(
+                    f,
+                    "partition {}: local state {local}; restore checkpoint {} (offset {}, {} files, {})",
+                    p.partition,
+                    m.id,
+                    m.offset,
+                    m.files.len(),
+                    bytes(m.bytes())
+                )?,
+                (None, Some(m)) => writeln!(
+                    f,
+                    "partition {}: local state {local} is at least as new as checkpoint {} (offset {}): local \
+                     recovery, nothing to fetch",
+                    p.partition, m.id, m.offset
+                )?,
+                (None, None) => writeln!(f, "partition {}: local state {local}; no checkpoint", p.partition)?,
+            }
+            for why in &p.unreadable {
+                writeln!(f, "partition {}: unreadable checkpoint: {why}", p.partition)?;
+            }
+        }
+        let (time, bandwidth) = self.predicted();
+        let basis = match self.measured_bytes_per_s {
+            Some(_) => "measured on earlier restores",
+            None => "assumed; no restore from this store measured yet",
+        };
+        write!(
+            f,
+            "to fetch: {}; predicted restore time {:.1}s at {}/s ({basis})",
+            bytes(self.bytes_to_fetch()),
+            time.as_secs_f64(),
+            bytes(bandwidth as u64)
+        )
+    }
+}
+
+/// Where a partition's state came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RestoredFrom {
+    /// No local state and no checkpoint: an empty database.
+    Empty,
+    /// The local database, as new as or newer than any usable checkpoint.
+    Local {
+        /// Its committed offset.
+        offset: u64,
+    },
+    /// A checkpoint from the store.
+    Checkpoint {
+        /// The checkpoint's id.
+        id: u64,
+        /// Its offset.
+        offset: u64,
+        /// Bytes fetched.
+        bytes: u64,
+    },
+}
+
+impl fmt::Display for RestoredFrom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RestoredFrom::Empty => write!(f, "empty"),
+            RestoredFrom::Local { offset } => write!(f, "local@{offset}"),
+            RestoredFrom::Checkpoint { id, offset, .. } => write!(f, "checkpoint {id}@{offset}"),
+        }
+    }
+}
+
+/// Decides, for each of `partitions` partitions, what a restore from `store` would
+/// use, given the local `state` (`None`: no local state at all).
+pub async fn plan(state: Option<&StateDir>, partitions: u32, store: &CheckpointStore) -> Result<RestorePlan> {
+    let mut plans = Vec::new();
+    for partition in 0..partitions {
+        let path = state.map(|state| state.partition_path(partition)).filter(|path| path.exists());
+        let local_offset = match path {
+            Some(path) => Some(
+                tokio::task::spawn_blocking(move || PartitionStore::open(&path, partition)?.committed_offset())
+                    .await??,
+            ),
+            None => None,
+        };
+        let mut manifests = Vec::new();
+        let mut unreadable = Vec::new();
+        let ids = store.checkpoint_ids(partition).await?;
+        let last_id = ids.last().copied();
+        for id in ids.into_iter().rev() {
+            match store.manifest(partition, id).await {
+                Ok(manifest) => manifests.push(manifest),
+                Err(e) => unreadable.push(format!("checkpoint {id}: {e:#}")),
+            }
+        }
+        let newest = manifests.first().cloned();
+        let candidates = manifests.into_iter().filter(|m| local_offset.is_none_or(|local| m.offset > local)).collect();
+        plans.push(PartitionPlan { partition, local_offset, candidates, newest, last_id, unreadable });
+    }
+    let measured_bytes_per_s = store.restore_history().await?.bandwidth();
+    Ok(RestorePlan { partitions: plans, measured_bytes_per_s })
+}
+
+/// What [`restore`] did.
+#[derive(Debug, Clone)]
+pub struct RestoreReport {
+    /// The plan it followed.
+    pub plan: RestorePlan,
+    /// Where each partition's state came from, in partition order.
+    pub restored: Vec<RestoredFrom>,
+    /// How long it took.
+    pub took: Duration,
+}
+
+/// Brings every partition of `state` to the newest state it can have: local recovery
+/// or a download from `store`. Logs the prediction (warning when it exceeds `budget`),
+/// progress, and the measured duration, which it adds to the store's history.
+pub async fn restore(state: &StateDir, store: &CheckpointStore, budget: Duration) -> Result<RestoreReport> {
+    let plan = plan(Some(state), state.partitions(), store).await?;
+    for why in plan.partitions.iter().flat_map(|p| p.unreadable.iter().map(move |w| (p.partition, w))) {
+        tracing::warn!(partition = why.0, "skipping unreadable checkpoint: {}", why.1);
+    }
+    let total = plan.bytes_to_fetch();
+    if total > 0 {
+        let (predicted, _) = plan.predicted();
+        tracing::info!("restore plan from {}:\n{plan}", store.url());
+        if predicted > budget {
+            tracing::warn!(
+                "predicted restore time {:.1}s exceeds the restore budget of {:.1}s ([checkpoint] restore_budget_s): \
+                 this restore, and every rebalance that moves these partitions, pauses them that long. Smaller \
+                 state (aggregates, TTL), more partitions or a faster store bring it down",
+                predicted.as_secs_f64(),
+                budget.as_secs_f64()
+            );
+        }
+    }
+    let started = Instant::now();
+    let progress = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let reporter = (total > 0).then(|| spawn_progress(total, progress.clone(), done.clone()));
+    let restores = futures::stream::iter(plan.partitions.iter().map(|p| restore_partition(state, store, p, &progress)))
+        .buffered(usize::MAX)
+        .try_collect::<Vec<_>>()
+        .await;
+    done.store(true, Ordering::Relaxed);
+    if let Some(reporter) = reporter {
+        reporter.join().ok();
+    }
+    let restored = restores?;
+    let fetched: u64 =
+        restored.iter().map(|r| if let RestoredFrom::Checkpoint { bytes, .. } = r { *bytes } else { 0 }).sum();
+    let took = started.elapsed();
+    if fetched > 0 {
+        tracing::info!(
+            "restored {} in {:.2}s ({}/s): {}",
+            bytes(fetched),
+            took.as_secs_f64(),
+            bytes((fetched as f64 / took.as_secs_f64().max(1e-9)) as u64),
+            restored.iter().enumerate().map(|(p, r)| format!("p{p} {r}")).collect::<Vec<_>>().join(", ")
+        );
+        store.record_restore(fetched, took).await?;
+    }
+    Ok(RestoreReport { plan, restored, took })
+}
+
+/// Restores one partition as `plan` says, falling back checkpoint by checkpoint.
+async fn restore_partition(
+    state: &StateDir,
+    store: &CheckpointStore,
+    plan: &PartitionPlan,
+    progress: &Arc<AtomicU64>,
+) -> Result<RestoredFrom> {
+    let partition = plan.partition;
+    let mut failures = Vec::new();
+    for manifest in &plan.candidates {
+        let side = state.restore_path(partition);
+        match fetch(store, manifest, &side, progress).await {
+            Ok(()) => {
+                let (live, old) = (state.partition_path(partition), state.replaced_path(partition));
+                tokio::task::spawn_blocking(move || replace_dir(&side, &live, &old)).await??;
+                return Ok(RestoredFrom::Checkpoint {
+                    id: manifest.id,
+                    offset: manifest.offset,
+                    bytes: manifest.bytes(),
+                });
+            }
+            Err(e) => {
+                tracing::error!(
+                    partition,
+                    "checkpoint {} (offset {}) cannot be restored: {e:#}; trying an older one",
+                    manifest.id,
+                    manifest.offset
+                );
+                failures.push(format!("checkpoint {}: {e:#}", manifest.id));
+            }
+        }
+    }
+    match plan.local_offset {
+        Some(offset) if !failures.is_empty() => {
+            tracing::warn!(
+                partition,
+                "no newer checkpoint could be restored; using the local state at offset {offset}"
+            );
+            Ok(RestoredFrom::Local { offset })
+        }
+        Some(offset) => Ok(RestoredFrom::Local { offset }),
+        None if failures.is_empty() && plan.unreadable.is_empty() => Ok(RestoredFrom::Empty),
+        None => bail!(
+            "partition {partition}: no checkpoint in {} could be restored, and there is no local state; refusing \
+             to start it from empty state. {}",
+            store.url(),
+            failures.iter().chain(&plan.unreadable).cloned().collect::<Vec<_>>().join("; ")
+        ),
+    }
+}
+
+/// Downloads `manifest`'s files into `side` (emptied first), then opens the database
+/// there to check it holds the manifest's offset.
+async fn fetch(store: &CheckpointStore, manifest: &Manifest, side: &Path, progress: &Arc<AtomicU64>) -> Result<()> {
+    let dir = side.to_path_buf();
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))
+    })
+    .await??;
+    let downloads: Vec<_> = manifest
+        .files
+        .iter()
+        .map(|file| store.download(manifest.partition, file, side.join(&file.name), progress.clone()))
+        .collect();
+    let downloads: Vec<Result<()>> =
+        futures::stream::iter(downloads).buffer_unordered(PARALLEL_DOWNLOADS).collect().await;
+    // Every bad file is named, not just the first: the operator fixing the store needs
+    // the whole list.
+    let failures: Vec<String> = downloads.into_iter().filter_map(|d| d.err()).map(|e| format!("{e:#}")).collect();
+    if !failures.is_empty() {
+        bail!("{} of {} files failed: {}", failures.len(), manifest.files.len(), failures.join("; "));
+    }
+    let (dir, partition, offset) = (side.to_path_buf(), manifest.partition, manifest.offset);
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let held = PartitionStore::open(&dir, partition)?.committed_offset()?;
+        if held != offset {
+            bail!("the manifest says offset {offset} but the restored state holds offset {held}");
+        }
+        Ok(())
+    })
+    .await?
+}
+
+/// Puts the verified database at `side` where `live` is, by renames only: a crash at
+/// any point leaves either the old database or the new one at `live`, or none (the
+/// next start restores again); the old one is deleted only once it is out of the way.
+fn replace_dir(side: &Path, live: &Path, old: &Path) -> Result<()> {
+    if live.exists() {
+        std::fs::rename(live, old).with_context(|| format!("moving {} aside", live.display()))?;
+    }
+    std::fs::rename(side, live).with_context(|| format!("moving {} to {}", side.display(), live.display()))?;
+    if let Some(parent) = live.parent() {
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    if old.exists() {
+        std::fs::remove_dir_all(old).with_context(|| format!("removing older state {}", old.display()))?;
+    }
+    Ok(())
+}
+
+/// Reports restore progress until `done`: a redrawn bar on a terminal, a log line
+/// every second otherwise.
+fn spawn_progress(total: u64, progress: Arc<AtomicU64>, done: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let terminal = std::io::stderr().is_terminal();
+        let started = Instant::now();
+        let mut last_log = Instant::now();
+        loop {
+            let finished = done.load(Ordering::Relaxed);
+            let fetched = progress.load(Ordering::Relaxed);
+            let rate = fetched as f64 / started.elapsed().as_secs_f64().max(1e-9);
+            let left = total.saturating_sub(fetched) as f64 / rate.max(1.0);
+            let share = (fetched as f64 / total.max(1) as f64).min(1.0);
+            let line = format!(
+                "restoring {:>5.1}% {} of {} at {}/s, ~{left:.0}s left",
+                share * 100.0,
+                bytes(fetched),
+                bytes(total),
+                bytes(rate as u64)
+            );
+            if terminal {
+                let filled = (share * 30.0) as usize;
+                eprint!("\r[{}{}] {line}", "#".repeat(filled), ".".repeat(30 - filled));
+                if finished {
+                    eprintln!();
+                }
+            } else if last_log.elapsed() >= Duration::from_secs(1) {
+                tracing::info!("{line}");
+                last_log = Instant::now();
+            }
+            if finished {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+}

@@ -1,0 +1,515 @@
+//! The checkpoint store: where checkpoints live, how they are laid out, and how files
+//! get in and out of it verified.
+//!
+//! ```text
+//! <store>/sluice-checkpoints.json                   format and partition count of the job
+//! <store>/restores.json                             measured restore bandwidth
+//! <store>/partition-0000/manifests/0000000012.json  one per checkpoint, written last
+//! <store>/partition-0000/files/000042.sst.1f3a…     a file, under its name and checksum
+//! ```
+//!
+//! A store is a local directory or S3-compatible object storage, both behind the
+//! `object_store` crate, so one code path serves both. Files are addressed by content
+//! (name plus checksum): a file the store holds is never uploaded again, and a file
+//! uploaded by a checkpoint that never finished is garbage, found and deleted by the
+//! next checkpoint's collection. This module owns the layout, the manifest format and
+//! verification; it does not decide what to upload, keep or restore.
+
+use crate::checksum::{self, Checksum};
+use anyhow::{Context, Result, anyhow, bail};
+use futures::StreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{GetResult, GetResultPayload, ObjectStore, ObjectStoreExt, PutPayload};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The checkpoint format this build writes and reads.
+pub const CHECKPOINT_FORMAT: u32 = 1;
+
+const STORE_MANIFEST: &str = "sluice-checkpoints.json";
+const RESTORES: &str = "restores.json";
+/// Restores remembered for predicting the next one.
+const RESTORE_SAMPLES: usize = 20;
+
+/// What a store was created for: a checkpoint of partition `p` only makes sense to a
+/// job that hashes keys into the same number of partitions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoreManifest {
+    /// The [`CHECKPOINT_FORMAT`] of the sluice that created the store.
+    pub format: u32,
+    /// The job's partition count.
+    pub partitions: u32,
+    /// The sluice version that created the store, for error messages.
+    pub created_by: String,
+}
+
+/// One checkpoint of one partition. It exists once this manifest is in the store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`CHECKPOINT_FORMAT`].
+    pub format: u32,
+    /// The state format of the snapshot's database.
+    pub state_format: u32,
+    /// The partition.
+    pub partition: u32,
+    /// Increases by one per checkpoint of the partition.
+    pub id: u64,
+    /// The next source offset to process: the state reflects every record before it.
+    pub offset: u64,
+    /// State entries held.
+    pub entries: u64,
+    /// The operator that wrote the state.
+    pub operator: String,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+    /// Bytes this checkpoint uploaded (files the store did not hold yet).
+    pub uploaded_bytes: u64,
+    /// Every file of the snapshot.
+    pub files: Vec<ManifestFile>,
+}
+
+/// One file of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ManifestFile {
+    /// The file's name in the database directory.
+    pub name: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its [checksum](crate::checksum).
+    pub checksum: String,
+}
+
+impl Manifest {
+    /// The snapshot's size: the bytes a restore fetches.
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+/// Restore bandwidth measured on earlier restores from a store.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RestoreHistory {
+    /// The latest restores, oldest first.
+    pub samples: Vec<RestoreSample>,
+}
+
+/// One measured restore.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestoreSample {
+    /// Bytes fetched.
+    pub bytes: u64,
+    /// Wall-clock seconds it took.
+    pub seconds: f64,
+}
+
+impl RestoreHistory {
+    /// Bytes per second over the remembered restores, if any were measured.
+    pub fn bandwidth(&self) -> Option<f64> {
+        let bytes: u64 = self.samples.iter().map(|s| s.bytes).sum();
+        let seconds: f64 = self.samples.iter().map(|s| s.seconds).sum();
+        (bytes > 0 && seconds > 0.0).then(|| bytes as f64 / seconds)
+    }
+}
+
+/// A checkpoint store. Cheap to clone; every clone talks to the same store.
+#[derive(Clone)]
+pub struct CheckpointStore {
+    objects: Arc<dyn ObjectStore>,
+    url: String,
+    /// The directory of a directory store.
+    local_root: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for CheckpointStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointStore").field("url", &self.url).finish()
+    }
+}
+
+impl CheckpointStore {
+    /// Opens the store at `url`: `s3://bucket/prefix` (credentials, region and endpoint
+    /// from the usual `AWS_*` environment variables), `file:///abs/dir`, or a plain
+    /// directory path. A directory is created when missing.
+    pub fn open(url: &str) -> Result<Self> {
+        let mut local_root = None;
+        let objects: Arc<dyn ObjectStore> = if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                bail!("checkpoint store `{url}` names no bucket (expected s3://bucket/prefix)");
+            }
+            let s3 = object_store::aws::AmazonS3Builder::from_env()
+                .with_url(format!("s3://{bucket}"))
+                .build()
+                .with_context(|| format!("opening checkpoint store {url}"))?;
+            match prefix.trim_matches('/') {
+                "" => Arc::new(s3),
+                prefix => Arc::new(object_store::prefix::PrefixStore::new(s3, prefix)),
+            }
+        } else {
+            let dir = url.strip_prefix("file://").unwrap_or(url);
+            if dir.contains("://") {
+                bail!(
+                    "checkpoint store `{url}`: unsupported scheme (use a directory, file:///dir or s3://bucket/prefix)"
+                );
+            }
+            std::fs::create_dir_all(dir).with_context(|| format!("creating checkpoint store directory {dir}"))?;
+            let local = object_store::local::LocalFileSystem::new_with_prefix(dir)
+                .with_context(|| format!("opening checkpoint store directory {dir}"))?
+                // A manifest must not outlive (on disk) the files it lists.
+                .with_fsync(true);
+            local_root = Some(PathBuf::from(dir));
+            Arc::new(local)
+        };
+        Ok(CheckpointStore { objects, url: url.to_string(), local_root })
+    }
+
+    /// The URL the store was opened with.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The store's own manifest, if the store has been used.
+    pub async fn store_manifest(&self) -> Result<Option<StoreManifest>> {
+        let Some(bytes) = self.get_optional(STORE_MANIFEST).await? else { return Ok(None) };
+        let manifest: StoreManifest = serde_json::from_slice(&bytes).with_context(|| {
+            format!("{STORE_MANIFEST} in checkpoint store {} is not a sluice store manifest", self.url)
+        })?;
+        if manifest.format != CHECKPOINT_FORMAT {
+            bail!(
+                "checkpoint store {} holds checkpoint format {} (written by sluice {}); this sluice reads format \
+                 {CHECKPOINT_FORMAT}",
+                self.url,
+                manifest.format,
+                manifest.created_by
+            );
+        }
+        Ok(Some(manifest))
+    }
+
+    /// Checks that the store belongs to a job with `partitions` partitions, and claims
+    /// it for one when it is new.
+    pub async fn check_partitions(&self, partitions: u32) -> Result<()> {
+        match self.store_manifest().await? {
+            Some(manifest) if manifest.partitions == partitions => Ok(()),
+            Some(manifest) => bail!(
+                "checkpoint store {} holds {} partitions but the job asks for {partitions}; keys would hash to \
+                 partitions whose checkpoints do not hold their state. Use partitions = {} or another store",
+                self.url,
+                manifest.partitions,
+                manifest.partitions
+            ),
+            None => {
+                let manifest = StoreManifest {
+                    format: CHECKPOINT_FORMAT,
+                    partitions,
+                    created_by: env!("CARGO_PKG_VERSION").to_string(),
+                };
+                self.put_bytes(STORE_MANIFEST, serde_json::to_vec_pretty(&manifest)?).await
+            }
+        }
+    }
+
+    /// The ids of `partition`'s checkpoints, oldest first.
+    pub async fn checkpoint_ids(&self, partition: u32) -> Result<Vec<u64>> {
+        let prefix = ObjectPath::from(format!("{}/manifests", partition_dir(partition)));
+        let mut ids = Vec::new();
+        let mut listing = self.objects.list(Some(&prefix));
+        while let Some(meta) = listing.next().await {
+            let meta = meta.with_context(|| format!("listing {prefix} in checkpoint store {}", self.url))?;
+            let id: Option<u64> = meta.location.filename().and_then(|name| name.strip_suffix(".json")?.parse().ok());
+            ids.extend(id);
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Reads the manifest of checkpoint `id` of `partition`.
+    pub async fn manifest(&self, partition: u32, id: u64) -> Result<Manifest> {
+        let path = manifest_path(partition, id);
+        let bytes = self.get_optional(&path).await?.ok_or_else(|| anyhow!("{path} is missing"))?;
+        let manifest: Manifest =
+            serde_json::from_slice(&bytes).with_context(|| format!("{path} is not a sluice checkpoint manifest"))?;
+        if let Some(bad) =
+            manifest.files.iter().find(|f| f.name.is_empty() || f.name.contains(['/', '\\']) || f.name.starts_with('.'))
+        {
+            bail!("{path} lists a file named {:?}, which is not a database file name", bad.name);
+        }
+        if manifest.format != CHECKPOINT_FORMAT || manifest.partition != partition || manifest.id != id {
+            bail!(
+                "{path} describes checkpoint {} of partition {} in format {}, not checkpoint {id} of partition \
+                 {partition} in format {CHECKPOINT_FORMAT}",
+                manifest.id,
+                manifest.partition,
+                manifest.format
+            );
+        }
+        Ok(manifest)
+    }
+
+    /// Writes `manifest`, making its checkpoint exist. Every file it lists must be in
+    /// the store already.
+    pub async fn put_manifest(&self, manifest: &Manifest) -> Result<()> {
+        let path = manifest_path(manifest.partition, manifest.id);
+        self.put_bytes(&path, serde_json::to_vec_pretty(manifest)?).await
+    }
+
+    /// Deletes checkpoint `id` of `partition` (its manifest; files are collected later).
+    pub async fn delete_manifest(&self, partition: u32, id: u64) -> Result<()> {
+        self.delete(&manifest_path(partition, id)).await
+    }
+
+    /// The files `partition`'s checkpoints have uploaded, with their sizes, keyed by
+    /// object name relative to the partition's files folder.
+    pub async fn files(&self, partition: u32) -> Result<HashMap<String, u64>> {
+        let prefix = ObjectPath::from(files_dir(partition));
+        let mut files = HashMap::new();
+        let mut listing = self.objects.list(Some(&prefix));
+        while let Some(meta) = listing.next().await {
+            let meta = meta.with_context(|| format!("listing {prefix} in checkpoint store {}", self.url))?;
+            if let Some(name) = meta.location.filename() {
+                files.insert(name.to_string(), meta.size);
+            }
+        }
+        Ok(files)
+    }
+
+    /// Uploads the local file at `local` as `file` of `partition`; returns its size.
+    pub async fn put_file(&self, partition: u32, file: &ManifestFile, local: PathBuf) -> Result<u64> {
+        let bytes = tokio::task::spawn_blocking(move || {
+            std::fs::read(&local).with_context(|| format!("reading {}", local.display()))
+        })
+        .await??;
+        let path = file_path(partition, file);
+        self.objects
+            .put(&ObjectPath::from(path.as_str()), PutPayload::from(bytes))
+            .await
+            .with_context(|| format!("uploading {path} to checkpoint store {}", self.url))?;
+        Ok(file.size)
+    }
+
+    /// Deletes what uploads killed part-way left in a directory store (the local file
+    /// system writes `<object>#<n>` and renames it when complete; listings hide these).
+    /// Object stores have no such leftovers. Returns how many it deleted.
+    pub async fn remove_partial_uploads(&self, partition: u32) -> Result<usize> {
+        let Some(root) = &self.local_root else { return Ok(0) };
+        let dir = root.join(files_dir(partition));
+        tokio::task::spawn_blocking(move || -> Result<usize> {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+                Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+            };
+            let mut removed = 0;
+            for entry in entries {
+                let path = entry?.path();
+                let name = path.file_name().unwrap_or_default().to_string_lossy();
+                let partial =
+                    name.rsplit_once('#').is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+                if partial {
+                    std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+                    removed += 1;
+                }
+            }
+            Ok(removed)
+        })
+        .await?
+    }
+
+    /// Deletes the uploaded file `object` (a name from [`files`](Self::files)).
+    pub async fn delete_file(&self, partition: u32, object: &str) -> Result<()> {
+        self.delete(&format!("{}/{object}", files_dir(partition))).await
+    }
+
+    /// Downloads `file` of `partition` to `dest`, adding bytes to `progress` as they
+    /// arrive, and checks its size and checksum against the manifest. The error names
+    /// the file and says whether it is missing or corrupt.
+    pub async fn download(
+        &self,
+        partition: u32,
+        file: &ManifestFile,
+        dest: PathBuf,
+        progress: Arc<AtomicU64>,
+    ) -> Result<()> {
+        let (path, found) = self.get_file(partition, file).await?;
+        let mut out = VerifiedFile::create(&dest, progress)?;
+        match found.payload {
+            GetResultPayload::File(mut source, _) => {
+                out = tokio::task::spawn_blocking(move || -> Result<VerifiedFile> {
+                    let mut buffer = vec![0; 1 << 20];
+                    loop {
+                        match source.read(&mut buffer)? {
+                            0 => return Ok(out),
+                            n => out.write(&buffer[..n])?,
+                        }
+                    }
+                })
+                .await??;
+            }
+            GetResultPayload::Stream(mut chunks) => {
+                while let Some(chunk) = chunks.next().await {
+                    out.write(&chunk.with_context(|| format!("downloading {path}"))?)?;
+                }
+            }
+        }
+        let (size, checksum) = tokio::task::spawn_blocking(move || out.finish()).await??;
+        let checked = check_file(file, &path, size, &checksum);
+        if checked.is_err() {
+            // Every checkpoint listing it is broken anyway, and while it stays, later
+            // checkpoints would take it for a good copy and not upload the file again.
+            self.delete(&path).await?;
+            return checked.context("deleted it from the store; a later checkpoint uploads the file again");
+        }
+        checked
+    }
+
+    /// Reads `file` of `partition` and checks it against the manifest without keeping
+    /// it; the error says whether it is missing or corrupt.
+    pub async fn verify(&self, partition: u32, file: &ManifestFile) -> Result<()> {
+        let (path, found) = self.get_file(partition, file).await?;
+        let mut checksum = Checksum::new();
+        let mut chunks = found.into_stream();
+        while let Some(chunk) = chunks.next().await {
+            checksum.update(&chunk.with_context(|| format!("reading {path}"))?);
+        }
+        check_file(file, &path, checksum.len(), &checksum.hex())
+    }
+
+    /// Starts reading `file` of `partition`; returns its object path too.
+    async fn get_file(&self, partition: u32, file: &ManifestFile) -> Result<(String, GetResult)> {
+        let path = file_path(partition, file);
+        match self.objects.get(&ObjectPath::from(path.as_str())).await {
+            Ok(found) => Ok((path, found)),
+            Err(object_store::Error::NotFound { .. }) => {
+                bail!("file `{}` is missing from the store (object {path})", file.name)
+            }
+            Err(e) => Err(e).with_context(|| format!("reading {path} from checkpoint store {}", self.url)),
+        }
+    }
+
+    /// The restores measured from this store so far.
+    pub async fn restore_history(&self) -> Result<RestoreHistory> {
+        match self.get_optional(RESTORES).await? {
+            // The history only informs predictions: a damaged one starts afresh.
+            Some(bytes) => Ok(serde_json::from_slice(&bytes).unwrap_or_default()),
+            None => Ok(RestoreHistory::default()),
+        }
+    }
+
+    /// Adds a measured restore to the history.
+    pub async fn record_restore(&self, bytes: u64, took: Duration) -> Result<()> {
+        let mut history = self.restore_history().await?;
+        history.samples.push(RestoreSample { bytes, seconds: took.as_secs_f64() });
+        let excess = history.samples.len().saturating_sub(RESTORE_SAMPLES);
+        history.samples.drain(..excess);
+        self.put_bytes(RESTORES, serde_json::to_vec_pretty(&history)?).await
+    }
+
+    async fn get_optional(&self, path: &str) -> Result<Option<Vec<u8>>> {
+        match self.objects.get(&ObjectPath::from(path)).await {
+            Ok(found) => Ok(Some(
+                found
+                    .bytes()
+                    .await
+                    .with_context(|| format!("reading {path} in checkpoint store {}", self.url))?
+                    .to_vec(),
+            )),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading {path} in checkpoint store {}", self.url)),
+        }
+    }
+
+    async fn put_bytes(&self, path: &str, bytes: Vec<u8>) -> Result<()> {
+        self.objects
+            .put(&ObjectPath::from(path), PutPayload::from(bytes))
+            .await
+            .with_context(|| format!("writing {path} to checkpoint store {}", self.url))?;
+        Ok(())
+    }
+
+    async fn delete(&self, path: &str) -> Result<()> {
+        match self.objects.delete(&ObjectPath::from(path)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("deleting {path} from checkpoint store {}", self.url)),
+        }
+    }
+}
+
+/// The object name a file is stored under: its name and checksum, so a file with the
+/// same name but other contents (RocksDB's MANIFEST, CURRENT) never overwrites it.
+pub fn object_name(file: &ManifestFile) -> String {
+    format!("{}.{}", file.name, file.checksum)
+}
+
+fn partition_dir(partition: u32) -> String {
+    format!("partition-{partition:04}")
+}
+
+fn files_dir(partition: u32) -> String {
+    format!("{}/files", partition_dir(partition))
+}
+
+fn file_path(partition: u32, file: &ManifestFile) -> String {
+    format!("{}/{}", files_dir(partition), object_name(file))
+}
+
+fn manifest_path(partition: u32, id: u64) -> String {
+    format!("{}/manifests/{id:010}.json", partition_dir(partition))
+}
+
+/// Compares what was read of `file` (at object `path`) with its manifest entry.
+fn check_file(file: &ManifestFile, path: &str, size: u64, checksum: &str) -> Result<()> {
+    if size != file.size || checksum != file.checksum {
+        bail!(
+            "file `{}` is corrupt (object {path}): {size} bytes with checksum {checksum}, the manifest says {} bytes \
+             with checksum {}",
+            file.name,
+            file.size,
+            file.checksum
+        );
+    }
+    Ok(())
+}
+
+/// A file being downloaded: written, counted and checksummed as it goes.
+struct VerifiedFile {
+    file: std::fs::File,
+    path: PathBuf,
+    checksum: Checksum,
+    progress: Arc<AtomicU64>,
+}
+
+impl VerifiedFile {
+    fn create(path: &Path, progress: Arc<AtomicU64>) -> Result<Self> {
+        let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(VerifiedFile { file, path: path.to_path_buf(), checksum: Checksum::new(), progress })
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        self.file.write_all(bytes).with_context(|| format!("writing {}", self.path.display()))?;
+        self.checksum.update(bytes);
+        self.progress.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Makes the file durable and returns its size and checksum.
+    fn finish(self) -> Result<(u64, String)> {
+        self.file.sync_all().with_context(|| format!("syncing {}", self.path.display()))?;
+        Ok((self.checksum.len(), self.checksum.hex()))
+    }
+}
+
+/// Describes a local file as a manifest entry.
+pub fn describe(path: &Path) -> Result<ManifestFile> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| anyhow!("{} has no UTF-8 file name", path.display()))?
+        .to_string();
+    let (size, checksum) = checksum::of_file(path)?;
+    Ok(ManifestFile { name, size, checksum })
+}

@@ -1,0 +1,301 @@
+//! Checkpoints and restore through the real binary and a local checkpoint store:
+//! a wiped state directory restores from the store, `kill -9` during an upload
+//! leaves the last complete checkpoint usable, a corrupt and a missing file are named
+//! and fallen back past, checkpoints upload only what changed, and retention leaves
+//! exactly the referenced files.
+
+use anyhow::Result;
+use serde_json::Value;
+use sluice_tests::*;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SEED: u64 = 11;
+
+/// The final state in `dir/state` equals the reference fold of the first `count`
+/// generator records.
+fn assert_state_is_fold(dir: &Path, vehicles: u32, count: u64, context: &str) -> Result<()> {
+    let input = dir.join(format!("input-{count}.jsonl"));
+    generate(&input, vehicles, count, SEED)?;
+    assert_state_matches(&dump_state(&dir.join("state"))?, &Reference::fold(&input)?, context);
+    Ok(())
+}
+
+fn stderr(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn with_config(command: &mut Command, dir: &Path, toml: &str) -> Result<()> {
+    let path = dir.join("sluice.toml");
+    std::fs::write(&path, format!("[operator]\npath = \"unused.wasm\"\n{toml}"))?;
+    // The flags given by run_generator_job override the file's operator and paths.
+    command.arg("--config").arg(path);
+    Ok(())
+}
+
+#[test]
+fn a_wiped_state_directory_is_restored_from_the_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (dir, store) = (dir.path(), dir.path().join("state.checkpoints"));
+    let job = |count| {
+        let mut command = run_generator_job(dir, 500, count, SEED, 4);
+        command.args(["--checkpoint-interval", "3600"]);
+        command
+    };
+    run_ok(&mut job(20_000))?;
+    let offsets: Vec<u64> = (0..4)
+        .map(|p| checkpoint_manifests(&store, p).map(|m| m.last().unwrap()["offset"].as_u64().unwrap()))
+        .collect::<Result<_>>()?;
+    assert_eq!(offsets.iter().sum::<u64>(), 20_000, "the last checkpoints hold every record: {offsets:?}");
+
+    std::fs::remove_dir_all(dir.join("state"))?;
+    let estimate = run_ok(
+        sluice().args(["checkpoints", "estimate", "--store"]).arg(&store).arg("--state-dir").arg(dir.join("state")),
+    )?;
+    let estimate = String::from_utf8(estimate.stdout)?;
+    assert!(estimate.contains("partition 0: local state none; restore checkpoint"), "{estimate}");
+    assert!(estimate.contains("predicted restore time"), "{estimate}");
+
+    let before = read_jsonl(&dir.join("out.jsonl"))?.len();
+    let run = run_ok(&mut job(30_000))?;
+    let report = stderr(&run);
+    assert!(report.contains("restore took"), "{report}");
+    assert_eq!(report.matches("checkpoint 1@").count(), 4, "every partition restored its checkpoint:\n{report}");
+    assert!(report.contains("20000 records skipped"), "restored offsets skip what the state holds:\n{report}");
+    assert_eq!(read_jsonl(&dir.join("out.jsonl"))?.len() - before, 10_000, "only new records were processed");
+    assert_state_is_fold(dir, 500, 30_000, "after a restore from the store")?;
+
+    // The same store, the local state intact: local recovery, nothing fetched.
+    let run = run_ok(&mut job(30_000))?;
+    assert_eq!(stderr(&run).matches("local@").count(), 4, "{}", stderr(&run));
+    let estimate = run_ok(
+        sluice().args(["checkpoints", "estimate", "--store"]).arg(&store).arg("--state-dir").arg(dir.join("state")),
+    )?;
+    assert!(String::from_utf8(estimate.stdout)?.contains("local recovery, nothing to fetch"));
+
+    // Twice wiped: restores the newest checkpoint again, processes nothing.
+    std::fs::remove_dir_all(dir.join("state"))?;
+    let run = run_ok(&mut job(30_000))?;
+    assert!(stderr(&run).contains("processed 0 records"), "{}", stderr(&run));
+    assert_state_is_fold(dir, 500, 30_000, "after a second restore")?;
+    Ok(())
+}
+
+#[test]
+fn an_s3_store_checkpoints_and_restores_the_same_way() -> Result<()> {
+    let s3 = S3Server::start()?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let job = |count| {
+        let mut command = run_generator_job(dir, 300, count, SEED, 2);
+        command.args(["--checkpoint-store", "s3://sluice/jobs/vehicles", "--checkpoint-interval", "3600"]);
+        s3.configure(&mut command);
+        command
+    };
+    run_ok(&mut job(8_000))?;
+    let objects = s3.bucket_dir.join("jobs/vehicles");
+    assert!(objects.join("sluice-checkpoints.json").exists(), "the store lives under the prefix");
+    assert_eq!(checkpoint_manifests(&objects, 1)?.len(), 1);
+
+    std::fs::remove_dir_all(dir.join("state"))?;
+    let run = run_ok(&mut job(12_000))?;
+    assert_eq!(stderr(&run).matches("checkpoint 1@").count(), 2, "{}", stderr(&run));
+    assert_state_is_fold(dir, 300, 12_000, "after a restore from S3")?;
+
+    let mut list = sluice();
+    s3.configure(list.args(["checkpoints", "list", "--store", "s3://sluice/jobs/vehicles"]));
+    let list = String::from_utf8(run_ok(&mut list)?.stdout)?;
+    assert_eq!(list.lines().count(), 1 + 4, "checkpoints 1 and 2 of both partitions:\n{list}");
+    Ok(())
+}
+
+#[test]
+fn kill_9_during_an_upload_leaves_the_last_complete_checkpoint() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (dir, store) = (dir.path(), dir.path().join("state.checkpoints"));
+    let (vehicles, count) = (3_000, 200_000);
+    let mut command = run_generator_job(dir, vehicles, count, SEED, 2);
+    with_config(&mut command, dir, "[checkpoint]\ninterval_s = 0.3\nupload_bytes_per_s = 100000\n")?;
+    let mut child = command.args(["--rate", "6000"]).stderr(Stdio::null()).spawn()?;
+
+    // Kill once a partition has a complete checkpoint and the next one is part-way up:
+    // files in the store that no manifest lists yet.
+    let started = Instant::now();
+    let in_flight = loop {
+        assert!(child.try_wait()?.is_none(), "the run ended before an upload could be interrupted");
+        assert!(started.elapsed() < Duration::from_secs(60), "no upload was ever caught in flight");
+        let mut in_flight = Vec::new();
+        for partition in 0..2 {
+            let manifests = checkpoint_manifests(&store, partition).unwrap_or_default();
+            let listed: BTreeSet<String> = manifests.iter().flat_map(manifest_objects).collect();
+            let files = checkpoint_files(&store, partition)?;
+            let unlisted: Vec<String> = files.into_keys().filter(|f| !listed.contains(f)).collect();
+            if !manifests.is_empty() && !unlisted.is_empty() {
+                in_flight.push((partition, manifests.last().unwrap()["id"].as_u64().unwrap(), unlisted));
+            }
+        }
+        if !in_flight.is_empty() {
+            break in_flight;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    child.kill()?;
+    child.wait()?;
+
+    let (partition, last_complete, unlisted) = &in_flight[0];
+    let after_kill = checkpoint_manifests(&store, *partition)?;
+    let listed: BTreeSet<String> = after_kill.iter().flat_map(manifest_objects).collect();
+    assert!(unlisted.iter().any(|f| !listed.contains(f)), "the kill did interrupt an upload: {unlisted:?}");
+    let newest = after_kill.last().unwrap()["id"].as_u64().unwrap();
+    assert!(newest >= *last_complete, "complete checkpoints survive the kill");
+
+    // Lose the disk: the restart must come from the store.
+    std::fs::remove_dir_all(dir.join("state"))?;
+    let mut command = run_generator_job(dir, vehicles, count, SEED, 2);
+    with_config(&mut command, dir, "[checkpoint]\ninterval_s = 0.3\n")?;
+    let run = run_ok(&mut command)?;
+    assert!(
+        stderr(&run).contains(&format!("checkpoint {newest}@")),
+        "restored the last complete checkpoint:\n{}",
+        stderr(&run)
+    );
+    assert_state_is_fold(dir, vehicles, count, "after kill -9 mid-upload and a restore")?;
+
+    // The interrupted upload's files (complete ones and a part-written one, if the kill
+    // hit a write) were collected by the next checkpoints.
+    let listed: BTreeSet<String> =
+        checkpoint_manifests(&store, *partition)?.iter().flat_map(manifest_objects).collect();
+    let files: BTreeSet<String> = checkpoint_files(&store, *partition)?.into_keys().collect();
+    assert_eq!(files, listed, "no leftovers from the killed upload");
+    Ok(())
+}
+
+#[test]
+fn a_corrupt_and_a_missing_file_are_named_and_skipped() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (dir, store) = (dir.path(), dir.path().join("state.checkpoints"));
+    // Three runs, each ending in a checkpoint that adds one new table file.
+    for count in [10_000, 20_000, 30_000] {
+        let mut command = run_generator_job(dir, 400, count, SEED, 1);
+        with_config(&mut command, dir, "[checkpoint]\ninterval_s = 3600\n")?;
+        run_ok(&mut command)?;
+    }
+    let manifests = checkpoint_manifests(&store, 0)?;
+    assert_eq!(manifests.len(), 3);
+    let tables =
+        |m: &Value| -> BTreeSet<String> { manifest_objects(m).into_iter().filter(|f| f.contains(".sst.")).collect() };
+    let newest_only =
+        tables(&manifests[2]).difference(&tables(&manifests[1])).next().cloned().expect("checkpoint 3 adds a table");
+    let second_only =
+        tables(&manifests[1]).difference(&tables(&manifests[0])).next().cloned().expect("checkpoint 2 adds a table");
+    let files = store.join("partition-0000").join("files");
+    let mut bytes = std::fs::read(files.join(&newest_only))?;
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(files.join(&newest_only), bytes)?;
+    std::fs::remove_file(files.join(&second_only))?;
+
+    let verify = run_err(sluice().args(["checkpoints", "verify", "--partition", "0", "--store"]).arg(&store))?;
+    // Checkpoint 3 lists both broken files (the second run's table is still live in it).
+    assert!(verify.contains("checkpoint 3 of partition 0: 2 of"), "{verify}");
+    let verify_out = sluice()
+        .args(["checkpoints", "verify", "--partition", "0", "--checkpoint", "1", "--store"])
+        .arg(&store)
+        .output()?;
+    assert!(verify_out.status.success(), "checkpoint 1 is intact: {}", String::from_utf8_lossy(&verify_out.stdout));
+
+    std::fs::remove_dir_all(dir.join("state"))?;
+    let mut command = run_generator_job(dir, 400, 30_000, SEED, 1);
+    with_config(&mut command, dir, "[checkpoint]\ninterval_s = 3600\n")?;
+    command.env("SLUICE_LOG", "error");
+    let run = run_ok(&mut command)?;
+    let log = stderr(&run);
+    let corrupt_name = newest_only.split(".sst.").next().unwrap();
+    let missing_name = second_only.split(".sst.").next().unwrap();
+    let failure = |id: u64| {
+        log.lines()
+            .find(|l| l.contains(&format!("checkpoint {id} (offset {}) cannot be restored", id * 10_000)))
+            .unwrap_or_default()
+    };
+    assert!(failure(3).contains(&format!("file `{corrupt_name}.sst` is corrupt")), "{log}");
+    assert!(failure(3).contains(&format!("file `{missing_name}.sst` is missing")), "{log}");
+    assert!(failure(2).contains(&format!("file `{missing_name}.sst` is missing")), "{log}");
+    assert!(!failure(2).contains(&format!("file `{corrupt_name}.sst`")), "{log}");
+    assert!(log.contains("checkpoint 1@10000"), "fell back to checkpoint 1:\n{log}");
+    assert_state_is_fold(dir, 400, 30_000, "after falling back to checkpoint 1")?;
+    Ok(())
+}
+
+#[test]
+fn a_small_change_uploads_a_small_fraction_of_the_state() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (dir, store) = (dir.path(), dir.path().join("state.checkpoints"));
+    // Only the checkpoint at the end of each run: one snapshot of 60,000 records, then
+    // one after 200 more.
+    let job = |count| {
+        let mut command = run_generator_job(dir, 20_000, count, SEED, 1);
+        command.args(["--checkpoint-interval", "3600"]);
+        command
+    };
+    run_ok(&mut job(60_000))?;
+    let before = checkpoint_files(&store, 0)?;
+    run_ok(&mut job(60_200))?;
+    let last = checkpoint_manifests(&store, 0)?.pop().unwrap();
+    let total: u64 = last["files"].as_array().unwrap().iter().map(|f| f["size"].as_u64().unwrap()).sum();
+    let uploaded = last["uploaded_bytes"].as_u64().unwrap();
+    // What the store gained is exactly what the manifest says it uploaded.
+    let gained: u64 =
+        checkpoint_files(&store, 0)?.iter().filter(|(f, _)| !before.contains_key(*f)).map(|(_, s)| s).sum();
+    assert_eq!(gained, uploaded);
+    assert!(total > 500_000, "state is large enough to tell: {total} bytes");
+    assert!(uploaded * 10 < total, "200 more records uploaded {uploaded} of {total} bytes");
+    eprintln!(
+        "incremental checkpoint: uploaded {uploaded} of {total} bytes ({:.1}%)",
+        100.0 * uploaded as f64 / total as f64
+    );
+    Ok(())
+}
+
+#[test]
+fn retention_keeps_the_newest_checkpoints_and_exactly_their_files() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (dir, store) = (dir.path(), dir.path().join("state.checkpoints"));
+    let mut command = run_generator_job(dir, 2_000, 30_000, SEED, 2);
+    with_config(&mut command, dir, "[checkpoint]\ninterval_s = 0.05\nretain = 2\n")?;
+    let run = run_ok(command.args(["--rate", "20000"]))?;
+    for partition in 0..2 {
+        let manifests = checkpoint_manifests(&store, partition)?;
+        let ids: Vec<u64> = manifests.iter().map(|m| m["id"].as_u64().unwrap()).collect();
+        assert_eq!(ids.len(), 2, "partition {partition} keeps two checkpoints: {ids:?}");
+        assert!(ids[1] >= 5, "partition {partition} took many checkpoints ({ids:?})\n{}", stderr(&run));
+        assert_eq!(ids[0] + 1, ids[1], "the two newest are kept");
+        let referenced: BTreeSet<String> = manifests.iter().flat_map(manifest_objects).collect();
+        let stored: BTreeSet<String> = checkpoint_files(&store, partition)?.into_keys().collect();
+        assert_eq!(stored, referenced, "partition {partition}: the store holds exactly the referenced files");
+    }
+    let list = run_ok(sluice().args(["checkpoints", "list", "--store"]).arg(&store))?;
+    let list = String::from_utf8(list.stdout)?;
+    assert_eq!(list.lines().count(), 1 + 4, "a header and two checkpoints per partition:\n{list}");
+    assert!(list.contains("vehicle_stats@"), "{list}");
+    Ok(())
+}
+
+#[test]
+fn a_store_of_another_partition_count_is_refused() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    run_ok(&mut run_generator_job(dir, 100, 1_000, SEED, 2))?;
+    std::fs::remove_dir_all(dir.join("state"))?;
+    let err = run_err(&mut run_generator_job(dir, 100, 1_000, SEED, 3))?;
+    assert!(err.contains("holds 2 partitions but the job asks for 3"), "{err}");
+    assert!(!dir.join("state").join("partition-0000").exists() || dump_state(&dir.join("state"))?.is_empty());
+
+    // Checkpoints off: no store is touched.
+    let other = dir.join("off");
+    std::fs::create_dir(&other)?;
+    run_ok(run_generator_job(&other, 100, 1_000, SEED, 2).arg("--no-checkpoints"))?;
+    assert!(!other.join("state.checkpoints").exists());
+    Ok(())
+}
