@@ -35,15 +35,18 @@ fn with_config(command: &mut Command, dir: &Path, toml: &str) -> Result<()> {
     Ok(())
 }
 
+/// A generator job whose only checkpoint is the one every job takes at its end.
+fn checkpoint_at_end(dir: &Path, vehicles: u32, count: u64, partitions: u32) -> Command {
+    let mut command = run_generator_job(dir, vehicles, count, SEED, partitions);
+    command.args(["--checkpoint-interval", "3600"]);
+    command
+}
+
 #[test]
 fn a_wiped_state_directory_is_restored_from_the_store() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (dir, store) = (dir.path(), dir.path().join("state.checkpoints"));
-    let job = |count| {
-        let mut command = run_generator_job(dir, 500, count, SEED, 4);
-        command.args(["--checkpoint-interval", "3600"]);
-        command
-    };
+    let job = |count| checkpoint_at_end(dir, 500, count, 4);
     run_ok(&mut job(20_000))?;
     let offsets: Vec<u64> = (0..4)
         .map(|p| checkpoint_manifests(&store, p).map(|m| m.last().unwrap()["offset"].as_u64().unwrap()))
@@ -57,10 +60,14 @@ fn a_wiped_state_directory_is_restored_from_the_store() -> Result<()> {
     let estimate = String::from_utf8(estimate.stdout)?;
     assert!(estimate.contains("partition 0: local state none; restore checkpoint"), "{estimate}");
     assert!(estimate.contains("predicted restore time"), "{estimate}");
+    assert!(estimate.contains("assumed; no restore from this store measured yet"), "{estimate}");
 
     let before = read_jsonl(&dir.join("out.jsonl"))?.len();
-    let run = run_ok(&mut job(30_000))?;
+    let mut restoring = job(30_000);
+    with_config(&mut restoring, dir, "[checkpoint]\nrestore_budget_s = 0\n")?;
+    let run = run_ok(&mut restoring)?;
     let report = stderr(&run);
+    assert!(report.contains("exceeds the restore budget of 0.0s"), "the over-budget warning:\n{report}");
     assert!(report.contains("restore took"), "{report}");
     assert_eq!(report.matches("checkpoint 1@").count(), 4, "every partition restored its checkpoint:\n{report}");
     assert!(report.contains("20000 records skipped"), "restored offsets skip what the state holds:\n{report}");
@@ -75,8 +82,11 @@ fn a_wiped_state_directory_is_restored_from_the_store() -> Result<()> {
     )?;
     assert!(String::from_utf8(estimate.stdout)?.contains("local recovery, nothing to fetch"));
 
-    // Twice wiped: restores the newest checkpoint again, processes nothing.
+    // Twice wiped: restores the newest checkpoint again, processes nothing; the estimate
+    // now rests on the bandwidth measured by the first restore.
     std::fs::remove_dir_all(dir.join("state"))?;
+    let estimate = run_ok(sluice().args(["checkpoints", "estimate", "--store"]).arg(&store))?;
+    assert!(String::from_utf8(estimate.stdout)?.contains("(measured on earlier restores)"));
     let run = run_ok(&mut job(30_000))?;
     assert!(stderr(&run).contains("processed 0 records"), "{}", stderr(&run));
     assert_state_is_fold(dir, 500, 30_000, "after a second restore")?;
@@ -178,9 +188,7 @@ fn a_corrupt_and_a_missing_file_are_named_and_skipped() -> Result<()> {
     let (dir, store) = (dir.path(), dir.path().join("state.checkpoints"));
     // Three runs, each ending in a checkpoint that adds one new table file.
     for count in [10_000, 20_000, 30_000] {
-        let mut command = run_generator_job(dir, 400, count, SEED, 1);
-        with_config(&mut command, dir, "[checkpoint]\ninterval_s = 3600\n")?;
-        run_ok(&mut command)?;
+        run_ok(&mut checkpoint_at_end(dir, 400, count, 1))?;
     }
     let manifests = checkpoint_manifests(&store, 0)?;
     assert_eq!(manifests.len(), 3);
@@ -207,8 +215,7 @@ fn a_corrupt_and_a_missing_file_are_named_and_skipped() -> Result<()> {
     assert!(verify_out.status.success(), "checkpoint 1 is intact: {}", String::from_utf8_lossy(&verify_out.stdout));
 
     std::fs::remove_dir_all(dir.join("state"))?;
-    let mut command = run_generator_job(dir, 400, 30_000, SEED, 1);
-    with_config(&mut command, dir, "[checkpoint]\ninterval_s = 3600\n")?;
+    let mut command = checkpoint_at_end(dir, 400, 30_000, 1);
     command.env("SLUICE_LOG", "error");
     let run = run_ok(&mut command)?;
     let log = stderr(&run);
@@ -234,11 +241,7 @@ fn a_small_change_uploads_a_small_fraction_of_the_state() -> Result<()> {
     let (dir, store) = (dir.path(), dir.path().join("state.checkpoints"));
     // Only the checkpoint at the end of each run: one snapshot of 60,000 records, then
     // one after 200 more.
-    let job = |count| {
-        let mut command = run_generator_job(dir, 20_000, count, SEED, 1);
-        command.args(["--checkpoint-interval", "3600"]);
-        command
-    };
+    let job = |count| checkpoint_at_end(dir, 20_000, count, 1);
     run_ok(&mut job(60_000))?;
     let before = checkpoint_files(&store, 0)?;
     run_ok(&mut job(60_200))?;

@@ -3,7 +3,9 @@
 //!
 //! 1. job throughput (vehicle-stats over the generator, two partitions) with
 //!    checkpoints every 1 s and every 10 s versus none, alternating, two rounds;
-//! 2. bytes uploaded per checkpoint versus the state's size, from the 1 s runs;
+//! 2. bytes uploaded per checkpoint versus the state's size, from the 1 s runs (where
+//!    every key changes every second) and under a steady trickle of updates to a
+//!    large state;
 //! 3. restoring a large partition (`SLUICE_BENCH_STATE_MB`, default 1024 MiB of
 //!    incompressible values) from a local checkpoint store versus a plain copy of the
 //!    same files on the same disk (`std::fs::copy` + fsync, one file after another);
@@ -30,6 +32,7 @@ fn main() -> Result<()> {
     let runtime = checkpoint::runtime()?;
 
     throughput(dir.path(), records)?;
+    steady_updates(&runtime, &dir.path().join("steady"))?;
     let large = dir.path().join("large");
     let store = fill_and_checkpoint(&runtime, &large, state_mb << 20)?;
     restore_versus_copy(&runtime, &large, &store)?;
@@ -46,27 +49,13 @@ fn main() -> Result<()> {
 
 /// (1) and (2): the same job with checkpoints off, every 10 s and every 1 s.
 fn throughput(dir: &Path, records: u64) -> Result<()> {
-    let wasm = target_dir().join("wasm32-wasip2/release/vehicle_stats.wasm");
     println!("vehicle-stats, {records} records over 10000 vehicles, 2 partitions; records/s per run\n");
     let intervals: [(&str, Option<f64>); 3] = [("none", None), ("10 s", Some(10.0)), ("1 s", Some(1.0))];
     let mut rates = vec![Vec::new(); intervals.len()];
     let mut per_checkpoint = Vec::new();
     for round in 0..2 {
         for (i, (name, interval)) in intervals.iter().enumerate() {
-            let run_dir = dir.join(format!("job-{round}-{i}"));
-            let mut config = Config::for_operator(&wasm);
-            config.source = SourceConfig::Generator {
-                vehicles: 10_000,
-                count: Some(records),
-                duration_s: None,
-                rate: None,
-                seed: 42,
-            };
-            config.sink = SinkConfig::File { path: run_dir.join("out.jsonl") };
-            config.dead_letter.path = run_dir.join("dead.jsonl");
-            config.state.dir = run_dir.join("state");
-            config.state.partitions = 2;
-            config.report.interval_s = 0.0;
+            let mut config = job_config(&dir.join(format!("job-{round}-{i}")), 10_000, records, 2);
             config.checkpoint.enabled = interval.is_some();
             config.checkpoint.interval_s = interval.unwrap_or(0.0);
             let report = sluice::job::run(&config)?;
@@ -96,6 +85,60 @@ fn throughput(dir: &Path, records: u64) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// (2) when a steady trickle touches a small share of a large state: 100,000 vehicles
+/// loaded first, then 5,000 updates/s for 20 s with a checkpoint every second.
+fn steady_updates(runtime: &tokio::runtime::Runtime, dir: &Path) -> Result<()> {
+    const VEHICLES: u32 = 100_000;
+    const LOADED: u64 = 300_000;
+    let mut config = job_config(dir, VEHICLES, LOADED, 1);
+    config.checkpoint.interval_s = 3600.0;
+    config.checkpoint.retain = 1000;
+    sluice::job::run(&config)?;
+    let store = CheckpointStore::open(&config.checkpoint.store_url(&config.state.dir))?;
+    let loaded = runtime.block_on(store.checkpoint_ids(0))?.len();
+    config.source = SourceConfig::Generator {
+        vehicles: VEHICLES,
+        count: Some(LOADED + 100_000),
+        duration_s: None,
+        rate: Some(5_000.0),
+        seed: 42,
+    };
+    config.checkpoint.interval_s = 1.0;
+    sluice::job::run(&config)?;
+    let mut shares = Vec::new();
+    for id in runtime.block_on(store.checkpoint_ids(0))?.into_iter().skip(loaded) {
+        let manifest = runtime.block_on(store.manifest(0, id))?;
+        shares.push((manifest.uploaded_bytes, manifest.bytes()));
+    }
+    let uploaded: u64 = shares.iter().map(|s| s.0).sum();
+    let state: u64 = shares.iter().map(|s| s.1).sum();
+    let max = shares.iter().map(|s| s.0 as f64 / s.1 as f64).fold(0.0, f64::max);
+    println!("\nsteady updates: {VEHICLES} vehicles, 5000 updates/s (~5% of keys per second), a checkpoint every 1 s");
+    println!(
+        "  {} checkpoints uploaded {} per checkpoint on average, of {} of state ({:.1}%; the largest {:.1}%, when a \
+         compaction rewrote files)",
+        shares.len(),
+        bytes(uploaded / shares.len().max(1) as u64),
+        bytes(state / shares.len().max(1) as u64),
+        100.0 * uploaded as f64 / state as f64,
+        100.0 * max
+    );
+    Ok(())
+}
+
+/// vehicle-stats over `count` generator records of `vehicles` vehicles, `partitions`
+/// partitions, everything under `dir`, no running summary.
+fn job_config(dir: &Path, vehicles: u32, count: u64, partitions: u32) -> Config {
+    let mut config = Config::for_operator(&target_dir().join("wasm32-wasip2/release/vehicle_stats.wasm"));
+    config.source = SourceConfig::Generator { vehicles, count: Some(count), duration_s: None, rate: None, seed: 42 };
+    config.sink = SinkConfig::File { path: dir.join("out.jsonl") };
+    config.dead_letter.path = dir.join("dead.jsonl");
+    config.state.dir = dir.join("state");
+    config.state.partitions = partitions;
+    config.report.interval_s = 0.0;
+    config
 }
 
 /// A one-partition state directory in `dir/state` holding about `size` bytes of

@@ -154,7 +154,7 @@ impl Default for SourceConfig {
 }
 
 /// `[sink]`
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum SinkConfig {
     /// A JSONL file, appended to.
@@ -163,13 +163,8 @@ pub enum SinkConfig {
         path: PathBuf,
     },
     /// Standard output.
+    #[default]
     Stdout,
-}
-
-impl Default for SinkConfig {
-    fn default() -> Self {
-        SinkConfig::Stdout
-    }
 }
 
 /// `[state]`

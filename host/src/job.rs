@@ -253,11 +253,11 @@ pub fn run(config: &Config) -> Result<JobReport> {
     })
 }
 
+/// A source's records, as the dispatcher thread reads them.
+type Records = Box<dyn Iterator<Item = Result<RawRecord>> + Send>;
+
 /// The records of `source` and how to pace them.
-fn open_source(
-    source: &SourceConfig,
-    batch_size: usize,
-) -> Result<(Box<dyn Iterator<Item = Result<RawRecord>> + Send>, DispatchOptions)> {
+fn open_source(source: &SourceConfig, batch_size: usize) -> Result<(Records, DispatchOptions)> {
     Ok(match source {
         SourceConfig::Generator { vehicles, count, duration_s, rate, seed } => (
             Box::new(Fleet::new(&FleetOptions { vehicles: *vehicles, count: *count, seed: *seed })),

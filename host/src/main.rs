@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a job: source -> operator (with keyed state) -> sink.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Write the fleet generator's records as JSONL to stdout.
     Generate(FleetArgs),
     /// Inspect a state directory.

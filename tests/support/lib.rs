@@ -39,17 +39,16 @@ pub fn sluice() -> Command {
     command
 }
 
-/// `sluice run` of `operator` over the JSONL file `input` with `partitions`
-/// partitions, state in `dir/state`, outputs in `dir/out.jsonl` and dead letters in
-/// `dir/dead.jsonl`, without the running summary.
-pub fn run_file_job(operator: &Path, input: &Path, dir: &Path, partitions: u32) -> Command {
+/// `sluice run` of `operator` with `partitions` partitions, state in `dir/state` (so
+/// checkpoints in `dir/state.checkpoints`), outputs in `dir/out.jsonl` and dead
+/// letters in `dir/dead.jsonl`, without the running summary; the source is the
+/// caller's to add.
+pub fn run_job(operator: &Path, dir: &Path, partitions: u32) -> Command {
     let mut command = sluice();
     command
         .arg("run")
         .arg("--operator")
         .arg(operator)
-        .arg("--input")
-        .arg(input)
         .arg("--output")
         .arg(dir.join("out.jsonl"))
         .arg("--dead-letter")
@@ -60,24 +59,17 @@ pub fn run_file_job(operator: &Path, input: &Path, dir: &Path, partitions: u32) 
     command
 }
 
-/// `sluice run` of vehicle-stats over the embedded generator (`vehicles`, `count`,
-/// `seed`) with `partitions` partitions, state in `dir/state` (so checkpoints in
-/// `dir/state.checkpoints`), outputs in `dir/out.jsonl`, dead letters in
-/// `dir/dead.jsonl`, without the running summary.
-pub fn run_generator_job(dir: &Path, vehicles: u32, count: u64, seed: u64, partitions: u32) -> Command {
-    let mut command = sluice();
+/// [`run_job`] of `operator` over the JSONL file `input`.
+pub fn run_file_job(operator: &Path, input: &Path, dir: &Path, partitions: u32) -> Command {
+    let mut command = run_job(operator, dir, partitions);
+    command.arg("--input").arg(input);
     command
-        .arg("run")
-        .arg("--operator")
-        .arg(operator_wasm("vehicle_stats"))
-        .args(["--vehicles", &vehicles.to_string(), "--count", &count.to_string(), "--seed", &seed.to_string()])
-        .arg("--output")
-        .arg(dir.join("out.jsonl"))
-        .arg("--dead-letter")
-        .arg(dir.join("dead.jsonl"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .args(["--partitions", &partitions.to_string(), "--report-interval", "0"]);
+}
+
+/// [`run_job`] of vehicle-stats over the embedded generator (`vehicles`, `count`, `seed`).
+pub fn run_generator_job(dir: &Path, vehicles: u32, count: u64, seed: u64, partitions: u32) -> Command {
+    let mut command = run_job(&operator_wasm("vehicle_stats"), dir, partitions);
+    command.args(["--vehicles", &vehicles.to_string(), "--count", &count.to_string(), "--seed", &seed.to_string()]);
     command
 }
 
