@@ -30,11 +30,17 @@ setup() {
     rustup target list --installed | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 }
 
-# The tests' S3-compatible server, for the checkpoint store's S3 path.
+# The servers the tests run on loopback ports: an S3-compatible store (s3s-fs, ~2 min
+# to build) and a Kafka-protocol broker (tansu with in-memory storage, ~12 min).
 install_test_tools() {
-    command -v s3s-fs >/dev/null && return
-    echo "setup: installing s3s-fs (the tests' S3 server) into $TOOLS" >&2
-    CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --root "$TOOLS" s3s-fs --version 0.14.1 --features binary
+    if ! command -v s3s-fs >/dev/null; then
+        echo "setup: installing s3s-fs (the tests' S3 server) into $TOOLS" >&2
+        CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --root "$TOOLS" s3s-fs --version 0.14.1 --features binary
+    fi
+    if ! command -v tansu >/dev/null; then
+        echo "setup: installing tansu (the tests' Kafka broker) into $TOOLS" >&2
+        CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --root "$TOOLS" tansu --version 0.6.0 --features dynostore
+    fi
 }
 
 build_operators() {

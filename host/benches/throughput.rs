@@ -13,7 +13,7 @@
 use anyhow::Result;
 use sluice::operator::wasm::{Limits, WasmOperator};
 use sluice::operator::{Operator, Outcome, Output};
-use sluice::sink::Sink;
+use sluice::sink::{LineSink, Sink};
 use sluice::source::SourceRecord;
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::{PartitionStore, Transaction};
@@ -77,7 +77,7 @@ fn through_worker(operator: &mut dyn Operator, records: &[SourceRecord], dir: &P
         tx.send(batch)?;
     }
     drop(tx);
-    let (sink, dead) = (Sink::file(&dir.join("out.jsonl"))?, Sink::file(&dir.join("dead.jsonl"))?);
+    let (sink, dead) = (Sink::Lines(LineSink::file(&dir.join("out.jsonl"))?), LineSink::file(&dir.join("dead.jsonl"))?);
     let destinations = Destinations { sink: &sink, dead_letters: &dead, operator: "bench" };
     let started = Instant::now();
     worker::run(operator, rx, &destinations, &PartitionStats::default(), None)?;

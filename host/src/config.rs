@@ -18,8 +18,8 @@
 //! seed = 42
 //! # rate = 5000               # records/s; absent = as fast as possible
 //!
-//! [sink]                      # or: kind = "stdout"
-//! kind = "file"
+//! [sink]                      # or: kind = "stdout"; or kind = "kafka",
+//! kind = "file"               #   brokers = "host:9092", topic = "out", [sink.properties]
 //! path = "out/outputs.jsonl"
 //!
 //! [state]
@@ -165,6 +165,16 @@ pub enum SinkConfig {
     /// Standard output.
     #[default]
     Stdout,
+    /// Records on a Kafka topic, through an idempotent producer.
+    Kafka {
+        /// Bootstrap servers, `host:port[,host:port…]`.
+        brokers: String,
+        /// The topic of outputs that do not name their own.
+        topic: String,
+        /// librdkafka producer properties, passed through (they win over sluice's).
+        #[serde(default)]
+        properties: BTreeMap<String, String>,
+    },
 }
 
 /// `[state]`

@@ -8,10 +8,10 @@
 //! behaviour lives in its own module.
 
 use crate::checkpoint::{self, CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
-use crate::config::{Config, SinkConfig, SourceConfig};
+use crate::config::{Config, SourceConfig};
 use crate::operator::Operator;
 use crate::operator::wasm::{Limits, WasmOperator};
-use crate::sink::SinkTarget;
+use crate::sink::{LineSink, Sink};
 use crate::source::file::JsonlFile;
 use crate::source::generator::{Fleet, FleetOptions};
 use crate::source::{self, DispatchOptions, DispatchReport, RawRecord};
@@ -168,12 +168,8 @@ pub fn run(config: &Config) -> Result<JobReport> {
         None => (0..partitions).map(|_| None).collect(),
     };
     // Sinks open last, so a job that cannot start leaves no files behind.
-    let sink = match &config.sink {
-        SinkConfig::File { path } => SinkTarget::File(path.clone()),
-        SinkConfig::Stdout => SinkTarget::Stdout,
-    }
-    .open()?;
-    let dead_letters = SinkTarget::File(config.dead_letter.path.clone()).open()?;
+    let sink = Sink::open(&config.sink)?;
+    let dead_letters = LineSink::file(&config.dead_letter.path)?;
     let stats: Vec<PartitionStats> = instances
         .iter_mut()
         .zip(&start_offsets)

@@ -106,7 +106,8 @@ struct RunArgs {
     /// Records per second from the source.
     #[arg(long)]
     rate: Option<f64>,
-    /// Write outputs to this JSONL file; `-` is stdout.
+    /// Write outputs to this JSONL file; `-` is stdout; `kafka://host:port/topic` is a
+    /// Kafka topic.
     #[arg(long)]
     output: Option<PathBuf>,
     /// State directory.
@@ -341,8 +342,17 @@ impl RunArgs {
             }
         }
         if let Some(output) = self.output {
-            config.sink =
-                if output.as_os_str() == "-" { SinkConfig::Stdout } else { SinkConfig::File { path: output } };
+            config.sink = match output.to_str().and_then(|o| o.strip_prefix("kafka://")) {
+                Some(kafka) => {
+                    let Some((brokers, topic)) = kafka.split_once('/').filter(|(b, t)| !b.is_empty() && !t.is_empty())
+                    else {
+                        bail!("--output {kafka:?}: expected kafka://host:port[,host:port]/topic");
+                    };
+                    SinkConfig::Kafka { brokers: brokers.into(), topic: topic.into(), properties: Default::default() }
+                }
+                None if output.as_os_str() == "-" => SinkConfig::Stdout,
+                None => SinkConfig::File { path: output },
+            };
         }
         if let Some(dir) = self.state_dir {
             config.state.dir = dir;

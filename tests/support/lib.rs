@@ -183,6 +183,107 @@ impl Drop for S3Server {
     }
 }
 
+/// A Kafka-protocol broker (tansu with in-memory storage, installed by `./dev.sh test`)
+/// on a free loopback port; stopped when dropped.
+pub struct KafkaBroker {
+    child: std::process::Child,
+    /// `127.0.0.1:PORT`.
+    pub bootstrap: String,
+}
+
+impl KafkaBroker {
+    /// Starts the broker and waits until it accepts connections.
+    pub fn start() -> Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new("tansu")
+            .args(["broker", "--storage-engine", "memory://tansu/", "--listener-url", &url])
+            .args(["--advertised-listener-url", &url])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting tansu, the test Kafka broker (./dev.sh test installs it)")?;
+        let broker = KafkaBroker { child, bootstrap: format!("127.0.0.1:{port}") };
+        let started = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if started.elapsed() > std::time::Duration::from_secs(20) {
+                bail!("tansu did not start listening on port {port}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Ok(broker)
+    }
+
+    /// Creates `topic` with `partitions` partitions.
+    pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+            rdkafka::ClientConfig::new().set("bootstrap.servers", &self.bootstrap).create()?;
+        let topics = [NewTopic::new(topic, partitions, TopicReplication::Fixed(1))];
+        for result in futures::executor::block_on(admin.create_topics(&topics, &AdminOptions::new()))? {
+            result.map_err(|(topic, e)| anyhow::anyhow!("creating topic {topic}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Reads `topic` from the beginning of every partition until `count` records
+    /// arrived (or 60 s passed): key, value and headers of each.
+    pub fn read_topic(&self, topic: &str, count: usize) -> Result<Vec<KafkaRecord>> {
+        use rdkafka::Message;
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::message::Headers;
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", "sluice-tests-reader")
+            .set("enable.auto.commit", "false")
+            .create()?;
+        let metadata = consumer.fetch_metadata(Some(topic), std::time::Duration::from_secs(10))?;
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+            assignment.add_partition_offset(topic, partition.id(), rdkafka::Offset::Beginning)?;
+        }
+        consumer.assign(&assignment)?;
+        let started = std::time::Instant::now();
+        let mut records = Vec::new();
+        while records.len() < count && started.elapsed() < std::time::Duration::from_secs(60) {
+            let Some(message) = consumer.poll(std::time::Duration::from_millis(100)) else { continue };
+            let message = message?;
+            let headers = message
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            records.push(KafkaRecord {
+                key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
+                value: serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or(Value::Null),
+                headers,
+            });
+        }
+        Ok(records)
+    }
+}
+
+impl Drop for KafkaBroker {
+    fn drop(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+    }
+}
+
+/// A record read back from Kafka.
+#[derive(Debug, Clone)]
+pub struct KafkaRecord {
+    /// The key, as text.
+    pub key: String,
+    /// The value, parsed as JSON (`null` if it is not).
+    pub value: Value,
+    /// The headers, as text.
+    pub headers: BTreeMap<String, String>,
+}
+
 /// Runs `command`, failing with its stderr unless it succeeds.
 pub fn run_ok(command: &mut Command) -> Result<Output> {
     let output = command.output().with_context(|| format!("running {command:?}"))?;

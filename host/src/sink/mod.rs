@@ -1,27 +1,64 @@
-//! Where outputs and dead letters go: JSONL lines to a file or stdout.
+//! Where outputs and dead letters go: JSONL lines to a file or stdout, or records on
+//! Kafka topics ([`kafka`]).
 //!
-//! This module owns the line formats. Workers format a batch's lines into their own
-//! buffer (no lock on the per-record path) and hand the whole buffer to
-//! [`Sink::write`] before they commit state, so an output is never lost: after a
-//! crash, the batch that was written but not committed is processed and written
-//! again (outputs are at-least-once; state is exactly-once).
+//! This module owns the line formats and the choice of sink. A worker hands a whole
+//! batch's outputs to [`Sink::write`] (and its dead letters to a [`LineSink`]) before
+//! it commits state, so an output is never lost: after a crash, the batch that was
+//! written but not committed is processed and written again (outputs are
+//! at-least-once; state is exactly-once).
 
+pub mod kafka;
+
+use crate::config::SinkConfig;
 use crate::operator::Output;
 use crate::source::SourceRecord;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 
+/// Where the job's outputs go, shared by all workers.
+pub enum Sink {
+    /// JSONL lines to a file or stdout.
+    Lines(LineSink),
+    /// Records on Kafka topics.
+    Kafka(kafka::KafkaSink),
+}
+
+impl Sink {
+    /// Writes a batch's outputs, each with the input that produced it, and returns once
+    /// they are durable enough to commit the batch's state after them.
+    pub fn write(&self, outputs: &[(&SourceRecord, Output)]) -> Result<()> {
+        match self {
+            Sink::Lines(lines) => {
+                let mut buf = Vec::new();
+                for (input, output) in outputs {
+                    format_output(&mut buf, input, output);
+                }
+                lines.write(&buf)
+            }
+            Sink::Kafka(kafka) => kafka.write(outputs),
+        }
+    }
+
+    /// Where this sink writes, for messages.
+    pub fn name(&self) -> &str {
+        match self {
+            Sink::Lines(lines) => lines.name(),
+            Sink::Kafka(kafka) => kafka.name(),
+        }
+    }
+}
+
 /// A destination of JSONL lines shared by all workers.
-pub struct Sink {
+pub struct LineSink {
     out: Mutex<Box<dyn Write + Send>>,
     name: String,
 }
 
-impl Sink {
+impl LineSink {
     /// Appends to the file at `path`, creating it and its directory when missing.
     ///
     /// A torn last line — the host was killed in the middle of a write — is cut off
@@ -37,12 +74,12 @@ impl Sink {
             .open(path)
             .with_context(|| format!("opening {} for appending", path.display()))?;
         cut_torn_line(&file).with_context(|| format!("repairing the end of {}", path.display()))?;
-        Ok(Sink { out: Mutex::new(Box::new(file)), name: path.display().to_string() })
+        Ok(LineSink { out: Mutex::new(Box::new(file)), name: path.display().to_string() })
     }
 
     /// Writes to standard output.
     pub fn stdout() -> Self {
-        Sink { out: Mutex::new(Box::new(std::io::stdout())), name: "stdout".into() }
+        LineSink { out: Mutex::new(Box::new(std::io::stdout())), name: "stdout".into() }
     }
 
     /// Where this sink writes, for messages.
@@ -85,22 +122,16 @@ fn cut_torn_line(file: &File) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Where a sink writes, as configured.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SinkTarget {
-    /// A JSONL file, appended to.
-    File(PathBuf),
-    /// Standard output.
-    Stdout,
-}
-
-impl SinkTarget {
-    /// Opens the sink.
-    pub fn open(&self) -> Result<Sink> {
-        match self {
-            SinkTarget::File(path) => Sink::file(path),
-            SinkTarget::Stdout => Ok(Sink::stdout()),
-        }
+impl Sink {
+    /// Opens the sink `config` describes.
+    pub fn open(config: &SinkConfig) -> Result<Self> {
+        Ok(match config {
+            SinkConfig::File { path } => Sink::Lines(LineSink::file(path)?),
+            SinkConfig::Stdout => Sink::Lines(LineSink::stdout()),
+            SinkConfig::Kafka { brokers, topic, properties } => {
+                Sink::Kafka(kafka::KafkaSink::open(brokers, topic, properties)?)
+            }
+        })
     }
 }
 
@@ -156,7 +187,7 @@ impl Serialize for Payload<'_> {
 }
 
 /// Appends the output line for `output`, produced by `input`, to `buf`.
-pub fn format_output(buf: &mut Vec<u8>, input: &SourceRecord, output: &Output) {
+fn format_output(buf: &mut Vec<u8>, input: &SourceRecord, output: &Output) {
     let line = OutputLine {
         partition: input.partition,
         offset: input.offset,

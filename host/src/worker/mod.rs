@@ -14,7 +14,7 @@
 
 use crate::checkpoint::Checkpointer;
 use crate::operator::{Operator, Outcome};
-use crate::sink::{self, Sink};
+use crate::sink::{self, LineSink, Sink};
 use crate::source::SourceRecord;
 use anyhow::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,7 +46,7 @@ pub struct Destinations<'a> {
     /// The job's sink.
     pub sink: &'a Sink,
     /// The dead-letter file.
-    pub dead_letters: &'a Sink,
+    pub dead_letters: &'a LineSink,
     /// The operator's name, recorded in dead letters.
     pub operator: &'a str,
 }
@@ -61,9 +61,9 @@ pub fn run(
     stats: &PartitionStats,
     mut checkpointer: Option<&mut Checkpointer>,
 ) -> Result<()> {
-    let mut outputs = Vec::new();
     let mut dead = Vec::new();
     for batch in batches {
+        let mut outputs = Vec::new();
         let Some(last) = batch.last() else { continue };
         let next_offset = last.offset + 1;
         let mut dead_count = 0;
@@ -72,7 +72,7 @@ pub fn run(
             let outcome = operator.process(record);
             operator.state().end_record(matches!(outcome, Ok(Outcome::Emitted(_))));
             match outcome? {
-                Outcome::Emitted(outs) => outs.iter().for_each(|o| sink::format_output(&mut outputs, record, o)),
+                Outcome::Emitted(outs) => outputs.extend(outs.into_iter().map(|o| (record, o))),
                 Outcome::Rejected(reason) => {
                     sink::format_dead_letter(&mut dead, record, to.operator, "rejected", &reason);
                     dead_count += 1;
@@ -88,7 +88,6 @@ pub fn run(
         // least once) but never leaves state ahead of what was emitted.
         to.sink.write(&outputs)?;
         to.dead_letters.write(&dead)?;
-        outputs.clear();
         dead.clear();
         operator.state().commit(next_offset)?;
 
