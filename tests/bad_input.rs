@@ -47,7 +47,8 @@ fn a_missing_or_malformed_config_names_the_file_and_the_problem() -> Result<()> 
         ("[operator]\npath = \"x.wasm\"\n[state\npartitions = 2\n", "line 3"),
         ("[operator]\npath = \"x.wasm\"\n[state]\npartitons = 2\n", "partitons"),
         ("[operator]\npath = \"x.wasm\"\n[state]\npartitions = 0\n", "[state] partitions must be at least 1"),
-        ("[operator]\npath = \"x.wasm\"\n[source]\nkind = \"kafka\"\n", "kafka"),
+        ("[operator]\npath = \"x.wasm\"\n[source]\nkind = \"kafka\"\n", "missing field `brokers`"),
+        ("[operator]\npath = \"x.wasm\"\n[source]\nkind = \"pulsar\"\n", "pulsar"),
         ("[state]\npartitions = 2\n", "operator"),
     ];
     for (i, (text, expected)) in cases.iter().enumerate() {

@@ -1,6 +1,7 @@
-//! The Kafka sink against a real Kafka-protocol broker (tansu): every output arrives
-//! on the topic, keyed by vehicle, traced to its input by headers, and each vehicle's
-//! last output is its reference summary.
+//! Kafka against a real Kafka-protocol broker (tansu): the sink puts every output on
+//! a topic, keyed by vehicle and traced to its input by headers; the source feeds a
+//! job from a consumer group and starts each partition at the offset stored with its
+//! state, not at the group's committed offset.
 
 use anyhow::Result;
 use sluice_tests::*;
@@ -43,5 +44,59 @@ fn outputs_reach_a_kafka_topic_keyed_and_traced_to_their_inputs() -> Result<()> 
     for (vehicle, expected) in &reference.last {
         assert_summary(&last[vehicle], vehicle, expected, "last Kafka output");
     }
+    Ok(())
+}
+
+#[test]
+fn a_kafka_source_starts_each_partition_at_the_offset_stored_with_its_state() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 3)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let config = dir.join("kafka-source.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = \"set-by-flag.wasm\"\n[source]\nkind = \"kafka\"\nbrokers = \"{}\"\n\
+             topic = \"positions\"\ngroup = \"vehicle-stats\"\nstop_when_idle_s = 2\n",
+            broker.bootstrap
+        ),
+    )?;
+    let job = || {
+        let mut command = run_job(&operator_wasm("vehicle_stats"), dir, 3);
+        command.arg("--config").arg(&config).arg("--no-checkpoints");
+        command
+    };
+    let err = run_err(run_job(&operator_wasm("vehicle_stats"), dir, 2).arg("--config").arg(&config))?;
+    assert!(err.contains("topic positions has 3 partitions but the job has 2"), "{err}");
+    assert!(!dir.join("state").exists(), "refused before any state was written");
+
+    let (vehicles, first, total) = (150, 4_000, 6_000usize);
+    let all = dir.join("all.jsonl");
+    generate(&all, vehicles, total as u64, SEED)?;
+    let text = std::fs::read_to_string(&all)?;
+    let lines: Vec<&str> = text.lines().collect();
+    let (head, tail) = lines.split_at(first);
+    let (head_path, tail_path) = (dir.join("head.jsonl"), dir.join("tail.jsonl"));
+    std::fs::write(&head_path, head.join("\n") + "\n")?;
+    std::fs::write(&tail_path, tail.join("\n") + "\n")?;
+
+    broker.produce_lines("positions", &head_path)?;
+    run_ok(&mut job())?;
+    assert_eq!(read_jsonl(&dir.join("out.jsonl"))?.len(), first, "every record consumed once");
+    assert_state_matches(&dump_state(&dir.join("state"))?, &Reference::fold(&head_path)?, "after the first run");
+
+    broker.produce_lines("positions", &tail_path)?;
+    run_ok(&mut job())?;
+    assert_eq!(read_jsonl(&dir.join("out.jsonl"))?.len(), total, "the restart read only the new records");
+    let reference = Reference::fold(&all)?;
+    assert_state_matches(&dump_state(&dir.join("state"))?, &reference, "after the restart");
+
+    // The group has committed offsets at the end of the topic; state that is empty
+    // again must start at 0 anyway, because the offset lives with the state.
+    std::fs::remove_dir_all(dir.join("state"))?;
+    run_ok(&mut job())?;
+    assert_eq!(read_jsonl(&dir.join("out.jsonl"))?.len(), 2 * total, "empty state re-read the whole topic");
+    assert_state_matches(&dump_state(&dir.join("state"))?, &reference, "rebuilt from the topic");
     Ok(())
 }

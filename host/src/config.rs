@@ -12,6 +12,7 @@
 //! [operator.config]           # passed to the operator's init
 //!
 //! [source]                    # or: kind = "file", path = "input.jsonl", key_field = "vehicle_id"
+//!                             # or: kind = "kafka", brokers = "host:9092", topic = "positions"
 //! kind = "generator"
 //! vehicles = 10000
 //! count = 1000000
@@ -127,6 +128,27 @@ pub enum SourceConfig {
         /// Records per second; absent is as fast as possible.
         rate: Option<f64>,
     },
+    /// A Kafka topic, consumed as a member of a consumer group.
+    Kafka {
+        /// Bootstrap servers, `host:port[,host:port…]`.
+        brokers: String,
+        /// The topic; the job's partitions are its partitions.
+        topic: String,
+        /// The consumer group.
+        #[serde(default = "default_group")]
+        group: String,
+        /// Static membership (`group.instance.id`).
+        instance_id: Option<String>,
+        /// librdkafka consumer properties, passed through (they win over sluice's).
+        #[serde(default)]
+        properties: BTreeMap<String, String>,
+        /// Stop once no record arrived for this many seconds; absent runs until killed.
+        stop_when_idle_s: Option<f64>,
+    },
+}
+
+fn default_group() -> String {
+    "sluice".into()
 }
 
 fn default_vehicles() -> u32 {
@@ -365,7 +387,13 @@ impl Config {
         }
         let rate = match &self.source {
             SourceConfig::Generator { vehicles: 0, .. } => bail!("[source] vehicles must be at least 1"),
-            SourceConfig::Generator { rate, .. } | SourceConfig::File { rate, .. } => rate,
+            SourceConfig::Generator { rate, .. } | SourceConfig::File { rate, .. } => *rate,
+            SourceConfig::Kafka { stop_when_idle_s, .. } => {
+                if stop_when_idle_s.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
+                    bail!("[source] stop_when_idle_s must be a positive number of seconds");
+                }
+                None
+            }
         };
         if rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
             bail!("[source] rate must be a positive number of records per second");

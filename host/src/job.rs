@@ -14,13 +14,15 @@ use crate::operator::wasm::{Limits, WasmOperator};
 use crate::sink::{LineSink, Sink};
 use crate::source::file::JsonlFile;
 use crate::source::generator::{Fleet, FleetOptions};
-use crate::source::{self, DispatchOptions, DispatchReport, RawRecord};
+use crate::source::kafka::{self, KafkaOptions};
+use crate::source::{self, DispatchOptions, DispatchReport, RawRecord, SourceRecord};
 use crate::state::{StateDir, Transaction};
 use crate::worker::{self, Destinations, PartitionStats};
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::SyncSender;
 use std::time::{Duration, Instant};
 
 /// Batches a worker may have queued before the source waits for it.
@@ -116,6 +118,16 @@ impl fmt::Display for JobReport {
 pub fn run(config: &Config) -> Result<JobReport> {
     config.validate()?;
     let partitions = config.state.partitions;
+    if let OpenSource::Kafka(kafka) = OpenSource::open(&config.source, config.state.commit_every)? {
+        let topic_partitions = kafka.partition_count()?;
+        if topic_partitions != partitions {
+            bail!(
+                "topic {} has {topic_partitions} partitions but the job has {partitions}: a partition's state must \
+                 be the state of the topic partition of the same number. Set [state] partitions = {topic_partitions}",
+                kafka.topic
+            );
+        }
+    }
     let state_dir = StateDir::open(&config.state.dir, partitions)?;
     let limits = Limits {
         call_timeout: Duration::from_millis(config.operator.call_timeout_ms),
@@ -180,7 +192,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
             stats
         })
         .collect();
-    let (records, dispatch_options) = open_source(&config.source, config.state.commit_every)?;
+    let source = OpenSource::open(&config.source, config.state.commit_every)?;
     tracing::info!(
         operator = %config.operator.path.display(),
         partitions,
@@ -205,8 +217,8 @@ pub fn run(config: &Config) -> Result<JobReport> {
             })?);
         }
         let dispatcher = std::thread::Builder::new().name("sluice-source".into()).spawn_scoped(scope, {
-            let start_offsets = &start_offsets;
-            move || source::dispatch(records, start_offsets, &senders, &dispatch_options)
+            let (start_offsets, stats) = (&start_offsets, &stats);
+            move || source.dispatch(start_offsets, &senders, stats)
         })?;
         let summary = Duration::from_secs_f64(config.report.interval_s.max(0.0));
         let mut last = (Instant::now(), 0u64);
@@ -249,21 +261,54 @@ pub fn run(config: &Config) -> Result<JobReport> {
     })
 }
 
-/// A source's records, as the dispatcher thread reads them.
-type Records = Box<dyn Iterator<Item = Result<RawRecord>> + Send>;
+/// A source, opened, as the dispatcher thread reads it.
+enum OpenSource {
+    /// An embedded source: records the dispatcher partitions itself, and its pacing.
+    Embedded(Box<dyn Iterator<Item = Result<RawRecord>> + Send>, DispatchOptions),
+    /// A Kafka topic, already partitioned.
+    Kafka(KafkaOptions),
+}
 
-/// The records of `source` and how to pace them.
-fn open_source(source: &SourceConfig, batch_size: usize) -> Result<(Records, DispatchOptions)> {
-    Ok(match source {
-        SourceConfig::Generator { vehicles, count, duration_s, rate, seed } => (
-            Box::new(Fleet::new(&FleetOptions { vehicles: *vehicles, count: *count, seed: *seed })),
-            DispatchOptions { rate: *rate, duration: duration_s.map(Duration::from_secs_f64), batch_size },
-        ),
-        SourceConfig::File { path, key_field, timestamp_field, rate } => (
-            Box::new(JsonlFile::open(path, key_field, timestamp_field)?),
-            DispatchOptions { rate: *rate, duration: None, batch_size },
-        ),
-    })
+impl OpenSource {
+    /// Opens `source`; `batch_size` records at most go to a worker at once.
+    fn open(source: &SourceConfig, batch_size: usize) -> Result<Self> {
+        Ok(match source {
+            SourceConfig::Generator { vehicles, count, duration_s, rate, seed } => OpenSource::Embedded(
+                Box::new(Fleet::new(&FleetOptions { vehicles: *vehicles, count: *count, seed: *seed })),
+                DispatchOptions { rate: *rate, duration: duration_s.map(Duration::from_secs_f64), batch_size },
+            ),
+            SourceConfig::File { path, key_field, timestamp_field, rate } => OpenSource::Embedded(
+                Box::new(JsonlFile::open(path, key_field, timestamp_field)?),
+                DispatchOptions { rate: *rate, duration: None, batch_size },
+            ),
+            SourceConfig::Kafka { brokers, topic, group, instance_id, properties, stop_when_idle_s } => {
+                OpenSource::Kafka(KafkaOptions {
+                    brokers: brokers.clone(),
+                    topic: topic.clone(),
+                    group: group.clone(),
+                    instance_id: instance_id.clone(),
+                    properties: properties.clone(),
+                    stop_when_idle: stop_when_idle_s.map(Duration::from_secs_f64),
+                    batch_size,
+                })
+            }
+        })
+    }
+
+    /// Reads the source to its end, sending each partition's records to its worker.
+    fn dispatch(
+        self,
+        start_offsets: &[u64],
+        workers: &[SyncSender<Vec<SourceRecord>>],
+        stats: &[PartitionStats],
+    ) -> Result<DispatchReport> {
+        match self {
+            OpenSource::Embedded(records, options) => source::dispatch(records, start_offsets, workers, &options),
+            OpenSource::Kafka(options) => kafka::dispatch(&options, start_offsets, workers, &|p| {
+                stats[p as usize].committed_offset.load(Ordering::Relaxed)
+            }),
+        }
+    }
 }
 
 /// Prints one running-summary line to stderr and returns the new reference point.

@@ -340,6 +340,14 @@ impl RunArgs {
                 }
                 *rate = self.rate.or(*rate);
             }
+            SourceConfig::Kafka { .. } => {
+                if self.fleet.vehicles.is_some() || self.fleet.count.is_some() || self.fleet.seed.is_some() {
+                    bail!("--vehicles, --count and --seed apply to the generator, but the source is Kafka");
+                }
+                if self.rate.is_some() {
+                    bail!("--rate paces the embedded sources; a Kafka source runs at the topic's pace");
+                }
+            }
         }
         if let Some(output) = self.output {
             config.sink = match output.to_str().and_then(|o| o.strip_prefix("kafka://")) {

@@ -226,6 +226,35 @@ impl KafkaBroker {
         Ok(())
     }
 
+    /// Produces every line of the JSONL file `input` to `topic`, keyed by its
+    /// `vehicle_id`, partitioned as Kafka's Java producer does (murmur2).
+    pub fn produce_lines(&self, topic: &str, input: &Path) -> Result<usize> {
+        use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+        let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("partitioner", "murmur2_random")
+            .set("enable.idempotence", "true")
+            .create()?;
+        let text = std::fs::read_to_string(input)?;
+        for line in text.lines() {
+            let value: Value = serde_json::from_str(line)?;
+            let key = value["vehicle_id"].as_str().context("a line without vehicle_id")?;
+            let mut record = BaseRecord::to(topic).key(key).payload(line);
+            while let Err((e, returned)) = producer.send(record) {
+                record = returned;
+                if !matches!(
+                    e,
+                    rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull)
+                ) {
+                    bail!("producing to {topic}: {e}");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        producer.flush(std::time::Duration::from_secs(30))?;
+        Ok(text.lines().count())
+    }
+
     /// Reads `topic` from the beginning of every partition until `count` records
     /// arrived (or 60 s passed): key, value and headers of each.
     pub fn read_topic(&self, topic: &str, count: usize) -> Result<Vec<KafkaRecord>> {

@@ -58,7 +58,9 @@ impl KafkaSink {
             .set("bootstrap.servers", brokers)
             .set("enable.idempotence", "true")
             .set("acks", "all")
-            .set("linger.ms", "5");
+            .set("linger.ms", "5")
+            // Java clients' partitioner, so a key lands where Kafka Streams would put it.
+            .set("partitioner", "murmur2_random");
         for (name, value) in properties {
             config.set(name, value);
         }

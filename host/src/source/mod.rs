@@ -1,7 +1,7 @@
 //! Where records come from and which partition each belongs to.
 //!
 //! This module owns the embedded sources — a deterministic [fleet
-//! generator](generator) and a [JSONL file](file) — and the
+//! generator](generator) and a [JSONL file](file) — the [Kafka](kafka) source, and the
 //! [`dispatch`] loop that turns one such sequence into a partitioned log: each
 //! record goes to partition `murmur2(key) % partitions` (Kafka's default
 //! partitioner), gets the next offset of that partition, and is handed to the
@@ -12,6 +12,7 @@
 
 pub mod file;
 pub mod generator;
+pub mod kafka;
 
 use anyhow::Result;
 use std::sync::mpsc::SyncSender;
