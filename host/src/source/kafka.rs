@@ -10,7 +10,7 @@
 //!
 //! This module owns the consumer and the poll loop; it does not process records.
 
-use super::{DispatchReport, SourceRecord};
+use super::{Batches, DispatchReport, SourceRecord};
 use anyhow::{Context, Result, bail};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
@@ -132,13 +132,10 @@ pub fn dispatch(
     let consumer: BaseConsumer<StartAtStateOffsets> =
         options.client_config().create_with_context(context).context("creating a Kafka consumer")?;
     consumer.subscribe(&[&options.topic]).with_context(|| format!("subscribing to {}", options.topic))?;
-    let mut pending: Vec<Vec<SourceRecord>> = vec![Vec::new(); workers.len()];
+    let mut batches = Batches::new(workers, options.batch_size);
     let mut report = DispatchReport::default();
     let (mut last_record, mut last_commit) = (Instant::now(), Instant::now());
     let mut group_offsets = start_offsets.to_vec();
-    let send = |pending: &mut Vec<Vec<SourceRecord>>, p: usize| -> bool {
-        pending[p].is_empty() || workers[p].send(std::mem::take(&mut pending[p])).is_ok()
-    };
     loop {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(message)) => {
@@ -153,24 +150,22 @@ pub fn dispatch(
                     report.skipped += 1;
                     continue;
                 }
-                pending[p].push(SourceRecord {
+                let record = SourceRecord {
                     partition: p as u32,
                     offset,
                     key: message.key().unwrap_or_default().to_vec(),
                     value: message.payload().unwrap_or_default().to_vec(),
                     timestamp_ms: message.timestamp().to_millis().unwrap_or(0),
-                });
-                if pending[p].len() >= options.batch_size && !send(&mut pending, p) {
+                };
+                if !batches.push(record) {
                     return Ok(report);
                 }
             }
             // librdkafka retries by itself; say what happened and keep polling.
             Some(Err(e)) => tracing::warn!("consuming {}: {e}", options.topic),
             None => {
-                for p in 0..pending.len() {
-                    if !send(&mut pending, p) {
-                        return Ok(report);
-                    }
+                if !batches.flush() {
+                    return Ok(report);
                 }
                 let assigned_at = *consumer.context().assigned_at.lock().expect("no panics under this lock");
                 let idle_since = assigned_at.map(|at| at.max(last_record));

@@ -95,6 +95,37 @@ pub struct DispatchReport {
     pub skipped: u64,
 }
 
+/// Records waiting to be handed to their partition's worker, a batch at a time.
+pub struct Batches<'a> {
+    workers: &'a [SyncSender<Vec<SourceRecord>>],
+    pending: Vec<Vec<SourceRecord>>,
+    batch_size: usize,
+}
+
+impl<'a> Batches<'a> {
+    /// Batches of at most `batch_size` records for `workers`, one per partition.
+    pub fn new(workers: &'a [SyncSender<Vec<SourceRecord>>], batch_size: usize) -> Self {
+        Batches { workers, pending: vec![Vec::new(); workers.len()], batch_size }
+    }
+
+    /// Queues `record` for its partition's worker, handing over the batch once it is
+    /// full. Returns false when that worker has gone.
+    pub fn push(&mut self, record: SourceRecord) -> bool {
+        let p = record.partition as usize;
+        self.pending[p].push(record);
+        self.pending[p].len() < self.batch_size || self.send(p)
+    }
+
+    /// Hands every partial batch to its worker. Returns false when a worker has gone.
+    pub fn flush(&mut self) -> bool {
+        (0..self.pending.len()).all(|p| self.send(p))
+    }
+
+    fn send(&mut self, p: usize) -> bool {
+        self.pending[p].is_empty() || self.workers[p].send(std::mem::take(&mut self.pending[p])).is_ok()
+    }
+}
+
 /// Reads `records` in order, assigns each its partition and offset, and sends the
 /// records at or beyond `start_offsets[partition]` to `workers[partition]` in batches.
 /// Returns when the source ends, the duration passes, or every worker has gone.
@@ -106,12 +137,9 @@ pub fn dispatch(
 ) -> Result<DispatchReport> {
     let partitions = workers.len() as u32;
     let mut next_offset = vec![0u64; workers.len()];
-    let mut pending: Vec<Vec<SourceRecord>> = vec![Vec::new(); workers.len()];
+    let mut batches = Batches::new(workers, options.batch_size);
     let mut report = DispatchReport::default();
     let started = Instant::now();
-    let flush = |pending: &mut Vec<Vec<SourceRecord>>, p: usize| -> bool {
-        pending[p].is_empty() || workers[p].send(std::mem::take(&mut pending[p])).is_ok()
-    };
     for raw in records {
         let raw = raw?;
         if options.duration.is_some_and(|d| started.elapsed() >= d) {
@@ -121,10 +149,8 @@ pub fn dispatch(
             let due = Duration::from_secs_f64(report.read as f64 / rate);
             if let Some(wait) = due.checked_sub(started.elapsed()) {
                 // Hand over what is buffered before idling so workers stay current.
-                for p in 0..pending.len() {
-                    if !flush(&mut pending, p) {
-                        return Ok(report);
-                    }
+                if !batches.flush() {
+                    return Ok(report);
                 }
                 std::thread::sleep(wait);
             }
@@ -137,20 +163,18 @@ pub fn dispatch(
             report.skipped += 1;
             continue;
         }
-        pending[p].push(SourceRecord {
+        let record = SourceRecord {
             partition: p as u32,
             offset,
             key: raw.key,
             value: raw.value,
             timestamp_ms: raw.timestamp_ms,
-        });
-        if pending[p].len() >= options.batch_size && !flush(&mut pending, p) {
+        };
+        if !batches.push(record) {
             return Ok(report);
         }
     }
-    for p in 0..pending.len() {
-        flush(&mut pending, p);
-    }
+    batches.flush();
     Ok(report)
 }
 
