@@ -100,3 +100,28 @@ fn a_kafka_source_starts_each_partition_at_the_offset_stored_with_its_state() ->
     assert_state_matches(&dump_state(&dir.join("state"))?, &reference, "rebuilt from the topic");
     Ok(())
 }
+
+#[test]
+fn an_unreachable_broker_or_a_missing_topic_is_named_before_any_state_is_written() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    for (brokers, expected) in [
+        (format!("127.0.0.1:{closed}"), format!("reading metadata of topic positions from 127.0.0.1:{closed}")),
+        (broker.bootstrap.clone(), format!("topic positions does not exist on {}", broker.bootstrap)),
+    ] {
+        let config = dir.join("kafka-source.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[operator]\npath = \"set-by-flag.wasm\"\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
+                 topic = \"positions\"\n"
+            ),
+        )?;
+        let err = run_err(run_job(&operator_wasm("vehicle_stats"), dir, 3).arg("--config").arg(&config))?;
+        assert!(err.contains(&expected), "{err}");
+        assert!(!dir.join("state").exists(), "refused before any state was written");
+    }
+    Ok(())
+}

@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 
 /// How often the group's committed offsets follow the state's.
 const GROUP_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a start waits for the topic's metadata before it says the brokers are
+/// unreachable.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where and how to consume.
 #[derive(Debug, Clone)]
@@ -66,7 +69,7 @@ impl KafkaOptions {
     pub fn partition_count(&self) -> Result<u32> {
         let consumer: BaseConsumer = self.client_config().create().context("creating a Kafka consumer")?;
         let metadata = consumer
-            .fetch_metadata(Some(&self.topic), Duration::from_secs(30))
+            .fetch_metadata(Some(&self.topic), METADATA_TIMEOUT)
             .with_context(|| format!("reading metadata of topic {} from {}", self.topic, self.brokers))?;
         let topic = metadata.topics().first().filter(|t| t.error().is_none() && !t.partitions().is_empty());
         match topic {
