@@ -79,8 +79,9 @@ test)
     ;;
 bench)
     setup
+    install_test_tools
     build_operators
-    cargo bench -p sluice --bench throughput --bench checkpoint
+    cargo bench -p sluice --bench throughput --bench checkpoint --bench kafka
     ;;
 *)
     echo "usage: $0 demo|test|bench" >&2

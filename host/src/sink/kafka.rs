@@ -15,7 +15,7 @@ use rdkafka::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -25,12 +25,15 @@ const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A producer shared by all workers.
 pub struct KafkaSink {
-    producer: ThreadedProducer<DeliveryTracker>,
+    /// Polled by the workers' flushes (a background poll thread would make every
+    /// flush wait for its next poll, ~100 ms).
+    producer: BaseProducer<DeliveryTracker>,
     topic: String,
     name: String,
 }
 
-/// Remembers the first failed delivery until the batch that sent it looks.
+/// Remembers the first failed delivery. It stays: the batch that lost a record must
+/// not commit, and neither may any later one.
 #[derive(Default)]
 struct DeliveryTracker {
     failure: Mutex<Option<String>>,
@@ -95,14 +98,14 @@ impl KafkaSink {
                     // The local queue is full: wait for acknowledgements to make room.
                     Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                         record = returned;
-                        std::thread::sleep(Duration::from_millis(5));
+                        self.producer.poll(Duration::from_millis(5));
                     }
                     Err((error, _)) => bail!("producing to {}: {error}", self.name),
                 }
             }
         }
         self.producer.flush(DELIVERY_TIMEOUT).with_context(|| format!("waiting for {} to acknowledge", self.name))?;
-        if let Some(failure) = self.producer.context().failure.lock().expect("no panics under this lock").take() {
+        if let Some(failure) = self.producer.context().failure.lock().expect("no panics under this lock").as_ref() {
             bail!("{}: {failure}", self.name);
         }
         Ok(())
