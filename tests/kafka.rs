@@ -6,6 +6,7 @@
 use anyhow::Result;
 use sluice_tests::*;
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 
 const SEED: u64 = 5;
 
@@ -53,15 +54,7 @@ fn a_kafka_source_starts_each_partition_at_the_offset_stored_with_its_state() ->
     broker.create_topic("positions", 3)?;
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    let config = dir.join("kafka-source.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[operator]\npath = \"set-by-flag.wasm\"\n[source]\nkind = \"kafka\"\nbrokers = \"{}\"\n\
-             topic = \"positions\"\ngroup = \"vehicle-stats\"\nstop_when_idle_s = 2\n",
-            broker.bootstrap
-        ),
-    )?;
+    let config = positions_source(dir, &broker.bootstrap, "group = \"vehicle-stats\"\nstop_when_idle_s = 2\n")?;
     let job = || {
         let mut command = run_job(&operator_wasm("vehicle_stats"), dir, 3);
         command.arg("--config").arg(&config).arg("--no-checkpoints");
@@ -104,24 +97,31 @@ fn a_kafka_source_starts_each_partition_at_the_offset_stored_with_its_state() ->
 #[test]
 fn an_unreachable_broker_or_a_missing_topic_is_named_before_any_state_is_written() -> Result<()> {
     let broker = KafkaBroker::start()?;
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let closed = free_port()?;
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
     for (brokers, expected) in [
         (format!("127.0.0.1:{closed}"), format!("reading metadata of topic positions from 127.0.0.1:{closed}")),
         (broker.bootstrap.clone(), format!("topic positions does not exist on {}", broker.bootstrap)),
     ] {
-        let config = dir.join("kafka-source.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[operator]\npath = \"set-by-flag.wasm\"\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
-                 topic = \"positions\"\n"
-            ),
-        )?;
+        let config = positions_source(dir, &brokers, "")?;
         let err = run_err(run_job(&operator_wasm("vehicle_stats"), dir, 3).arg("--config").arg(&config))?;
         assert!(err.contains(&expected), "{err}");
         assert!(!dir.join("state").exists(), "refused before any state was written");
     }
     Ok(())
+}
+
+/// Writes `dir/kafka-source.toml`: a Kafka source reading topic `positions` from
+/// `brokers`, with `more` source settings; the operator comes from `--operator`.
+fn positions_source(dir: &Path, brokers: &str, more: &str) -> Result<PathBuf> {
+    let config = dir.join("kafka-source.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = \"set-by-flag.wasm\"\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
+             topic = \"positions\"\n{more}"
+        ),
+    )?;
+    Ok(config)
 }

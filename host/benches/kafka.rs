@@ -3,22 +3,20 @@
 //! consumer reading the same topic in the same run.
 //!
 //! Needs `tansu` on the PATH (`./dev.sh bench` installs it, as for the tests); the
-//! benchmark starts it on a free loopback port with in-memory storage, produces
+//! benchmark starts it through the tests' `KafkaBroker` on a free loopback port with in-memory storage, produces
 //! `SLUICE_BENCH_KAFKA_RECORDS` (default 1,000,000) generator records to a topic of two
 //! partitions, then times both readers. Both join a consumer group, so both include a
 //! group join; the job also includes its 2 s idle stop. The job runs twice, committing
 //! every 512 records (the default) and every 20,000.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use sluice::config::{Config, SinkConfig, SourceConfig};
 use sluice::source::generator::{Fleet, FleetOptions};
+use sluice_tests::KafkaBroker;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 2;
@@ -26,18 +24,18 @@ const PARTITIONS: i32 = 2;
 fn main() -> Result<()> {
     let records: u64 =
         std::env::var("SLUICE_BENCH_KAFKA_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
-    let broker = Broker::start()?;
+    let broker = KafkaBroker::start()?;
     for topic in ["positions", "summaries"] {
-        broker.create_topic(topic)?;
+        broker.create_topic(topic, PARTITIONS)?;
     }
     let started = Instant::now();
-    broker.produce(records)?;
+    produce(&broker, records)?;
     println!(
         "produced {records} records of 10000 vehicles to a topic of {PARTITIONS} partitions in {:.1}s",
         started.elapsed().as_secs_f64()
     );
 
-    let bare = broker.bare_consumer(records)?;
+    let bare = bare_consumer(&broker, records)?;
     println!(
         "bare rdkafka consumer                                    {:>10.0} records/s",
         records as f64 / bare.as_secs_f64()
@@ -58,7 +56,7 @@ fn main() -> Result<()> {
 }
 
 /// Records/s of vehicle-stats from `positions` to `summaries`, in its own group.
-fn through_sluice(broker: &Broker, records: u64, commit_every: usize) -> Result<f64> {
+fn through_sluice(broker: &KafkaBroker, records: u64, commit_every: usize) -> Result<f64> {
     let dir = tempfile::tempdir()?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -90,89 +88,44 @@ fn through_sluice(broker: &Broker, records: u64, commit_every: usize) -> Result<
     Ok(records as f64 / report.elapsed.as_secs_f64())
 }
 
-/// tansu on a free loopback port, stopped when dropped.
-struct Broker {
-    child: Child,
-    bootstrap: String,
+/// Produces `records` generator records to `positions`.
+fn produce(broker: &KafkaBroker, records: u64) -> Result<()> {
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", &broker.bootstrap)
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "20")
+        .create()?;
+    for record in Fleet::new(&FleetOptions { vehicles: 10_000, count: Some(records), seed: 42 }) {
+        let record = record?;
+        let mut message = BaseRecord::to("positions").key(&record.key).payload(&record.value);
+        while let Err((_, returned)) = producer.send(message) {
+            message = returned;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    producer.flush(Duration::from_secs(120))?;
+    Ok(())
 }
 
-impl Broker {
-    fn start() -> Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new("tansu")
-            .args(["broker", "--storage-engine", "memory://tansu/", "--listener-url", &url])
-            .args(["--advertised-listener-url", &url])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting tansu (./dev.sh bench installs it)")?;
-        let broker = Broker { child, bootstrap: format!("127.0.0.1:{port}") };
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if started.elapsed() > Duration::from_secs(20) {
-                bail!("tansu did not start listening on port {port}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+/// How long a plain consumer-group member takes to read `records` records.
+fn bare_consumer(broker: &KafkaBroker, records: u64) -> Result<Duration> {
+    let started = Instant::now();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &broker.bootstrap)
+        .set("group.id", "bench-bare")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    consumer.subscribe(&["positions"])?;
+    let mut read = 0;
+    while read < records {
+        if let Some(message) = consumer.poll(Duration::from_millis(100)) {
+            message?;
+            read += 1;
         }
-        Ok(broker)
-    }
-
-    fn create_topic(&self, topic: &str) -> Result<()> {
-        let admin: AdminClient<DefaultClientContext> =
-            ClientConfig::new().set("bootstrap.servers", &self.bootstrap).create()?;
-        let topics = [NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1))];
-        for result in futures::executor::block_on(admin.create_topics(&topics, &AdminOptions::new()))? {
-            result.map_err(|(topic, e)| anyhow::anyhow!("creating topic {topic}: {e}"))?;
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!("the bare consumer read {read} of {records} records in 10 minutes");
         }
-        Ok(())
     }
-
-    fn produce(&self, records: u64) -> Result<()> {
-        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap)
-            .set("partitioner", "murmur2_random")
-            .set("linger.ms", "20")
-            .create()?;
-        for record in Fleet::new(&FleetOptions { vehicles: 10_000, count: Some(records), seed: 42 }) {
-            let record = record?;
-            let mut message = BaseRecord::to("positions").key(&record.key).payload(&record.value);
-            while let Err((_, returned)) = producer.send(message) {
-                message = returned;
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-        producer.flush(Duration::from_secs(120))?;
-        Ok(())
-    }
-
-    /// How long a plain consumer-group member takes to read `records` records.
-    fn bare_consumer(&self, records: u64) -> Result<Duration> {
-        let started = Instant::now();
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap)
-            .set("group.id", "bench-bare")
-            .set("auto.offset.reset", "earliest")
-            .set("enable.auto.commit", "false")
-            .create()?;
-        consumer.subscribe(&["positions"])?;
-        let mut read = 0;
-        while read < records {
-            if let Some(message) = consumer.poll(Duration::from_millis(100)) {
-                message?;
-                read += 1;
-            }
-            if started.elapsed() > Duration::from_secs(600) {
-                bail!("the bare consumer read {read} of {records} records in 10 minutes");
-            }
-        }
-        Ok(started.elapsed())
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.child.kill().ok();
-        self.child.wait().ok();
-    }
+    Ok(started.elapsed())
 }

@@ -118,7 +118,8 @@ impl fmt::Display for JobReport {
 pub fn run(config: &Config) -> Result<JobReport> {
     config.validate()?;
     let partitions = config.state.partitions;
-    if let OpenSource::Kafka(kafka) = OpenSource::open(&config.source, config.state.commit_every)? {
+    let source = OpenSource::open(&config.source, config.state.commit_every)?;
+    if let OpenSource::Kafka(kafka) = &source {
         let topic_partitions = kafka.partition_count()?;
         if topic_partitions != partitions {
             bail!(
@@ -192,7 +193,6 @@ pub fn run(config: &Config) -> Result<JobReport> {
             stats
         })
         .collect();
-    let source = OpenSource::open(&config.source, config.state.commit_every)?;
     tracing::info!(
         operator = %config.operator.path.display(),
         partitions,

@@ -120,6 +120,31 @@ pub fn manifest_objects(manifest: &Value) -> std::collections::BTreeSet<String> 
         .unwrap_or_default()
 }
 
+/// A loopback port nothing listens on (released again, for a server to take).
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Starts `command` (a server installed by `./dev.sh test`) quietly and waits until it
+/// accepts connections on loopback `port`.
+fn spawn_listening(mut command: Command, port: u16) -> Result<std::process::Child> {
+    let name = command.get_program().to_string_lossy().into_owned();
+    let mut child = command
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {name} (./dev.sh test and ./dev.sh bench install it)"))?;
+    let started = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if started.elapsed() > std::time::Duration::from_secs(20) {
+            child.kill().ok();
+            bail!("{name} did not start listening on port {port}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ok(child)
+}
+
 /// An S3-compatible server (`s3s-fs`, installed by `./dev.sh test`) on a free loopback
 /// port, serving the bucket `sluice` from a temporary directory; stopped when dropped.
 pub struct S3Server {
@@ -137,8 +162,9 @@ impl S3Server {
         let root = tempfile::tempdir()?;
         let bucket_dir = root.path().join("sluice");
         std::fs::create_dir(&bucket_dir)?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let child = Command::new("s3s-fs")
+        let port = free_port()?;
+        let mut command = Command::new("s3s-fs");
+        command
             .args([
                 "--host",
                 "127.0.0.1",
@@ -149,20 +175,9 @@ impl S3Server {
                 "--secret-key",
                 "sluice-secret",
             ])
-            .arg(root.path())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .context("starting s3s-fs, the test S3 server (./dev.sh test installs it)")?;
-        let server = S3Server { child, endpoint: format!("http://127.0.0.1:{port}"), bucket_dir, _root: root };
-        let started = std::time::Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if started.elapsed() > std::time::Duration::from_secs(20) {
-                bail!("s3s-fs did not start listening on port {port}");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        Ok(server)
+            .arg(root.path());
+        let child = spawn_listening(command, port)?;
+        Ok(S3Server { child, endpoint: format!("http://127.0.0.1:{port}"), bucket_dir, _root: root })
     }
 
     /// Sets the `AWS_*` variables that point a `sluice` command at this server.
@@ -194,24 +209,14 @@ pub struct KafkaBroker {
 impl KafkaBroker {
     /// Starts the broker and waits until it accepts connections.
     pub fn start() -> Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = free_port()?;
         let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new("tansu")
+        let mut command = Command::new("tansu");
+        command
             .args(["broker", "--storage-engine", "memory://tansu/", "--listener-url", &url])
-            .args(["--advertised-listener-url", &url])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .context("starting tansu, the test Kafka broker (./dev.sh test installs it)")?;
-        let broker = KafkaBroker { child, bootstrap: format!("127.0.0.1:{port}") };
-        let started = std::time::Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if started.elapsed() > std::time::Duration::from_secs(20) {
-                bail!("tansu did not start listening on port {port}");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        Ok(broker)
+            .args(["--advertised-listener-url", &url]);
+        let child = spawn_listening(command, port)?;
+        Ok(KafkaBroker { child, bootstrap: format!("127.0.0.1:{port}") })
     }
 
     /// Creates `topic` with `partitions` partitions.

@@ -93,17 +93,13 @@ impl Checkpointer {
     /// counted, and the next checkpoint tries again.
     pub fn after_commit(&mut self, state: &PartitionStore, stats: &PartitionStats) {
         if self.in_flight.as_ref().is_some_and(JoinHandle::is_finished) {
-            self.wait(stats).unwrap_or_else(|e| {
-                stats.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(partition = self.partition, "checkpoint failed: {e:#}");
-            });
+            let waited = self.wait(stats);
+            self.count_failure(waited, stats);
         }
         if self.in_flight.is_none() && self.started.elapsed() >= self.settings.interval {
             // A snapshot that fails (a full disk, say) costs this checkpoint, not the job.
-            self.start(state).unwrap_or_else(|e| {
-                stats.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(partition = self.partition, "checkpoint failed: {e:#}");
-            });
+            let started = self.start(state);
+            self.count_failure(started, stats);
         }
     }
 
@@ -111,12 +107,18 @@ impl Checkpointer {
     /// state moved since the newest one, so the store holds the newest state. Only the
     /// last checkpoint's failure is an error.
     pub fn finish(&mut self, state: &PartitionStore, stats: &PartitionStats) -> Result<()> {
-        if let Err(e) = self.wait(stats) {
+        let waited = self.wait(stats);
+        self.count_failure(waited, stats);
+        self.start(state)?;
+        self.wait(stats)
+    }
+
+    /// Logs and counts a checkpoint that failed; the next one tries again.
+    fn count_failure(&self, result: Result<()>, stats: &PartitionStats) {
+        if let Err(e) = result {
             stats.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(partition = self.partition, "checkpoint failed: {e:#}");
         }
-        self.start(state)?;
-        self.wait(stats)
     }
 
     /// Snapshots `state` and starts uploading it, unless the newest checkpoint already

@@ -135,45 +135,38 @@ pub fn dispatch(
     let consumer: BaseConsumer<StartAtStateOffsets> =
         options.client_config().create_with_context(context).context("creating a Kafka consumer")?;
     consumer.subscribe(&[&options.topic]).with_context(|| format!("subscribing to {}", options.topic))?;
-    let mut batches = Batches::new(workers, options.batch_size);
-    let mut report = DispatchReport::default();
+    let mut batches = Batches::new(workers, start_offsets, options.batch_size);
     let (mut last_record, mut last_commit) = (Instant::now(), Instant::now());
     let mut group_offsets = start_offsets.to_vec();
     loop {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(message)) => {
                 last_record = Instant::now();
-                report.read += 1;
                 let p = message.partition() as usize;
                 if p >= workers.len() {
                     bail!("topic {} has partition {p}, but the job has {} partitions", options.topic, workers.len());
                 }
-                let offset = message.offset() as u64;
-                if offset < start_offsets[p] {
-                    report.skipped += 1;
-                    continue;
-                }
                 let record = SourceRecord {
                     partition: p as u32,
-                    offset,
+                    offset: message.offset() as u64,
                     key: message.key().unwrap_or_default().to_vec(),
                     value: message.payload().unwrap_or_default().to_vec(),
                     timestamp_ms: message.timestamp().to_millis().unwrap_or(0),
                 };
                 if !batches.push(record) {
-                    return Ok(report);
+                    return Ok(batches.report());
                 }
             }
             // librdkafka retries by itself; say what happened and keep polling.
             Some(Err(e)) => tracing::warn!("consuming {}: {e}", options.topic),
             None => {
                 if !batches.flush() {
-                    return Ok(report);
+                    return Ok(batches.report());
                 }
                 let assigned_at = *consumer.context().assigned_at.lock().expect("no panics under this lock");
                 let idle_since = assigned_at.map(|at| at.max(last_record));
                 if options.stop_when_idle.zip(idle_since).is_some_and(|(idle, since)| since.elapsed() >= idle) {
-                    return Ok(report);
+                    return Ok(batches.report());
                 }
             }
         }

@@ -95,23 +95,39 @@ pub struct DispatchReport {
     pub skipped: u64,
 }
 
-/// Records waiting to be handed to their partition's worker, a batch at a time.
+/// Records on their way to their partition's worker, a batch at a time. A record
+/// below the offset stored with its partition's state is counted and dropped here,
+/// for every source: that state already reflects it.
 pub struct Batches<'a> {
     workers: &'a [SyncSender<Vec<SourceRecord>>],
+    start_offsets: &'a [u64],
     pending: Vec<Vec<SourceRecord>>,
     batch_size: usize,
+    report: DispatchReport,
 }
 
 impl<'a> Batches<'a> {
-    /// Batches of at most `batch_size` records for `workers`, one per partition.
-    pub fn new(workers: &'a [SyncSender<Vec<SourceRecord>>], batch_size: usize) -> Self {
-        Batches { workers, pending: vec![Vec::new(); workers.len()], batch_size }
+    /// Batches of at most `batch_size` records for `workers`, one per partition, each
+    /// partition starting at `start_offsets[p]`.
+    pub fn new(workers: &'a [SyncSender<Vec<SourceRecord>>], start_offsets: &'a [u64], batch_size: usize) -> Self {
+        Batches {
+            workers,
+            start_offsets,
+            pending: vec![Vec::new(); workers.len()],
+            batch_size,
+            report: DispatchReport::default(),
+        }
     }
 
-    /// Queues `record` for its partition's worker, handing over the batch once it is
-    /// full. Returns false when that worker has gone.
+    /// Queues `record` for its partition's worker (or skips it, see above), handing
+    /// over the batch once it is full. Returns false when that worker has gone.
     pub fn push(&mut self, record: SourceRecord) -> bool {
+        self.report.read += 1;
         let p = record.partition as usize;
+        if record.offset < self.start_offsets[p] {
+            self.report.skipped += 1;
+            return true;
+        }
         self.pending[p].push(record);
         self.pending[p].len() < self.batch_size || self.send(p)
     }
@@ -119,6 +135,11 @@ impl<'a> Batches<'a> {
     /// Hands every partial batch to its worker. Returns false when a worker has gone.
     pub fn flush(&mut self) -> bool {
         (0..self.pending.len()).all(|p| self.send(p))
+    }
+
+    /// What was read and skipped so far.
+    pub fn report(&self) -> DispatchReport {
+        self.report.clone()
     }
 
     fn send(&mut self, p: usize) -> bool {
@@ -137,8 +158,7 @@ pub fn dispatch(
 ) -> Result<DispatchReport> {
     let partitions = workers.len() as u32;
     let mut next_offset = vec![0u64; workers.len()];
-    let mut batches = Batches::new(workers, options.batch_size);
-    let mut report = DispatchReport::default();
+    let mut batches = Batches::new(workers, start_offsets, options.batch_size);
     let started = Instant::now();
     for raw in records {
         let raw = raw?;
@@ -146,23 +166,18 @@ pub fn dispatch(
             break;
         }
         if let Some(rate) = options.rate {
-            let due = Duration::from_secs_f64(report.read as f64 / rate);
+            let due = Duration::from_secs_f64(batches.report().read as f64 / rate);
             if let Some(wait) = due.checked_sub(started.elapsed()) {
                 // Hand over what is buffered before idling so workers stay current.
                 if !batches.flush() {
-                    return Ok(report);
+                    return Ok(batches.report());
                 }
                 std::thread::sleep(wait);
             }
         }
-        report.read += 1;
         let p = partition_for(&raw.key, partitions) as usize;
         let offset = next_offset[p];
         next_offset[p] += 1;
-        if offset < start_offsets[p] {
-            report.skipped += 1;
-            continue;
-        }
         let record = SourceRecord {
             partition: p as u32,
             offset,
@@ -171,11 +186,11 @@ pub fn dispatch(
             timestamp_ms: raw.timestamp_ms,
         };
         if !batches.push(record) {
-            return Ok(report);
+            return Ok(batches.report());
         }
     }
     batches.flush();
-    Ok(report)
+    Ok(batches.report())
 }
 
 #[cfg(test)]
