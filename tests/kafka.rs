@@ -3,10 +3,11 @@
 //! job from a consumer group and starts each partition at the offset stored with its
 //! state, not at the group's committed offset.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use sluice_tests::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 const SEED: u64 = 5;
 
@@ -21,7 +22,7 @@ fn outputs_reach_a_kafka_topic_keyed_and_traced_to_their_inputs() -> Result<()> 
     run_ok(job.arg("--output").arg(format!("kafka://{}/vehicle-summaries", broker.bootstrap)))?;
     assert!(!dir.join("out.jsonl").exists(), "the last --output wins");
 
-    let records = broker.read_topic("vehicle-summaries", count as usize)?;
+    let records = broker.read_topic("vehicle-summaries")?;
     assert_eq!(records.len() as u64, count, "one output per input");
     let inputs: BTreeSet<(String, String)> =
         records.iter().map(|r| (r.headers["sluice-partition"].clone(), r.headers["sluice-offset"].clone())).collect();
@@ -110,6 +111,132 @@ fn an_unreachable_broker_or_a_missing_topic_is_named_before_any_state_is_written
         assert!(!dir.join("state").exists(), "refused before any state was written");
     }
     Ok(())
+}
+
+#[test]
+fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 6)?;
+    broker.create_topic("summaries", 3)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let (vehicles, total) = (300, 48_000usize);
+    let all = dir.join("all.jsonl");
+    generate(&all, vehicles, total as u64, SEED)?;
+    let chunks = split_lines(&all, 4)?;
+    let store = dir.join("store");
+    let properties = "[source.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n";
+    let config = positions_source(dir, &broker.bootstrap, &format!("group = \"fleet\"\n{properties}"))?;
+    let host = |name: &str| -> Result<Host> {
+        let home = dir.join(name);
+        std::fs::create_dir_all(&home)?;
+        let mut command = run_job(&operator_wasm("vehicle_stats"), &home, 6);
+        command
+            .arg("--config")
+            .arg(&config)
+            .arg("--checkpoint-store")
+            .arg(&store)
+            .args(["--checkpoint-interval", "1", "--report-interval", "1"])
+            .arg("--output")
+            .arg(format!("kafka://{}/summaries", broker.bootstrap));
+        Host::spawn(name, &mut command, &home.join("log"))
+    };
+    let minute = Duration::from_secs(60);
+
+    broker.produce_lines("positions", &chunks[0])?;
+    let mut a = host("a")?;
+    a.wait_for("resumed at offset", 6, minute)?;
+    let mut b = host("b")?;
+    b.wait_for("resumed at offset", 1, minute)?;
+    let mut c = host("c")?;
+    c.wait_for("resumed at offset", 1, minute)?;
+
+    // kill -9 under load: b's partitions wait for its session to time out, then
+    // restore from the shared store on a and c.
+    std::thread::scope(|scope| -> Result<()> {
+        let loader = scope.spawn(|| broker.produce_lines("positions", &chunks[1]));
+        std::thread::sleep(Duration::from_millis(500));
+        b.kill_9()?;
+        loader.join().expect("the producer thread").map(drop)
+    })?;
+    let resumed = |hosts: [&Host; 2]| hosts.iter().map(|h| h.log().matches("resumed at offset").count()).sum::<usize>();
+    let before = resumed([&a, &c]);
+    let started = Instant::now();
+    while resumed([&a, &c]) == before {
+        assert!(started.elapsed() < minute, "nobody took over b's partitions:\n{}\n{}", a.log(), c.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut b = host("b")?;
+    b.wait_for("resumed at offset", 1, minute)?;
+
+    // A graceful stop under load: c hands its partitions over.
+    std::thread::scope(|scope| -> Result<()> {
+        let loader = scope.spawn(|| broker.produce_lines("positions", &chunks[2]));
+        std::thread::sleep(Duration::from_millis(300));
+        c.terminate()?;
+        loader.join().expect("the producer thread").map(drop)
+    })?;
+    assert!(c.log().contains("stopped (Handover)"), "c handed its partitions over:\n{}", c.log());
+    broker.produce_lines("positions", &chunks[3])?;
+    let caught_up = broker.wait_committed("fleet", "positions", total as i64, Duration::from_secs(120));
+    caught_up.with_context(|| format!("host logs:\n{}\n{}\n{}", a.log(), b.log(), c.log()))?;
+    a.terminate()?;
+    b.terminate()?;
+
+    println!("how long each rebalance paused each partition (per host log):");
+    for host in [&a, &b, &c] {
+        let log = host.log();
+        let rebalancing = ["resumed at offset", "partitions [", "stopped ("];
+        for line in log.lines().filter(|l| rebalancing.iter().any(|r| l.contains(r))) {
+            println!("  {}: {}", host.name, line.split_once(" INFO ").map_or(line, |(_, rest)| rest));
+        }
+    }
+
+    // Every input produced an output; the last output per vehicle is its final summary.
+    let reference = Reference::fold(&all)?;
+    let outputs = broker.read_topic("summaries")?;
+    let inputs: BTreeSet<(String, String)> =
+        outputs.iter().map(|r| (r.headers["sluice-partition"].clone(), r.headers["sluice-offset"].clone())).collect();
+    assert_eq!(inputs.len(), total, "every input has an output ({} outputs, duplicates allowed)", outputs.len());
+    let mut last = BTreeMap::new();
+    for output in &outputs {
+        last.insert(output.key.clone(), output.value.clone());
+    }
+    for (vehicle, expected) in &reference.last {
+        assert_summary(&last[vehicle], vehicle, expected, "last output on the summaries topic");
+    }
+
+    // The store holds every partition's final state: a fresh host restores it all and
+    // has nothing left to process.
+    let check = dir.join("check");
+    // A group of its own: the old one may still be settling after its members left, and
+    // where a partition starts comes from the store, not from a group's offsets.
+    let config = positions_source(dir, &broker.bootstrap, "group = \"fleet-check\"\nstop_when_idle_s = 2\n")?;
+    let run = run_ok(
+        run_job(&operator_wasm("vehicle_stats"), &check, 6)
+            .arg("--config")
+            .arg(&config)
+            .arg("--checkpoint-store")
+            .arg(&store),
+    )?;
+    let report = String::from_utf8_lossy(&run.stderr);
+    assert!(report.contains("processed 0 records"), "{report}");
+    assert!(report.matches("checkpoint ").count() >= 6, "every partition came from the store:\n{report}");
+    assert_state_matches(&dump_state(&check.join("state"))?, &reference, "restored from the shared store");
+    Ok(())
+}
+
+/// Splits the lines of `path` into `n` files of (nearly) equal length beside it.
+fn split_lines(path: &Path, n: usize) -> Result<Vec<PathBuf>> {
+    let text = std::fs::read_to_string(path)?;
+    let lines: Vec<&str> = text.lines().collect();
+    let mut files = Vec::new();
+    for (i, chunk) in lines.chunks(lines.len().div_ceil(n)).enumerate() {
+        let file = path.with_extension(format!("{i}.jsonl"));
+        std::fs::write(&file, chunk.join("\n") + "\n")?;
+        files.push(file);
+    }
+    Ok(files)
 }
 
 /// Writes `dir/kafka-source.toml`: a Kafka source reading topic `positions` from

@@ -167,7 +167,7 @@ fn fill_and_checkpoint(runtime: &tokio::runtime::Runtime, dir: &Path, size: u64)
     drop(txn);
     let store = CheckpointStore::open(dir.join("store").to_str().expect("UTF-8 temp path"))?;
     runtime.block_on(store.check_partitions(1))?;
-    let plan = runtime.block_on(restore::plan(Some(&state), 1, &store))?;
+    let plan = runtime.block_on(restore::plan(Some(&state), &[0], Some(&store)))?;
     let partition = state.open_partition(0)?;
     let settings = CheckpointSettings { interval: Duration::ZERO, retain: 1, upload_bytes_per_s: None };
     let restored = checkpoint::RestoredFrom::Local { offset: keys };
@@ -207,7 +207,8 @@ fn restore_versus_copy(runtime: &tokio::runtime::Runtime, dir: &Path, store: &Ch
 
     let state = StateDir::open(&dir.join("state"), 1)?;
     std::fs::remove_dir_all(state.partition_path(0))?;
-    let report = runtime.block_on(restore::restore(&state, store, Duration::from_secs(3600)))?;
+    let plan = runtime.block_on(restore::plan(Some(&state), &[0], Some(store)))?;
+    let report = runtime.block_on(restore::restore(&state, store, plan, Duration::from_secs(3600)))?;
     let fetched = report.plan.bytes_to_fetch();
     let mb_s = |b: u64, t: Duration| b as f64 / t.as_secs_f64() / (1 << 20) as f64;
     println!("\nrestore of {} from a local checkpoint store", bytes(fetched));
@@ -222,7 +223,8 @@ fn restore_versus_copy(runtime: &tokio::runtime::Runtime, dir: &Path, store: &Ch
 fn local_recovery(runtime: &tokio::runtime::Runtime, dir: &Path, store: &CheckpointStore) -> Result<Duration> {
     let started = Instant::now();
     let state = StateDir::open(&dir.join("state"), 1)?;
-    let report = runtime.block_on(restore::restore(&state, store, Duration::from_secs(3600)))?;
+    let plan = runtime.block_on(restore::plan(Some(&state), &[0], Some(store)))?;
+    let report = runtime.block_on(restore::restore(&state, store, plan, Duration::from_secs(3600)))?;
     assert!(matches!(report.restored[0], checkpoint::RestoredFrom::Local { .. }), "{:?}", report.restored);
     state.open_partition(0)?.committed_offset()?;
     Ok(started.elapsed())

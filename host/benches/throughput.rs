@@ -17,7 +17,7 @@ use sluice::sink::{LineSink, Sink};
 use sluice::source::SourceRecord;
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::{PartitionStore, Transaction};
-use sluice::worker::{self, Destinations, PartitionStats};
+use sluice::worker::{self, Destinations, PartitionStats, StopSignal};
 use sluice_guest::native::StateBackend;
 use std::cell::RefCell;
 use std::path::Path;
@@ -77,10 +77,13 @@ fn through_worker(operator: &mut dyn Operator, records: &[SourceRecord], dir: &P
         tx.send(batch)?;
     }
     drop(tx);
-    let (sink, dead) = (Sink::Lines(LineSink::file(&dir.join("out.jsonl"))?), LineSink::file(&dir.join("dead.jsonl"))?);
-    let destinations = Destinations { sink: &sink, dead_letters: &dead, operator: "bench" };
+    let destinations = Destinations {
+        sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"))?),
+        dead_letters: LineSink::file(&dir.join("dead.jsonl"))?,
+        operator: "bench".into(),
+    };
     let started = Instant::now();
-    worker::run(operator, rx, &destinations, &PartitionStats::default(), None)?;
+    worker::run(operator, rx, &destinations, &PartitionStats::default(), None, &StopSignal::default(), None)?;
     Ok(records.len() as f64 / started.elapsed().as_secs_f64())
 }
 

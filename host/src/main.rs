@@ -305,7 +305,11 @@ fn checkpoints(command: CheckpointsCommand) -> Result<()> {
                 Some(dir) => Some(StateDir::open(&dir, partitions)?),
                 None => None,
             };
-            let plan = runtime.block_on(checkpoint::restore::plan(state.as_ref(), partitions, &store))?;
+            let plan = runtime.block_on(checkpoint::restore::plan(
+                state.as_ref(),
+                &(0..partitions).collect::<Vec<_>>(),
+                Some(&store),
+            ))?;
             println!("{plan}");
             Ok(())
         }

@@ -232,13 +232,17 @@ impl KafkaBroker {
     }
 
     /// Produces every line of the JSONL file `input` to `topic`, keyed by its
-    /// `vehicle_id`, partitioned as Kafka's Java producer does (murmur2).
+    /// `vehicle_id`, partitioned as Kafka's Java producer does (murmur2). One record per
+    /// batch: tansu 0.6 answers a fetch that starts inside a multi-record batch with
+    /// records from elsewhere in the partition, and consumers that resume mid-batch
+    /// (after a restore, a pause or a rebalance) would skip records.
     pub fn produce_lines(&self, topic: &str, input: &Path) -> Result<usize> {
         use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
         let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = rdkafka::ClientConfig::new()
             .set("bootstrap.servers", &self.bootstrap)
             .set("partitioner", "murmur2_random")
             .set("enable.idempotence", "true")
+            .set("batch.num.messages", "1")
             .create()?;
         let text = std::fs::read_to_string(input)?;
         for line in text.lines() {
@@ -260,9 +264,10 @@ impl KafkaBroker {
         Ok(text.lines().count())
     }
 
-    /// Reads `topic` from the beginning of every partition until `count` records
-    /// arrived (or 60 s passed): key, value and headers of each.
-    pub fn read_topic(&self, topic: &str, count: usize) -> Result<Vec<KafkaRecord>> {
+    /// Reads `topic` from the beginning of every partition until nothing more arrives
+    /// for 2 s: key, value and headers of each, in partition order. (tansu's high
+    /// watermarks trail the last batch, so "the end" is found by waiting.)
+    pub fn read_topic(&self, topic: &str) -> Result<Vec<KafkaRecord>> {
         use rdkafka::Message;
         use rdkafka::consumer::{BaseConsumer, Consumer};
         use rdkafka::message::Headers;
@@ -277,11 +282,12 @@ impl KafkaBroker {
             assignment.add_partition_offset(topic, partition.id(), rdkafka::Offset::Beginning)?;
         }
         consumer.assign(&assignment)?;
-        let started = std::time::Instant::now();
-        let mut records = Vec::new();
-        while records.len() < count && started.elapsed() < std::time::Duration::from_secs(60) {
+        let mut last = std::time::Instant::now();
+        let mut by_partition: BTreeMap<i32, Vec<KafkaRecord>> = BTreeMap::new();
+        while last.elapsed() < std::time::Duration::from_secs(2) {
             let Some(message) = consumer.poll(std::time::Duration::from_millis(100)) else { continue };
             let message = message?;
+            last = std::time::Instant::now();
             let headers = message
                 .headers()
                 .map(|h| {
@@ -290,13 +296,159 @@ impl KafkaBroker {
                         .collect()
                 })
                 .unwrap_or_default();
-            records.push(KafkaRecord {
+            by_partition.entry(message.partition()).or_default().push(KafkaRecord {
+                partition: message.partition(),
+                offset: message.offset(),
                 key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
                 value: serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or(Value::Null),
                 headers,
             });
         }
-        Ok(records)
+        Ok(by_partition.into_values().flatten().collect())
+    }
+
+    /// The offsets consumer group `group` committed for `topic`, by partition (-1: none).
+    pub fn committed(&self, group: &str, topic: &str) -> Result<BTreeMap<i32, i64>> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()?;
+        let timeout = std::time::Duration::from_secs(10);
+        let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+        let mut partitions = rdkafka::TopicPartitionList::new();
+        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+            partitions.add_partition(topic, partition.id());
+        }
+        let committed = consumer.committed_offsets(partitions, timeout)?;
+        Ok(committed.elements().iter().map(|e| (e.partition(), e.offset().to_raw().unwrap_or(-1))).collect())
+    }
+
+    /// Waits until `group` has committed all `records` records of `topic` (offsets
+    /// summing to the count: each partition's offsets run from 0 without gaps).
+    pub fn wait_committed(&self, group: &str, topic: &str, records: i64, timeout: std::time::Duration) -> Result<()> {
+        let started = std::time::Instant::now();
+        loop {
+            let offsets = self.committed(group, topic)?;
+            if offsets.values().map(|&o| o.max(0)).sum::<i64>() == records {
+                return Ok(());
+            }
+            if started.elapsed() > timeout {
+                bail!(
+                    "group {group} has not committed the {records} records of {topic} after {timeout:?}: {offsets:?}"
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// Freezes (SIGSTOP) or thaws (SIGCONT) the broker: to its clients, a broker that
+    /// stopped answering.
+    pub fn freeze(&self, frozen: bool) -> Result<()> {
+        signal(self.child.id(), if frozen { "STOP" } else { "CONT" })
+    }
+}
+
+/// Sends `signal` (a name such as `TERM`) to process `pid`.
+pub fn signal(pid: u32, signal: &str) -> Result<()> {
+    run_ok(Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string())).map(drop)
+}
+
+/// A `sluice` process running in the background, its stderr in a log file; killed when
+/// dropped.
+pub struct Host {
+    child: Option<std::process::Child>,
+    /// What the test calls it.
+    pub name: String,
+    /// Its stderr.
+    pub log: PathBuf,
+}
+
+impl Host {
+    /// Spawns `command` as host `name`, appending its stderr, logged at info level, to
+    /// `log`.
+    pub fn spawn(name: &str, command: &mut Command, log: &Path) -> Result<Self> {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+        let child = command
+            .env("SLUICE_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("starting host {name}"))?;
+        Ok(Host { child: Some(child), name: name.to_string(), log: log.to_path_buf() })
+    }
+
+    /// Everything it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until its log holds `pattern` at least `count` times; fails if it exits
+    /// first or `timeout` passes.
+    pub fn wait_for(&mut self, pattern: &str, count: usize, timeout: std::time::Duration) -> Result<()> {
+        let started = std::time::Instant::now();
+        loop {
+            let log = self.log();
+            if log.matches(pattern).count() >= count {
+                return Ok(());
+            }
+            let child = self.child.as_mut().context("host already stopped")?;
+            if let Some(status) = child.try_wait()? {
+                bail!("host {} exited ({status}) before logging {pattern:?} {count} times:\n{log}", self.name);
+            }
+            if started.elapsed() > timeout {
+                bail!("host {} did not log {pattern:?} {count} times in {timeout:?}:\n{log}", self.name);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Kills it with SIGKILL: no handover, no last checkpoint.
+    pub fn kill_9(&mut self) -> Result<()> {
+        let mut child = self.child.take().context("host already stopped")?;
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
+    /// Stops it with SIGTERM and waits for it to exit; fails unless it exits cleanly.
+    pub fn terminate(&mut self) -> Result<()> {
+        let mut child = self.child.take().context("host already stopped")?;
+        signal(child.id(), "TERM")?;
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(status) = child.try_wait()? {
+                if !status.success() {
+                    bail!("host {} exited with {status} after SIGTERM:\n{}", self.name, self.log());
+                }
+                return Ok(());
+            }
+            if started.elapsed() > std::time::Duration::from_secs(60) {
+                child.kill().ok();
+                bail!("host {} did not stop within 60 s of SIGTERM:\n{}", self.name, self.log());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for it to exit by itself; fails unless it exits cleanly.
+    pub fn wait(&mut self) -> Result<()> {
+        let mut child = self.child.take().context("host already stopped")?;
+        let status = child.wait()?;
+        if !status.success() {
+            bail!("host {} exited with {status}:\n{}", self.name, self.log());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().ok();
+            child.wait().ok();
+        }
     }
 }
 
@@ -310,6 +462,10 @@ impl Drop for KafkaBroker {
 /// A record read back from Kafka.
 #[derive(Debug, Clone)]
 pub struct KafkaRecord {
+    /// The partition it was read from.
+    pub partition: i32,
+    /// Its offset there.
+    pub offset: i64,
     /// The key, as text.
     pub key: String,
     /// The value, parsed as JSON (`null` if it is not).

@@ -88,10 +88,11 @@ impl Checkpointer {
         }
     }
 
-    /// Called by the worker after every commit: collects a finished upload and starts
-    /// a checkpoint when one is due and none is in flight. A failure is logged and
-    /// counted, and the next checkpoint tries again.
-    pub fn after_commit(&mut self, state: &PartitionStore, stats: &PartitionStats) {
+    /// Called by the worker after every commit and while idle: collects a finished
+    /// upload and starts a checkpoint when one is due, none is in flight and the state
+    /// moved since the last one. A failure is logged and counted, and the next
+    /// checkpoint tries again.
+    pub fn checkpoint_if_due(&mut self, state: &PartitionStore, stats: &PartitionStats) {
         if self.in_flight.as_ref().is_some_and(JoinHandle::is_finished) {
             let waited = self.wait(stats);
             self.count_failure(waited, stats);

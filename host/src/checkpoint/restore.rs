@@ -51,6 +51,17 @@ impl PartitionPlan {
     pub fn bytes_to_fetch(&self) -> u64 {
         self.candidates.first().map_or(0, Manifest::bytes)
     }
+
+    /// The offset the partition will resume at unless the newest candidate turns out
+    /// broken: the newest candidate's, else the local state's, else 0.
+    pub fn expected_offset(&self) -> u64 {
+        self.candidates.first().map(|m| m.offset).or(self.local_offset).unwrap_or(0)
+    }
+
+    /// Where the state comes from when nothing is restored: the local state or none.
+    pub fn local(&self) -> RestoredFrom {
+        self.local_offset.map_or(RestoredFrom::Empty, |offset| RestoredFrom::Local { offset })
+    }
 }
 
 /// A restore plan for a job, with the predicted duration.
@@ -147,11 +158,16 @@ impl fmt::Display for RestoredFrom {
     }
 }
 
-/// Decides, for each of `partitions` partitions, what a restore from `store` would
-/// use, given the local `state` (`None`: no local state at all).
-pub async fn plan(state: Option<&StateDir>, partitions: u32, store: &CheckpointStore) -> Result<RestorePlan> {
+/// Decides, for each of `partitions`, what a restore from `store` would use, given the
+/// local `state` (`None`: no local state at all). Without a store, only the local
+/// state is looked at.
+pub async fn plan(
+    state: Option<&StateDir>,
+    partitions: &[u32],
+    store: Option<&CheckpointStore>,
+) -> Result<RestorePlan> {
     let mut plans = Vec::new();
-    for partition in 0..partitions {
+    for &partition in partitions {
         let path = state.map(|state| state.partition_path(partition)).filter(|path| path.exists());
         let local_offset = match path {
             Some(path) => Some(
@@ -162,6 +178,17 @@ pub async fn plan(state: Option<&StateDir>, partitions: u32, store: &CheckpointS
         };
         let mut manifests = Vec::new();
         let mut unreadable = Vec::new();
+        let Some(store) = store else {
+            plans.push(PartitionPlan {
+                partition,
+                local_offset,
+                candidates: vec![],
+                newest: None,
+                last_id: None,
+                unreadable,
+            });
+            continue;
+        };
         let ids = store.checkpoint_ids(partition).await?;
         let last_id = ids.last().copied();
         for id in ids.into_iter().rev() {
@@ -174,7 +201,10 @@ pub async fn plan(state: Option<&StateDir>, partitions: u32, store: &CheckpointS
         let candidates = manifests.into_iter().filter(|m| local_offset.is_none_or(|local| m.offset > local)).collect();
         plans.push(PartitionPlan { partition, local_offset, candidates, newest, last_id, unreadable });
     }
-    let measured_bytes_per_s = store.restore_history().await?.bandwidth();
+    let measured_bytes_per_s = match store {
+        Some(store) => store.restore_history().await?.bandwidth(),
+        None => None,
+    };
     Ok(RestorePlan { partitions: plans, measured_bytes_per_s })
 }
 
@@ -183,17 +213,21 @@ pub async fn plan(state: Option<&StateDir>, partitions: u32, store: &CheckpointS
 pub struct RestoreReport {
     /// The plan it followed.
     pub plan: RestorePlan,
-    /// Where each partition's state came from, in partition order.
+    /// Where each partition's state came from, in the plan's order.
     pub restored: Vec<RestoredFrom>,
     /// How long it took.
     pub took: Duration,
 }
 
-/// Brings every partition of `state` to the newest state it can have: local recovery
-/// or a download from `store`. Logs the prediction (warning when it exceeds `budget`),
-/// progress, and the measured duration, which it adds to the store's history.
-pub async fn restore(state: &StateDir, store: &CheckpointStore, budget: Duration) -> Result<RestoreReport> {
-    let plan = plan(Some(state), state.partitions(), store).await?;
+/// Brings every partition of `plan` to the newest state it can have in `state`: local
+/// recovery or a download from `store`. Logs the prediction (warning when it exceeds
+/// `budget`), progress, and the measured duration, which it adds to the store's history.
+pub async fn restore(
+    state: &StateDir,
+    store: &CheckpointStore,
+    plan: RestorePlan,
+    budget: Duration,
+) -> Result<RestoreReport> {
     for why in plan.partitions.iter().flat_map(|p| p.unreadable.iter().map(move |w| (p.partition, w))) {
         tracing::warn!(partition = why.0, "skipping unreadable checkpoint: {}", why.1);
     }
@@ -221,6 +255,8 @@ pub async fn restore(state: &StateDir, store: &CheckpointStore, budget: Duration
         .await;
     done.store(true, Ordering::Relaxed);
     if let Some(reporter) = reporter {
+        // Woken, not waited for: a small restore must not cost the reporter's tick.
+        reporter.thread().unpark();
         reporter.join().ok();
     }
     let restored = restores?;
@@ -233,7 +269,10 @@ pub async fn restore(state: &StateDir, store: &CheckpointStore, budget: Duration
             bytes(fetched),
             took.as_secs_f64(),
             bytes((fetched as f64 / took.as_secs_f64().max(1e-9)) as u64),
-            restored.iter().enumerate().map(|(p, r)| format!("p{p} {r}")).collect::<Vec<_>>().join(", ")
+            (plan.partitions.iter().zip(&restored))
+                .map(|(p, r)| format!("p{} {r}", p.partition))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         store.record_restore(fetched, took).await?;
     }
@@ -280,8 +319,8 @@ async fn restore_partition(
             );
             Ok(RestoredFrom::Local { offset })
         }
-        Some(offset) => Ok(RestoredFrom::Local { offset }),
-        None if failures.is_empty() && plan.unreadable.is_empty() => Ok(RestoredFrom::Empty),
+        Some(_) => Ok(plan.local()),
+        None if failures.is_empty() && plan.unreadable.is_empty() => Ok(plan.local()),
         None => bail!(
             "partition {partition}: no checkpoint in {} could be restored, and there is no local state; refusing \
              to start it from empty state. {}",
@@ -376,7 +415,7 @@ fn spawn_progress(total: u64, progress: Arc<AtomicU64>, done: Arc<AtomicBool>) -
             if finished {
                 return;
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::park_timeout(Duration::from_millis(100));
         }
     })
 }

@@ -10,7 +10,7 @@
 
 use super::{Operator, Outcome, Output};
 use crate::source::SourceRecord;
-use crate::state::Transaction;
+use crate::state::{PartitionStore, Transaction};
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -128,6 +128,16 @@ impl WasmOperator {
     /// `name@checksum`: names exactly which build wrote a checkpoint's state.
     pub fn version(&self) -> &str {
         &self.version
+    }
+
+    /// Instantiates the operator once over an empty database at `scratch` (created and
+    /// removed here) and calls its `init`: a component that cannot start is refused
+    /// before a job opens its sinks or any partition.
+    pub fn check_init(self: &Arc<Self>, scratch: &Path) -> Result<()> {
+        let store = PartitionStore::open(scratch, 0)?;
+        let started = self.instantiate(0, Transaction::new(store)?).map(drop);
+        std::fs::remove_dir_all(scratch).with_context(|| format!("removing {}", scratch.display()))?;
+        started
     }
 
     /// Instantiates the operator for `partition` over `txn` and calls its `init`.

@@ -6,18 +6,21 @@
 //! (`sluice-partition`, `sluice-offset`). [`KafkaSink::write`] returns only once the
 //! broker acknowledged every record of the batch, because the worker commits state
 //! right after: an output is never lost, and a crash before the commit replays the
-//! batch (at least once, like the file sink). This module does not read from Kafka.
+//! batch (at least once, like the file sink). Each batch waits for its own records'
+//! acknowledgements only — a producer-wide flush would make every worker wait for the
+//! others' records too, and under load never return. This module does not read from
+//! Kafka.
 
 use crate::operator::Output;
 use crate::source::SourceRecord;
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use rdkafka::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 /// How long a batch may wait for the broker's acknowledgements.
@@ -25,29 +28,61 @@ const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A producer shared by all workers.
 pub struct KafkaSink {
-    /// Polled by the workers' flushes (a background poll thread would make every
-    /// flush wait for its next poll, ~100 ms).
-    producer: BaseProducer<DeliveryTracker>,
+    /// Its own thread serves delivery reports as they arrive, so each worker waits for
+    /// its batch's acknowledgements only, never for other workers' records.
+    producer: ThreadedProducer<DeliveryReports>,
     topic: String,
     name: String,
 }
 
-/// Remembers the first failed delivery. It stays: the batch that lost a record must
-/// not commit, and neither may any later one.
-#[derive(Default)]
-struct DeliveryTracker {
-    failure: Mutex<Option<String>>,
+/// Routes each delivery report to the batch its record belongs to.
+struct DeliveryReports;
+
+impl ClientContext for DeliveryReports {}
+
+impl ProducerContext for DeliveryReports {
+    type DeliveryOpaque = Arc<BatchAcks>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, batch: Arc<BatchAcks>) {
+        let failure = result
+            .as_ref()
+            .err()
+            .map(|(error, message)| format!("delivering to topic {}: {error}", rdkafka::Message::topic(message)));
+        batch.acknowledge(failure);
+    }
 }
 
-impl ClientContext for DeliveryTracker {}
+/// The acknowledgements one batch still waits for, and its first failure.
+struct BatchAcks {
+    state: Mutex<(usize, Option<String>)>,
+    done: Condvar,
+}
 
-impl ProducerContext for DeliveryTracker {
-    type DeliveryOpaque = ();
+impl BatchAcks {
+    fn new(records: usize) -> Self {
+        BatchAcks { state: Mutex::new((records, None)), done: Condvar::new() }
+    }
 
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((error, message)) = result {
-            let mut failure = self.failure.lock().expect("no panics under this lock");
-            failure.get_or_insert_with(|| format!("delivering to topic {}: {error}", rdkafka::Message::topic(message)));
+    fn acknowledge(&self, failure: Option<String>) {
+        let mut state = self.state.lock().expect("no panics under this lock");
+        state.0 -= 1;
+        if state.1.is_none() {
+            state.1 = failure;
+        }
+        if state.0 == 0 {
+            self.done.notify_all();
+        }
+    }
+
+    /// Waits until every record was acknowledged; the first failure, if any, is the error.
+    fn wait(&self, timeout: Duration) -> std::result::Result<(), String> {
+        let state = self.state.lock().expect("no panics under this lock");
+        let (state, waited) =
+            self.done.wait_timeout_while(state, timeout, |(left, _)| *left > 0).expect("no panics under this lock");
+        match &state.1 {
+            Some(failure) => Err(failure.clone()),
+            None if waited.timed_out() => Err(format!("{} records unacknowledged after {timeout:?}", state.0)),
+            None => Ok(()),
         }
     }
 }
@@ -68,7 +103,7 @@ impl KafkaSink {
             config.set(name, value);
         }
         let producer = config
-            .create_with_context(DeliveryTracker::default())
+            .create_with_context(DeliveryReports)
             .with_context(|| format!("creating a Kafka producer for {brokers}"))?;
         Ok(KafkaSink { producer, topic: topic.to_string(), name: format!("kafka {brokers} topic {topic}") })
     }
@@ -83,12 +118,13 @@ impl KafkaSink {
         if outputs.is_empty() {
             return Ok(());
         }
+        let acks = Arc::new(BatchAcks::new(outputs.len()));
         for (input, output) in outputs {
             let (partition, offset) = (input.partition.to_string(), input.offset.to_string());
             let headers = OwnedHeaders::new()
                 .insert(Header { key: "sluice-partition", value: Some(&partition) })
                 .insert(Header { key: "sluice-offset", value: Some(&offset) });
-            let mut record = BaseRecord::to(output.topic.as_deref().unwrap_or(&self.topic))
+            let mut record = BaseRecord::with_opaque_to(output.topic.as_deref().unwrap_or(&self.topic), acks.clone())
                 .key(&output.key)
                 .payload(&output.value)
                 .headers(headers);
@@ -98,16 +134,15 @@ impl KafkaSink {
                     // The local queue is full: wait for acknowledgements to make room.
                     Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                         record = returned;
-                        self.producer.poll(Duration::from_millis(5));
+                        std::thread::sleep(Duration::from_millis(1));
                     }
-                    Err((error, _)) => bail!("producing to {}: {error}", self.name),
+                    Err((error, _)) => {
+                        // The records already queued still report to `acks`; nobody waits.
+                        bail!("producing to {}: {error}", self.name)
+                    }
                 }
             }
         }
-        self.producer.flush(DELIVERY_TIMEOUT).with_context(|| format!("waiting for {} to acknowledge", self.name))?;
-        if let Some(failure) = self.producer.context().failure.lock().expect("no panics under this lock").as_ref() {
-            bail!("{}: {failure}", self.name);
-        }
-        Ok(())
+        acks.wait(DELIVERY_TIMEOUT).map_err(|failure| anyhow!("{}: {failure}", self.name))
     }
 }

@@ -4,20 +4,27 @@
 //! broker gave them. On every assignment the consumer starts each partition at the
 //! offset stored *with that partition's state* — never at the group's committed
 //! offset — so state and input cannot drift apart; the group's committed offsets are
-//! only advanced after state commits, for lag tooling. The job opens every
-//! partition's state at start, so this source serves one host per group (several
-//! hosts sharing a group, with state restored on assignment, come next).
+//! only advanced after state commits, for lag tooling.
 //!
-//! This module owns the consumer and the poll loop; it does not process records.
+//! Several hosts share a group (and a checkpoint store): Kafka decides which host owns
+//! which partition. With cooperative-sticky assignment a rebalance moves only the
+//! partitions that change owner; the old owner hands each over (last batch finished,
+//! last checkpoint uploaded) inside the revocation callback, before the group lets the
+//! new owner have it, and the new owner keeps it paused until its state is restored.
+//!
+//! This module owns the consumer, the rebalance callbacks and the poll loop; it does
+//! not process records or restore state (the [worker](crate::worker) module does).
 
-use super::{Batches, DispatchReport, SourceRecord};
+use super::{Batches, SourceRecord};
+use crate::worker::Stop;
 use anyhow::{Context, Result, bail};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use std::collections::BTreeMap;
-use std::sync::mpsc::SyncSender;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How often the group's committed offsets follow the state's.
@@ -25,6 +32,13 @@ const GROUP_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a start waits for the topic's metadata before it says the brokers are
 /// unreachable.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one poll waits for a record: also how often the loop looks at everything
+/// else (started partitions, backed-up ones, group offsets, a stop).
+const POLL_TIMEOUT: Duration = Duration::from_millis(100);
+/// The poll timeout while partitions are being started, so they resume promptly.
+const STARTING_POLL_TIMEOUT: Duration = Duration::from_millis(5);
+/// How long moving a partition to the offset its state holds may take.
+const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where and how to consume.
 #[derive(Debug, Clone)]
@@ -43,8 +57,6 @@ pub struct KafkaOptions {
     /// Stop once no record arrived for this long since partitions were assigned;
     /// `None` runs until killed.
     pub stop_when_idle: Option<Duration>,
-    /// The most records handed to a worker at once.
-    pub batch_size: usize,
 }
 
 impl KafkaOptions {
@@ -65,6 +77,17 @@ impl KafkaOptions {
         config
     }
 
+    /// `max.poll.interval.ms` as configured, or librdkafka's default (300 s): the
+    /// longest a rebalance may wait for this member.
+    pub fn max_poll_interval(&self) -> Result<Duration> {
+        match self.properties.get("max.poll.interval.ms") {
+            Some(ms) => Ok(Duration::from_millis(ms.parse().with_context(|| {
+                format!("max.poll.interval.ms = {ms:?} in [source] properties is not a number of milliseconds")
+            })?)),
+            None => Ok(Duration::from_secs(300)),
+        }
+    }
+
     /// The topic's partition count, from the brokers' metadata.
     pub fn partition_count(&self) -> Result<u32> {
         let consumer: BaseConsumer = self.client_config().create().context("creating a Kafka consumer")?;
@@ -79,112 +102,283 @@ impl KafkaOptions {
     }
 }
 
-/// Starts every assigned partition at the offset stored with its state.
-struct StartAtStateOffsets {
+/// This member's side of the group: it owns the [`Batches`] (and so the workers) so
+/// that rebalance callbacks, which run inside `poll`, can start and stop partitions
+/// before the assignment changes.
+struct Membership {
     topic: String,
-    offsets: Vec<u64>,
+    /// `None` once the poll loop has ended and taken them back.
+    batches: Mutex<Option<Batches>>,
+    /// Partitions assigned but paused while their state is restored, since when.
+    restoring: Mutex<BTreeMap<u32, Instant>>,
     /// When partitions were last assigned: an idle topic only counts from then.
-    assigned_at: std::sync::Mutex<Option<Instant>>,
+    assigned_at: Mutex<Option<Instant>>,
+    rebalances: AtomicU64,
+    /// The first failure inside a callback; the poll loop returns it.
+    failure: Mutex<Option<anyhow::Error>>,
 }
 
-impl ClientContext for StartAtStateOffsets {}
+impl ClientContext for Membership {}
 
-impl ConsumerContext for StartAtStateOffsets {
+impl ConsumerContext for Membership {
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        let began = Instant::now();
+        let rebalance = self.rebalances.fetch_add(1, Ordering::Relaxed) + 1;
         let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let partitions: Vec<u32> = tpl.elements().iter().map(|e| e.partition() as u32).collect();
+        let mut batches = lock(&self.batches);
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
-                for &p in &partitions {
-                    let offset = self.offsets.get(p as usize).copied().unwrap_or(0);
-                    if let Err(e) = tpl.set_partition_offset(&self.topic, p, Offset::Offset(offset as i64)) {
-                        tracing::error!(partition = p, "cannot start at the state's offset {offset}: {e}");
-                    }
-                }
-                tracing::info!("assigned partitions {partitions:?} of {}", self.topic);
-                *self.assigned_at.lock().expect("no panics under this lock") = Some(Instant::now());
-                if cooperative { consumer.incremental_assign(tpl) } else { consumer.assign(tpl) }
+                self.assign(consumer, batches.as_mut(), &partitions, tpl, cooperative).map(|()| {
+                    tracing::info!(
+                        "rebalance {rebalance}: assigned partitions {partitions:?} of {} in {:.0} ms; they stay                          paused until their state is restored",
+                        self.topic,
+                        began.elapsed().as_secs_f64() * 1e3
+                    )
+                })
             }
             _ => {
-                let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
-                tracing::info!("revoked partitions {partitions:?} of {}", self.topic);
-                if cooperative { consumer.incremental_unassign(tpl) } else { consumer.unassign() }
+                let lost = consumer.assignment_lost();
+                let revoked = self.revoke(consumer, batches.as_mut(), &partitions, lost);
+                let unassigned = if cooperative { consumer.incremental_unassign(tpl) } else { consumer.unassign() };
+                let how = if lost { "lost (another member owns them now; no last checkpoint)" } else { "handed over" };
+                if let Ok(stopped) = &revoked {
+                    tracing::info!(
+                        "rebalance {rebalance}: revoked partitions {partitions:?} of {}: {how} {stopped:?} in {:.0} ms",
+                        self.topic,
+                        began.elapsed().as_secs_f64() * 1e3
+                    );
+                }
+                revoked.map(drop).and(unassigned.map_err(anyhow::Error::from))
             }
         };
         if let Err(e) = result {
-            tracing::error!("applying a rebalance of {}: {e}", self.topic);
+            tracing::error!("rebalance {rebalance} of {}: {e:#}", self.topic);
+            lock(&self.failure).get_or_insert(e);
         }
     }
 }
 
-/// Consumes `options.topic` in `options.group`, starting each partition at
-/// `start_offsets[p]`, and sends its records to `workers[p]` in batches; every second
-/// it commits `committed(p)` (the offset the state holds) to the group. Returns when
-/// the topic was idle for `stop_when_idle` or every worker has gone.
-pub fn dispatch(
-    options: &KafkaOptions,
-    start_offsets: &[u64],
-    workers: &[SyncSender<Vec<SourceRecord>>],
-    committed: &dyn Fn(u32) -> u64,
-) -> Result<DispatchReport> {
-    let context = StartAtStateOffsets {
+impl Membership {
+    /// Plans the restore of `partitions`, assigns each at the offset its state will
+    /// hold, and pauses them until their workers run.
+    fn assign(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        batches: Option<&mut Batches>,
+        partitions: &[u32],
+        tpl: &mut TopicPartitionList,
+        cooperative: bool,
+    ) -> Result<()> {
+        let Some(batches) = batches else { return Ok(()) };
+        if let Some(p) = partitions.iter().find(|&&p| p >= batches.partitions()) {
+            bail!("topic {} has partition {p}, but the job has {} partitions", self.topic, batches.partitions());
+        }
+        let now = Instant::now();
+        for (p, offset) in batches.workers().start(partitions)? {
+            tpl.set_partition_offset(&self.topic, p as i32, Offset::Offset(offset as i64))?;
+            lock(&self.restoring).insert(p, now);
+        }
+        if cooperative {
+            consumer.incremental_assign(tpl)?
+        } else {
+            consumer.assign(tpl)?
+        }
+        consumer.pause(tpl)?;
+        *lock(&self.assigned_at) = Some(now);
+        Ok(())
+    }
+
+    /// Stops `partitions`' workers — handing them over, or dropping them when `lost` —
+    /// and commits the offsets their state reached to the group. Returns the
+    /// partitions that were running here.
+    fn revoke(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        batches: Option<&mut Batches>,
+        partitions: &[u32],
+        lost: bool,
+    ) -> Result<Vec<u32>> {
+        let Some(batches) = batches else { return Ok(Vec::new()) };
+        let mut offsets = TopicPartitionList::new();
+        let (mut result, mut stopped) = (Ok(()), Vec::new());
+        for &p in partitions {
+            batches.close(p);
+            lock(&self.restoring).remove(&p);
+            match batches.workers().stop(p, if lost { Stop::Lost } else { Stop::Handover }) {
+                Ok(Some(report)) => {
+                    offsets.add_partition_offset(
+                        &self.topic,
+                        p as i32,
+                        Offset::Offset(report.committed_offset as i64),
+                    )?;
+                    stopped.push(p);
+                }
+                Ok(None) => {}
+                Err(e) => result = result.and(Err(e)),
+            }
+        }
+        if !lost && offsets.count() > 0 {
+            commit(consumer, &offsets, CommitMode::Sync, &self.topic);
+        }
+        result.map(|()| stopped)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().expect("no panics under this lock")
+}
+
+/// Commits `offsets` to the group for lag tooling; a failure only costs freshness.
+fn commit<C: ConsumerContext>(consumer: &BaseConsumer<C>, offsets: &TopicPartitionList, mode: CommitMode, topic: &str) {
+    if let Err(e) = consumer.commit(offsets, mode) {
+        tracing::warn!("committing group offsets of {topic}: {e}");
+    }
+}
+
+/// Consumes `options.topic` as a member of `options.group` and feeds `batches`: each
+/// assigned partition is restored and started at the offset stored with its state,
+/// each revoked one handed over. A partition whose worker falls behind is paused, so
+/// the poll loop never waits on an operator. Every second the offsets the state
+/// reached are committed to the group. Returns when the topic was idle for
+/// `stop_when_idle` (workers drain) or `stopping` is set (workers hand over).
+pub fn dispatch(options: &KafkaOptions, batches: Batches, stopping: &AtomicBool) -> Result<Batches> {
+    let membership = Membership {
         topic: options.topic.clone(),
-        offsets: start_offsets.to_vec(),
-        assigned_at: std::sync::Mutex::new(None),
+        batches: Mutex::new(Some(batches)),
+        restoring: Mutex::default(),
+        assigned_at: Mutex::default(),
+        rebalances: AtomicU64::new(0),
+        failure: Mutex::default(),
     };
-    let consumer: BaseConsumer<StartAtStateOffsets> =
-        options.client_config().create_with_context(context).context("creating a Kafka consumer")?;
-    consumer.subscribe(&[&options.topic]).with_context(|| format!("subscribing to {}", options.topic))?;
-    let mut batches = Batches::new(workers, start_offsets, options.batch_size);
+    let consumer: BaseConsumer<Membership> =
+        options.client_config().create_with_context(membership).context("creating a Kafka consumer")?;
+    let outcome = consumer
+        .subscribe(&[&options.topic])
+        .with_context(|| format!("subscribing to {}", options.topic))
+        .and_then(|()| poll(&consumer, options, stopping));
+    let mut batches = lock(&consumer.context().batches).take().expect("only the poll loop takes them");
+    let running = batches.workers().running();
+    let finished = batches.finish(outcome);
+    // The offsets the final state holds, for lag tooling, before the member leaves.
+    let mut offsets = TopicPartitionList::new();
+    for report in batches.workers().reports().iter().filter(|r| running.contains(&r.partition)) {
+        offsets.add_partition_offset(
+            &options.topic,
+            report.partition as i32,
+            Offset::Offset(report.committed_offset as i64),
+        )?;
+    }
+    if offsets.count() > 0 {
+        commit(&consumer, &offsets, CommitMode::Sync, &options.topic);
+    }
+    finished.map(|()| batches)
+}
+
+/// The poll loop: records to workers, started partitions resumed, backed-up ones
+/// paused, group offsets committed. Returns how the workers should stop.
+fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &AtomicBool) -> Result<Stop> {
+    let context = consumer.context();
     let (mut last_record, mut last_commit) = (Instant::now(), Instant::now());
-    let mut group_offsets = start_offsets.to_vec();
+    let mut group_offsets = BTreeMap::new();
+    let mut backed_up = std::collections::BTreeSet::new();
     loop {
-        match consumer.poll(Duration::from_millis(100)) {
+        if stopping.load(Ordering::Relaxed) {
+            return Ok(Stop::Handover);
+        }
+        // While partitions restore, look for finished ones often: they are paused.
+        let starting = lock(&context.batches).as_mut().is_some_and(|b| b.workers().any_starting());
+        let message = consumer.poll(if starting { STARTING_POLL_TIMEOUT } else { POLL_TIMEOUT });
+        if let Some(e) = lock(&context.failure).take() {
+            return Err(e);
+        }
+        let mut guard = lock(&context.batches);
+        let batches = guard.as_mut().expect("the poll loop holds them");
+        for started in batches.workers().started()? {
+            let p = started.partition;
+            batches.open(&started);
+            // The offset the state holds, whatever the assignment expected: a restore may
+            // have fallen back to an older checkpoint.
+            consumer.seek(&options.topic, p as i32, Offset::Offset(started.offset as i64), SEEK_TIMEOUT)?;
+            consumer.resume(&partition_list(&options.topic, p)?)?;
+            let paused = lock(&context.restoring).remove(&p).map_or(Duration::ZERO, |at| at.elapsed());
+            tracing::info!(
+                partition = p,
+                "resumed at offset {} after {:.0} ms paused (state from {}, ready in {:.0} ms)",
+                started.offset,
+                paused.as_secs_f64() * 1e3,
+                started.restored_from,
+                started.took.as_secs_f64() * 1e3
+            );
+        }
+        match message {
             Some(Ok(message)) => {
                 last_record = Instant::now();
-                let p = message.partition() as usize;
-                if p >= workers.len() {
-                    bail!("topic {} has partition {p}, but the job has {} partitions", options.topic, workers.len());
-                }
+                let p = message.partition() as u32;
                 let record = SourceRecord {
-                    partition: p as u32,
+                    partition: p,
                     offset: message.offset() as u64,
                     key: message.key().unwrap_or_default().to_vec(),
                     value: message.payload().unwrap_or_default().to_vec(),
                     timestamp_ms: message.timestamp().to_millis().unwrap_or(0),
                 };
-                if !batches.push(record) {
-                    return Ok(batches.report());
+                if p >= batches.partitions() {
+                    bail!(
+                        "topic {} has partition {p}, but the job has {} partitions",
+                        options.topic,
+                        batches.partitions()
+                    );
+                }
+                batches.push(record, false)?;
+                if batches.backed_up(p) && backed_up.insert(p) {
+                    consumer.pause(&partition_list(&options.topic, p)?)?;
                 }
             }
             // librdkafka retries by itself; say what happened and keep polling.
             Some(Err(e)) => tracing::warn!("consuming {}: {e}", options.topic),
             None => {
-                if !batches.flush() {
-                    return Ok(batches.report());
-                }
-                let assigned_at = *consumer.context().assigned_at.lock().expect("no panics under this lock");
+                batches.flush(false)?;
+                let assigned_at = *lock(&context.assigned_at);
                 let idle_since = assigned_at.map(|at| at.max(last_record));
-                if options.stop_when_idle.zip(idle_since).is_some_and(|(idle, since)| since.elapsed() >= idle) {
-                    return Ok(batches.report());
+                if !batches.workers().any_starting()
+                    && options.stop_when_idle.zip(idle_since).is_some_and(|(idle, since)| since.elapsed() >= idle)
+                {
+                    return Ok(Stop::Drain);
+                }
+            }
+        }
+        if !backed_up.is_empty() {
+            batches.flush(false)?;
+            for p in backed_up.clone() {
+                if !batches.backed_up(p) {
+                    backed_up.remove(&p);
+                    // librdkafka rewinds a paused partition to just after the last record
+                    // it handed out, so reading goes on where it stopped.
+                    if batches.workers().owns(p) {
+                        consumer.resume(&partition_list(&options.topic, p)?)?;
+                    }
                 }
             }
         }
         if last_commit.elapsed() >= GROUP_COMMIT_INTERVAL {
             last_commit = Instant::now();
             let mut tpl = TopicPartitionList::new();
-            for (p, known) in group_offsets.iter_mut().enumerate() {
-                let offset = committed(p as u32);
-                if offset > *known {
-                    *known = offset;
+            for p in batches.workers().running() {
+                let offset = batches.workers().committed_offset(p).unwrap_or(0);
+                if group_offsets.insert(p, offset) != Some(offset) {
                     tpl.add_partition_offset(&options.topic, p as i32, Offset::Offset(offset as i64))?;
                 }
             }
-            if tpl.count() > 0
-                && let Err(e) = consumer.commit(&tpl, CommitMode::Async)
-            {
-                tracing::warn!("committing group offsets of {}: {e}", options.topic);
+            if tpl.count() > 0 {
+                commit(consumer, &tpl, CommitMode::Async, &options.topic);
             }
         }
     }
+}
+
+/// A list holding one partition of `topic`.
+fn partition_list(topic: &str, partition: u32) -> Result<TopicPartitionList> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition as i32);
+    Ok(tpl)
 }

@@ -14,8 +14,9 @@ pub mod file;
 pub mod generator;
 pub mod kafka;
 
+use crate::worker::{Started, Stop, Workers};
 use anyhow::Result;
-use std::sync::mpsc::SyncSender;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// A record before it is placed in a partition.
@@ -82,11 +83,9 @@ pub struct DispatchOptions {
     pub rate: Option<f64>,
     /// Stop after this much wall-clock time.
     pub duration: Option<Duration>,
-    /// The most records handed to a worker at once.
-    pub batch_size: usize,
 }
 
-/// How far [`dispatch`] got.
+/// How far a source got.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DispatchReport {
     /// Records read from the source, including those a partition had already processed.
@@ -95,46 +94,82 @@ pub struct DispatchReport {
     pub skipped: u64,
 }
 
-/// Records on their way to their partition's worker, a batch at a time. A record
-/// below the offset stored with its partition's state is counted and dropped here,
-/// for every source: that state already reflects it.
-pub struct Batches<'a> {
-    workers: &'a [SyncSender<Vec<SourceRecord>>],
-    start_offsets: &'a [u64],
+/// Records on their way to their partition's worker, a batch at a time, and the
+/// [`Workers`] they go to. A record below the offset its partition's state holds is
+/// counted and dropped here, for every source: that state already reflects it.
+pub struct Batches {
+    workers: Workers,
+    /// The next offset each partition running here takes; `None`: not running here.
+    next: Vec<Option<u64>>,
     pending: Vec<Vec<SourceRecord>>,
     batch_size: usize,
     report: DispatchReport,
 }
 
-impl<'a> Batches<'a> {
-    /// Batches of at most `batch_size` records for `workers`, one per partition, each
-    /// partition starting at `start_offsets[p]`.
-    pub fn new(workers: &'a [SyncSender<Vec<SourceRecord>>], start_offsets: &'a [u64], batch_size: usize) -> Self {
+impl Batches {
+    /// Batches of at most `batch_size` records for the `partitions` partitions of a
+    /// job, none of them running yet.
+    pub fn new(workers: Workers, partitions: u32, batch_size: usize) -> Self {
         Batches {
             workers,
-            start_offsets,
-            pending: vec![Vec::new(); workers.len()],
+            next: vec![None; partitions as usize],
+            pending: vec![Vec::new(); partitions as usize],
             batch_size,
             report: DispatchReport::default(),
         }
     }
 
-    /// Queues `record` for its partition's worker (or skips it, see above), handing
-    /// over the batch once it is full. Returns false when that worker has gone.
-    pub fn push(&mut self, record: SourceRecord) -> bool {
-        self.report.read += 1;
-        let p = record.partition as usize;
-        if record.offset < self.start_offsets[p] {
-            self.report.skipped += 1;
-            return true;
-        }
-        self.pending[p].push(record);
-        self.pending[p].len() < self.batch_size || self.send(p)
+    /// The workers the batches go to.
+    pub fn workers(&mut self) -> &mut Workers {
+        &mut self.workers
     }
 
-    /// Hands every partial batch to its worker. Returns false when a worker has gone.
-    pub fn flush(&mut self) -> bool {
-        (0..self.pending.len()).all(|p| self.send(p))
+    /// The job's partition count.
+    pub fn partitions(&self) -> u32 {
+        self.next.len() as u32
+    }
+
+    /// From now on `started`'s partition takes records from its offset on.
+    pub fn open(&mut self, started: &Started) {
+        self.next[started.partition as usize] = Some(started.offset);
+    }
+
+    /// `partition` no longer runs here: what waits for it is dropped (its next owner
+    /// reads it again from the offset stored with the state).
+    pub fn close(&mut self, partition: u32) {
+        self.next[partition as usize] = None;
+        self.pending[partition as usize].clear();
+    }
+
+    /// Queues `record` for its partition's worker, handing over full batches. When the
+    /// worker's queue is full, `wait` says whether to wait for it or keep the batch
+    /// here ([`Batches::backed_up`]). A record of a partition not running here, or
+    /// one its state already holds, is dropped.
+    pub fn push(&mut self, record: SourceRecord, wait: bool) -> Result<()> {
+        self.report.read += 1;
+        let p = record.partition as usize;
+        match self.next[p] {
+            Some(next) if record.offset >= next => self.next[p] = Some(record.offset + 1),
+            Some(_) => {
+                self.report.skipped += 1;
+                return Ok(());
+            }
+            None => return Ok(()),
+        }
+        self.pending[p].push(record);
+        if self.pending[p].len() >= self.batch_size { self.hand_over(p, wait, false) } else { Ok(()) }
+    }
+
+    /// Hands every partition's waiting records to its worker, partial batches too;
+    /// `wait` as for [`Batches::push`].
+    pub fn flush(&mut self, wait: bool) -> Result<()> {
+        (0..self.pending.len()).try_for_each(|p| self.hand_over(p, wait, true))
+    }
+
+    /// Whether a full batch of `partition` waits here for room in its worker's queue:
+    /// time to pause reading it.
+    pub fn backed_up(&self, partition: u32) -> bool {
+        self.pending[partition as usize].len() >= self.batch_size
     }
 
     /// What was read and skipped so far.
@@ -142,26 +177,67 @@ impl<'a> Batches<'a> {
         self.report.clone()
     }
 
-    fn send(&mut self, p: usize) -> bool {
-        self.pending[p].is_empty() || self.workers[p].send(std::mem::take(&mut self.pending[p])).is_ok()
+    /// Ends the run as `outcome` says: after the source ended ([`Stop::Drain`]) every
+    /// waiting record is handed over and processed; otherwise (and after an error)
+    /// workers hand over. Every partition is stopped; the first error is returned, the
+    /// workers' own before the source's (a worker that failed is why the source could
+    /// not hand it records).
+    pub fn finish(&mut self, outcome: Result<Stop>) -> Result<()> {
+        let how = *outcome.as_ref().unwrap_or(&Stop::Handover);
+        let flushed = if how == Stop::Drain { self.flush(true) } else { Ok(()) };
+        let stopped = self.workers.stop_all(if flushed.is_ok() { how } else { Stop::Handover });
+        stopped.and(flushed).and(outcome.map(drop))
+    }
+
+    fn hand_over(&mut self, p: usize, wait: bool, partial: bool) -> Result<()> {
+        while self.pending[p].len() >= self.batch_size || (partial && !self.pending[p].is_empty()) {
+            let at = self.pending[p].len().min(self.batch_size);
+            let rest = self.pending[p].split_off(at);
+            let batch = std::mem::replace(&mut self.pending[p], rest);
+            if wait {
+                self.workers.send(p as u32, batch)?;
+            } else if let Some(mut batch) = self.workers.try_send(p as u32, batch)? {
+                batch.append(&mut self.pending[p]);
+                self.pending[p] = batch;
+                break;
+            }
+        }
+        Ok(())
     }
 }
 
-/// Reads `records` in order, assigns each its partition and offset, and sends the
-/// records at or beyond `start_offsets[partition]` to `workers[partition]` in batches.
-/// Returns when the source ends, the duration passes, or every worker has gone.
+/// Starts every partition of `batches`, then reads `records` in order, assigns each
+/// its partition and offset, and hands it to its partition's worker. Returns when the
+/// source ends or the duration passes (workers drain what they were given), or when
+/// `stopping` is set (workers hand over).
 pub fn dispatch(
     records: impl Iterator<Item = Result<RawRecord>>,
-    start_offsets: &[u64],
-    workers: &[SyncSender<Vec<SourceRecord>>],
+    batches: &mut Batches,
     options: &DispatchOptions,
-) -> Result<DispatchReport> {
-    let partitions = workers.len() as u32;
-    let mut next_offset = vec![0u64; workers.len()];
-    let mut batches = Batches::new(workers, start_offsets, options.batch_size);
+    stopping: &AtomicBool,
+) -> Result<()> {
+    let outcome = feed(records, batches, options, stopping);
+    batches.finish(outcome)
+}
+
+fn feed(
+    records: impl Iterator<Item = Result<RawRecord>>,
+    batches: &mut Batches,
+    options: &DispatchOptions,
+    stopping: &AtomicBool,
+) -> Result<Stop> {
+    let partitions = batches.partitions();
+    batches.workers().start(&(0..partitions).collect::<Vec<_>>())?;
+    for started in batches.workers().wait_started()? {
+        batches.open(&started);
+    }
+    let mut next_offset = vec![0u64; partitions as usize];
     let started = Instant::now();
     for raw in records {
         let raw = raw?;
+        if stopping.load(Ordering::Relaxed) {
+            return Ok(Stop::Handover);
+        }
         if options.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
         }
@@ -169,9 +245,7 @@ pub fn dispatch(
             let due = Duration::from_secs_f64(batches.report().read as f64 / rate);
             if let Some(wait) = due.checked_sub(started.elapsed()) {
                 // Hand over what is buffered before idling so workers stay current.
-                if !batches.flush() {
-                    return Ok(batches.report());
-                }
+                batches.flush(true)?;
                 std::thread::sleep(wait);
             }
         }
@@ -185,12 +259,9 @@ pub fn dispatch(
             value: raw.value,
             timestamp_ms: raw.timestamp_ms,
         };
-        if !batches.push(record) {
-            return Ok(batches.report());
-        }
+        batches.push(record, true)?;
     }
-    batches.flush();
-    Ok(batches.report())
+    Ok(Stop::Drain)
 }
 
 #[cfg(test)]
@@ -205,25 +276,5 @@ mod tests {
         assert_eq!(murmur2(b"a-little-bit-long-string") as i32, -985981536);
         assert_eq!(murmur2(b"a-little-bit-longer-string") as i32, -1486304829);
         assert_eq!(murmur2(b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8") as i32, -58897971);
-    }
-
-    #[test]
-    fn dispatch_skips_what_each_partition_already_holds() {
-        let records = (0..100u32).map(|i| {
-            Ok(RawRecord { key: format!("k{}", i % 7).into_bytes(), value: i.to_be_bytes().to_vec(), timestamp_ms: 0 })
-        });
-        let (senders, receivers): (Vec<_>, Vec<_>) = (0..3).map(|_| std::sync::mpsc::sync_channel(1000)).unzip();
-        let options = DispatchOptions { rate: None, duration: None, batch_size: 4 };
-        let report = dispatch(records, &[0, 5, 1000], &senders, &options).unwrap();
-        drop(senders);
-        let got: Vec<Vec<SourceRecord>> = receivers.iter().map(|r| r.iter().flatten().collect()).collect();
-        assert_eq!(report.read, 100);
-        assert!(got[2].is_empty());
-        assert_eq!(got[1].first().map(|r| r.offset), Some(5));
-        for (p, records) in got.iter().enumerate() {
-            assert!(records.iter().all(|r| partition_for(&r.key, 3) == p as u32));
-            assert!(records.windows(2).all(|w| w[1].offset == w[0].offset + 1));
-        }
-        assert_eq!(report.skipped as usize + got.iter().map(Vec::len).sum::<usize>(), 100);
     }
 }

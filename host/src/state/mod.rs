@@ -8,9 +8,9 @@
 //! offset commit in one RocksDB write batch.
 //!
 //! Besides the partitions' databases, a state directory holds `snapshots/` (checkpoint
-//! snapshots being uploaded), `partition-NNNN.restoring` (a checkpoint being restored)
-//! and `partition-NNNN.replaced` (the database a restore replaced); all are removed when
-//! the directory is opened.
+//! snapshots being uploaded), `partition-NNNN.restoring` (a checkpoint being restored),
+//! `partition-NNNN.replaced` (the database a restore replaced) and `scratch/` (an
+//! operator's trial start); all are removed when the directory is opened.
 //!
 //! It does not decide *when* to commit (the [worker](crate::worker) does) and knows
 //! nothing about operators beyond the current record's key.
@@ -118,7 +118,7 @@ impl StateDir {
     fn remove_leftovers(&self) -> Result<()> {
         let leftovers = (0..self.partitions())
             .flat_map(|p| [self.restore_path(p), self.replaced_path(p)])
-            .chain([self.root.join("snapshots")]);
+            .chain([self.root.join("snapshots"), self.scratch_path()]);
         for path in leftovers.filter(|p| p.exists()) {
             std::fs::remove_dir_all(&path).with_context(|| format!("removing leftover {}", path.display()))?;
         }
@@ -158,6 +158,11 @@ impl StateDir {
     /// (hard links into the live database, so on the same file system).
     pub fn snapshot_path(&self, partition: u32) -> PathBuf {
         self.root.join("snapshots").join(format!("partition-{partition:04}"))
+    }
+
+    /// Where a throwaway database lives while an operator is tried out.
+    pub fn scratch_path(&self) -> PathBuf {
+        self.root.join("scratch")
     }
 
     /// Opens partition `partition`'s database, creating it on first use.

@@ -1,68 +1,200 @@
-//! A partition worker: the only code that touches its partition's state.
+//! Partition workers: the only code that touches a partition's state.
 //!
-//! The worker takes batches of its partition's records, runs each through the
-//! operator inside a record scope of the partition's [`Transaction`], writes the
-//! batch's outputs and dead letters, and then commits the state writes together with
-//! the next offset in one RocksDB write batch. It owns that ordering — outputs
-//! before commit, commit after every batch — and the partition's live counters.
+//! A worker takes batches of its partition's records, runs each through the operator
+//! inside a record scope of the partition's [`Transaction`](crate::state::Transaction),
+//! writes the batch's outputs and dead letters, and then commits the state writes
+//! together with the next offset in one RocksDB write batch. It owns that ordering —
+//! outputs before commit, commit after every batch — the partition's live counters and
+//! the tail of its batch processing times.
 //!
 //! Checkpoints happen between batches, after a commit, so a snapshot always holds
 //! whole batches and the offset committed with them.
 //!
-//! It does not own where records come from (the [source](crate::source)) or how the
-//! operator runs (the [operator](crate::operator)).
+//! [`Workers`] owns the life of each partition on this host: started (restored,
+//! opened, instantiated) when the source assigns it, stopped when it is revoked or the
+//! source ends. This module does not own where records come from (the
+//! [source](crate::source)) or how the operator runs (the [operator](crate::operator)).
+
+mod lifecycle;
+
+pub use lifecycle::{Checkpointing, LiveStats, PartitionReport, Started, WorkerSetup, Workers};
 
 use crate::checkpoint::Checkpointer;
 use crate::operator::{Operator, Outcome};
 use crate::sink::{self, LineSink, Sink};
 use crate::source::SourceRecord;
 use anyhow::Result;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::Receiver;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 /// A partition's live counters, read by the running summary while the worker runs.
 #[derive(Debug, Default)]
 pub struct PartitionStats {
-    /// Records processed (emitted or dead-lettered) by this run.
+    /// Records processed (emitted or dead-lettered) by this worker.
     pub processed: AtomicU64,
-    /// Records sent to the dead-letter file by this run.
+    /// Records sent to the dead-letter file by this worker.
     pub dead_letters: AtomicU64,
     /// The next offset to process, as last committed.
     pub committed_offset: AtomicU64,
     /// State entries held, as of the last commit.
     pub entries: AtomicU64,
-    /// Checkpoints completed by this run.
+    /// Checkpoints completed by this worker.
     pub checkpoints: AtomicU64,
     /// The offset of the newest completed checkpoint.
     pub checkpoint_offset: AtomicU64,
-    /// Bytes uploaded by this run's checkpoints.
+    /// Bytes uploaded by this worker's checkpoints.
     pub uploaded_bytes: AtomicU64,
     /// Checkpoints that failed (each logged).
     pub checkpoint_failures: AtomicU64,
+    /// The 99th percentile of the last [`BATCH_TIMES`] batches' processing time, µs.
+    pub batch_p99_us: AtomicU64,
+    /// The longest of the last [`BATCH_TIMES`] batches' processing time, µs.
+    pub batch_max_us: AtomicU64,
 }
 
-/// Where a worker sends what it produces.
-pub struct Destinations<'a> {
+/// Where workers send what they produce, shared by all of them.
+pub struct Destinations {
     /// The job's sink.
-    pub sink: &'a Sink,
+    pub sink: Sink,
     /// The dead-letter file.
-    pub dead_letters: &'a LineSink,
+    pub dead_letters: LineSink,
     /// The operator's name, recorded in dead letters.
-    pub operator: &'a str,
+    pub operator: String,
 }
 
-/// Processes batches from `batches` until the sender goes away, committing after each
-/// and letting `checkpointer` checkpoint after a commit when one is due; at the end,
-/// a last checkpoint holds the final state.
+/// How a worker ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The source ended: process every queued batch, then take a last checkpoint.
+    Drain,
+    /// The partition moves to another host (or this one shuts down): finish the batch
+    /// in hand, leave queued ones (the next owner reads them again from the offset
+    /// stored with the state), and take a last checkpoint so the next owner restores
+    /// the newest state.
+    Handover,
+    /// The partition already belongs to another host (this one was evicted): finish
+    /// the batch in hand and take no checkpoint — the store is the new owner's now.
+    Lost,
+}
+
+/// Tells a running worker how to end; set once, by whoever stops it.
+#[derive(Debug, Default)]
+pub struct StopSignal(AtomicU8);
+
+impl StopSignal {
+    /// Asks the worker to end as `how` says.
+    pub fn set(&self, how: Stop) {
+        let code = match how {
+            Stop::Drain => 1,
+            Stop::Handover => 2,
+            Stop::Lost => 3,
+        };
+        self.0.store(code, Ordering::Release);
+    }
+
+    /// How the worker was asked to end, if it was.
+    pub fn get(&self) -> Option<Stop> {
+        match self.0.load(Ordering::Acquire) {
+            1 => Some(Stop::Drain),
+            2 => Some(Stop::Handover),
+            3 => Some(Stop::Lost),
+            _ => None,
+        }
+    }
+}
+
+/// How long a worker waits for a batch before it looks whether a checkpoint is due.
+const IDLE_TICK: Duration = Duration::from_millis(100);
+
+/// Batches whose processing times make up the published tail.
+pub const BATCH_TIMES: usize = 1000;
+
+/// The recent batch processing times of one worker, and the warning when their tail
+/// nears the limit a revocation can wait.
+struct BatchTimes {
+    recent: VecDeque<Duration>,
+    published: Instant,
+    /// Warn when p99 or max reaches this: a revocation waits for the batch in hand, and
+    /// Kafka evicts a member whose rebalance takes longer than `max.poll.interval.ms`.
+    warn_at: Option<Duration>,
+    warned: Option<Instant>,
+}
+
+impl BatchTimes {
+    /// How often the tail is published (and checked against `warn_at`).
+    const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+    /// The least time between two warnings of one worker.
+    const WARN_EVERY: Duration = Duration::from_secs(30);
+
+    fn new(warn_at: Option<Duration>) -> Self {
+        BatchTimes { recent: VecDeque::with_capacity(BATCH_TIMES), published: Instant::now(), warn_at, warned: None }
+    }
+
+    fn record(&mut self, took: Duration, partition: u32, stats: &PartitionStats) {
+        if self.recent.len() == BATCH_TIMES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(took);
+        if self.published.elapsed() < Self::PUBLISH_EVERY {
+            return;
+        }
+        self.published = Instant::now();
+        let mut sorted: Vec<Duration> = self.recent.iter().copied().collect();
+        sorted.sort_unstable();
+        let (p99, max) = (sorted[sorted.len() * 99 / 100], sorted[sorted.len() - 1]);
+        stats.batch_p99_us.store(p99.as_micros() as u64, Ordering::Relaxed);
+        stats.batch_max_us.store(max.as_micros() as u64, Ordering::Relaxed);
+        if let Some(limit) = self.warn_at
+            && (p99 >= limit || max >= limit)
+            && self.warned.is_none_or(|at| at.elapsed() >= Self::WARN_EVERY)
+        {
+            self.warned = Some(Instant::now());
+            tracing::warn!(
+                partition,
+                "batch processing time p99 {:.0} ms, max {:.0} ms reaches {:.0} ms, half of max.poll.interval.ms: a \
+                 rebalance waits for the batch in hand, and a member whose rebalance outlasts max.poll.interval.ms \
+                 is evicted. Lower [state] commit_every, speed up the operator, or raise max.poll.interval.ms",
+                p99.as_secs_f64() * 1e3,
+                max.as_secs_f64() * 1e3,
+                limit.as_secs_f64() * 1e3
+            );
+        }
+    }
+}
+
+/// Processes batches from `batches` until the sender goes away or `stop` says to end,
+/// committing after each and letting `checkpointer` checkpoint after a commit when one
+/// is due; at the end (unless the partition was lost), a last checkpoint holds the
+/// final state. A batch taking `slow_batch` or longer is warned about.
 pub fn run(
     operator: &mut dyn Operator,
     batches: Receiver<Vec<SourceRecord>>,
-    to: &Destinations<'_>,
+    to: &Destinations,
     stats: &PartitionStats,
     mut checkpointer: Option<&mut Checkpointer>,
+    stop: &StopSignal,
+    slow_batch: Option<Duration>,
 ) -> Result<()> {
     let mut dead = Vec::new();
-    for batch in batches {
+    let mut times = BatchTimes::new(slow_batch);
+    loop {
+        let batch = match batches.recv_timeout(IDLE_TICK) {
+            Ok(batch) => batch,
+            // An idle partition still gets its due checkpoint of what it last committed.
+            Err(RecvTimeoutError::Timeout) => {
+                if let Some(checkpointer) = checkpointer.as_deref_mut() {
+                    checkpointer.checkpoint_if_due(operator.state().store(), stats);
+                }
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        if matches!(stop.get(), Some(Stop::Handover | Stop::Lost)) {
+            break;
+        }
+        let started = Instant::now();
         let mut outputs = Vec::new();
         let Some(last) = batch.last() else { continue };
         let next_offset = last.offset + 1;
@@ -74,12 +206,12 @@ pub fn run(
             match outcome? {
                 Outcome::Emitted(outs) => outputs.extend(outs.into_iter().map(|o| (record, o))),
                 Outcome::Rejected(reason) => {
-                    sink::format_dead_letter(&mut dead, record, to.operator, "rejected", &reason);
+                    sink::format_dead_letter(&mut dead, record, &to.operator, "rejected", &reason);
                     dead_count += 1;
                 }
                 Outcome::Trapped(reason) => {
                     tracing::warn!(partition = record.partition, offset = record.offset, "operator trapped: {reason}");
-                    sink::format_dead_letter(&mut dead, record, to.operator, "trapped", &reason);
+                    sink::format_dead_letter(&mut dead, record, &to.operator, "trapped", &reason);
                     dead_count += 1;
                 }
             }
@@ -95,12 +227,13 @@ pub fn run(
         stats.dead_letters.fetch_add(dead_count, Ordering::Relaxed);
         stats.committed_offset.store(next_offset, Ordering::Relaxed);
         stats.entries.store(operator.state().entries(), Ordering::Relaxed);
+        times.record(started.elapsed(), last.partition, stats);
         if let Some(checkpointer) = checkpointer.as_deref_mut() {
-            checkpointer.after_commit(operator.state().store(), stats);
+            checkpointer.checkpoint_if_due(operator.state().store(), stats);
         }
     }
-    if let Some(checkpointer) = checkpointer {
-        checkpointer.finish(operator.state().store(), stats)?;
+    match (checkpointer, stop.get()) {
+        (Some(_), Some(Stop::Lost)) | (None, _) => Ok(()),
+        (Some(checkpointer), _) => checkpointer.finish(operator.state().store(), stats),
     }
-    Ok(())
 }

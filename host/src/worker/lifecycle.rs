@@ -1,0 +1,359 @@
+//! The partitions this host owns, each with a running worker.
+//!
+//! A partition is started when the source assigns it: its restore is planned at once
+//! (so the source knows the offset it resumes at), then, on a thread of its own, its
+//! state is restored (local recovery or the checkpoint store), opened, bound to an
+//! operator instance and a checkpointer, and handed to a new worker thread. The source
+//! learns from [`Workers::started`] when it may feed the partition. Partitions that
+//! stay keep running throughout: only the ones that move wait for a restore.
+//!
+//! A partition is stopped as [`Stop`] says: drained at the end of the source, handed
+//! over (batch in hand finished, last checkpoint uploaded) when revoked, or dropped
+//! without a checkpoint when already lost to another host. Each run of a partition
+//! ends in a [`PartitionReport`].
+//!
+//! This module does not decide which partitions this host owns (the source does) and
+//! does not read records.
+
+use super::{Destinations, PartitionStats, Stop, StopSignal};
+use crate::checkpoint::restore::{self, PartitionPlan};
+use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
+use crate::operator::Operator;
+use crate::operator::wasm::WasmOperator;
+use crate::source::SourceRecord;
+use crate::state::{StateDir, Transaction};
+use anyhow::{Context, Result, anyhow, bail};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+
+/// Everything a partition needs to start, shared by all of them.
+pub struct WorkerSetup {
+    /// This host's state directory.
+    pub state: StateDir,
+    /// The operator every partition runs.
+    pub operator: Arc<WasmOperator>,
+    /// Where restores come from and checkpoints go; `None` when checkpoints are off.
+    pub checkpoints: Option<Checkpointing>,
+    /// Where outputs and dead letters go.
+    pub destinations: Destinations,
+    /// The runtime restores and checkpoint uploads run on.
+    pub runtime: Handle,
+    /// Batches a worker may have queued before the source holds its partition back.
+    pub queued_batches: usize,
+    /// Batch processing time at which a worker warns (see [`run`](super::run)).
+    pub slow_batch: Option<Duration>,
+}
+
+/// The checkpoint store and how partitions use it.
+pub struct Checkpointing {
+    /// The store shared by every host of the job.
+    pub store: CheckpointStore,
+    /// How often and how much.
+    pub settings: CheckpointSettings,
+    /// A restore predicted to take longer than this is warned about.
+    pub restore_budget: Duration,
+}
+
+/// A partition that has started: its worker runs and takes records from `offset`.
+#[derive(Debug, Clone)]
+pub struct Started {
+    /// The partition.
+    pub partition: u32,
+    /// The offset stored with its state: the first record it needs.
+    pub offset: u64,
+    /// Where its state came from.
+    pub restored_from: RestoredFrom,
+    /// From the assignment to the running worker: how long the partition paused here.
+    pub took: Duration,
+}
+
+/// What one run of a partition on this host did, from its start to its stop.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartitionReport {
+    /// The partition.
+    pub partition: u32,
+    /// The offset it resumed from (stored with its state).
+    pub resumed_at: u64,
+    /// The next offset to process, committed with its state.
+    pub committed_offset: u64,
+    /// Records processed.
+    pub processed: u64,
+    /// Records sent to the dead-letter file.
+    pub dead_letters: u64,
+    /// Distinct keys holding state at the end.
+    pub keys: u64,
+    /// Where its state came from at start.
+    pub restored_from: RestoredFrom,
+    /// From the assignment to the running worker.
+    pub start_took: Duration,
+    /// Checkpoints completed.
+    pub checkpoints: u64,
+    /// The offset of the newest of them (0 if none).
+    pub checkpoint_offset: u64,
+    /// Bytes they uploaded.
+    pub uploaded_bytes: u64,
+    /// How it ended.
+    pub stopped: Stop,
+}
+
+/// The live counters of the running partitions, by partition, for the running summary.
+pub type LiveStats = Arc<Mutex<BTreeMap<u32, Arc<PartitionStats>>>>;
+
+/// A partition's start, as its starting thread reports it.
+type StartResult = (u32, Result<Running>);
+
+struct Running {
+    sender: SyncSender<Vec<SourceRecord>>,
+    stop: Arc<StopSignal>,
+    thread: JoinHandle<Result<PartitionReport>>,
+    stats: Arc<PartitionStats>,
+    started: Started,
+}
+
+/// The partitions this host owns and their workers.
+pub struct Workers {
+    setup: Arc<WorkerSetup>,
+    running: BTreeMap<u32, Running>,
+    /// Partitions being restored, since when.
+    starting: BTreeMap<u32, Instant>,
+    started_tx: Sender<StartResult>,
+    started_rx: Receiver<StartResult>,
+    /// Partitions that started while [`Workers::stop`] waited for another, not yet
+    /// returned by [`Workers::started`].
+    arrived: Vec<Started>,
+    live: LiveStats,
+    reports: Vec<PartitionReport>,
+}
+
+impl Workers {
+    /// No partitions yet; each starts with `setup`.
+    pub fn new(setup: WorkerSetup) -> Self {
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        Workers {
+            setup: Arc::new(setup),
+            running: BTreeMap::new(),
+            starting: BTreeMap::new(),
+            started_tx,
+            started_rx,
+            arrived: Vec::new(),
+            live: LiveStats::default(),
+            reports: Vec::new(),
+        }
+    }
+
+    /// Starts `partitions`: plans their restores now and returns the offset each is
+    /// expected to resume at, then restores and starts them in the background. A
+    /// restore that falls back to an older checkpoint resumes earlier; [`started`]
+    /// says where each actually resumes.
+    ///
+    /// [`started`]: Workers::started
+    pub fn start(&mut self, partitions: &[u32]) -> Result<Vec<(u32, u64)>> {
+        let setup = self.setup.clone();
+        let store = setup.checkpoints.as_ref().map(|c| &c.store);
+        let plan = setup.runtime.block_on(restore::plan(Some(&setup.state), partitions, store))?;
+        let now = Instant::now();
+        self.starting.extend(partitions.iter().map(|&p| (p, now)));
+        let expected = plan.partitions.iter().map(|p| (p.partition, p.expected_offset())).collect();
+        let tx = self.started_tx.clone();
+        std::thread::Builder::new().name("sluice-restore".into()).spawn(move || {
+            let restored = match &setup.checkpoints {
+                Some(c) => setup
+                    .runtime
+                    .block_on(restore::restore(&setup.state, &c.store, plan.clone(), c.restore_budget))
+                    .map(|report| report.restored),
+                None => Ok(plan.partitions.iter().map(PartitionPlan::local).collect()),
+            };
+            match restored {
+                Ok(restored) => {
+                    for (plan, restored) in plan.partitions.iter().zip(restored) {
+                        tx.send((plan.partition, spawn_worker(&setup, plan, restored, now))).ok();
+                    }
+                }
+                Err(e) => {
+                    for p in &plan.partitions {
+                        tx.send((p.partition, Err(anyhow!("restoring: {e:#}")))).ok();
+                    }
+                }
+            }
+        })?;
+        Ok(expected)
+    }
+
+    /// The partitions whose start completed since the last call, each running from
+    /// its `offset`. A start that failed is an error.
+    pub fn started(&mut self) -> Result<Vec<Started>> {
+        let mut started = std::mem::take(&mut self.arrived);
+        while let Ok((partition, result)) = self.started_rx.try_recv() {
+            started.push(self.register(partition, result)?);
+        }
+        Ok(started)
+    }
+
+    /// Waits until no partition is starting; returns those that started.
+    pub fn wait_started(&mut self) -> Result<Vec<Started>> {
+        let mut started = std::mem::take(&mut self.arrived);
+        while !self.starting.is_empty() {
+            let (partition, result) = self.started_rx.recv().context("a restore thread vanished")?;
+            started.push(self.register(partition, result)?);
+        }
+        Ok(started)
+    }
+
+    fn register(&mut self, partition: u32, result: Result<Running>) -> Result<Started> {
+        self.starting.remove(&partition);
+        let running = result.with_context(|| format!("starting partition {partition}"))?;
+        let started = running.started.clone();
+        self.live.lock().expect("no panics under this lock").insert(partition, running.stats.clone());
+        self.running.insert(partition, running);
+        Ok(started)
+    }
+
+    /// Whether `partition` is starting or running here.
+    pub fn owns(&self, partition: u32) -> bool {
+        self.running.contains_key(&partition) || self.starting.contains_key(&partition)
+    }
+
+    /// Whether any partition is still starting.
+    pub fn any_starting(&self) -> bool {
+        !self.starting.is_empty()
+    }
+
+    /// The running partitions.
+    pub fn running(&self) -> Vec<u32> {
+        self.running.keys().copied().collect()
+    }
+
+    /// The offset `partition`'s state holds, if it runs here.
+    pub fn committed_offset(&self, partition: u32) -> Option<u64> {
+        self.running.get(&partition).map(|r| r.stats.committed_offset.load(Ordering::Relaxed))
+    }
+
+    /// Hands `batch` to `partition`'s worker unless its queue is full, in which case
+    /// the batch comes back. An error means the worker has stopped (its own error
+    /// surfaces when it is stopped).
+    pub fn try_send(&self, partition: u32, batch: Vec<SourceRecord>) -> Result<Option<Vec<SourceRecord>>> {
+        match self.worker(partition)?.sender.try_send(batch) {
+            Ok(()) => Ok(None),
+            Err(TrySendError::Full(batch)) => Ok(Some(batch)),
+            Err(TrySendError::Disconnected(_)) => bail!("the worker of partition {partition} has stopped"),
+        }
+    }
+
+    /// Hands `batch` to `partition`'s worker, waiting while its queue is full.
+    pub fn send(&self, partition: u32, batch: Vec<SourceRecord>) -> Result<()> {
+        self.worker(partition)?
+            .sender
+            .send(batch)
+            .map_err(|_| anyhow!("the worker of partition {partition} has stopped"))
+    }
+
+    fn worker(&self, partition: u32) -> Result<&Running> {
+        self.running.get(&partition).ok_or_else(|| anyhow!("partition {partition} is not running here"))
+    }
+
+    /// Stops `partition` as `how` says and waits until it has (a start in progress
+    /// completes first). Returns what the stopped run did; `None` if it did not run here.
+    pub fn stop(&mut self, partition: u32, how: Stop) -> Result<Option<&PartitionReport>> {
+        while self.starting.contains_key(&partition) {
+            let (p, result) = self.started_rx.recv().context("a restore thread vanished")?;
+            let started = self.register(p, result)?;
+            self.arrived.push(started);
+        }
+        self.arrived.retain(|s| s.partition != partition);
+        let Some(running) = self.running.remove(&partition) else { return Ok(None) };
+        let began = Instant::now();
+        running.stop.set(how);
+        drop(running.sender);
+        let report = running.thread.join().map_err(|_| anyhow!("the worker of partition {partition} panicked"))?;
+        self.live.lock().expect("no panics under this lock").remove(&partition);
+        let report = report.with_context(|| format!("partition {partition} stopped"))?;
+        tracing::info!(
+            partition,
+            "stopped ({how:?}) in {:.0} ms at offset {}; {} records processed since it started here",
+            began.elapsed().as_secs_f64() * 1e3,
+            report.committed_offset,
+            report.processed
+        );
+        self.reports.push(report);
+        Ok(self.reports.last())
+    }
+
+    /// Stops every partition as `how` says, waiting for starts in progress first.
+    /// Every partition is stopped even when one fails; the first failure is returned.
+    pub fn stop_all(&mut self, how: Stop) -> Result<()> {
+        let waited = self.wait_started().map(drop);
+        let mut result = waited;
+        for partition in self.running() {
+            let stopped = self.stop(partition, how).map(drop);
+            result = result.and(stopped);
+        }
+        result
+    }
+
+    /// The running partitions' live counters.
+    pub fn live(&self) -> LiveStats {
+        self.live.clone()
+    }
+
+    /// The reports of every stopped run, in the order they stopped.
+    pub fn reports(&self) -> &[PartitionReport] {
+        &self.reports
+    }
+}
+
+/// Opens `plan`'s partition as `restored` left it and starts its worker thread.
+fn spawn_worker(
+    setup: &Arc<WorkerSetup>,
+    plan: &PartitionPlan,
+    restored_from: RestoredFrom,
+    assigned: Instant,
+) -> Result<Running> {
+    let partition = plan.partition;
+    let store = setup.state.open_partition(partition)?;
+    let offset = store.committed_offset()?;
+    let mut instance = setup.operator.instantiate(partition, Transaction::new(store)?)?;
+    let mut checkpointer = setup.checkpoints.as_ref().map(|c| {
+        Checkpointer::new(
+            c.store.clone(),
+            setup.runtime.clone(),
+            plan,
+            &restored_from,
+            c.settings.clone(),
+            setup.state.snapshot_path(partition),
+            setup.operator.version().to_string(),
+        )
+    });
+    let stats = Arc::new(PartitionStats::default());
+    stats.committed_offset.store(offset, Ordering::Relaxed);
+    stats.entries.store(instance.state().entries(), Ordering::Relaxed);
+    let (sender, batches) = std::sync::mpsc::sync_channel(setup.queued_batches);
+    let stop = Arc::new(StopSignal::default());
+    let started = Started { partition, offset, restored_from, took: assigned.elapsed() };
+    let thread = std::thread::Builder::new().name(format!("sluice-p{partition}")).spawn({
+        let (setup, stats, stop, started) = (setup.clone(), stats.clone(), stop.clone(), started.clone());
+        move || -> Result<PartitionReport> {
+            let to = &setup.destinations;
+            super::run(&mut instance, batches, to, &stats, checkpointer.as_mut(), &stop, setup.slow_batch)?;
+            Ok(PartitionReport {
+                partition,
+                resumed_at: started.offset,
+                committed_offset: stats.committed_offset.load(Ordering::Relaxed),
+                processed: stats.processed.load(Ordering::Relaxed),
+                dead_letters: stats.dead_letters.load(Ordering::Relaxed),
+                keys: instance.state().store().count_keys()?,
+                restored_from: started.restored_from,
+                start_took: started.took,
+                checkpoints: stats.checkpoints.load(Ordering::Relaxed),
+                checkpoint_offset: stats.checkpoint_offset.load(Ordering::Relaxed),
+                uploaded_bytes: stats.uploaded_bytes.load(Ordering::Relaxed),
+                stopped: stop.get().unwrap_or(Stop::Drain),
+            })
+        }
+    })?;
+    Ok(Running { sender, stop, thread, stats, started })
+}
