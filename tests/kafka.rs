@@ -226,6 +226,125 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
     Ok(())
 }
 
+#[test]
+fn a_slow_operator_is_warned_about_and_its_host_is_not_evicted() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 1)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    // ~0.5 s per record, 8 records per batch: batches of seconds, past the 2 s session
+    // timeout and max.poll.interval.ms, yet the poll loop goes on beside them.
+    let input = dir.join("work.jsonl");
+    let lines: Vec<String> =
+        (0..16).map(|i| format!(r#"{{"vehicle_id":"v{}","action":"work","iterations":500000000}}"#, i % 2)).collect();
+    std::fs::write(&input, lines.join("\n") + "\n")?;
+    broker.produce_lines("positions", &input)?;
+    let config = dir.join("slow.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = \"set-by-flag.wasm\"\ncall_timeout_ms = 10000\n[state]\ncommit_every = 8\n\
+             [source]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"positions\"\nstop_when_idle_s = 3\n\
+             [source.properties]\n\"session.timeout.ms\" = \"2000\"\n\"heartbeat.interval.ms\" = \"500\"\n\
+             \"max.poll.interval.ms\" = \"2000\"\n",
+            broker.bootstrap
+        ),
+    )?;
+    let run = run_ok(run_job(&operator_wasm("probe"), dir, 1).arg("--config").arg(&config).env("SLUICE_LOG", "info"))?;
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(log.contains("reaches 1000 ms, half of max.poll.interval.ms"), "the slow-batch warning:\n{log}");
+    assert_eq!(log.matches("assigned partitions [0]").count(), 1, "assigned once, never evicted:\n{log}");
+    assert!(!log.contains("lost"), "{log}");
+    let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+    assert_eq!(outputs.len(), 16, "every record processed once");
+    Ok(())
+}
+
+#[test]
+fn a_static_member_restarted_within_its_session_timeout_moves_no_partitions() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 4)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let all = dir.join("all.jsonl");
+    generate(&all, 100, 8_000, SEED)?;
+    let chunks = split_lines(&all, 2)?;
+    broker.produce_lines("positions", &chunks[0])?;
+    let host = |name: &str| -> Result<Host> {
+        let home = dir.join(name);
+        std::fs::create_dir_all(&home)?;
+        let settings = format!(
+            "group = \"static\"\ninstance_id = \"{name}\"\n[source.properties]\n\"session.timeout.ms\" = \"20000\"\n"
+        );
+        let config = positions_source(&home, &broker.bootstrap, &settings)?;
+        let mut command = run_job(&operator_wasm("vehicle_stats"), &home, 4);
+        command.arg("--config").arg(&config).arg("--checkpoint-store").arg(dir.join("store"));
+        Host::spawn(name, &mut command, &home.join("log"))
+    };
+    let minute = Duration::from_secs(60);
+    // Both join the group's first generation (tansu waits ~3 s for members to gather).
+    let (mut a, mut b) = (host("a")?, host("b")?);
+    a.wait_for("resumed at offset", 1, minute)?;
+    b.wait_for("resumed at offset", 1, minute)?;
+    broker.wait_committed("static", "positions", 4_000, minute)?;
+    let owned = |log: &str| -> BTreeSet<String> {
+        log.lines()
+            .filter(|l| l.contains("resumed at offset"))
+            .filter_map(|l| l.split("partition=").nth(1))
+            .map(|p| p.trim().to_string())
+            .collect()
+    };
+    let before_b = b.log().matches("rebalance ").count();
+
+    // A graceful stop and an immediate restart under the same instance id.
+    a.terminate()?;
+    let a_before: BTreeSet<String> = owned(&a.log()).difference(&owned(&b.log())).cloned().collect();
+    let log_len = a.log().len();
+    let resumed_before = a.log().matches("resumed at offset").count();
+    let mut a = host("a")?;
+    a.wait_for("resumed at offset", resumed_before + a_before.len(), minute)?;
+    let a_after = owned(&a.log()[log_len..]);
+    broker.produce_lines("positions", &chunks[1])?;
+    broker.wait_committed("static", "positions", 8_000, minute)?;
+    assert_eq!(a_after, a_before, "a got its own partitions back:\n{}", a.log());
+    assert_eq!(b.log().matches("rebalance ").count(), before_b, "b saw no rebalance:\n{}", b.log());
+    a.terminate()?;
+    b.terminate()?;
+    Ok(())
+}
+
+#[test]
+fn a_broker_that_stops_answering_is_logged_and_the_host_resumes_when_it_returns() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 2)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let all = dir.join("all.jsonl");
+    generate(&all, 100, 6_000, SEED)?;
+    let chunks = split_lines(&all, 2)?;
+    broker.produce_lines("positions", &chunks[0])?;
+    let settings = "group = \"frozen\"\n[source.properties]\n\"socket.timeout.ms\" = \"2000\"\n\
+                    \"session.timeout.ms\" = \"15000\"\n\"heartbeat.interval.ms\" = \"500\"\n";
+    let config = positions_source(dir, &broker.bootstrap, settings)?;
+    let mut command = run_job(&operator_wasm("vehicle_stats"), dir, 2);
+    command.arg("--config").arg(&config);
+    let mut host = Host::spawn("host", &mut command, &dir.join("log"))?;
+    broker.wait_committed("frozen", "positions", 3_000, Duration::from_secs(60))?;
+
+    // Frozen until librdkafka names the problem, thawed within the session timeout.
+    broker.freeze(true)?;
+    let frozen = host.wait_for("Timed out", 1, Duration::from_secs(10));
+    broker.freeze(false)?;
+    frozen?;
+    broker.produce_lines("positions", &chunks[1])?;
+    let caught_up = broker.wait_committed("frozen", "positions", 6_000, Duration::from_secs(60));
+    caught_up.with_context(|| format!("host log:\n{}", host.log()))?;
+    host.terminate()?;
+    assert_state_matches(&dump_state(&dir.join("state"))?, &Reference::fold(&all)?, "after the broker came back");
+    assert!(read_jsonl(&dir.join("out.jsonl"))?.len() >= 6_000, "every record has an output");
+    Ok(())
+}
+
 /// Splits the lines of `path` into `n` files of (nearly) equal length beside it.
 fn split_lines(path: &Path, n: usize) -> Result<Vec<PathBuf>> {
     let text = std::fs::read_to_string(path)?;

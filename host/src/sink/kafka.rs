@@ -38,7 +38,12 @@ pub struct KafkaSink {
 /// Routes each delivery report to the batch its record belongs to.
 struct DeliveryReports;
 
-impl ClientContext for DeliveryReports {}
+impl ClientContext for DeliveryReports {
+    /// librdkafka's client errors go to the job's log; it keeps reconnecting by itself.
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!("Kafka producer: {error}: {reason}");
+    }
+}
 
 impl ProducerContext for DeliveryReports {
     type DeliveryOpaque = Arc<BatchAcks>;

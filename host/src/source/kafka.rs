@@ -118,7 +118,13 @@ struct Membership {
     failure: Mutex<Option<anyhow::Error>>,
 }
 
-impl ClientContext for Membership {}
+impl ClientContext for Membership {
+    /// librdkafka's client errors (a broker unreachable, a request timed out) go to the
+    /// job's log; librdkafka keeps reconnecting by itself.
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        tracing::warn!("Kafka consumer of {}: {error}: {reason}", self.topic);
+    }
+}
 
 impl ConsumerContext for Membership {
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
@@ -279,7 +285,8 @@ pub fn dispatch(options: &KafkaOptions, batches: Batches, stopping: &AtomicBool)
 /// paused, group offsets committed. Returns how the workers should stop.
 fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &AtomicBool) -> Result<Stop> {
     let context = consumer.context();
-    let (mut last_record, mut last_commit) = (Instant::now(), Instant::now());
+    // The last moment there was work: a record arrived, or a worker had some left.
+    let (mut last_busy, mut last_commit) = (Instant::now(), Instant::now());
     let mut group_offsets = BTreeMap::new();
     let mut backed_up = std::collections::BTreeSet::new();
     loop {
@@ -313,7 +320,7 @@ fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &
         }
         match message {
             Some(Ok(message)) => {
-                last_record = Instant::now();
+                last_busy = Instant::now();
                 let p = message.partition() as u32;
                 let record = SourceRecord {
                     partition: p,
@@ -338,11 +345,13 @@ fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &
             Some(Err(e)) => tracing::warn!("consuming {}: {e}", options.topic),
             None => {
                 batches.flush(false)?;
-                let assigned_at = *lock(&context.assigned_at);
-                let idle_since = assigned_at.map(|at| at.max(last_record));
-                if !batches.workers().any_starting()
-                    && options.stop_when_idle.zip(idle_since).is_some_and(|(idle, since)| since.elapsed() >= idle)
-                {
+                if !batches.caught_up() || batches.workers().any_starting() {
+                    last_busy = Instant::now();
+                }
+                // Idle only counts once partitions were assigned and every worker is done,
+                // so the drain at the end does not keep the poll loop waiting.
+                let idle_since = lock(&context.assigned_at).map(|at| at.max(last_busy));
+                if options.stop_when_idle.zip(idle_since).is_some_and(|(idle, since)| since.elapsed() >= idle) {
                     return Ok(Stop::Drain);
                 }
             }

@@ -166,6 +166,16 @@ impl Batches {
         (0..self.pending.len()).try_for_each(|p| self.hand_over(p, wait, true))
     }
 
+    /// Whether every partition running here has processed all it was handed.
+    pub fn caught_up(&self) -> bool {
+        self.next.iter().enumerate().all(|(p, next)| match next {
+            Some(next) => {
+                self.pending[p].is_empty() && self.workers.committed_offset(p as u32).is_none_or(|c| c >= *next)
+            }
+            None => true,
+        })
+    }
+
     /// Whether a full batch of `partition` waits here for room in its worker's queue:
     /// time to pause reading it.
     pub fn backed_up(&self, partition: u32) -> bool {

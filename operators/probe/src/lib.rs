@@ -4,6 +4,7 @@
 //! - `roundtrip` with `sample`: stores the sample as typed state, reads it back, and
 //!   emits `{"previous": <sample stored before>, "readback_equal": bool}`;
 //! - `count`: increments a counter and emits it;
+//! - `work` with `iterations`: spins that many iterations (a slow operator), then counts;
 //! - `put-then-panic`: writes state, then panics (the write must be discarded);
 //! - `read-fs`, `read-env`: touch the filesystem / environment (must trap);
 //! - `spin`: loops forever (must hit the deadline);
@@ -39,6 +40,7 @@ pub enum Kind {
 enum Action {
     Roundtrip { sample: Sample },
     Count,
+    Work { iterations: u64 },
     PutThenPanic,
     ReadFs,
     ReadEnv,
@@ -66,10 +68,13 @@ impl Operator for Probe {
                 let back: Sample = state.get("sample")?.ok_or_else(|| Error::msg("sample vanished"))?;
                 serde_json::json!({ "previous": previous, "readback_equal": back == sample })
             }
-            Action::Count => {
-                let count = state.get::<u64>("count")?.unwrap_or(0) + 1;
-                state.put("count", &count)?;
-                serde_json::json!({ "count": count })
+            Action::Count => count(state)?,
+            Action::Work { iterations } => {
+                let mut n: u64 = 0;
+                for _ in 0..iterations {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+                count(state)?
             }
             Action::PutThenPanic => {
                 state.put("count", &1_000_000u64)?;
@@ -93,6 +98,13 @@ impl Operator for Probe {
         };
         Ok(vec![Output::json(key, &emitted)?])
     }
+}
+
+/// Increments the key's counter and returns it as the output.
+fn count(state: &State<'_>) -> Result<serde_json::Value> {
+    let count = state.get::<u64>("count")?.unwrap_or(0) + 1;
+    state.put("count", &count)?;
+    Ok(serde_json::json!({ "count": count }))
 }
 
 export_operator!(Probe);
