@@ -183,6 +183,9 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
     a.terminate()?;
     b.terminate()?;
 
+    for host in [&a, &b, &c] {
+        assert!(!host.log().contains("offsets jump"), "host {} skipped records:\n{}", host.name, host.log());
+    }
     println!("how long each rebalance paused each partition (per host log):");
     for host in [&a, &b, &c] {
         let log = host.log();

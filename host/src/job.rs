@@ -61,6 +61,9 @@ impl fmt::Display for JobReport {
             self.elapsed.as_secs_f64(),
             self.source.skipped
         )?;
+        if self.source.gaps > 0 {
+            writeln!(f, "{} offset gaps: records the source never delivered (see the log)", self.source.gaps)?;
+        }
         if let Some(took) = self.restore_took {
             writeln!(f, "restore took {:.3}s before processing began", took.as_secs_f64())?;
         }

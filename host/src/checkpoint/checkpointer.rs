@@ -181,6 +181,17 @@ impl Checkpointer {
     }
 }
 
+impl Drop for Checkpointer {
+    /// A checkpointer dropped with an upload in flight — its partition was lost to
+    /// another host, or its worker failed — cancels the upload: the store may already
+    /// belong to the partition's next owner, and a manifest is written only at the end.
+    fn drop(&mut self) {
+        if let Some(upload) = self.in_flight.take() {
+            upload.abort();
+        }
+    }
+}
+
 /// One checkpoint on its way to the store.
 struct Upload {
     store: CheckpointStore,

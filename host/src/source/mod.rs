@@ -92,6 +92,9 @@ pub struct DispatchReport {
     pub read: u64,
     /// Records skipped because their partition's state already reflects them.
     pub skipped: u64,
+    /// Times a partition's offsets jumped ahead: records never delivered, which a
+    /// compacted topic does by design and a faulty broker by accident.
+    pub gaps: u64,
 }
 
 /// Records on their way to their partition's worker, a batch at a time, and the
@@ -149,7 +152,20 @@ impl Batches {
         self.report.read += 1;
         let p = record.partition as usize;
         match self.next[p] {
-            Some(next) if record.offset >= next => self.next[p] = Some(record.offset + 1),
+            Some(next) if record.offset >= next => {
+                if record.offset > next {
+                    if self.report.gaps == 0 {
+                        tracing::warn!(
+                            partition = p,
+                            "offsets jump from {next} to {}: the source did not deliver the records between \
+                             (a compacted topic does this by design; otherwise the broker is at fault)",
+                            record.offset
+                        );
+                    }
+                    self.report.gaps += 1;
+                }
+                self.next[p] = Some(record.offset + 1);
+            }
             Some(_) => {
                 self.report.skipped += 1;
                 return Ok(());
