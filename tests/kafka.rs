@@ -185,6 +185,7 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
 
     for host in [&a, &b, &c] {
         assert!(!host.log().contains("offsets jump"), "host {} skipped records:\n{}", host.name, host.log());
+        assert!(host.log().contains(" lag="), "host {} reports its partitions' lag:\n{}", host.name, host.log());
     }
     println!("how long each rebalance paused each partition (per host log):");
     for host in [&a, &b, &c] {

@@ -264,12 +264,14 @@ fn print_summary(started: Instant, (since, before): (Instant, u64), live: &LiveS
     let partitions: Vec<String> = live
         .iter()
         .map(|(p, s)| {
+            let lag = s.lag.load(Ordering::Relaxed);
             format!(
-                "p{p}@{} entries={} ckpt@{} batch-p99={:.1}ms",
+                "p{p}@{} entries={} ckpt@{} batch-p99={:.1}ms{}",
                 s.committed_offset.load(Ordering::Relaxed),
                 s.entries.load(Ordering::Relaxed),
                 s.checkpoint_offset.load(Ordering::Relaxed),
-                s.batch_p99_us.load(Ordering::Relaxed) as f64 / 1e3
+                s.batch_p99_us.load(Ordering::Relaxed) as f64 / 1e3,
+                if lag >= 0 { format!(" lag={lag}") } else { String::new() }
             )
         })
         .collect();

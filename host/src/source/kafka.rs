@@ -67,7 +67,9 @@ impl KafkaOptions {
             .set("group.id", &self.group)
             .set("partition.assignment.strategy", "cooperative-sticky")
             .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false");
+            .set("enable.partition.eof", "false")
+            // Statistics every second carry the high watermarks the lag is measured from.
+            .set("statistics.interval.ms", "1000");
         if let Some(instance) = &self.instance_id {
             config.set("group.instance.id", instance);
         }
@@ -123,6 +125,19 @@ impl ClientContext for Membership {
     /// job's log; librdkafka keeps reconnecting by itself.
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         tracing::warn!("Kafka consumer of {}: {error}: {reason}", self.topic);
+    }
+
+    /// librdkafka's statistics carry each partition's high watermark: the lag is how far
+    /// the state's offset is behind it.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let Some(topic) = statistics.topics.get(&self.topic) else { return };
+        let mut batches = lock(&self.batches);
+        let Some(workers) = batches.as_mut().map(Batches::workers) else { return };
+        for (&p, partition) in &topic.partitions {
+            if let (Ok(p), Ok(high)) = (u32::try_from(p), u64::try_from(partition.hi_offset)) {
+                workers.record_lag(p, high);
+            }
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use crate::source::SourceRecord;
 use crate::state::{StateDir, Transaction};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -233,6 +233,15 @@ impl Workers {
         self.running.get(&partition).map(|r| r.stats.committed_offset.load(Ordering::Relaxed))
     }
 
+    /// Records how far `partition`'s state is behind `high_watermark`, the end of its
+    /// partition as the broker last reported it (ignored when it does not run here).
+    pub fn record_lag(&self, partition: u32, high_watermark: u64) {
+        if let Some(running) = self.running.get(&partition) {
+            let lag = high_watermark.saturating_sub(running.stats.committed_offset.load(Ordering::Relaxed));
+            running.stats.lag.store(lag as i64, Ordering::Relaxed);
+        }
+    }
+
     /// Hands `batch` to `partition`'s worker unless its queue is full, in which case
     /// the batch comes back. An error means the worker has stopped (its own error
     /// surfaces when it is stopped).
@@ -328,7 +337,7 @@ fn spawn_worker(
             setup.operator.version().to_string(),
         )
     });
-    let stats = Arc::new(PartitionStats::default());
+    let stats = Arc::new(PartitionStats { lag: AtomicI64::new(-1), ..PartitionStats::default() });
     stats.committed_offset.store(offset, Ordering::Relaxed);
     stats.entries.store(instance.state().entries(), Ordering::Relaxed);
     let (sender, batches) = std::sync::mpsc::sync_channel(setup.queued_batches);

@@ -25,7 +25,7 @@ use crate::sink::{self, LineSink, Sink};
 use crate::source::SourceRecord;
 use anyhow::Result;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -52,6 +52,9 @@ pub struct PartitionStats {
     pub batch_p99_us: AtomicU64,
     /// The longest of the last [`BATCH_TIMES`] batches' processing time, µs.
     pub batch_max_us: AtomicU64,
+    /// Records in the partition beyond the state's offset, as of the source's last
+    /// report; -1 where the source does not report it (the embedded sources).
+    pub lag: AtomicI64,
 }
 
 /// Where workers send what they produce, shared by all of them.
