@@ -23,7 +23,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// Batches a worker may have queued before the source waits for it.
+/// Batches a worker may have queued before the source holds its partition back (an
+/// embedded source waits; the Kafka source pauses the partition).
 const QUEUED_BATCHES: usize = 4;
 
 /// What a job did, per partition and in all.

@@ -297,8 +297,6 @@ impl KafkaBroker {
                 })
                 .unwrap_or_default();
             by_partition.entry(message.partition()).or_default().push(KafkaRecord {
-                partition: message.partition(),
-                offset: message.offset(),
                 key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
                 value: serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or(Value::Null),
                 headers,
@@ -351,7 +349,7 @@ impl KafkaBroker {
 }
 
 /// Sends `signal` (a name such as `TERM`) to process `pid`.
-pub fn signal(pid: u32, signal: &str) -> Result<()> {
+fn signal(pid: u32, signal: &str) -> Result<()> {
     run_ok(Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string())).map(drop)
 }
 
@@ -431,16 +429,6 @@ impl Host {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
-
-    /// Waits for it to exit by itself; fails unless it exits cleanly.
-    pub fn wait(&mut self) -> Result<()> {
-        let mut child = self.child.take().context("host already stopped")?;
-        let status = child.wait()?;
-        if !status.success() {
-            bail!("host {} exited with {status}:\n{}", self.name, self.log());
-        }
-        Ok(())
-    }
 }
 
 impl Drop for Host {
@@ -462,10 +450,6 @@ impl Drop for KafkaBroker {
 /// A record read back from Kafka.
 #[derive(Debug, Clone)]
 pub struct KafkaRecord {
-    /// The partition it was read from.
-    pub partition: i32,
-    /// Its offset there.
-    pub offset: i64,
     /// The key, as text.
     pub key: String,
     /// The value, parsed as JSON (`null` if it is not).

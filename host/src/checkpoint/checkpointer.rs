@@ -5,8 +5,8 @@
 //! memtable and hard-links the live files into a staging directory (milliseconds).
 //! Uploading runs on the checkpoint runtime while the worker goes on processing. While
 //! an upload is in flight no new checkpoint starts; the next one starts at the first
-//! commit after it finished, so a slow store lowers the checkpoint rate instead of
-//! piling up snapshots.
+//! commit (or idle tick of the worker) after it finished, so a slow store lowers the
+//! checkpoint rate instead of piling up snapshots.
 
 use super::bytes;
 use super::restore::{PartitionPlan, RestoredFrom};

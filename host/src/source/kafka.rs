@@ -54,8 +54,8 @@ pub struct KafkaOptions {
     pub instance_id: Option<String>,
     /// librdkafka consumer properties, passed through (they win over sluice's).
     pub properties: BTreeMap<String, String>,
-    /// Stop once no record arrived for this long since partitions were assigned;
-    /// `None` runs until killed.
+    /// Stop once partitions were assigned, every worker processed all it was handed,
+    /// and no record arrived for this long; `None` runs until stopped.
     pub stop_when_idle: Option<Duration>,
 }
 
@@ -152,7 +152,7 @@ impl ConsumerContext for Membership {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 self.assign(consumer, batches.as_mut(), &partitions, tpl, cooperative).map(|()| {
                     tracing::info!(
-                        "rebalance {rebalance}: assigned partitions {partitions:?} of {} in {:.0} ms; they stay                          paused until their state is restored",
+                        "rebalance {rebalance}: assigned partitions {partitions:?} of {} in {:.0} ms; paused until their state is restored",
                         self.topic,
                         began.elapsed().as_secs_f64() * 1e3
                     )
@@ -191,7 +191,10 @@ impl Membership {
         tpl: &mut TopicPartitionList,
         cooperative: bool,
     ) -> Result<()> {
-        let Some(batches) = batches else { return Ok(()) };
+        let Some(batches) = batches.filter(|_| !partitions.is_empty()) else {
+            let assigned = if cooperative { consumer.incremental_assign(tpl) } else { consumer.assign(tpl) };
+            return assigned.map_err(Into::into);
+        };
         if let Some(p) = partitions.iter().find(|&&p| p >= batches.partitions()) {
             bail!("topic {} has partition {p}, but the job has {} partitions", self.topic, batches.partitions());
         }
@@ -228,11 +231,9 @@ impl Membership {
             lock(&self.restoring).remove(&p);
             match batches.workers().stop(p, if lost { Stop::Lost } else { Stop::Handover }) {
                 Ok(Some(report)) => {
-                    offsets.add_partition_offset(
-                        &self.topic,
-                        p as i32,
-                        Offset::Offset(report.committed_offset as i64),
-                    )?;
+                    let offset = Offset::Offset(report.committed_offset as i64);
+                    result =
+                        result.and(offsets.add_partition_offset(&self.topic, p as i32, offset).map_err(Into::into));
                     stopped.push(p);
                 }
                 Ok(None) => {}
@@ -280,15 +281,16 @@ pub fn dispatch(options: &KafkaOptions, batches: Batches, stopping: &AtomicBool)
         .and_then(|()| poll(&consumer, options, stopping));
     let mut batches = lock(&consumer.context().batches).take().expect("only the poll loop takes them");
     let running = batches.workers().running();
+    // Evicted meanwhile: the partitions are someone else's, and so is the store.
+    let outcome = outcome.map(|how| if consumer.assignment_lost() { Stop::Lost } else { how });
+    let lost = matches!(outcome, Ok(Stop::Lost));
     let finished = batches.finish(outcome);
     // The offsets the final state holds, for lag tooling, before the member leaves.
     let mut offsets = TopicPartitionList::new();
-    for report in batches.workers().reports().iter().filter(|r| running.contains(&r.partition)) {
-        offsets.add_partition_offset(
-            &options.topic,
-            report.partition as i32,
-            Offset::Offset(report.committed_offset as i64),
-        )?;
+    for &p in running.iter().filter(|_| !lost) {
+        if let Some(report) = batches.workers().reports().iter().rev().find(|r| r.partition == p) {
+            offsets.add_partition_offset(&options.topic, p as i32, Offset::Offset(report.committed_offset as i64))?;
+        }
     }
     if offsets.count() > 0 {
         commit(&consumer, &offsets, CommitMode::Sync, &options.topic);
@@ -301,7 +303,7 @@ pub fn dispatch(options: &KafkaOptions, batches: Batches, stopping: &AtomicBool)
 fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &AtomicBool) -> Result<Stop> {
     let context = consumer.context();
     // The last moment there was work: a record arrived, or a worker had some left.
-    let (mut last_busy, mut last_commit) = (Instant::now(), Instant::now());
+    let (mut last_busy, mut last_commit, mut last_flush) = (Instant::now(), Instant::now(), Instant::now());
     let mut group_offsets = BTreeMap::new();
     let mut backed_up = std::collections::BTreeSet::new();
     loop {
@@ -322,7 +324,7 @@ fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &
             // The offset the state holds, whatever the assignment expected: a restore may
             // have fallen back to an older checkpoint.
             consumer.seek(&options.topic, p as i32, Offset::Offset(started.offset as i64), SEEK_TIMEOUT)?;
-            consumer.resume(&partition_list(&options.topic, p)?)?;
+            consumer.resume(&partition_list(&options.topic, p))?;
             let paused = lock(&context.restoring).remove(&p).map_or(Duration::ZERO, |at| at.elapsed());
             tracing::info!(
                 partition = p,
@@ -333,6 +335,7 @@ fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &
                 started.took.as_secs_f64() * 1e3
             );
         }
+        let quiet = message.is_none();
         match message {
             Some(Ok(message)) => {
                 last_busy = Instant::now();
@@ -344,22 +347,14 @@ fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &
                     value: message.payload().unwrap_or_default().to_vec(),
                     timestamp_ms: message.timestamp().to_millis().unwrap_or(0),
                 };
-                if p >= batches.partitions() {
-                    bail!(
-                        "topic {} has partition {p}, but the job has {} partitions",
-                        options.topic,
-                        batches.partitions()
-                    );
-                }
                 batches.push(record, false)?;
                 if batches.backed_up(p) && backed_up.insert(p) {
-                    consumer.pause(&partition_list(&options.topic, p)?)?;
+                    consumer.pause(&partition_list(&options.topic, p))?;
                 }
             }
             // librdkafka retries by itself; say what happened and keep polling.
             Some(Err(e)) => tracing::warn!("consuming {}: {e}", options.topic),
             None => {
-                batches.flush(false)?;
                 if !batches.caught_up() || batches.workers().any_starting() {
                     last_busy = Instant::now();
                 }
@@ -371,15 +366,20 @@ fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &
                 }
             }
         }
-        if !backed_up.is_empty() {
+        // Partial batches go out when the topic is quiet, and at least every poll
+        // timeout, so a slow partition's records do not wait for a busy one's.
+        if quiet || !backed_up.is_empty() || last_flush.elapsed() >= POLL_TIMEOUT {
             batches.flush(false)?;
+            last_flush = Instant::now();
+        }
+        if !backed_up.is_empty() {
             for p in backed_up.clone() {
                 if !batches.backed_up(p) {
                     backed_up.remove(&p);
                     // librdkafka rewinds a paused partition to just after the last record
                     // it handed out, so reading goes on where it stopped.
                     if batches.workers().owns(p) {
-                        consumer.resume(&partition_list(&options.topic, p)?)?;
+                        consumer.resume(&partition_list(&options.topic, p))?;
                     }
                 }
             }
@@ -401,8 +401,8 @@ fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &
 }
 
 /// A list holding one partition of `topic`.
-fn partition_list(topic: &str, partition: u32) -> Result<TopicPartitionList> {
+fn partition_list(topic: &str, partition: u32) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, partition as i32);
-    Ok(tpl)
+    tpl
 }

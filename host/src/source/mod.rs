@@ -158,7 +158,7 @@ impl Batches {
                         tracing::warn!(
                             partition = p,
                             "offsets jump from {next} to {}: the source did not deliver the records between \
-                             (a compacted topic does this by design; otherwise the broker is at fault)",
+                             (compaction and transaction markers do this by design; otherwise the broker is at fault)",
                             record.offset
                         );
                     }

@@ -24,6 +24,7 @@ use crate::source::SourceRecord;
 use crate::state::{StateDir, Transaction};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -123,9 +124,10 @@ pub struct Workers {
     starting: BTreeMap<u32, Instant>,
     started_tx: Sender<StartResult>,
     started_rx: Receiver<StartResult>,
-    /// Partitions that started while [`Workers::stop`] waited for another, not yet
-    /// returned by [`Workers::started`].
+    /// Partitions that started and were not yet returned by [`Workers::started`].
     arrived: Vec<Started>,
+    /// The first start that failed, not yet returned.
+    failure: Option<anyhow::Error>,
     live: LiveStats,
     reports: Vec<PartitionReport>,
 }
@@ -141,6 +143,7 @@ impl Workers {
             started_tx,
             started_rx,
             arrived: Vec::new(),
+            failure: None,
             live: LiveStats::default(),
             reports: Vec::new(),
         }
@@ -161,23 +164,34 @@ impl Workers {
         let expected = plan.partitions.iter().map(|p| (p.partition, p.expected_offset())).collect();
         let tx = self.started_tx.clone();
         std::thread::Builder::new().name("sluice-restore".into()).spawn(move || {
-            let restored = match &setup.checkpoints {
-                Some(c) => setup
-                    .runtime
-                    .block_on(restore::restore(&setup.state, &c.store, plan.clone(), c.restore_budget))
-                    .map(|report| report.restored),
-                None => Ok(plan.partitions.iter().map(PartitionPlan::local).collect()),
-            };
-            match restored {
-                Ok(restored) => {
-                    for (plan, restored) in plan.partitions.iter().zip(restored) {
-                        tx.send((plan.partition, spawn_worker(&setup, plan, restored, now))).ok();
+            let mut sent = Vec::new();
+            let finished = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let restored = match &setup.checkpoints {
+                    Some(c) => setup
+                        .runtime
+                        .block_on(restore::restore(&setup.state, &c.store, plan.clone(), c.restore_budget))
+                        .map(|report| report.restored),
+                    None => Ok(plan.partitions.iter().map(PartitionPlan::local).collect()),
+                };
+                match restored {
+                    Ok(restored) => {
+                        for (plan, restored) in plan.partitions.iter().zip(restored) {
+                            tx.send((plan.partition, spawn_worker(&setup, plan, restored, now))).ok();
+                            sent.push(plan.partition);
+                        }
+                    }
+                    Err(e) => {
+                        for p in &plan.partitions {
+                            tx.send((p.partition, Err(anyhow!("restoring: {e:#}")))).ok();
+                            sent.push(p.partition);
+                        }
                     }
                 }
-                Err(e) => {
-                    for p in &plan.partitions {
-                        tx.send((p.partition, Err(anyhow!("restoring: {e:#}")))).ok();
-                    }
+            }));
+            // Whoever waits for these partitions must hear of them, whatever happened.
+            if finished.is_err() {
+                for p in plan.partitions.iter().map(|p| p.partition).filter(|p| !sent.contains(p)) {
+                    tx.send((p, Err(anyhow!("the restore thread panicked")))).ok();
                 }
             }
         })?;
@@ -185,32 +199,53 @@ impl Workers {
     }
 
     /// The partitions whose start completed since the last call, each running from
-    /// its `offset`. A start that failed is an error.
+    /// its `offset`. A start that failed is an error (once).
     pub fn started(&mut self) -> Result<Vec<Started>> {
-        let mut started = std::mem::take(&mut self.arrived);
         while let Ok((partition, result)) = self.started_rx.try_recv() {
-            started.push(self.register(partition, result)?);
+            self.register(partition, result);
         }
-        Ok(started)
+        self.take_started()
     }
 
-    /// Waits until no partition is starting; returns those that started.
+    /// Waits until no partition is starting; returns those that started, or the first
+    /// start that failed.
     pub fn wait_started(&mut self) -> Result<Vec<Started>> {
-        let mut started = std::mem::take(&mut self.arrived);
         while !self.starting.is_empty() {
-            let (partition, result) = self.started_rx.recv().context("a restore thread vanished")?;
-            started.push(self.register(partition, result)?);
+            self.receive_start();
         }
-        Ok(started)
+        self.take_started()
     }
 
-    fn register(&mut self, partition: u32, result: Result<Running>) -> Result<Started> {
+    fn take_started(&mut self) -> Result<Vec<Started>> {
+        match self.failure.take() {
+            Some(e) => Err(e),
+            None => Ok(std::mem::take(&mut self.arrived)),
+        }
+    }
+
+    /// Waits for the next start to complete and registers it.
+    fn receive_start(&mut self) {
+        // `self` holds a sender, so this ends only when a restore thread reports, and
+        // every restore thread reports every one of its partitions.
+        let (partition, result) = self.started_rx.recv().expect("Workers holds a sender");
+        self.register(partition, result);
+    }
+
+    /// Records a completed start: running, or its failure kept for the caller.
+    fn register(&mut self, partition: u32, result: Result<Running>) {
         self.starting.remove(&partition);
-        let running = result.with_context(|| format!("starting partition {partition}"))?;
-        let started = running.started.clone();
-        self.live.lock().expect("no panics under this lock").insert(partition, running.stats.clone());
-        self.running.insert(partition, running);
-        Ok(started)
+        match result {
+            Ok(running) => {
+                self.arrived.push(running.started.clone());
+                self.live.lock().expect("no panics under this lock").insert(partition, running.stats.clone());
+                self.running.insert(partition, running);
+            }
+            Err(e) => {
+                let e = e.context(format!("starting partition {partition}"));
+                tracing::error!("{e:#}");
+                self.failure.get_or_insert(e);
+            }
+        }
     }
 
     /// Whether `partition` is starting or running here.
@@ -269,9 +304,7 @@ impl Workers {
     /// completes first). Returns what the stopped run did; `None` if it did not run here.
     pub fn stop(&mut self, partition: u32, how: Stop) -> Result<Option<&PartitionReport>> {
         while self.starting.contains_key(&partition) {
-            let (p, result) = self.started_rx.recv().context("a restore thread vanished")?;
-            let started = self.register(p, result)?;
-            self.arrived.push(started);
+            self.receive_start();
         }
         self.arrived.retain(|s| s.partition != partition);
         let Some(running) = self.running.remove(&partition) else { return Ok(None) };
@@ -295,8 +328,7 @@ impl Workers {
     /// Stops every partition as `how` says, waiting for starts in progress first.
     /// Every partition is stopped even when one fails; the first failure is returned.
     pub fn stop_all(&mut self, how: Stop) -> Result<()> {
-        let waited = self.wait_started().map(drop);
-        let mut result = waited;
+        let mut result = self.wait_started().map(drop);
         for partition in self.running() {
             let stopped = self.stop(partition, how).map(drop);
             result = result.and(stopped);

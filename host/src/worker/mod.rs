@@ -112,7 +112,7 @@ impl StopSignal {
 const IDLE_TICK: Duration = Duration::from_millis(100);
 
 /// Batches whose processing times make up the published tail.
-pub const BATCH_TIMES: usize = 1000;
+const BATCH_TIMES: usize = 1000;
 
 /// The recent batch processing times of one worker, and the warning when their tail
 /// nears the limit a revocation can wait.
