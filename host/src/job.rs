@@ -54,7 +54,7 @@ impl fmt::Display for JobReport {
         let processed = self.processed();
         let rate = processed as f64 / self.elapsed.as_secs_f64().max(1e-9);
         let dead: u64 = self.partitions.iter().map(|p| p.dead_letters).sum();
-        let keys: u64 = self.partitions.iter().map(|p| p.keys).sum();
+        let keys: u64 = self.partitions.iter().filter_map(|p| p.keys).sum();
         writeln!(
             f,
             "processed {processed} records in {:.2}s ({rate:.0} records/s); {dead} dead letters; {keys} keys hold state; \
@@ -83,7 +83,7 @@ impl fmt::Display for JobReport {
                 p.committed_offset,
                 p.processed,
                 p.dead_letters,
-                p.keys,
+                p.keys.map_or("-".to_string(), |k| k.to_string()),
                 p.checkpoints,
                 p.checkpoint_offset,
                 checkpoint::bytes(p.uploaded_bytes),

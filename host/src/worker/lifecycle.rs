@@ -86,8 +86,9 @@ pub struct PartitionReport {
     pub processed: u64,
     /// Records sent to the dead-letter file.
     pub dead_letters: u64,
-    /// Distinct keys holding state at the end.
-    pub keys: u64,
+    /// Distinct keys holding state at the end, counted only when the source ended
+    /// ([`Stop::Drain`]): counting scans the partition, too slow for a handover.
+    pub keys: Option<u64>,
     /// Where its state came from at start.
     pub restored_from: RestoredFrom,
     /// From the assignment to the running worker.
@@ -386,7 +387,10 @@ fn spawn_worker(
                 committed_offset: stats.committed_offset.load(Ordering::Relaxed),
                 processed: stats.processed.load(Ordering::Relaxed),
                 dead_letters: stats.dead_letters.load(Ordering::Relaxed),
-                keys: instance.state().store().count_keys()?,
+                keys: match stop.get() {
+                    None | Some(Stop::Drain) => Some(instance.state().store().count_keys()?),
+                    Some(Stop::Handover | Stop::Lost) => None,
+                },
                 restored_from: started.restored_from,
                 start_took: started.took,
                 checkpoints: stats.checkpoints.load(Ordering::Relaxed),
