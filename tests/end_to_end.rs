@@ -44,6 +44,12 @@ fn every_output_and_the_final_state_equal_the_reference_fold() -> Result<()> {
 
     assert_state_matches(&dump_state(&state)?, &reference, "final state");
 
+    // Every output names the operator build that made it — the one the checkpoint records.
+    let manifest = checkpoint_manifests(&dir.path().join("state.checkpoints"), 0)?;
+    let version = manifest.last().expect("a checkpoint at the end")["operator"].clone();
+    assert!(version.as_str().is_some_and(|v| v.starts_with("vehicle_stats@")), "{version}");
+    assert!(outputs.iter().all(|o| o["operator"] == version), "every output says {version}");
+
     // A second run over the same input resumes from the stored offsets: nothing is
     // processed again, and the state is unchanged.
     let again = run_ok(&mut run_file_job(&operator_wasm("vehicle_stats"), &input, dir.path(), 3))?;

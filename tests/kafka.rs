@@ -29,6 +29,7 @@ fn outputs_reach_a_kafka_topic_keyed_and_traced_to_their_inputs() -> Result<()> 
     let inputs: BTreeSet<(String, String)> =
         records.iter().map(|r| (r.headers["sluice-partition"].clone(), r.headers["sluice-offset"].clone())).collect();
     assert_eq!(inputs.len() as u64, count, "each output names a distinct input");
+    assert!(records.iter().all(|r| r.headers["sluice-operator"].starts_with("vehicle_stats@")), "operator header");
 
     let input = dir.join("input.jsonl");
     generate(&input, vehicles, count, SEED)?;

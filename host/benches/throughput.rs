@@ -80,7 +80,6 @@ fn through_worker(operator: &mut dyn Operator, records: &[SourceRecord], dir: &P
     let destinations = Destinations {
         sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"))?),
         dead_letters: LineSink::file(&dir.join("dead.jsonl"))?,
-        operator: "bench".into(),
     };
     let started = Instant::now();
     worker::run(operator, rx, &destinations, &PartitionStats::default(), None, &StopSignal::default(), None)?;
@@ -131,6 +130,10 @@ impl Operator for NativeVehicleStats {
 
     fn state(&mut self) -> &mut Transaction {
         &mut self.txn
+    }
+
+    fn version(&self) -> &str {
+        "vehicle_stats@native"
     }
 }
 

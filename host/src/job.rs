@@ -155,7 +155,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let checkpoints_on = checkpoints.is_some();
     let workers = Workers::new(WorkerSetup {
         state,
-        destinations: Destinations { sink, dead_letters, operator: operator.name().to_string() },
+        destinations: Destinations { sink, dead_letters },
         operator,
         checkpoints,
         runtime: runtime.handle().clone(),

@@ -46,4 +46,8 @@ pub trait Operator: Send {
 
     /// The partition state this operator reads and writes.
     fn state(&mut self) -> &mut Transaction;
+
+    /// Which build of the operator this is (`name@checksum` for a component): every
+    /// output and dead letter it produces, and every checkpoint of its state, says so.
+    fn version(&self) -> &str;
 }

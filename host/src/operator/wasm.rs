@@ -231,6 +231,10 @@ impl Operator for WasmInstance {
     fn state(&mut self) -> &mut Transaction {
         &mut self.live.as_mut().expect("instance is live between calls").store.data_mut().txn
     }
+
+    fn version(&self) -> &str {
+        self.operator.version()
+    }
 }
 
 impl state::Host for HostCtx {

@@ -3,7 +3,8 @@
 //! Each output goes to its own topic when the operator named one, else to the
 //! configured topic, keyed by the output key (so Kafka's partitioner keeps a key's
 //! outputs in order) and with the input's partition and offset as headers
-//! (`sluice-partition`, `sluice-offset`). [`KafkaSink::write`] returns only once the
+//! (`sluice-partition`, `sluice-offset`) and the operator build that made it
+//! (`sluice-operator`). [`KafkaSink::write`] returns only once the
 //! broker acknowledged every record of the batch, because the worker commits state
 //! right after: an output is never lost, and a crash before the commit replays the
 //! batch (at least once, like the file sink). Each batch waits for its own records'
@@ -118,8 +119,9 @@ impl KafkaSink {
         &self.name
     }
 
-    /// Produces `outputs` and waits until the broker has acknowledged all of them.
-    pub fn write(&self, outputs: &[(&SourceRecord, Output)]) -> Result<()> {
+    /// Produces `outputs` (made by operator `version`, which goes in a header) and waits
+    /// until the broker has acknowledged all of them.
+    pub fn write(&self, outputs: &[(&SourceRecord, Output)], version: &str) -> Result<()> {
         if outputs.is_empty() {
             return Ok(());
         }
@@ -128,7 +130,8 @@ impl KafkaSink {
             let (partition, offset) = (input.partition.to_string(), input.offset.to_string());
             let headers = OwnedHeaders::new()
                 .insert(Header { key: "sluice-partition", value: Some(&partition) })
-                .insert(Header { key: "sluice-offset", value: Some(&offset) });
+                .insert(Header { key: "sluice-offset", value: Some(&offset) })
+                .insert(Header { key: "sluice-operator", value: Some(version) });
             let mut record = BaseRecord::with_opaque_to(output.topic.as_deref().unwrap_or(&self.topic), acks.clone())
                 .key(&output.key)
                 .payload(&output.value)

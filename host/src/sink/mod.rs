@@ -28,18 +28,19 @@ pub enum Sink {
 }
 
 impl Sink {
-    /// Writes a batch's outputs, each with the input that produced it, and returns once
-    /// they are durable enough to commit the batch's state after them.
-    pub fn write(&self, outputs: &[(&SourceRecord, Output)]) -> Result<()> {
+    /// Writes a batch's outputs, each with the input that produced it, all produced by
+    /// operator `version`, and returns once they are durable enough to commit the batch's
+    /// state after them.
+    pub fn write(&self, outputs: &[(&SourceRecord, Output)], version: &str) -> Result<()> {
         match self {
             Sink::Lines(lines) => {
                 let mut buf = Vec::new();
                 for (input, output) in outputs {
-                    format_output(&mut buf, input, output);
+                    format_output(&mut buf, input, output, version);
                 }
                 lines.write(&buf)
             }
-            Sink::Kafka(kafka) => kafka.write(outputs),
+            Sink::Kafka(kafka) => kafka.write(outputs, version),
         }
     }
 
@@ -144,6 +145,8 @@ struct OutputLine<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     topic: Option<&'a str>,
     value: Payload<'a>,
+    /// The operator build that produced it.
+    operator: &'a str,
 }
 
 /// One dead-letter line: the input record and why it was not processed.
@@ -186,14 +189,16 @@ impl Serialize for Payload<'_> {
     }
 }
 
-/// Appends the output line for `output`, produced by `input`, to `buf`.
-fn format_output(buf: &mut Vec<u8>, input: &SourceRecord, output: &Output) {
+/// Appends the output line for `output`, produced from `input` by operator `version`,
+/// to `buf`.
+fn format_output(buf: &mut Vec<u8>, input: &SourceRecord, output: &Output, version: &str) {
     let line = OutputLine {
         partition: input.partition,
         offset: input.offset,
         key: &String::from_utf8_lossy(&output.key),
         topic: output.topic.as_deref(),
         value: Payload::of(&output.value),
+        operator: version,
     };
     serde_json::to_writer(&mut *buf, &line).expect("serializing to memory cannot fail");
     buf.push(b'\n');

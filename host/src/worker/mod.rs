@@ -63,8 +63,6 @@ pub struct Destinations {
     pub sink: Sink,
     /// The dead-letter file.
     pub dead_letters: LineSink,
-    /// The operator's name, recorded in dead letters.
-    pub operator: String,
 }
 
 /// How a worker ends.
@@ -209,19 +207,19 @@ pub fn run(
             match outcome? {
                 Outcome::Emitted(outs) => outputs.extend(outs.into_iter().map(|o| (record, o))),
                 Outcome::Rejected(reason) => {
-                    sink::format_dead_letter(&mut dead, record, &to.operator, "rejected", &reason);
+                    sink::format_dead_letter(&mut dead, record, operator.version(), "rejected", &reason);
                     dead_count += 1;
                 }
                 Outcome::Trapped(reason) => {
                     tracing::warn!(partition = record.partition, offset = record.offset, "operator trapped: {reason}");
-                    sink::format_dead_letter(&mut dead, record, &to.operator, "trapped", &reason);
+                    sink::format_dead_letter(&mut dead, record, operator.version(), "trapped", &reason);
                     dead_count += 1;
                 }
             }
         }
         // Outputs first, then state: a crash in between replays the batch (outputs at
         // least once) but never leaves state ahead of what was emitted.
-        to.sink.write(&outputs)?;
+        to.sink.write(&outputs, operator.version())?;
         to.dead_letters.write(&dead)?;
         dead.clear();
         operator.state().commit(next_offset)?;
