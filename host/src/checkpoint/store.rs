@@ -19,7 +19,7 @@ use crate::checksum::{self, Checksum};
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
 use object_store::path::Path as ObjectPath;
-use object_store::{GetResult, GetResultPayload, ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{GetResult, GetResultPayload, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -255,7 +255,21 @@ impl CheckpointStore {
     /// the store already.
     pub async fn put_manifest(&self, manifest: &Manifest) -> Result<()> {
         let path = manifest_path(manifest.partition, manifest.id);
-        self.put_bytes(&path, serde_json::to_vec_pretty(manifest)?).await
+        // Never over another host's checkpoint of the same number: after a rebalance
+        // the old owner's last upload and the new owner's first may race.
+        let create = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
+        let bytes = PutPayload::from(serde_json::to_vec_pretty(manifest)?);
+        match self.objects.put_opts(&ObjectPath::from(path.as_str()), bytes, create).await {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => bail!(
+                "checkpoint {} of partition {} already exists in {}: another host wrote it (this one may no longer \
+                 own the partition)",
+                manifest.id,
+                manifest.partition,
+                self.url
+            ),
+            Err(e) => Err(e).with_context(|| format!("writing {path} to checkpoint store {}", self.url)),
+        }
     }
 
     /// Deletes checkpoint `id` of `partition` (its manifest; files are collected later).
@@ -512,4 +526,34 @@ pub fn describe(path: &Path) -> Result<ManifestFile> {
         .to_string();
     let (size, checksum) = checksum::of_file(path)?;
     Ok(ManifestFile { name, size, checksum })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_number_is_written_once() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let store = CheckpointStore::open(dir.path().to_str().expect("UTF-8 temp path"))?;
+        let manifest = Manifest {
+            format: CHECKPOINT_FORMAT,
+            state_format: crate::state::STATE_FORMAT,
+            partition: 0,
+            id: 7,
+            offset: 100,
+            entries: 0,
+            operator: "probe@0".into(),
+            created_at_ms: 0,
+            uploaded_bytes: 0,
+            files: Vec::new(),
+        };
+        let runtime = super::super::runtime()?;
+        runtime.block_on(store.put_manifest(&manifest))?;
+        let again = runtime.block_on(store.put_manifest(&Manifest { offset: 50, ..manifest }));
+        let err = format!("{:#}", again.expect_err("a second checkpoint 7 is refused"));
+        assert!(err.contains("checkpoint 7 of partition 0 already exists"), "{err}");
+        assert_eq!(runtime.block_on(store.manifest(0, 7))?.offset, 100, "the first one stands");
+        Ok(())
+    }
 }
