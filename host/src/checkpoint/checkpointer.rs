@@ -225,7 +225,7 @@ impl Upload {
         let partition = self.manifest.partition;
         let stored = self.store.files(partition).await?;
         let missing: Vec<&ManifestFile> =
-            files.iter().filter(|f| stored.get(&store::object_name(f)) != Some(&f.size)).collect();
+            files.iter().filter(|f| stored.get(&store::object_name(f)).map(|s| s.size) != Some(f.size)).collect();
         let total: u64 = files.iter().map(|f| f.size).sum();
         let uploading: u64 = missing.iter().map(|f| f.size).sum();
         tracing::debug!(
@@ -296,9 +296,14 @@ fn describe_snapshot(dir: &Path, sst_checksums: &Mutex<HashMap<(String, u64), St
 }
 
 /// Deletes all but the newest `retain` checkpoints of `partition`, then every file no
-/// remaining checkpoint lists. Returns how many files it deleted.
+/// remaining checkpoint lists and the store wrote before the newest manifest. Returns
+/// how many files it deleted.
 pub async fn collect_garbage(store: &CheckpointStore, partition: u32, retain: usize) -> Result<usize> {
-    let ids = store.checkpoint_ids(partition).await?;
+    let written = store.manifests_written(partition).await?;
+    // A file written after the newest manifest may belong to a checkpoint another host
+    // is uploading right now (after a rebalance): only older ones can be orphans.
+    let Some(&newest) = written.values().max() else { return Ok(0) };
+    let ids: Vec<u64> = written.into_keys().collect();
     let (expired, kept) = ids.split_at(ids.len().saturating_sub(retain.max(1)));
     for &id in expired {
         store.delete_manifest(partition, id).await?;
@@ -310,11 +315,58 @@ pub async fn collect_garbage(store: &CheckpointStore, partition: u32, retain: us
         referenced.extend(manifest.files.iter().map(store::object_name));
     }
     let mut deleted = store.remove_partial_uploads(partition).await?;
-    for object in store.files(partition).await?.into_keys() {
-        if !referenced.contains(&object) {
+    for (object, file) in store.files(partition).await? {
+        if !referenced.contains(&object) && file.written < newest {
             store.delete_file(partition, &object).await?;
             deleted += 1;
         }
     }
     Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_collection_spares_files_newer_than_the_newest_checkpoint() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let store = CheckpointStore::open(dir.path().join("store").to_str().expect("UTF-8 temp path"))?;
+        let runtime = super::super::runtime()?;
+        let upload = |name: &str| -> Result<ManifestFile> {
+            let local = dir.path().join(name);
+            std::fs::write(&local, name.repeat(10))?;
+            let file = store::describe(&local)?;
+            runtime.block_on(store.put_file(0, &file, local))?;
+            Ok(file)
+        };
+        let checkpoint = |id: u64, files: Vec<ManifestFile>| {
+            let manifest = Manifest {
+                format: store::CHECKPOINT_FORMAT,
+                state_format: STATE_FORMAT,
+                partition: 0,
+                id,
+                offset: id,
+                entries: 0,
+                operator: "probe@0".into(),
+                created_at_ms: 0,
+                uploaded_bytes: 0,
+                files,
+            };
+            runtime.block_on(store.put_manifest(&manifest))
+        };
+        let pause = || std::thread::sleep(Duration::from_millis(20));
+        let kept = upload("000001.sst")?;
+        checkpoint(1, vec![kept.clone()])?;
+        pause();
+        // Another host's checkpoint 2, files uploaded, manifest not yet written.
+        let in_flight = store::object_name(&upload("000002.sst")?);
+        assert_eq!(runtime.block_on(collect_garbage(&store, 0, 1))?, 0, "nothing newer than checkpoint 1 goes");
+        pause();
+        checkpoint(2, vec![kept])?;
+        assert_eq!(runtime.block_on(collect_garbage(&store, 0, 1))?, 1, "now it is an orphan");
+        let left = runtime.block_on(store.files(0))?;
+        assert!(!left.contains_key(&in_flight) && left.len() == 1, "{left:?}");
+        Ok(())
+    }
 }

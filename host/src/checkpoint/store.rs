@@ -21,12 +21,21 @@ use futures::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{GetResult, GetResultPayload, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
+
+/// An uploaded file as the store lists it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StoredFile {
+    /// Its size in bytes.
+    pub size: u64,
+    /// When the store wrote it (the store's clock, like a manifest's).
+    pub written: SystemTime,
+}
 
 /// The checkpoint format this build writes and reads.
 pub const CHECKPOINT_FORMAT: u32 = 1;
@@ -216,16 +225,22 @@ impl CheckpointStore {
 
     /// The ids of `partition`'s checkpoints, oldest first.
     pub async fn checkpoint_ids(&self, partition: u32) -> Result<Vec<u64>> {
+        Ok(self.manifests_written(partition).await?.into_keys().collect())
+    }
+
+    /// The checkpoints of `partition` by id, with when the store wrote each manifest.
+    pub async fn manifests_written(&self, partition: u32) -> Result<BTreeMap<u64, SystemTime>> {
         let prefix = ObjectPath::from(format!("{}/manifests", partition_dir(partition)));
-        let mut ids = Vec::new();
+        let mut written = BTreeMap::new();
         let mut listing = self.objects.list(Some(&prefix));
         while let Some(meta) = listing.next().await {
             let meta = meta.with_context(|| format!("listing {prefix} in checkpoint store {}", self.url))?;
             let id: Option<u64> = meta.location.filename().and_then(|name| name.strip_suffix(".json")?.parse().ok());
-            ids.extend(id);
+            if let Some(id) = id {
+                written.insert(id, meta.last_modified.into());
+            }
         }
-        ids.sort_unstable();
-        Ok(ids)
+        Ok(written)
     }
 
     /// Reads the manifest of checkpoint `id` of `partition`.
@@ -279,14 +294,14 @@ impl CheckpointStore {
 
     /// The files `partition`'s checkpoints have uploaded, with their sizes, keyed by
     /// object name relative to the partition's files folder.
-    pub async fn files(&self, partition: u32) -> Result<HashMap<String, u64>> {
+    pub async fn files(&self, partition: u32) -> Result<HashMap<String, StoredFile>> {
         let prefix = ObjectPath::from(files_dir(partition));
         let mut files = HashMap::new();
         let mut listing = self.objects.list(Some(&prefix));
         while let Some(meta) = listing.next().await {
             let meta = meta.with_context(|| format!("listing {prefix} in checkpoint store {}", self.url))?;
             if let Some(name) = meta.location.filename() {
-                files.insert(name.to_string(), meta.size);
+                files.insert(name.to_string(), StoredFile { size: meta.size, written: meta.last_modified.into() });
             }
         }
         Ok(files)

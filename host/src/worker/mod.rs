@@ -168,7 +168,8 @@ impl BatchTimes {
 /// Processes batches from `batches` until the sender goes away or `stop` says to end,
 /// committing after each and letting `checkpointer` checkpoint after a commit when one
 /// is due; at the end (unless the partition was lost), a last checkpoint holds the
-/// final state. A batch taking `slow_batch` or longer is warned about.
+/// final state — its failure is an error when the source ended, a warning at a
+/// handover. A batch taking `slow_batch` or longer is warned about.
 pub fn run(
     operator: &mut dyn Operator,
     batches: Receiver<Vec<SourceRecord>>,
@@ -235,6 +236,16 @@ pub fn run(
     }
     match (checkpointer, stop.get()) {
         (Some(_), Some(Stop::Lost)) | (None, _) => Ok(()),
+        // A handover's last checkpoint only spares the next owner some replay: if it
+        // fails (the store is down, or another host already wrote that checkpoint because
+        // the group briefly gave the partition to two members), the next owner restores
+        // an older one and reads more. Logged, not fatal.
+        (Some(checkpointer), Some(Stop::Handover)) => {
+            if let Err(e) = checkpointer.finish(operator.state().store(), stats) {
+                tracing::warn!("last checkpoint before the handover failed: {e:#}");
+            }
+            Ok(())
+        }
         (Some(checkpointer), _) => checkpointer.finish(operator.state().store(), stats),
     }
 }
