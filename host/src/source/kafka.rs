@@ -111,8 +111,6 @@ struct Membership {
     topic: String,
     /// `None` once the poll loop has ended and taken them back.
     batches: Mutex<Option<Batches>>,
-    /// Partitions assigned but paused while their state is restored, since when.
-    restoring: Mutex<BTreeMap<u32, Instant>>,
     /// When partitions were last assigned: an idle topic only counts from then.
     assigned_at: Mutex<Option<Instant>>,
     rebalances: AtomicU64,
@@ -201,7 +199,6 @@ impl Membership {
         let now = Instant::now();
         for (p, offset) in batches.workers().start(partitions)? {
             tpl.set_partition_offset(&self.topic, p as i32, Offset::Offset(offset as i64))?;
-            lock(&self.restoring).insert(p, now);
         }
         if cooperative {
             consumer.incremental_assign(tpl)?
@@ -228,7 +225,6 @@ impl Membership {
         let (mut result, mut stopped) = (Ok(()), Vec::new());
         for &p in partitions {
             batches.close(p);
-            lock(&self.restoring).remove(&p);
             match batches.workers().stop(p, if lost { Stop::Lost } else { Stop::Handover }) {
                 Ok(Some(report)) => {
                     let offset = Offset::Offset(report.committed_offset as i64);
@@ -268,7 +264,6 @@ pub fn dispatch(options: &KafkaOptions, batches: Batches, stopping: &AtomicBool)
     let membership = Membership {
         topic: options.topic.clone(),
         batches: Mutex::new(Some(batches)),
-        restoring: Mutex::default(),
         assigned_at: Mutex::default(),
         rebalances: AtomicU64::new(0),
         failure: Mutex::default(),
@@ -306,12 +301,12 @@ fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &
     let (mut last_busy, mut last_commit, mut last_flush) = (Instant::now(), Instant::now(), Instant::now());
     let mut group_offsets = BTreeMap::new();
     let mut backed_up = std::collections::BTreeSet::new();
+    // While partitions restore, look for finished ones often: they are paused.
+    let mut starting = false;
     loop {
         if stopping.load(Ordering::Relaxed) {
             return Ok(Stop::Handover);
         }
-        // While partitions restore, look for finished ones often: they are paused.
-        let starting = lock(&context.batches).as_mut().is_some_and(|b| b.workers().any_starting());
         let message = consumer.poll(if starting { STARTING_POLL_TIMEOUT } else { POLL_TIMEOUT });
         if let Some(e) = lock(&context.failure).take() {
             return Err(e);
@@ -325,7 +320,7 @@ fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &
             // have fallen back to an older checkpoint.
             consumer.seek(&options.topic, p as i32, Offset::Offset(started.offset as i64), SEEK_TIMEOUT)?;
             consumer.resume(&partition_list(&options.topic, p))?;
-            let paused = lock(&context.restoring).remove(&p).map_or(Duration::ZERO, |at| at.elapsed());
+            let paused = started.assigned.elapsed();
             tracing::info!(
                 partition = p,
                 "resumed at offset {} after {:.0} ms paused (state from {}, ready in {:.0} ms)",
@@ -384,6 +379,7 @@ fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &
                 }
             }
         }
+        starting = batches.workers().any_starting();
         if last_commit.elapsed() >= GROUP_COMMIT_INTERVAL {
             last_commit = Instant::now();
             let mut tpl = TopicPartitionList::new();

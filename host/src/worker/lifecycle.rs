@@ -23,7 +23,7 @@ use crate::operator::wasm::WasmOperator;
 use crate::source::SourceRecord;
 use crate::state::{StateDir, Transaction};
 use anyhow::{Context, Result, anyhow, bail};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
@@ -69,7 +69,9 @@ pub struct Started {
     pub offset: u64,
     /// Where its state came from.
     pub restored_from: RestoredFrom,
-    /// From the assignment to the running worker: how long the partition paused here.
+    /// When it was assigned (its pause, for a Kafka source, runs from here).
+    pub assigned: Instant,
+    /// From the assignment to the running worker.
     pub took: Duration,
 }
 
@@ -121,8 +123,8 @@ struct Running {
 pub struct Workers {
     setup: Arc<WorkerSetup>,
     running: BTreeMap<u32, Running>,
-    /// Partitions being restored, since when.
-    starting: BTreeMap<u32, Instant>,
+    /// Partitions being restored.
+    starting: BTreeSet<u32>,
     started_tx: Sender<StartResult>,
     started_rx: Receiver<StartResult>,
     /// Partitions that started and were not yet returned by [`Workers::started`].
@@ -140,7 +142,7 @@ impl Workers {
         Workers {
             setup: Arc::new(setup),
             running: BTreeMap::new(),
-            starting: BTreeMap::new(),
+            starting: BTreeSet::new(),
             started_tx,
             started_rx,
             arrived: Vec::new(),
@@ -161,7 +163,7 @@ impl Workers {
         let store = setup.checkpoints.as_ref().map(|c| &c.store);
         let plan = setup.runtime.block_on(restore::plan(Some(&setup.state), partitions, store))?;
         let now = Instant::now();
-        self.starting.extend(partitions.iter().map(|&p| (p, now)));
+        self.starting.extend(partitions);
         let expected = plan.partitions.iter().map(|p| (p.partition, p.expected_offset())).collect();
         let tx = self.started_tx.clone();
         std::thread::Builder::new().name("sluice-restore".into()).spawn(move || {
@@ -251,7 +253,7 @@ impl Workers {
 
     /// Whether `partition` is starting or running here.
     pub fn owns(&self, partition: u32) -> bool {
-        self.running.contains_key(&partition) || self.starting.contains_key(&partition)
+        self.running.contains_key(&partition) || self.starting.contains(&partition)
     }
 
     /// Whether any partition is still starting.
@@ -304,7 +306,7 @@ impl Workers {
     /// Stops `partition` as `how` says and waits until it has (a start in progress
     /// completes first). Returns what the stopped run did; `None` if it did not run here.
     pub fn stop(&mut self, partition: u32, how: Stop) -> Result<Option<&PartitionReport>> {
-        while self.starting.contains_key(&partition) {
+        while self.starting.contains(&partition) {
             self.receive_start();
         }
         self.arrived.retain(|s| s.partition != partition);
@@ -375,7 +377,7 @@ fn spawn_worker(
     stats.entries.store(instance.state().entries(), Ordering::Relaxed);
     let (sender, batches) = std::sync::mpsc::sync_channel(setup.queued_batches);
     let stop = Arc::new(StopSignal::default());
-    let started = Started { partition, offset, restored_from, took: assigned.elapsed() };
+    let started = Started { partition, offset, restored_from, assigned, took: assigned.elapsed() };
     let thread = std::thread::Builder::new().name(format!("sluice-p{partition}")).spawn({
         let (setup, stats, stop, started) = (setup.clone(), stats.clone(), stop.clone(), started.clone());
         move || -> Result<PartitionReport> {
