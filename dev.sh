@@ -2,7 +2,8 @@
 # Sluice's entry point for people and CI.
 #   ./dev.sh demo    set up, build, and run the vehicle demo on the embedded generator
 #   ./dev.sh test    set up, build, and run the whole test suite (what CI runs)
-#   ./dev.sh bench   set up, build, and run the benchmarks (throughput, checkpoints and restore)
+#   ./dev.sh bench   set up, build, and run the benchmarks (throughput, checkpoints and restore,
+#                    Kafka, hot swap)
 # "Set up" installs what is missing: the wasm32-wasip2 target and Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -44,6 +45,10 @@ install_test_tools() {
 }
 
 build_operators() {
+    # Version 2 of vehicle-stats (the hot-swap tests deploy it over version 1) first:
+    # both builds write vehicle_stats.wasm, so version 2 is kept under its own name.
+    cargo build --release --target wasm32-wasip2 -p vehicle-stats --features v2
+    cp "$WASM_DIR/vehicle_stats.wasm" "$WASM_DIR/vehicle_stats_v2.wasm"
     cargo build --release --target wasm32-wasip2 -p vehicle-stats -p probe
 }
 
@@ -81,7 +86,7 @@ bench)
     setup
     install_test_tools
     build_operators
-    cargo bench -p sluice --bench throughput --bench checkpoint --bench kafka
+    cargo bench -p sluice --bench throughput --bench checkpoint --bench kafka --bench swap
     ;;
 *)
     echo "usage: $0 demo|test|bench" >&2

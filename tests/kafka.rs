@@ -3,7 +3,8 @@
 //! partition at the offset stored with its state, not at the group's committed offset;
 //! three hosts share a group and a checkpoint store through `kill -9` and a graceful
 //! stop; a slow operator is warned about and not evicted; a static member's restart
-//! moves no partitions; a broker that stops answering is reconnected to.
+//! moves no partitions; a broker that stops answering is reconnected to; a deploy
+//! reaches both hosts of a group.
 
 use anyhow::{Context, Result};
 use sluice_tests::*;
@@ -350,6 +351,103 @@ fn a_broker_that_stops_answering_is_logged_and_the_host_resumes_when_it_returns(
     host.terminate()?;
     assert_state_matches(&dump_state(&dir.join("state"))?, &Reference::fold(&all)?, "after the broker came back");
     assert!(read_jsonl(&dir.join("out.jsonl"))?.len() >= 6_000, "every record has an output");
+    Ok(())
+}
+
+#[test]
+fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 4)?;
+    broker.create_topic("summaries", 2)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let (vehicles, total) = (200, 12_000usize);
+    let all = dir.join("all.jsonl");
+    generate(&all, vehicles, total as u64, SEED)?;
+    let chunks = split_lines(&all, 3)?;
+    // The registry is the job's checkpoint store, which `sluice deploy --config` finds
+    // in the same config file the hosts run.
+    let config = dir.join("job.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = {:?}\npoll_versions_s = 0.2\n[source]\nkind = \"kafka\"\nbrokers = \"{}\"\n\
+             topic = \"positions\"\ngroup = \"swap\"\n[checkpoint]\nstore = {:?}\n",
+            operator_wasm("vehicle_stats"),
+            broker.bootstrap,
+            dir.join("store")
+        ),
+    )?;
+    let host = |name: &str| -> Result<Host> {
+        let home = dir.join(name);
+        std::fs::create_dir_all(&home)?;
+        let mut command = run_job(&operator_wasm("vehicle_stats"), &home, 4);
+        command.arg("--config").arg(&config).arg("--output").arg(format!("kafka://{}/summaries", broker.bootstrap));
+        Host::spawn(name, &mut command, &home.join("log"))
+    };
+    let minute = Duration::from_secs(60);
+    let mut a = host("a")?;
+    a.wait_for("resumed at offset", 4, minute)?;
+    let mut b = host("b")?;
+    b.wait_for("resumed at offset", 1, minute)?;
+    broker.produce_lines("positions", &chunks[0])?;
+
+    let deployed = std::thread::scope(|scope| -> Result<String> {
+        let loader = scope.spawn(|| broker.produce_lines("positions", &chunks[1]));
+        let deploy = sluice()
+            .arg("deploy")
+            .arg("vehicle_stats")
+            .arg(operator_wasm("vehicle_stats_v2"))
+            .arg("--config")
+            .arg(&config)
+            .output()?;
+        loader.join().expect("the producer thread")?;
+        assert!(deploy.status.success(), "{}", String::from_utf8_lossy(&deploy.stderr));
+        Ok(String::from_utf8_lossy(&deploy.stdout).into_owned())
+    })?;
+    let v2 = deployed.split_whitespace().nth(1).context("deploy names the version")?.to_string();
+    for host in [&mut a, &mut b] {
+        host.wait_for(&format!("deployed {v2} (entry 2)"), 1, Duration::from_secs(30))?;
+    }
+    broker.produce_lines("positions", &chunks[2])?;
+    broker.wait_committed("swap", "positions", total as i64, Duration::from_secs(120))?;
+    a.terminate()?;
+    b.terminate()?;
+    for host in [&a, &b] {
+        let switches = host.log().matches(&format!("to {v2} at offset")).count();
+        let owned = host.log().matches("resumed at offset").count();
+        assert!(
+            switches >= 1 && switches <= owned,
+            "host {} switched its partitions once each:\n{}",
+            host.name,
+            host.log()
+        );
+    }
+
+    // Per input partition, outputs in offset order come from version 1, then from
+    // version 2; version 2 carried every vehicle's summary on.
+    let outputs = broker.read_topic("summaries")?;
+    let mut by_partition: BTreeMap<String, BTreeMap<u64, String>> = BTreeMap::new();
+    for output in &outputs {
+        let offset: u64 = output.headers["sluice-offset"].parse()?;
+        let versions = by_partition.entry(output.headers["sluice-partition"].clone()).or_default();
+        versions.insert(offset, output.headers["sluice-operator"].clone());
+    }
+    assert_eq!(by_partition.values().map(BTreeMap::len).sum::<usize>(), total, "every input has an output");
+    for (partition, versions) in &by_partition {
+        let mut runs: Vec<&String> = versions.values().collect();
+        runs.dedup();
+        assert!(runs.len() == 2 && *runs[1] == v2, "partition {partition}: version 1, then {v2}: {runs:?}");
+    }
+    let reference = Reference::fold(&all)?;
+    let mut last = BTreeMap::new();
+    for output in &outputs {
+        last.insert(output.key.clone(), output.value.clone());
+    }
+    for (vehicle, expected) in &reference.last {
+        assert_summary(&last[vehicle], vehicle, expected, "last output, by version 2");
+        assert!(last[vehicle].get("idle_count").is_some(), "version 2 wrote it: {}", last[vehicle]);
+    }
     Ok(())
 }
 

@@ -330,19 +330,19 @@ pub mod __private {
 
     pub use wit_bindgen;
 
+    /// The host calls `init` first in every instance, so the hook is in place before
+    /// any operator code runs.
     pub fn init<O: Operator>(config: Vec<(String, String)>) -> std::result::Result<(), String> {
+        // std's default hook reads the environment, which traps in the sandbox before
+        // the message is printed; this one hands the message to the host, which names
+        // it in the error (init) or the dead letter (process).
+        #[cfg(target_arch = "wasm32")]
+        std::panic::set_hook(Box::new(|info| log::log(log::Level::Error, &format!("panicked: {info}"))));
         O::init(config).map_err(|e| e.0)
     }
 
     #[cfg(target_arch = "wasm32")]
     pub fn process<O: Operator>(record: types::InputRecord) -> std::result::Result<Vec<types::OutputRecord>, String> {
-        static PANIC_HOOK: std::sync::Once = std::sync::Once::new();
-        // std's default hook reads the environment, which traps in the sandbox before
-        // the message is printed; this one hands the message to the host, which puts
-        // it in the dead letter.
-        PANIC_HOOK.call_once(|| {
-            std::panic::set_hook(Box::new(|info| log::log(log::Level::Error, &format!("panicked: {info}"))))
-        });
         let state = State { backend: std::marker::PhantomData };
         let outputs = O::process(record.into(), &state).map_err(|e| e.0)?;
         Ok(outputs.into_iter().map(|o| types::OutputRecord { key: o.key, value: o.value, topic: o.topic }).collect())

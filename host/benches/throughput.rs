@@ -11,8 +11,8 @@
 //! `SLUICE_BENCH_RECORDS` and `SLUICE_BENCH_VEHICLES` change the sizes.
 
 use anyhow::Result;
-use sluice::operator::wasm::{Limits, WasmOperator};
-use sluice::operator::{Operator, Outcome, Output};
+use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
+use sluice::operator::{Operator, Outcome, Output, Switch};
 use sluice::sink::{LineSink, Sink};
 use sluice::source::SourceRecord;
 use sluice::source::generator::{Fleet, FleetOptions};
@@ -52,7 +52,7 @@ fn main() -> Result<()> {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
     let wasm_path = target.join("wasm32-wasip2/release/vehicle_stats.wasm");
     let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
-    let operator = Arc::new(WasmOperator::load(&wasm_path, limits, Vec::new())?);
+    let operator = ActiveVersion::new(Arc::new(WasmOperator::load(&wasm_path, limits, Vec::new())?));
     let mut wasm = operator.instantiate(0, Transaction::new(PartitionStore::open(&dir.path().join("wasm"), 0)?)?)?;
     let wasm_rate = through_worker(&mut wasm, &records, &dir.path().join("wasm"))?;
     println!("wasm component, worker path   {wasm_rate:>12.0} records/s");
@@ -134,6 +134,10 @@ impl Operator for NativeVehicleStats {
 
     fn version(&self) -> &str {
         "vehicle_stats@native"
+    }
+
+    fn follow_deploys(&mut self) -> Result<Option<Switch>> {
+        Ok(None)
     }
 }
 

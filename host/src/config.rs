@@ -6,9 +6,11 @@
 //!
 //! ```toml
 //! [operator]
-//! path = "vehicle_stats.wasm"
+//! path = "vehicle_stats.wasm" # the first version; `sluice deploy` records later ones
+//! # name = "vehicle_stats"    # what versions are deployed under; default: the file stem
 //! call_timeout_ms = 1000      # CPU deadline of one call
 //! memory_limit_mib = 64       # linear-memory cap of one instance
+//! poll_versions_s = 1         # how often a host looks for versions deployed elsewhere
 //! [operator.config]           # passed to the operator's init
 //!
 //! [source]                    # or: kind = "file", path = "input.jsonl", key_field = "vehicle_id"
@@ -38,6 +40,9 @@
 //! retain = 3                  # checkpoints kept per partition
 //! restore_budget_s = 60       # warn when a restore is predicted to take longer
 //! # upload_bytes_per_s = 50000000
+//!
+//! [admin]                     # the admin HTTP API (deploy, rollback, versions)
+//! # listen = "127.0.0.1:9464" # absent: no API; port 0 picks a free port (logged)
 //! ```
 
 use anyhow::{Context, Result, bail};
@@ -69,14 +74,23 @@ pub struct Config {
     /// The running summary.
     #[serde(default)]
     pub report: ReportConfig,
+    /// The admin HTTP API.
+    #[serde(default)]
+    pub admin: AdminConfig,
 }
 
 /// `[operator]`
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OperatorConfig {
-    /// The operator component (`.wasm`).
+    /// The operator component (`.wasm`): the version a job starts with until another
+    /// is deployed.
     pub path: PathBuf,
+    /// The name versions are deployed under; absent: the file stem of `path`.
+    pub name: Option<String>,
+    /// Seconds between a host's looks at the registry for versions deployed elsewhere.
+    #[serde(default = "default_poll_versions")]
+    pub poll_versions_s: f64,
     /// CPU deadline of one call, in milliseconds.
     #[serde(default = "default_call_timeout_ms")]
     pub call_timeout_ms: u64,
@@ -86,6 +100,19 @@ pub struct OperatorConfig {
     /// Name/value pairs passed to the operator's `init`.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
+}
+
+fn default_poll_versions() -> f64 {
+    1.0
+}
+
+impl OperatorConfig {
+    /// The name versions are deployed under: `name`, or the file stem of `path`.
+    pub fn name(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| self.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default())
+    }
 }
 
 fn default_call_timeout_ms() -> u64 {
@@ -332,12 +359,22 @@ impl Default for ReportConfig {
     }
 }
 
+/// `[admin]`
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// `host:port` the admin HTTP API listens on; absent: no API.
+    pub listen: Option<String>,
+}
+
 impl Config {
     /// A job running the operator at `path` with every other setting at its default.
     pub fn for_operator(path: &Path) -> Self {
         Config {
             operator: OperatorConfig {
                 path: path.to_path_buf(),
+                name: None,
+                poll_versions_s: default_poll_versions(),
                 call_timeout_ms: default_call_timeout_ms(),
                 memory_limit_mib: default_memory_limit_mib(),
                 config: BTreeMap::new(),
@@ -348,6 +385,17 @@ impl Config {
             dead_letter: DeadLetterConfig::default(),
             checkpoint: CheckpointConfig::default(),
             report: ReportConfig::default(),
+            admin: AdminConfig::default(),
+        }
+    }
+
+    /// Where the operator's deployed versions are recorded: the checkpoint store, which
+    /// every host of the job shares; with checkpoints off, `versions` in the state
+    /// directory (this host only).
+    pub fn registry_url(&self) -> String {
+        match self.checkpoint.enabled {
+            true => self.checkpoint.store_url(&self.state.dir),
+            false => self.state.dir.join("versions").to_string_lossy().into_owned(),
         }
     }
 
@@ -371,6 +419,9 @@ impl Config {
         }
         if self.operator.call_timeout_ms == 0 || self.operator.memory_limit_mib == 0 {
             bail!("[operator] call_timeout_ms and memory_limit_mib must be positive");
+        }
+        if !(self.operator.poll_versions_s.is_finite() && self.operator.poll_versions_s > 0.0) {
+            bail!("[operator] poll_versions_s must be a positive number of seconds");
         }
         let checkpoint = &self.checkpoint;
         if !(checkpoint.interval_s.is_finite() && checkpoint.interval_s >= 0.0) {

@@ -3,13 +3,16 @@
 //! [`run`] checks the source against the job, opens the state directory, loads and
 //! validates the operator, opens the checkpoint store and the sinks, and hands the
 //! source a set of [`Workers`] to start partitions in as it is given them (all at once
-//! for an embedded source; on assignment for Kafka). It prints a running summary while
-//! they work, turns SIGTERM/SIGINT into a graceful stop, and returns the final
-//! [`JobReport`]. Each piece's behaviour lives in its own module.
+//! for an embedded source; on assignment for Kafka). While they work it prints a
+//! running summary, follows the operator's deployed versions (and serves the admin
+//! API, when configured), turns SIGTERM/SIGINT into a graceful stop, and returns the
+//! final [`JobReport`]. Each piece's behaviour lives in its own module.
 
+use crate::admin;
 use crate::checkpoint::{self, CheckpointSettings, CheckpointStore};
 use crate::config::{Config, SourceConfig};
-use crate::operator::wasm::{Limits, WasmOperator};
+use crate::operator::deploy::{Deployer, Sandbox};
+use crate::operator::wasm::ActiveVersion;
 use crate::sink::{LineSink, Sink};
 use crate::source::file::JsonlFile;
 use crate::source::generator::{Fleet, FleetOptions};
@@ -116,14 +119,17 @@ pub fn run(config: &Config) -> Result<JobReport> {
         OpenSource::Embedded(..) => None,
     };
     let state = StateDir::open(&config.state.dir, partitions)?;
-    let limits = Limits {
-        call_timeout: Duration::from_millis(config.operator.call_timeout_ms),
-        memory_bytes: (config.operator.memory_limit_mib as usize) << 20,
-    };
-    let operator_config = config.operator.config.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    let operator = Arc::new(WasmOperator::load(&config.operator.path, limits, operator_config)?);
-    operator.check_init(&state.scratch_path())?;
+    let sandbox = Sandbox::new(&config.operator, state.scratch_path());
     let runtime = checkpoint::runtime()?;
+    let (registry, operator) = Deployer::starting_version(
+        &config.registry_url(),
+        &config.operator.name(),
+        &sandbox,
+        &config.operator.path,
+        runtime.handle(),
+    )?;
+    let version = operator.version().to_string();
+    let active = ActiveVersion::new(operator);
     let checkpoints = if config.checkpoint.enabled {
         let store = CheckpointStore::open(&config.checkpoint.store_url(&config.state.dir))?;
         runtime.block_on(store.check_partitions(partitions))?;
@@ -143,7 +149,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let sink = Sink::open(&config.sink)?;
     let dead_letters = LineSink::file(&config.dead_letter.path)?;
     tracing::info!(
-        operator = %config.operator.path.display(),
+        operator = version,
         partitions,
         state = %config.state.dir.display(),
         checkpoints = checkpoints.as_ref().map_or("off", |c| c.store.url()),
@@ -156,7 +162,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let workers = Workers::new(WorkerSetup {
         state,
         destinations: Destinations { sink, dead_letters },
-        operator,
+        operator: active.clone(),
         checkpoints,
         runtime: runtime.handle().clone(),
         queued_batches: QUEUED_BATCHES,
@@ -164,12 +170,22 @@ pub fn run(config: &Config) -> Result<JobReport> {
     });
     let live = workers.live();
     let batches = Batches::new(workers, partitions, config.state.commit_every);
+    let deployer = Arc::new(Deployer::new(registry, sandbox, active, live.clone(), runtime.handle().clone()));
+    if let Some(listen) = &config.admin.listen {
+        admin::serve(listen, deployer.clone(), &runtime)?;
+    }
 
     let started = Instant::now();
+    let source_ended = AtomicBool::new(false);
     let mut batches = std::thread::scope(|scope| -> Result<Batches> {
         let dispatcher = std::thread::Builder::new()
             .name("sluice-source".into())
             .spawn_scoped(scope, || source.dispatch(batches, &stopping))?;
+        let (poll_versions, source_ended, deployer) =
+            (Duration::from_secs_f64(config.operator.poll_versions_s), &source_ended, &deployer);
+        std::thread::Builder::new()
+            .name("sluice-deploys".into())
+            .spawn_scoped(scope, move || deployer.follow(poll_versions, || source_ended.load(Ordering::Relaxed)))?;
         let summary = Duration::from_secs_f64(config.report.interval_s.max(0.0));
         let mut last = (Instant::now(), 0u64);
         while !dispatcher.is_finished() {
@@ -178,6 +194,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
                 last = print_summary(started, last, &live);
             }
         }
+        source_ended.store(true, Ordering::Relaxed);
         dispatcher.join().map_err(|_| anyhow!("the source panicked"))?
     })?;
     let elapsed = started.elapsed();

@@ -5,8 +5,10 @@
 //! partition's keyed [`state`]; outputs go to the [`sink`]; then state and offset
 //! commit together. Every so often the worker [`checkpoint`]s its state to a
 //! checkpoint store, from which a job restores when its local state is gone. A [`job`]
-//! wires these from a [`config`].
+//! wires these from a [`config`]; new operator versions arrive through the
+//! [`admin`] API or the registry in the store (see [`operator::deploy`]).
 
+pub mod admin;
 pub mod checkpoint;
 pub mod checksum;
 pub mod config;

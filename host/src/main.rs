@@ -1,9 +1,13 @@
 //! The `sluice` command line.
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
+use hyper::Method;
+use sluice::admin::{self, DeployAnswer, VersionsAnswer};
 use sluice::checkpoint::{self, CheckpointStore, bytes};
 use sluice::config::{Config, SinkConfig, SourceConfig};
+use sluice::operator::deploy::{self, Sandbox};
+use sluice::operator::registry::{self, Registry};
 use sluice::sink::Payload;
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::StateDir;
@@ -37,6 +41,45 @@ enum Command {
         #[command(subcommand)]
         command: CheckpointsCommand,
     },
+    /// Deploy a new version of an operator into the running hosts of its job: validated
+    /// first, then switched to between two batches, state kept, nothing restarted.
+    Deploy {
+        /// The operator's name (`[operator] name`; by default the configured file's stem).
+        name: String,
+        /// The new version's component (.wasm).
+        file: PathBuf,
+        #[command(flatten)]
+        job: JobTarget,
+    },
+    /// Return an operator to the version that ran before its newest deploy.
+    Rollback {
+        /// The operator's name.
+        name: String,
+        #[command(flatten)]
+        job: JobTarget,
+    },
+    /// List an operator's deployed versions, with when and how each was deployed.
+    Versions {
+        /// The operator's name.
+        name: String,
+        #[command(flatten)]
+        job: JobTarget,
+    },
+}
+
+/// Which job a deploy, rollback or versions command talks to.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+struct JobTarget {
+    /// The job's config file: the version is validated here under the job's sandbox
+    /// settings and recorded in the job's registry (its checkpoint store); running
+    /// hosts switch within `poll_versions_s`.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// A running host's admin API (`http://host:port`): the host validates and records
+    /// the version and answers once its partitions have switched; the others follow.
+    #[arg(long)]
+    admin: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -207,6 +250,71 @@ fn run(cli: Cli) -> Result<()> {
             Ok(out.flush()?)
         }
         Command::Checkpoints { command } => checkpoints(command),
+        Command::Deploy { name, file, job } => {
+            let component = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let summary = match job.open(&name)? {
+                Job::Admin(admin) => {
+                    let path = format!("/operators/{name}/versions");
+                    let answer: DeployAnswer =
+                        serde_json::from_str(&admin::call(&admin, Method::POST, &path, component)?)?;
+                    answer.summary
+                }
+                Job::Registry { registry, sandbox, poll_versions_s } => {
+                    sandbox.validate(&name, &component, &file.display().to_string())?;
+                    let origin = format!("sluice deploy {}", file.display());
+                    let deployment = checkpoint::runtime()?.block_on(registry.deploy(&component, &origin))?;
+                    format!(
+                        "{} recorded as entry {}; running hosts switch to it within {poll_versions_s} s",
+                        deployment.version, deployment.seq
+                    )
+                }
+            };
+            println!("deployed {summary}");
+            Ok(())
+        }
+        Command::Rollback { name, job } => {
+            let summary = match job.open(&name)? {
+                Job::Admin(admin) => {
+                    let path = format!("/operators/{name}/rollback");
+                    let answer: DeployAnswer =
+                        serde_json::from_str(&admin::call(&admin, Method::POST, &path, Vec::new())?)?;
+                    answer.summary
+                }
+                Job::Registry { registry, poll_versions_s, .. } => {
+                    let deployment = checkpoint::runtime()?.block_on(registry.rollback("sluice rollback"))?;
+                    format!(
+                        "{} recorded as entry {}; running hosts switch to it within {poll_versions_s} s",
+                        deployment.version, deployment.seq
+                    )
+                }
+            };
+            println!("rolled back to {summary}");
+            Ok(())
+        }
+        Command::Versions { name, job } => {
+            let (history, running) = match job.open(&name)? {
+                Job::Admin(admin) => {
+                    let path = format!("/operators/{name}/versions");
+                    let answer: VersionsAnswer =
+                        serde_json::from_str(&admin::call(&admin, Method::GET, &path, Vec::new())?)?;
+                    (answer.history, Some(answer.running))
+                }
+                Job::Registry { registry, .. } => (checkpoint::runtime()?.block_on(registry.history())?, None),
+            };
+            if history.is_empty() {
+                bail!("operator {name} has no deployed versions yet (a job records its first when it starts)");
+            }
+            let current = registry::in_force(&history).last().map(|d| d.seq);
+            println!("  entry  recorded at               action    version                         origin");
+            for deployment in &history {
+                let mark = if Some(deployment.seq) == current { '*' } else { ' ' };
+                println!("{mark} {deployment}");
+            }
+            if let Some(running) = running {
+                println!("this host runs {running}");
+            }
+            Ok(())
+        }
         Command::State { command: StateCommand::Dump { state_dir } } => {
             let manifest = StateDir::read_manifest(&state_dir)?;
             let dir = StateDir::open(&state_dir, manifest.partitions)?;
@@ -227,6 +335,29 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(out.flush()?)
         }
+    }
+}
+
+/// A job, as `sluice deploy`, `rollback` and `versions` reach it.
+enum Job {
+    /// Its registry, read and written directly, and how its hosts try a version out.
+    Registry { registry: Registry, sandbox: Sandbox, poll_versions_s: f64 },
+    /// A running host's admin API.
+    Admin(String),
+}
+
+impl JobTarget {
+    /// Opens the job that runs operator `name`.
+    fn open(self, name: &str) -> Result<Job> {
+        let (Some(path), None) = (&self.config, &self.admin) else {
+            return Ok(Job::Admin(self.admin.expect("clap requires --config or --admin")));
+        };
+        let config = Config::load(path)?;
+        let registry = Registry::new(CheckpointStore::open(&config.registry_url())?, &config.operator.name())?;
+        deploy::check_name(&registry, name).with_context(|| format!("config file {}", path.display()))?;
+        let scratch = std::env::temp_dir().join(format!("sluice-deploy-{}", std::process::id()));
+        let sandbox = Sandbox::new(&config.operator, scratch);
+        Ok(Job::Registry { registry, sandbox, poll_versions_s: config.operator.poll_versions_s })
     }
 }
 

@@ -402,6 +402,15 @@ impl Host {
         }
     }
 
+    /// The address of its admin API (`http://127.0.0.1:port`), once it logs it.
+    pub fn admin_url(&mut self) -> Result<String> {
+        const LISTENING: &str = "admin API listening on ";
+        self.wait_for(LISTENING, 1, std::time::Duration::from_secs(60))?;
+        let log = self.log();
+        let rest = &log[log.find(LISTENING).expect("waited for it") + LISTENING.len()..];
+        Ok(rest.split_whitespace().next().unwrap_or_default().to_string())
+    }
+
     /// Kills it with SIGKILL: no handover, no last checkpoint.
     pub fn kill_9(&mut self) -> Result<()> {
         let mut child = self.child.take().context("host already stopped")?;

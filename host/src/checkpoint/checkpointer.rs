@@ -104,6 +104,12 @@ impl Checkpointer {
         }
     }
 
+    /// Names `version` as the operator whose state the next checkpoints hold (the
+    /// worker switched to it).
+    pub fn set_operator(&mut self, version: &str) {
+        self.operator = version.to_string();
+    }
+
     /// Waits for the upload in flight, then takes and uploads a last checkpoint if the
     /// state moved since the newest one, so the store holds the newest state. Only the
     /// last checkpoint's failure is an error.

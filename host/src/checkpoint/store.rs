@@ -6,6 +6,8 @@
 //! <store>/restores.json                             measured restore bandwidth
 //! <store>/partition-0000/manifests/0000000012.json  one per checkpoint, written last
 //! <store>/partition-0000/files/000042.sst.1f3a…     a file, under its name and checksum
+//! <store>/operators/vehicle_stats/…                 deployed operator versions (see
+//!                                                   [`registry`](crate::operator::registry))
 //! ```
 //!
 //! A store is a local directory or S3-compatible object storage, both behind the
@@ -272,19 +274,16 @@ impl CheckpointStore {
         let path = manifest_path(manifest.partition, manifest.id);
         // Never over another host's checkpoint of the same number: after a rebalance
         // the old owner's last upload and the new owner's first may race.
-        let create = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
-        let bytes = PutPayload::from(serde_json::to_vec_pretty(manifest)?);
-        match self.objects.put_opts(&ObjectPath::from(path.as_str()), bytes, create).await {
-            Ok(_) => Ok(()),
-            Err(object_store::Error::AlreadyExists { .. }) => bail!(
+        if !self.put_new(&path, serde_json::to_vec_pretty(manifest)?).await? {
+            bail!(
                 "checkpoint {} of partition {} already exists in {}: another host wrote it (this one may no longer \
                  own the partition)",
                 manifest.id,
                 manifest.partition,
                 self.url
-            ),
-            Err(e) => Err(e).with_context(|| format!("writing {path} to checkpoint store {}", self.url)),
+            );
         }
+        Ok(())
     }
 
     /// Deletes checkpoint `id` of `partition` (its manifest; files are collected later).
@@ -438,7 +437,8 @@ impl CheckpointStore {
         self.put_bytes(RESTORES, serde_json::to_vec_pretty(&history)?).await
     }
 
-    async fn get_optional(&self, path: &str) -> Result<Option<Vec<u8>>> {
+    /// Reads object `path`, if the store holds it.
+    pub(crate) async fn get_optional(&self, path: &str) -> Result<Option<Vec<u8>>> {
         match self.objects.get(&ObjectPath::from(path)).await {
             Ok(found) => Ok(Some(
                 found
@@ -450,6 +450,29 @@ impl CheckpointStore {
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(e).with_context(|| format!("reading {path} in checkpoint store {}", self.url)),
         }
+    }
+
+    /// Writes object `path` unless it exists (a conditional put, so of two hosts racing
+    /// for one name exactly one wins); returns whether this call wrote it.
+    pub(crate) async fn put_new(&self, path: &str, bytes: Vec<u8>) -> Result<bool> {
+        let create = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
+        match self.objects.put_opts(&ObjectPath::from(path), PutPayload::from(bytes), create).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(e).with_context(|| format!("writing {path} to checkpoint store {}", self.url)),
+        }
+    }
+
+    /// The names of the objects under folder `prefix`.
+    pub(crate) async fn object_names(&self, prefix: &str) -> Result<Vec<String>> {
+        let prefix = ObjectPath::from(prefix);
+        let mut names = Vec::new();
+        let mut listing = self.objects.list(Some(&prefix));
+        while let Some(meta) = listing.next().await {
+            let meta = meta.with_context(|| format!("listing {prefix} in checkpoint store {}", self.url))?;
+            names.extend(meta.location.filename().map(str::to_string));
+        }
+        Ok(names)
     }
 
     async fn put_bytes(&self, path: &str, bytes: Vec<u8>) -> Result<()> {

@@ -2,14 +2,23 @@
 //!
 //! This module owns the boundary between the host and operator logic: the
 //! [`Operator`] trait the [worker](crate::worker) drives, the [`Outcome`] of one
-//! record, and the sandboxed WebAssembly runtime in [`wasm`]. It does not decide when
-//! state commits or where outputs go.
+//! record, and the versions an operator goes through:
+//!
+//! - [`wasm`]: the sandboxed WebAssembly runtime, and the active version each
+//!   partition's instance follows.
+//! - [`registry`]: the deployed versions and their history, kept in the job's store.
+//! - [`deploy`]: validating a new version, recording it and switching this host to it.
+//!
+//! It does not decide when state commits or where outputs go.
 
+pub mod deploy;
+pub mod registry;
 pub mod wasm;
 
 use crate::source::SourceRecord;
 use crate::state::Transaction;
 use anyhow::Result;
+use std::time::Duration;
 
 /// One record an operator emitted.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,4 +59,23 @@ pub trait Operator: Send {
     /// Which build of the operator this is (`name@checksum` for a component): every
     /// output and dead letter it produces, and every checkpoint of its state, says so.
     fn version(&self) -> &str;
+
+    /// Switches to the version deployed since this operator last looked, if any,
+    /// keeping the partition's state. The worker calls it only between batches, so
+    /// each record is processed by exactly one version.
+    fn follow_deploys(&mut self) -> Result<Option<Switch>>;
+}
+
+/// A partition's switch from one operator version to another.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Switch {
+    /// The version that ran before.
+    pub from: String,
+    /// The version switched to (or, when `refused`, tried).
+    pub to: String,
+    /// How long the partition stood still: instantiating the new version and its `init`.
+    pub stall: Duration,
+    /// Why the new version could not start on this partition, which keeps running
+    /// `from`.
+    pub refused: Option<String>,
 }

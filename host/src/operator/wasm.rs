@@ -1,20 +1,24 @@
 //! The WebAssembly sandbox: loading, validating and running operator components.
 //!
-//! A [`WasmOperator`] is a validated, compiled component with its linker set up; it
-//! makes one [`WasmInstance`] per partition. Instances get only the `sluice:operator`
+//! A [`WasmOperator`] is a validated, compiled component with its linker set up
+//! (pre-instantiated, so an instance costs microseconds, not a compile). The
+//! [`ActiveVersion`] says which one this host runs; it makes one [`WasmInstance`] per
+//! partition, and each instance switches to a newly activated version between two
+//! batches, keeping the partition's state. Instances get only the `sluice:operator`
 //! imports (keyed state and logging). WASI imports that the Rust standard library
 //! links in are defined as traps, so a guest that touches the filesystem, network,
 //! clock or environment traps with the name of the function; any other import is
 //! refused when the component is loaded. Each call runs under a CPU deadline (epoch
 //! interruption) and a memory cap (store limits).
 
-use super::{Operator, Outcome, Output};
+use super::{Operator, Outcome, Output, Switch};
 use crate::source::SourceRecord;
 use crate::state::{PartitionStore, Transaction};
 use anyhow::{Context, Result, anyhow, bail};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
@@ -50,9 +54,9 @@ pub struct Limits {
 
 /// A validated, compiled operator component, ready to instantiate per partition.
 pub struct WasmOperator {
-    engine: Engine,
     pre: OperatorPre<HostCtx>,
-    path: PathBuf,
+    /// Where the component came from (a file, a deployed version), for errors.
+    origin: String,
     name: Arc<str>,
     version: String,
     limits: Limits,
@@ -73,53 +77,77 @@ struct HostCtx {
     last_error: Option<String>,
 }
 
-impl WasmOperator {
-    /// Reads, validates and compiles the component at `path`.
-    ///
-    /// Fails with an error naming the file when it is not a WebAssembly component,
-    /// was built against another world or version, or imports anything but the
-    /// sluice interfaces and WASI.
-    pub fn load(path: &Path, limits: Limits, config: Vec<(String, String)>) -> Result<Self> {
-        let bytes = std::fs::read(path).with_context(|| format!("reading operator {}", path.display()))?;
-        check_component_header(&bytes).with_context(|| format!("operator {}", path.display()))?;
-
-        let mut engine_config = wasmtime::Config::new();
-        engine_config.epoch_interruption(true);
-        let engine = Engine::new(&engine_config)?;
-        let component = Component::new(&engine, &bytes)
-            .map_err(anyhow::Error::from)
-            .with_context(|| format!("operator {}: not a valid WebAssembly component", path.display()))?;
-        check_imports(&engine, &component).with_context(|| format!("operator {}", path.display()))?;
-
-        let mut linker = Linker::<HostCtx>::new(&engine);
-        Bindings::add_to_linker::<HostCtx, HasSelf<HostCtx>>(&mut linker, |ctx| ctx)?;
-        linker.define_unknown_imports_as_traps(&component)?;
-        let pre =
-            linker.instantiate_pre(&component).and_then(OperatorPre::new).map_err(anyhow::Error::from).with_context(
-                || {
-                    format!(
-                        "operator {} does not implement the {WIT_PACKAGE}/operator@{WIT_VERSION} world \
-                     (it must export `init` and `process` with the signatures in wit/operator.wit)",
-                        path.display()
-                    )
-                },
-            )?;
-
-        let weak = engine.weak();
-        std::thread::Builder::new().name("sluice-epoch".into()).spawn(move || {
-            while let Some(engine) = weak.upgrade() {
+/// The engine every operator of this process is compiled by. Its epoch advances
+/// every [`EPOCH_TICK`] on a thread of its own, which is what call deadlines count.
+fn engine() -> Result<&'static Engine> {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    if let Some(engine) = ENGINE.get() {
+        return Ok(engine);
+    }
+    let mut config = wasmtime::Config::new();
+    config.epoch_interruption(true);
+    let engine = Engine::new(&config)?;
+    let mut started = false;
+    let engine = ENGINE.get_or_init(|| {
+        started = true;
+        engine
+    });
+    if started {
+        std::thread::Builder::new().name("sluice-epoch".into()).spawn(|| {
+            loop {
                 engine.increment_epoch();
-                drop(engine);
                 std::thread::sleep(EPOCH_TICK);
             }
         })?;
+    }
+    Ok(engine)
+}
 
-        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default().into();
-        let version = format!("{name}@{}", crate::checksum::of_bytes(&bytes));
-        Ok(WasmOperator { engine, pre, path: path.to_path_buf(), name, version, limits, config })
+impl WasmOperator {
+    /// Reads, validates and compiles the component at `path`, named after the file.
+    pub fn load(path: &Path, limits: Limits, config: Vec<(String, String)>) -> Result<Self> {
+        let bytes = std::fs::read(path).with_context(|| format!("reading operator {}", path.display()))?;
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        Self::compile(&name, &bytes, &path.display().to_string(), limits, config)
     }
 
-    /// The operator's name (its file stem), used in logs and dead letters.
+    /// Validates and compiles `component`, the build of operator `name` found at
+    /// `origin` (a path or a deployed version, named in errors).
+    ///
+    /// Fails with an error naming `origin` when it is not a WebAssembly component, was
+    /// built against another world or version, or imports anything but the sluice
+    /// interfaces and WASI.
+    pub fn compile(
+        name: &str,
+        component: &[u8],
+        origin: &str,
+        limits: Limits,
+        config: Vec<(String, String)>,
+    ) -> Result<Self> {
+        check_component_header(component).with_context(|| format!("operator {origin}"))?;
+        let engine = engine()?;
+        let compiled = Component::new(engine, component)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("operator {origin}: not a valid WebAssembly component"))?;
+        check_imports(engine, &compiled).with_context(|| format!("operator {origin}"))?;
+
+        let mut linker = Linker::<HostCtx>::new(engine);
+        Bindings::add_to_linker::<HostCtx, HasSelf<HostCtx>>(&mut linker, |ctx| ctx)?;
+        linker.define_unknown_imports_as_traps(&compiled)?;
+        let pre =
+            linker.instantiate_pre(&compiled).and_then(OperatorPre::new).map_err(anyhow::Error::from).with_context(
+                || {
+                    format!(
+                        "operator {origin} does not implement the {WIT_PACKAGE}/operator@{WIT_VERSION} world (it must \
+                     export `init` and `process` with the signatures in wit/operator.wit)"
+                    )
+                },
+            )?;
+        let version = format!("{name}@{}", crate::checksum::of_bytes(component));
+        Ok(WasmOperator { pre, origin: origin.to_string(), name: name.into(), version, limits, config })
+    }
+
+    /// The operator's name, used in logs and dead letters.
     pub fn name(&self) -> &Arc<str> {
         &self.name
     }
@@ -131,49 +159,51 @@ impl WasmOperator {
     }
 
     /// Instantiates the operator once over an empty database at `scratch` (created and
-    /// removed here) and calls its `init`: a component that cannot start is refused
-    /// before a job opens its sinks or any partition.
-    pub fn check_init(self: &Arc<Self>, scratch: &Path) -> Result<()> {
+    /// removed here) and calls its `init`: a component that cannot start under its
+    /// limits is refused before a job opens its sinks or any partition, and before a
+    /// deploy replaces a running version.
+    pub fn check_init(&self, scratch: &Path) -> Result<()> {
         let store = PartitionStore::open(scratch, 0)?;
-        let started = self.instantiate(0, Transaction::new(store)?).map(drop);
+        let started = self.start(self.context(0, Transaction::new(store)?)).map(drop).map_err(|(e, _)| e);
         std::fs::remove_dir_all(scratch).with_context(|| format!("removing {}", scratch.display()))?;
         started
     }
 
-    /// Instantiates the operator for `partition` over `txn` and calls its `init`.
-    pub fn instantiate(self: &Arc<Self>, partition: u32, txn: Transaction) -> Result<WasmInstance> {
-        let ctx = HostCtx {
+    fn context(&self, partition: u32, txn: Transaction) -> HostCtx {
+        HostCtx {
             txn,
             limits: StoreLimitsBuilder::new().memory_size(self.limits.memory_bytes).trap_on_grow_failure(true).build(),
             operator: self.name.clone(),
             partition,
             host_error: None,
             last_error: None,
-        };
-        let (store, bindings) = self.start(ctx)?;
-        Ok(WasmInstance { operator: self.clone(), live: Some(Live { store, bindings }) })
+        }
     }
 
-    fn start(&self, ctx: HostCtx) -> Result<(Store<HostCtx>, Bindings)> {
-        let mut store = Store::new(&self.engine, ctx);
+    /// Instantiates the component over `ctx` and calls its `init`. On failure `ctx`
+    /// (the partition's state) comes back with the error.
+    #[expect(clippy::result_large_err, reason = "a failed start is rare; the context is moved back, not copied")]
+    fn start(&self, ctx: HostCtx) -> std::result::Result<Live, (anyhow::Error, HostCtx)> {
+        let mut store = Store::new(self.pre.engine(), ctx);
         store.limiter(|ctx| &mut ctx.limits);
         self.arm_deadline(&mut store);
-        let bindings = self
-            .pre
-            .instantiate(&mut store)
-            .map_err(anyhow::Error::from)
-            .with_context(|| format!("instantiating operator {}", self.path.display()))?;
-        self.arm_deadline(&mut store);
-        match bindings.call_init(&mut store, &self.config) {
-            Ok(Ok(())) => Ok((store, bindings)),
-            Ok(Err(reason)) => {
-                bail!("operator {} refused to start: init returned an error: {reason}", self.path.display())
+        let bindings = match self.pre.instantiate(&mut store) {
+            Ok(bindings) => bindings,
+            Err(e) => {
+                let e = anyhow::Error::from(e).context(format!("instantiating operator {}", self.origin));
+                return Err((e, store.into_data()));
             }
+        };
+        self.arm_deadline(&mut store);
+        let failure = match bindings.call_init(&mut store, &self.config) {
+            Ok(Ok(())) => return Ok(Live { store, bindings }),
+            Ok(Err(reason)) => anyhow!("operator {} refused to start: init returned an error: {reason}", self.origin),
             Err(trap) => {
                 let panic = store.data_mut().last_error.take();
-                bail!("operator {} trapped in init: {}", self.path.display(), describe_trap(trap, &self.limits, panic))
+                anyhow!("operator {} trapped in init: {}", self.origin, describe_trap(trap, &self.limits, panic))
             }
-        }
+        };
+        Err((failure, store.into_data()))
     }
 
     fn arm_deadline(&self, store: &mut Store<HostCtx>) {
@@ -182,10 +212,53 @@ impl WasmOperator {
     }
 }
 
-/// One partition's instance of a [`WasmOperator`].
+/// The version every partition of this host runs: set by a deploy, followed by each
+/// partition's [`WasmInstance`] at its next batch boundary.
+pub struct ActiveVersion {
+    /// Increases with every activation, so an instance sees a change with one load.
+    generation: AtomicU64,
+    current: Mutex<Arc<WasmOperator>>,
+}
+
+impl ActiveVersion {
+    /// `operator` is active.
+    pub fn new(operator: Arc<WasmOperator>) -> Arc<Self> {
+        Arc::new(ActiveVersion { generation: AtomicU64::new(0), current: Mutex::new(operator) })
+    }
+
+    /// The active version and its generation.
+    pub fn get(&self) -> (u64, Arc<WasmOperator>) {
+        let current = self.current.lock().expect("no panics under this lock");
+        (self.generation.load(Ordering::Acquire), current.clone())
+    }
+
+    /// The generation of the active version: it changes with every activation.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Makes `operator` the active version; returns its generation.
+    pub fn activate(&self, operator: Arc<WasmOperator>) -> u64 {
+        let mut current = self.current.lock().expect("no panics under this lock");
+        *current = operator;
+        self.generation.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Instantiates the active version for `partition` over `txn` and calls its `init`.
+    pub fn instantiate(self: &Arc<Self>, partition: u32, txn: Transaction) -> Result<WasmInstance> {
+        let (generation, operator) = self.get();
+        let live = operator.start(operator.context(partition, txn)).map_err(|(e, _)| e)?;
+        Ok(WasmInstance { operator, active: self.clone(), generation, live: Some(live) })
+    }
+}
+
+/// One partition's instance of the [active version](ActiveVersion).
 pub struct WasmInstance {
     operator: Arc<WasmOperator>,
-    /// Always `Some` between calls; taken only while a trapped instance is replaced.
+    active: Arc<ActiveVersion>,
+    /// The generation of the active version this instance last followed.
+    generation: u64,
+    /// Always `Some` between calls; taken only while the instance is replaced.
     live: Option<Live>,
 }
 
@@ -194,10 +267,17 @@ struct Live {
     bindings: Bindings,
 }
 
+impl WasmInstance {
+    fn live(&mut self) -> &mut Live {
+        self.live.as_mut().expect("instance is live between calls")
+    }
+}
+
 impl Operator for WasmInstance {
     fn process(&mut self, record: &SourceRecord) -> Result<Outcome> {
-        let live = self.live.as_mut().expect("instance is live between calls");
-        self.operator.arm_deadline(&mut live.store);
+        let operator = self.operator.clone();
+        let live = self.live();
+        operator.arm_deadline(&mut live.store);
         let input = InputRecord {
             key: record.key.clone(),
             value: record.value.clone(),
@@ -218,22 +298,49 @@ impl Operator for WasmInstance {
             Ok(Err(reason)) => Ok(Outcome::Rejected(reason)),
             Err(trap) => {
                 let panic = live.store.data_mut().last_error.take();
-                let reason = describe_trap(trap, &self.operator.limits, panic);
+                let reason = describe_trap(trap, &operator.limits, panic);
                 // A trapped instance may hold broken invariants in its memory: replace it.
                 let ctx = self.live.take().expect("instance is live").store.into_data();
-                let (store, bindings) = self.operator.start(ctx)?;
-                self.live = Some(Live { store, bindings });
+                self.live = Some(operator.start(ctx).map_err(|(e, _)| e)?);
                 Ok(Outcome::Trapped(reason))
             }
         }
     }
 
     fn state(&mut self) -> &mut Transaction {
-        &mut self.live.as_mut().expect("instance is live between calls").store.data_mut().txn
+        &mut self.live().store.data_mut().txn
     }
 
     fn version(&self) -> &str {
         self.operator.version()
+    }
+
+    fn follow_deploys(&mut self) -> Result<Option<Switch>> {
+        if self.active.generation() == self.generation {
+            return Ok(None);
+        }
+        let began = Instant::now();
+        let (generation, next) = self.active.get();
+        self.generation = generation;
+        // Deployed and rolled back again before this partition looked.
+        if Arc::ptr_eq(&next, &self.operator) {
+            return Ok(None);
+        }
+        let from = self.operator.version.clone();
+        let ctx = self.live.take().expect("instance is live between calls").store.into_data();
+        match next.start(ctx) {
+            Ok(live) => {
+                self.live = Some(live);
+                self.operator = next;
+                Ok(Some(Switch { from, to: self.operator.version.clone(), stall: began.elapsed(), refused: None }))
+            }
+            // Validated before activation, so rare: keep running the old version here.
+            Err((reason, ctx)) => {
+                self.live = Some(self.operator.start(ctx).map_err(|(e, _)| e)?);
+                let to = next.version.clone();
+                Ok(Some(Switch { from, to, stall: began.elapsed(), refused: Some(format!("{reason:#}")) }))
+            }
+        }
     }
 }
 

@@ -19,7 +19,7 @@ use super::{Destinations, PartitionStats, Stop, StopSignal};
 use crate::checkpoint::restore::{self, PartitionPlan};
 use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
 use crate::operator::Operator;
-use crate::operator::wasm::WasmOperator;
+use crate::operator::wasm::ActiveVersion;
 use crate::source::SourceRecord;
 use crate::state::{StateDir, Transaction};
 use anyhow::{Context, Result, anyhow, bail};
@@ -36,8 +36,8 @@ use tokio::runtime::Handle;
 pub struct WorkerSetup {
     /// This host's state directory.
     pub state: StateDir,
-    /// The operator every partition runs.
-    pub operator: Arc<WasmOperator>,
+    /// The operator version every partition runs, switched by deploys.
+    pub operator: Arc<ActiveVersion>,
     /// Where restores come from and checkpoints go; `None` when checkpoints are off.
     pub checkpoints: Option<Checkpointing>,
     /// Where outputs and dead letters go.
@@ -369,10 +369,14 @@ fn spawn_worker(
             &restored_from,
             c.settings.clone(),
             setup.state.snapshot_path(partition),
-            setup.operator.version().to_string(),
+            instance.version().to_string(),
         )
     });
-    let stats = Arc::new(PartitionStats { lag: AtomicI64::new(-1), ..PartitionStats::default() });
+    let stats = Arc::new(PartitionStats {
+        lag: AtomicI64::new(-1),
+        version: Mutex::new(instance.version().to_string()),
+        ..PartitionStats::default()
+    });
     stats.committed_offset.store(offset, Ordering::Relaxed);
     stats.entries.store(instance.state().entries(), Ordering::Relaxed);
     let (sender, batches) = std::sync::mpsc::sync_channel(setup.queued_batches);

@@ -25,6 +25,7 @@ use crate::sink::{self, LineSink, Sink};
 use crate::source::SourceRecord;
 use anyhow::Result;
 use std::collections::VecDeque;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -55,6 +56,12 @@ pub struct PartitionStats {
     /// Records in the partition beyond the state's offset, as of the source's last
     /// report; -1 where the source does not report it (the embedded sources).
     pub lag: AtomicI64,
+    /// Operator versions switched to while running (see [`Operator::follow_deploys`]).
+    pub switches: AtomicU64,
+    /// How long the latest switch stood the partition still, µs.
+    pub last_switch_stall_us: AtomicU64,
+    /// The operator version it runs; changes only when it switches.
+    pub version: Mutex<String>,
 }
 
 /// Where workers send what they produce, shared by all of them.
@@ -106,8 +113,9 @@ impl StopSignal {
     }
 }
 
-/// How long a worker waits for a batch before it looks whether a checkpoint is due.
-const IDLE_TICK: Duration = Duration::from_millis(100);
+/// How long a worker waits for a batch before it looks whether a checkpoint is due or
+/// a new operator version was deployed (the longest an idle partition takes to switch).
+const IDLE_TICK: Duration = Duration::from_millis(50);
 
 /// Batches whose processing times make up the published tail.
 const BATCH_TIMES: usize = 1000;
@@ -184,8 +192,10 @@ pub fn run(
     loop {
         let batch = match batches.recv_timeout(IDLE_TICK) {
             Ok(batch) => batch,
-            // An idle partition still gets its due checkpoint of what it last committed.
+            // An idle partition still follows deploys and gets its due checkpoint of
+            // what it last committed.
             Err(RecvTimeoutError::Timeout) => {
+                follow_deploys(operator, checkpointer.as_deref_mut(), stats)?;
                 if let Some(checkpointer) = checkpointer.as_deref_mut() {
                     checkpointer.checkpoint_if_due(operator.state().store(), stats);
                 }
@@ -196,6 +206,8 @@ pub fn run(
         if matches!(stop.get(), Some(Stop::Handover | Stop::Lost)) {
             break;
         }
+        // Between two batches, after a commit: the whole batch runs on one version.
+        follow_deploys(operator, checkpointer.as_deref_mut(), stats)?;
         let started = Instant::now();
         let mut outputs = Vec::new();
         let Some(last) = batch.last() else { continue };
@@ -248,4 +260,38 @@ pub fn run(
         }
         (Some(checkpointer), _) => checkpointer.finish(operator.state().store(), stats),
     }
+}
+
+/// Switches `operator` to a newly deployed version if there is one, and tells the
+/// checkpointer, the partition's counters and the log.
+fn follow_deploys(
+    operator: &mut dyn Operator,
+    checkpointer: Option<&mut Checkpointer>,
+    stats: &PartitionStats,
+) -> Result<()> {
+    let Some(switch) = operator.follow_deploys()? else { return Ok(()) };
+    let (partition, offset) = (operator.state().store().partition(), stats.committed_offset.load(Ordering::Relaxed));
+    if let Some(reason) = switch.refused {
+        tracing::error!(
+            partition,
+            "version {} failed to start here; {} keeps running: {reason}",
+            switch.to,
+            switch.from
+        );
+        return Ok(());
+    }
+    let stall_us = switch.stall.as_micros() as u64;
+    tracing::info!(
+        partition,
+        "switched from {} to {} at offset {offset}, standing still {stall_us} µs",
+        switch.from,
+        switch.to
+    );
+    if let Some(checkpointer) = checkpointer {
+        checkpointer.set_operator(&switch.to);
+    }
+    stats.switches.fetch_add(1, Ordering::Relaxed);
+    stats.last_switch_stall_us.store(stall_us, Ordering::Relaxed);
+    *stats.version.lock().expect("no panics under this lock") = switch.to;
+    Ok(())
 }

@@ -10,7 +10,8 @@
 //! - `spin`: loops forever (must hit the deadline);
 //! - `hog`: allocates without bound (must hit the memory cap).
 //!
-//! With `fail_init = "true"` in its config, `init` fails.
+//! With `fail_init = "true"` in its config, `init` returns an error; with
+//! `trap_init = "true"`, it panics (a trap).
 use serde::{Deserialize, Serialize};
 use sluice_guest::{Error, Operator, Output, Record, Result, State, export_operator};
 use std::collections::BTreeMap;
@@ -53,7 +54,11 @@ pub struct Probe;
 
 impl Operator for Probe {
     fn init(config: Vec<(String, String)>) -> Result<()> {
-        match config.iter().any(|(k, v)| k == "fail_init" && v == "true") {
+        let set = |name: &str| config.iter().any(|(k, v)| k == name && v == "true");
+        if set("trap_init") {
+            panic!("trap_init is set");
+        }
+        match set("fail_init") {
             true => Err(Error::msg("fail_init is set")),
             false => Ok(()),
         }

@@ -3,6 +3,11 @@
 //!
 //! Input: JSON `{"vehicle_id","ts","lat","lon","speed_kmh"}` keyed by vehicle id.
 //! Output: the vehicle's updated summary as JSON, one per input.
+//!
+//! Built with `--features v2`, it is version 2, which adds a field to the state:
+//! hot-deployed over version 1, it reads the summaries version 1 wrote and carries
+//! them on (see `Summary::idle_count`). Deploying a new version never migrates state;
+//! the new version reads the old one's values, so new fields need a default.
 use serde::{Deserialize, Serialize};
 use sluice_guest::{Operator, Output, Record, Result, State, export_operator};
 
@@ -27,7 +32,18 @@ struct Summary {
     last_seen: i64,
     last_lat: f64,
     last_lon: f64,
+    /// Version 2: positions reported below [`IDLE_KMH`]. A summary version 1 wrote has
+    /// no such field, and `serde(default)` reads it as 0: version 2 continues version
+    /// 1's count, mean and distance, and counts idle positions from its deploy on.
+    /// (Rolled back, version 1 ignores the field and drops it at its next write.)
+    #[cfg(feature = "v2")]
+    #[serde(default)]
+    idle_count: u64,
 }
+
+/// Below this speed a vehicle counts as idle (version 2).
+#[cfg(feature = "v2")]
+pub const IDLE_KMH: f64 = 5.0;
 
 /// The operator; public so native tests and benchmarks can call it.
 pub struct VehicleStats;
@@ -46,6 +62,10 @@ impl Operator for VehicleStats {
         s.max_speed_kmh = s.max_speed_kmh.max(p.speed_kmh);
         (s.first_seen, s.last_seen) = (s.first_seen.min(p.ts), s.last_seen.max(p.ts));
         (s.last_lat, s.last_lon) = (p.lat, p.lon);
+        #[cfg(feature = "v2")]
+        if p.speed_kmh < IDLE_KMH {
+            s.idle_count += 1;
+        }
         state.put("summary", &s)?;
         Ok(vec![Output::json(record.key, &s)?])
     }

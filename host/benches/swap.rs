@@ -1,0 +1,106 @@
+//! Hot-swap latency under load: a job on the embedded generator (4 partitions, 20,000
+//! records/s, default batches) while versions 2 and 1 of vehicle-stats are deployed in
+//! turn through its admin API, `SLUICE_BENCH_SWAPS` times (default 20). Each deploy
+//! answers with the time from activation until every partition had switched and the
+//! longest any partition stood still for its switch (instantiating the pre-compiled
+//! version and running its `init`).
+//!
+//! The baseline, measured in the same process, is what a swap costs without
+//! pre-compilation: compiling the component from its bytes.
+
+use anyhow::{Context, Result};
+use hyper::Method;
+use sluice::admin::{self, DeployAnswer};
+use sluice::config::{Config, SinkConfig, SourceConfig};
+use sluice::operator::wasm::{Limits, WasmOperator};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const RATE: f64 = 20_000.0;
+/// Between two deploys: the job keeps processing under the version just deployed.
+const DWELL: Duration = Duration::from_millis(300);
+
+fn main() -> Result<()> {
+    let swaps: usize = std::env::var("SLUICE_BENCH_SWAPS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    // `./dev.sh bench` builds the components into the same target directory.
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let wasm = target.join("wasm32-wasip2/release");
+    let versions = [wasm.join("vehicle_stats_v2.wasm"), wasm.join("vehicle_stats.wasm")];
+    let components: Vec<Vec<u8>> = versions.iter().map(std::fs::read).collect::<Result<_, _>>()?;
+
+    let compiles: Vec<Duration> = (0..5)
+        .map(|_| {
+            let started = Instant::now();
+            let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
+            WasmOperator::compile("vehicle_stats", &components[0], "bench", limits, Vec::new())
+                .map(|_| started.elapsed())
+        })
+        .collect::<Result<_>>()?;
+    let compile = median(compiles);
+
+    let dir = tempfile::tempdir()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let mut config = Config::for_operator(&versions[1]);
+    // Long enough for every swap, whatever compiling takes here; the job ends by itself.
+    let duration = 10.0 + swaps as f64 * (DWELL.as_secs_f64() + 1.0);
+    config.source = SourceConfig::Generator {
+        vehicles: 10_000,
+        count: None,
+        duration_s: Some(duration),
+        rate: Some(RATE),
+        seed: 1,
+    };
+    config.sink = SinkConfig::File { path: dir.path().join("out.jsonl") };
+    config.state.dir = dir.path().join("state");
+    config.dead_letter.path = dir.path().join("dead.jsonl");
+    config.report.interval_s = 0.0;
+    config.admin.listen = Some(format!("127.0.0.1:{port}"));
+    let job = std::thread::spawn(move || sluice::job::run(&config));
+    let admin = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    while std::net::TcpStream::connect(&admin).is_err() {
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(60), "the job's admin API did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+
+    println!("{swaps} deploys under {RATE} records/s (4 partitions, batches of at most 512), alternating versions");
+    let (mut switched, mut stalls, mut prepared) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..swaps {
+        let answer = admin::call(&admin, Method::POST, "/operators/vehicle_stats/versions", components[i % 2].clone())
+            .with_context(|| format!("deploy {i}"))?;
+        let answer: DeployAnswer = serde_json::from_str(&answer)?;
+        anyhow::ensure!(answer.not_switched.is_empty() && answer.partitions == 4, "{}", answer.summary);
+        switched.push(Duration::from_secs_f64(answer.switched_ms / 1e3));
+        stalls.push(Duration::from_micros(answer.worst_stall_us));
+        prepared.push(Duration::from_secs_f64(answer.prepared_ms / 1e3));
+        std::thread::sleep(DWELL);
+    }
+    let report = job.join().expect("the job thread")?;
+    let dead: u64 = report.partitions.iter().map(|p| p.dead_letters).sum();
+    println!("the job processed {} records, {dead} dead letters", report.processed());
+
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (switched_max, stalls_max) = (*switched.iter().max().unwrap(), *stalls.iter().max().unwrap());
+    println!(
+        "deploy to all partitions switched: median {:.2} ms, max {:.2} ms (goal <= 100 ms)",
+        ms(median(switched)),
+        ms(switched_max)
+    );
+    println!(
+        "worst per-partition stall:          median {:.3} ms, max {:.3} ms (goal <= 1 ms)",
+        ms(median(stalls.clone())),
+        ms(stalls_max)
+    );
+    println!("validating (compile + trial init) before each deploy: median {:.1} ms", ms(median(prepared)));
+    println!("baseline, compiling the component (a swap without pre-compilation): median {:.1} ms", ms(compile));
+    println!("worst stall / compile: {:.4}", stalls_max.as_secs_f64() / compile.as_secs_f64());
+    Ok(())
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort_unstable();
+    samples[samples.len() / 2]
+}

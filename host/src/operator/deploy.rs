@@ -1,0 +1,307 @@
+//! Deploying operator versions into a running host.
+//!
+//! A [`Deployer`] is a host's side of the [registry]: it validates a new component
+//! before anything is recorded (a component of our world, compiled and pre-instantiated,
+//! whose `init` runs under the sandbox limits), records it, and activates it in the
+//! [`ActiveVersion`] every partition follows at its next batch boundary; then it waits
+//! until every running partition has switched and reports how long that took and the
+//! longest a partition stood still. [`Deployer::sync`], called periodically, brings
+//! this host to whatever another host or `sluice deploy` recorded.
+//!
+//! A version this host cannot run is refused here and never activated: the running one
+//! keeps processing. This module does not decide when a partition switches (its worker
+//! does, between batches) and does not store anything itself (the registry does).
+//!
+//! [registry]: super::registry
+
+use super::registry::{Deployment, Registry};
+use super::wasm::{ActiveVersion, Limits, WasmOperator};
+use crate::checkpoint::CheckpointStore;
+use crate::config::OperatorConfig;
+use crate::worker::LiveStats;
+use anyhow::{Context, Result, bail};
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+
+/// How long a deploy waits for every partition to switch before it reports the ones
+/// that did not (a partition switches after the batch in hand; a stuck one is logged).
+const SWITCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How an operator is compiled and tried out: the job's sandbox settings.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    /// Limits of every call.
+    pub limits: Limits,
+    /// What `init` is given.
+    pub config: Vec<(String, String)>,
+    /// Where a throwaway database lives while a version is tried out.
+    pub scratch: PathBuf,
+}
+
+impl Sandbox {
+    /// The sandbox `[operator]` configures, trying versions out in `scratch`.
+    pub fn new(operator: &OperatorConfig, scratch: PathBuf) -> Self {
+        Sandbox {
+            limits: Limits {
+                call_timeout: Duration::from_millis(operator.call_timeout_ms),
+                memory_bytes: (operator.memory_limit_mib as usize) << 20,
+            },
+            config: operator.config.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            scratch,
+        }
+    }
+
+    /// Compiles `component` as operator `name` from `origin` and runs its `init` once
+    /// over an empty scratch database: the checks a version passes before it runs.
+    pub fn validate(&self, name: &str, component: &[u8], origin: &str) -> Result<WasmOperator> {
+        let operator = WasmOperator::compile(name, component, origin, self.limits.clone(), self.config.clone())?;
+        operator.check_init(&self.scratch)?;
+        Ok(operator)
+    }
+}
+
+/// What a deploy, rollback or sync did on this host.
+#[derive(Debug, Clone)]
+pub struct DeployReport {
+    /// The registry entry now in force.
+    pub deployment: Deployment,
+    /// Fetching, compiling and trying out the version (zero when it was still compiled).
+    pub prepared: Duration,
+    /// From activation until every running partition switched.
+    pub switched: Duration,
+    /// Partitions that switched.
+    pub partitions: usize,
+    /// The longest one of them stood still for the switch.
+    pub worst_stall: Duration,
+    /// Partitions that had not switched when the deploy stopped waiting.
+    pub not_switched: Vec<u32>,
+}
+
+impl fmt::Display for DeployReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (entry {}): prepared in {:.1} ms; {} partitions switched in {:.1} ms; worst stall {} µs",
+            self.deployment.version,
+            self.deployment.seq,
+            self.prepared.as_secs_f64() * 1e3,
+            self.partitions,
+            self.switched.as_secs_f64() * 1e3,
+            self.worst_stall.as_micros()
+        )?;
+        if !self.not_switched.is_empty() {
+            write!(f, "; partitions {:?} had not switched after {SWITCH_TIMEOUT:?} (see the log)", self.not_switched)?;
+        }
+        Ok(())
+    }
+}
+
+/// This host's side of an operator's registry.
+pub struct Deployer {
+    registry: Registry,
+    sandbox: Sandbox,
+    active: Arc<ActiveVersion>,
+    live: LiveStats,
+    runtime: Handle,
+    /// Serialises deploys, rollbacks and syncs on this host.
+    state: Mutex<Versions>,
+}
+
+/// What this host remembers between deploys.
+#[derive(Default)]
+struct Versions {
+    /// The version active before the current one, still compiled: a rollback to it
+    /// costs no compile.
+    previous: Option<Arc<WasmOperator>>,
+    /// Versions recorded in the registry that this host refused to run.
+    refused: BTreeSet<String>,
+}
+
+impl Deployer {
+    /// The registry of operator `name` in the store at `registry_url`, and the version
+    /// a host starting with the file `configured` runs, validated: the file itself when
+    /// the registry never saw it (it is recorded as a deploy), else the version the
+    /// registry has in force — a restart runs what was deployed or rolled back to
+    /// since. The file is validated before anything is written.
+    pub fn starting_version(
+        registry_url: &str,
+        name: &str,
+        sandbox: &Sandbox,
+        configured: &Path,
+        runtime: &Handle,
+    ) -> Result<(Registry, Arc<WasmOperator>)> {
+        let bytes = std::fs::read(configured).with_context(|| format!("reading operator {}", configured.display()))?;
+        let operator = sandbox.validate(name, &bytes, &configured.display().to_string())?;
+        let registry = Registry::new(CheckpointStore::open(registry_url)?, name)?;
+        let origin = format!("configured file {} at start", configured.display());
+        let current = runtime.block_on(registry.adopt(&bytes, &origin))?;
+        if current.version == operator.version() {
+            return Ok((registry, Arc::new(operator)));
+        }
+        tracing::info!(
+            "running {} (registry entry {}), not the configured {}: the registry's newest deploy wins",
+            current.version,
+            current.seq,
+            configured.display()
+        );
+        let bytes = runtime.block_on(registry.component(&current))?;
+        let operator = sandbox.validate(name, &bytes, &format!("version {}", current.version))?;
+        Ok((registry, Arc::new(operator)))
+    }
+
+    /// A deployer for `registry` that switches `active`, the version the partitions
+    /// in `live` follow.
+    pub fn new(
+        registry: Registry,
+        sandbox: Sandbox,
+        active: Arc<ActiveVersion>,
+        live: LiveStats,
+        runtime: Handle,
+    ) -> Self {
+        Deployer { registry, sandbox, active, live, runtime, state: Mutex::default() }
+    }
+
+    /// The registry this host follows.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The registry's history, oldest first, and the version this host runs.
+    pub fn versions(&self) -> Result<(Vec<Deployment>, String)> {
+        let history = self.runtime.block_on(self.registry.history())?;
+        Ok((history, self.active.get().1.version().to_string()))
+    }
+
+    /// Validates `component`, records it as the newest version and switches every
+    /// partition to it. An invalid component is refused and nothing changes.
+    pub fn deploy(&self, component: &[u8], origin: &str) -> Result<DeployReport> {
+        let mut versions = self.state.lock().expect("no panics under this lock");
+        let began = Instant::now();
+        let operator = self.sandbox.validate(self.registry.name(), component, origin)?;
+        let prepared = began.elapsed();
+        let deployment = self.runtime.block_on(self.registry.deploy(component, origin))?;
+        Ok(self.activate(&mut versions, Arc::new(operator), deployment, prepared))
+    }
+
+    /// Records a rollback to the version before the newest deploy still in force and
+    /// switches every partition to it.
+    pub fn rollback(&self, origin: &str) -> Result<DeployReport> {
+        let mut versions = self.state.lock().expect("no panics under this lock");
+        let deployment = self.runtime.block_on(self.registry.rollback(origin))?;
+        self.run(&mut versions, deployment)
+    }
+
+    /// Brings this host to the version the registry has in force, if it runs another
+    /// one (a deploy or rollback recorded elsewhere). A version this host cannot run
+    /// is refused once, with an error, and the running one stays.
+    pub fn sync(&self) -> Result<Option<DeployReport>> {
+        let mut versions = self.state.lock().expect("no panics under this lock");
+        let Some(current) = self.runtime.block_on(self.registry.current())? else { return Ok(None) };
+        if current.version == self.active.get().1.version() || versions.refused.contains(&current.version) {
+            return Ok(None);
+        }
+        match self.run(&mut versions, current.clone()) {
+            Ok(report) => Ok(Some(report)),
+            Err(e) => {
+                versions.refused.insert(current.version.clone());
+                Err(e.context(format!(
+                    "refused version {} (entry {}); the running version stays",
+                    current.version, current.seq
+                )))
+            }
+        }
+    }
+
+    /// Activates `deployment`'s version: still compiled if it ran just before, else
+    /// fetched and validated.
+    fn run(&self, versions: &mut Versions, deployment: Deployment) -> Result<DeployReport> {
+        let began = Instant::now();
+        let operator = match versions.previous.take() {
+            Some(previous) if previous.version() == deployment.version => previous,
+            previous => {
+                versions.previous = previous;
+                let bytes = self.runtime.block_on(self.registry.component(&deployment))?;
+                let origin = format!("version {}", deployment.version);
+                Arc::new(self.sandbox.validate(self.registry.name(), &bytes, &origin)?)
+            }
+        };
+        Ok(self.activate(versions, operator, deployment, began.elapsed()))
+    }
+
+    /// Makes `operator` active, waits for the partitions to switch, and reports.
+    fn activate(
+        &self,
+        versions: &mut Versions,
+        operator: Arc<WasmOperator>,
+        deployment: Deployment,
+        prepared: Duration,
+    ) -> DeployReport {
+        let began = Instant::now();
+        let (_, before) = self.active.get();
+        self.active.activate(operator);
+        if before.version() != deployment.version {
+            versions.previous = Some(before);
+        }
+        let (partitions, worst_stall, not_switched) = self.wait_switched(&deployment.version);
+        let report =
+            DeployReport { deployment, prepared, switched: began.elapsed(), partitions, worst_stall, not_switched };
+        tracing::info!("deployed {report}");
+        report
+    }
+
+    /// Waits until every running partition runs `version`, up to [`SWITCH_TIMEOUT`];
+    /// returns how many did, the longest stall among them, and the ones that did not.
+    fn wait_switched(&self, version: &str) -> (usize, Duration, Vec<u32>) {
+        let deadline = Instant::now() + SWITCH_TIMEOUT;
+        loop {
+            let (mut switched, mut worst, mut behind) = (0, 0, Vec::new());
+            for (partition, stats) in self.live.lock().expect("no panics under this lock").iter() {
+                if *stats.version.lock().expect("no panics under this lock") == version {
+                    switched += 1;
+                    worst = worst.max(stats.last_switch_stall_us.load(Ordering::Relaxed));
+                } else {
+                    behind.push(*partition);
+                }
+            }
+            if behind.is_empty() || Instant::now() >= deadline {
+                return (switched, Duration::from_micros(worst), behind);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Calls [`sync`](Deployer::sync) every `interval` until `done` returns true,
+    /// logging what it does; an error is logged once until it changes.
+    pub fn follow(&self, interval: Duration, done: impl Fn() -> bool) {
+        let mut last_error = None;
+        while !done() {
+            match self.sync() {
+                Ok(_) => last_error = None,
+                Err(e) => {
+                    let message = format!("{e:#}");
+                    if last_error.as_ref() != Some(&message) {
+                        tracing::error!("following deploys of {}: {message}", self.registry.name());
+                        last_error = Some(message);
+                    }
+                }
+            }
+            let slept = Instant::now();
+            while slept.elapsed() < interval && !done() {
+                std::thread::sleep(interval.min(Duration::from_millis(50)));
+            }
+        }
+    }
+}
+
+/// Refuses an operator `name` that is not the one this host runs.
+pub fn check_name(registry: &Registry, name: &str) -> Result<()> {
+    if registry.name() != name {
+        bail!("this job runs operator `{}`, not `{name}`", registry.name());
+    }
+    Ok(())
+}

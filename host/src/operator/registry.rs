@@ -1,0 +1,306 @@
+//! The deployed versions of an operator, persisted in the job's store.
+//!
+//! Every host of a job reads the same store, so the store is where a deploy is
+//! recorded and where every host learns of it: no cluster protocol of our own. The
+//! history is an append-only list of numbered entries, each written with a
+//! conditional put, so two deploys racing for one number cannot both win; components
+//! are stored by checksum.
+//!
+//! ```text
+//! <store>/operators/<name>/components/<checksum>.wasm    each deployed build, once
+//! <store>/operators/<name>/history/0000000003.json       entry 3: deploy or rollback
+//! ```
+//!
+//! A deploy pushes a version, a rollback pops back to the one before it; the running
+//! version is the top of that stack. This module owns the layout and the history's
+//! meaning; it does not validate components (the [deployer](super::deploy) does before
+//! it records anything) and does not run them.
+
+use crate::checkpoint::CheckpointStore;
+use crate::checksum;
+use anyhow::{Context, Result, anyhow, bail};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// What a history entry did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Made a version the running one.
+    Deploy,
+    /// Returned to the version that ran before the latest deploy still in force.
+    Rollback,
+}
+
+/// One entry of an operator's history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Deployment {
+    /// Increases by one per entry, from 1.
+    pub seq: u64,
+    /// Deploy or rollback.
+    pub action: Action,
+    /// The version running after this entry: `name@checksum`.
+    pub version: String,
+    /// When it was recorded, milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Who recorded it and from what (a file, a host's admin API, a host's start).
+    pub origin: String,
+}
+
+impl Deployment {
+    /// The checksum part of the version: the component's object name.
+    fn checksum(&self) -> &str {
+        self.version.rsplit_once('@').map_or("", |(_, checksum)| checksum)
+    }
+}
+
+impl fmt::Display for Deployment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let at = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(self.at_ms));
+        write!(
+            f,
+            "{:>4}  {at}  {:<8}  {}  ({})",
+            self.seq,
+            format!("{:?}", self.action).to_lowercase(),
+            self.version,
+            self.origin
+        )
+    }
+}
+
+/// The versions of one operator in one store.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    store: CheckpointStore,
+    name: String,
+    /// Entries read so far, by number: an entry never changes once written, so a host
+    /// looking every second reads only the new ones.
+    read: Arc<Mutex<BTreeMap<u64, Deployment>>>,
+}
+
+/// How often a deploy retries when other deploys keep taking the next number.
+const APPEND_ATTEMPTS: usize = 10;
+
+impl Registry {
+    /// The registry of operator `name` in `store`.
+    pub fn new(store: CheckpointStore, name: &str) -> Result<Self> {
+        if name.starts_with('.') || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) {
+            bail!("operator name {name:?}: use letters, digits, `_`, `-` and `.` (not first) only");
+        }
+        Ok(Registry { store, name: name.to_string(), read: Arc::default() })
+    }
+
+    /// The operator's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The version string of a build of this operator: `name@checksum`.
+    pub fn version_of(&self, component: &[u8]) -> String {
+        format!("{}@{}", self.name, checksum::of_bytes(component))
+    }
+
+    /// Every entry, oldest first.
+    pub async fn history(&self) -> Result<Vec<Deployment>> {
+        let mut seqs: Vec<u64> = self
+            .store
+            .object_names(&self.folder("history"))
+            .await?
+            .iter()
+            .filter_map(|name| name.strip_suffix(".json")?.parse().ok())
+            .collect();
+        seqs.sort_unstable();
+        let mut history = Vec::with_capacity(seqs.len());
+        for seq in seqs {
+            if let Some(entry) = self.read.lock().expect("no panics under this lock").get(&seq) {
+                history.push(entry.clone());
+                continue;
+            }
+            let path = self.entry_path(seq);
+            let bytes = self.store.get_optional(&path).await?.ok_or_else(|| anyhow!("{path} vanished"))?;
+            let entry: Deployment = serde_json::from_slice(&bytes)
+                .with_context(|| format!("{path} in {} is not a sluice deployment record", self.store.url()))?;
+            self.read.lock().expect("no panics under this lock").insert(seq, entry.clone());
+            history.push(entry);
+        }
+        Ok(history)
+    }
+
+    /// The version running now, if any was deployed.
+    pub async fn current(&self) -> Result<Option<Deployment>> {
+        Ok(in_force(&self.history().await?).pop())
+    }
+
+    /// The component of `deployment`'s version, checked against its checksum.
+    pub async fn component(&self, deployment: &Deployment) -> Result<Vec<u8>> {
+        let path = self.component_path(deployment.checksum());
+        let bytes = self.store.get_optional(&path).await?.ok_or_else(|| {
+            anyhow!("{path} is missing from {}: version {} cannot be loaded", self.store.url(), deployment.version)
+        })?;
+        let found = checksum::of_bytes(&bytes);
+        if found != deployment.checksum() {
+            bail!("{path} in {} is corrupt: its checksum is {found}", self.store.url());
+        }
+        Ok(bytes)
+    }
+
+    /// Records `component` as the running version. The caller has validated it.
+    pub async fn deploy(&self, component: &[u8], origin: &str) -> Result<Deployment> {
+        let version = self.version_of(component);
+        self.put_component(component).await?;
+        self.append(|_| Ok(Some((Action::Deploy, version.clone()))), origin).await.map(|d| d.expect("always appends"))
+    }
+
+    /// Records `component` as the running version unless it was ever deployed before;
+    /// returns the version that runs now. A host starting with a configured file uses
+    /// this: a file it has not seen is a new deploy, a known one defers to the history
+    /// (a restart runs what was deployed or rolled back to since).
+    pub async fn adopt(&self, component: &[u8], origin: &str) -> Result<Deployment> {
+        let version = self.version_of(component);
+        if !self.history().await?.iter().any(|d| d.version == version) {
+            self.put_component(component).await?;
+        }
+        let adopted = self
+            .append(
+                |history| Ok((!history.iter().any(|d| d.version == version)).then(|| (Action::Deploy, version.clone()))),
+                origin,
+            )
+            .await?;
+        match adopted {
+            Some(deployment) => Ok(deployment),
+            None => self.current().await?.ok_or_else(|| anyhow!("the history of {} is empty", self.name)),
+        }
+    }
+
+    /// Returns to the version that ran before the latest deploy still in force.
+    pub async fn rollback(&self, origin: &str) -> Result<Deployment> {
+        let rolled = self
+            .append(
+                |history| {
+                    let stack = in_force(history);
+                    match stack.len() {
+                        0 => bail!("operator {} has no deployed version to roll back", self.name),
+                        1 => bail!(
+                            "operator {} runs its first version ({}); there is nothing to roll back to",
+                            self.name,
+                            stack[0].version
+                        ),
+                        n => Ok(Some((Action::Rollback, stack[n - 2].version.clone()))),
+                    }
+                },
+                origin,
+            )
+            .await?;
+        Ok(rolled.expect("always appends or fails"))
+    }
+
+    /// Appends the entry `decide` asks for given the history (`None`: nothing to
+    /// append), retrying when another writer took the next number first.
+    async fn append(
+        &self,
+        decide: impl Fn(&[Deployment]) -> Result<Option<(Action, String)>>,
+        origin: &str,
+    ) -> Result<Option<Deployment>> {
+        for _ in 0..APPEND_ATTEMPTS {
+            let history = self.history().await?;
+            let Some((action, version)) = decide(&history)? else { return Ok(None) };
+            let entry = Deployment {
+                seq: history.last().map_or(1, |d| d.seq + 1),
+                action,
+                version,
+                at_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64,
+                origin: origin.to_string(),
+            };
+            if self.store.put_new(&self.entry_path(entry.seq), serde_json::to_vec_pretty(&entry)?).await? {
+                return Ok(Some(entry));
+            }
+        }
+        bail!("could not record a deployment of {}: {APPEND_ATTEMPTS} other writers got there first", self.name)
+    }
+
+    async fn put_component(&self, component: &[u8]) -> Result<()> {
+        // Content-addressed: an existing object already holds these bytes.
+        self.store.put_new(&self.component_path(&checksum::of_bytes(component)), component.to_vec()).await.map(drop)
+    }
+
+    fn folder(&self, what: &str) -> String {
+        format!("operators/{}/{what}", self.name)
+    }
+
+    fn entry_path(&self, seq: u64) -> String {
+        format!("{}/{seq:010}.json", self.folder("history"))
+    }
+
+    fn component_path(&self, checksum: &str) -> String {
+        format!("{}/{checksum}.wasm", self.folder("components"))
+    }
+}
+
+/// The deploys still in force, oldest first: a deploy pushes, a rollback pops. The
+/// last one runs.
+pub fn in_force(history: &[Deployment]) -> Vec<Deployment> {
+    let mut stack: Vec<Deployment> = Vec::new();
+    for entry in history {
+        match entry.action {
+            Action::Deploy => stack.push(entry.clone()),
+            Action::Rollback => {
+                stack.pop();
+                // The entry that returned to a version stands for it from now on.
+                if let Some(top) = stack.last_mut() {
+                    *top = entry.clone();
+                }
+            }
+        }
+    }
+    stack
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry(dir: &std::path::Path) -> Registry {
+        Registry::new(CheckpointStore::open(dir.to_str().unwrap()).unwrap(), "op").unwrap()
+    }
+
+    #[test]
+    fn deploys_push_rollbacks_pop_and_adopting_a_known_version_changes_nothing() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::checkpoint::runtime()?;
+        let registry = registry(dir.path());
+        runtime.block_on(async {
+            assert!(registry.rollback("t").await.is_err(), "nothing deployed");
+            let v1 = registry.adopt(b"one", "start").await?;
+            assert_eq!((v1.seq, v1.action), (1, Action::Deploy));
+            assert_eq!(registry.adopt(b"one", "restart").await?, v1, "a known version is not deployed again");
+            assert!(registry.rollback("t").await.unwrap_err().to_string().contains("first version"));
+            let v2 = registry.deploy(b"two", "t").await?;
+            let v3 = registry.deploy(b"three", "t").await?;
+            assert_eq!(registry.current().await?.unwrap().version, v3.version);
+            let back = registry.rollback("t").await?;
+            assert_eq!((back.seq, back.action, &back.version), (4, Action::Rollback, &v2.version));
+            assert_eq!(registry.rollback("t").await?.version, v1.version);
+            // A restart with the first file runs what the history says: v1 after the rollbacks.
+            assert_eq!(registry.adopt(b"two", "restart").await?.version, v1.version);
+            assert_eq!(registry.component(&registry.current().await?.unwrap()).await?, b"one");
+            assert_eq!(registry.history().await?.len(), 5);
+            Ok(())
+        })
+    }
+
+    #[test]
+    fn a_corrupt_component_is_refused_by_name() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::checkpoint::runtime()?;
+        let registry = registry(dir.path());
+        let v1 = runtime.block_on(registry.deploy(b"one", "t"))?;
+        let object = dir.path().join(format!("operators/op/components/{}.wasm", checksum::of_bytes(b"one")));
+        std::fs::write(&object, b"two")?;
+        let err = runtime.block_on(registry.component(&v1)).unwrap_err().to_string();
+        assert!(err.contains("is corrupt") && err.contains("operators/op/components"), "{err}");
+        Ok(())
+    }
+}

@@ -1,0 +1,209 @@
+//! Hot swap through the real binary: a new operator version deployed into a running
+//! job (through its admin API, and through the registry with `sluice deploy --config`)
+//! takes over between two batches in every partition, continues the state the old
+//! version wrote, and can be rolled back; a restart runs the newest deployed version;
+//! a component that cannot run is refused and the old version keeps processing.
+//! (Two hosts switching together: tests/kafka.rs.)
+
+use anyhow::Result;
+use serde_json::Value;
+use sluice_tests::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const SEED: u64 = 21;
+/// vehicle-stats version 2 counts positions below this speed (`IDLE_KMH`).
+const IDLE_KMH: f64 = 5.0;
+
+/// A job reading `input` at `rate` records/s into `dir/out.jsonl`, with its admin API
+/// on a free port and the registry looked at every 200 ms.
+fn paced_job(dir: &Path, input: &Path, rate: u32, operator_config: &str) -> Result<PathBuf> {
+    let config = dir.join("job.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = {:?}\npoll_versions_s = 0.2\n[operator.config]\n{operator_config}\n\
+             [source]\nkind = \"file\"\npath = {input:?}\nrate = {rate}\n\
+             [sink]\nkind = \"file\"\npath = {:?}\n[state]\ndir = {:?}\npartitions = 4\ncommit_every = 64\n\
+             [dead_letter]\npath = {:?}\n[report]\ninterval_s = 0\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+            operator_wasm("vehicle_stats"),
+            dir.join("out.jsonl"),
+            dir.join("state"),
+            dir.join("dead.jsonl"),
+        ),
+    )?;
+    Ok(config)
+}
+
+/// The version a deploy or rollback line names: `deployed vehicle_stats@… (entry 2): …`.
+fn named_version(line: &str) -> String {
+    line.split_whitespace().find(|w| w.starts_with("vehicle_stats@")).unwrap_or_default().to_string()
+}
+
+/// Per partition, the versions its outputs name, in offset order, with repeats
+/// collapsed: `[v1, v2]` means one switch.
+fn version_runs(outputs: &[Value]) -> BTreeMap<u64, Vec<String>> {
+    let mut by_partition: BTreeMap<u64, Vec<(u64, String)>> = BTreeMap::new();
+    for output in outputs {
+        let (partition, offset) = (output["partition"].as_u64().unwrap(), output["offset"].as_u64().unwrap());
+        by_partition.entry(partition).or_default().push((offset, output["operator"].as_str().unwrap().to_string()));
+    }
+    by_partition
+        .into_iter()
+        .map(|(partition, mut outputs)| {
+            outputs.sort();
+            let mut runs: Vec<String> = Vec::new();
+            for (_, version) in outputs {
+                if runs.last() != Some(&version) {
+                    runs.push(version);
+                }
+            }
+            (partition, runs)
+        })
+        .collect()
+}
+
+/// Checks every output against the reference fold — one output per input, each the
+/// vehicle's summary after that input whatever version made it — and version 2's
+/// `idle_count` against the idle positions it processed since it took over.
+fn assert_outputs(outputs: &[Value], input: &Path, v2: &str) -> Result<()> {
+    let reference = Reference::fold(input)?;
+    assert_eq!(outputs.len(), reference.after_each.len(), "one output per input");
+    let mut expected: BTreeMap<&str, Vec<&Summary>> = BTreeMap::new();
+    for (vehicle, summary) in &reference.after_each {
+        expected.entry(vehicle).or_default().push(summary);
+    }
+    let mut speeds: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for line in std::fs::read_to_string(input)?.lines() {
+        let p: Value = serde_json::from_str(line)?;
+        speeds.entry(p["vehicle_id"].as_str().unwrap().into()).or_default().push(p["speed_kmh"].as_f64().unwrap());
+    }
+    let mut in_order = outputs.to_vec();
+    in_order.sort_by_key(|o| (o["partition"].as_u64(), o["offset"].as_u64()));
+    let mut seen: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    for output in &in_order {
+        let vehicle = output["key"].as_str().unwrap().to_string();
+        let (n, idle) = seen.entry(vehicle.clone()).or_default();
+        assert_summary(&output["value"], &vehicle, expected[vehicle.as_str()][*n], "output");
+        if output["operator"] == v2 {
+            *idle += u64::from(speeds[&vehicle][*n] < IDLE_KMH);
+            assert_eq!(output["value"]["idle_count"].as_u64(), Some(*idle), "version 2's new field: {output}");
+        } else {
+            // Version 1 neither reads nor writes it: a rollback drops it.
+            assert!(output["value"].get("idle_count").is_none(), "{output}");
+            *idle = 0;
+        }
+        *n += 1;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_deploy_under_load_switches_each_partition_once_and_carries_the_state_on() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let input = dir.join("input.jsonl");
+    generate(&input, 100, 64_000, SEED)?;
+    let config = paced_job(dir, &input, 8_000, "")?;
+    let mut host = Host::spawn("host", sluice().arg("run").arg("--config").arg(&config), &dir.join("host.log"))?;
+    let admin = host.admin_url()?;
+    let first = run_ok(sluice().arg("versions").arg("vehicle_stats").arg("--admin").arg(&admin))?;
+    let v1 = named_version(&String::from_utf8_lossy(&first.stdout));
+    std::thread::sleep(Duration::from_secs(1));
+
+    // Through the host's admin API: it answers once every partition switched.
+    let v2_file = operator_wasm("vehicle_stats_v2");
+    let deployed = run_ok(sluice().arg("deploy").arg("vehicle_stats").arg(&v2_file).arg("--admin").arg(&admin))?;
+    let answer = String::from_utf8_lossy(&deployed.stdout);
+    let v2 = named_version(&answer);
+    assert!(v2 != v1 && answer.contains("(entry 2)") && answer.contains("4 partitions switched"), "{answer}");
+    std::thread::sleep(Duration::from_millis(1500));
+
+    // Through the registry: the host finds the rollback on its next look.
+    let rolled = run_ok(sluice().arg("rollback").arg("vehicle_stats").arg("--config").arg(&config))?;
+    let rolled = String::from_utf8_lossy(&rolled.stdout);
+    assert!(rolled.contains(&format!("rolled back to {v1} recorded as entry 3")), "{rolled}");
+    host.wait_for(&format!("deployed {v1} (entry 3)"), 1, Duration::from_secs(10))?;
+    host.wait_for("processed 64000 records", 1, Duration::from_secs(60))?;
+
+    let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+    for (partition, runs) in version_runs(&outputs) {
+        assert_eq!(
+            runs,
+            [v1.clone(), v2.clone(), v1.clone()],
+            "partition {partition}: v1, then v2 from one offset on, then v1 again"
+        );
+    }
+    assert_outputs(&outputs, &input, &v2)?;
+    assert!(read_jsonl(&dir.join("dead.jsonl"))?.is_empty());
+
+    let versions = run_ok(sluice().arg("versions").arg("vehicle_stats").arg("--config").arg(&config))?;
+    let versions = String::from_utf8_lossy(&versions.stdout);
+    let lines: Vec<&str> = versions.lines().skip(1).collect();
+    assert_eq!(lines.len(), 3, "{versions}");
+    assert!(
+        lines[0].contains("deploy") && lines[0].contains(&v1) && lines[0].contains("configured file"),
+        "{versions}"
+    );
+    assert!(lines[1].contains("deploy") && lines[1].contains(&v2) && lines[1].contains("admin API"), "{versions}");
+    assert!(lines[2].starts_with('*') && lines[2].contains("rollback") && lines[2].contains(&v1), "{versions}");
+
+    // Deployed while no host runs, version 2 is what a restart runs, though the config
+    // still names version 1's file; it continues from the state version 1 left.
+    run_ok(sluice().arg("deploy").arg("vehicle_stats").arg(&v2_file).arg("--config").arg(&config))?;
+    generate(&input, 100, 68_000, SEED)?;
+    let restarted = run_ok(sluice().arg("run").arg("--config").arg(&config).env("SLUICE_LOG", "info"))?;
+    let log = String::from_utf8_lossy(&restarted.stderr);
+    assert!(log.contains(&format!("running {v2} (registry entry 4), not the configured")), "{log}");
+    assert!(log.contains("processed 4000 records") && log.contains("64000 records skipped"), "{log}");
+    let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+    assert!(outputs[64_000..].iter().all(|o| o["operator"] == v2.as_str()), "the restart runs version 2");
+    assert_outputs(&outputs, &input, &v2)?;
+    let manifests = checkpoint_manifests(&dir.join("state.checkpoints"), 0)?;
+    assert_eq!(manifests.last().unwrap()["operator"], v2.as_str(), "the checkpoint names the version that wrote it");
+    Ok(())
+}
+
+#[test]
+fn a_component_that_cannot_run_is_refused_and_the_running_version_keeps_processing() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let input = dir.join("input.jsonl");
+    generate(&input, 50, 12_000, SEED)?;
+    // Version 1 ignores its config; the probe, deployed in its place, traps in `init`.
+    let config = paced_job(dir, &input, 3_000, "trap_init = \"true\"")?;
+    let mut host = Host::spawn("host", sluice().arg("run").arg("--config").arg(&config), &dir.join("host.log"))?;
+    let admin = host.admin_url()?;
+
+    let broken: [(&str, Vec<u8>, &str); 3] = [
+        ("text.wasm", b"not wasm at all".to_vec(), "is not a WebAssembly file"),
+        ("core.wasm", wat::parse_str("(module)")?, "core WebAssembly module, not a component"),
+        ("empty.wasm", wat::parse_str("(component)")?, "does not implement the sluice:operator/operator@0.1 world"),
+    ];
+    for (name, bytes, expected) in broken {
+        let file = dir.join(name);
+        std::fs::write(&file, bytes)?;
+        let err = run_err(sluice().arg("deploy").arg("vehicle_stats").arg(&file).arg("--admin").arg(&admin))?;
+        assert!(err.contains(expected) && err.contains("400 Bad Request"), "{name}: {err}");
+    }
+    let probe = operator_wasm("probe");
+    let err = run_err(sluice().arg("deploy").arg("vehicle_stats").arg(&probe).arg("--admin").arg(&admin))?;
+    assert!(err.contains("trapped in init") && err.contains("trap_init is set"), "{err}");
+    // `--config` validates the same way before it records anything.
+    let err = run_err(sluice().arg("deploy").arg("vehicle_stats").arg(&probe).arg("--config").arg(&config))?;
+    assert!(err.contains("trapped in init") && err.contains(&probe.display().to_string()), "{err}");
+    let err = run_err(sluice().arg("deploy").arg("other_name").arg(&probe).arg("--admin").arg(&admin))?;
+    assert!(err.contains("this job runs operator `vehicle_stats`, not `other_name`"), "{err}");
+    let err = run_err(sluice().arg("rollback").arg("vehicle_stats").arg("--admin").arg(&admin))?;
+    assert!(err.contains("nothing to roll back to"), "{err}");
+
+    host.wait_for("processed 12000 records", 1, Duration::from_secs(60))?;
+    let versions = run_ok(sluice().arg("versions").arg("vehicle_stats").arg("--config").arg(&config))?;
+    assert_eq!(String::from_utf8_lossy(&versions.stdout).lines().count(), 2, "only the first version is recorded");
+    let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+    assert!(version_runs(&outputs).values().all(|runs| runs.len() == 1), "one version throughout");
+    assert_outputs(&outputs, &input, "none")?;
+    assert_state_matches(&dump_state(&dir.join("state"))?, &Reference::fold(&input)?, "final state");
+    Ok(())
+}
