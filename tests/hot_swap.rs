@@ -104,7 +104,7 @@ fn a_deploy_under_load_switches_each_partition_once_and_carries_the_state_on() -
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
     let input = dir.join("input.jsonl");
-    generate(&input, 100, 64_000, SEED)?;
+    generate(&input, 100, 96_000, SEED)?;
     let config = paced_job(dir, &input, 8_000, "")?;
     let mut host = Host::spawn("host", sluice().arg("run").arg("--config").arg(&config), &dir.join("host.log"))?;
     let admin = host.admin_url()?;
@@ -125,7 +125,7 @@ fn a_deploy_under_load_switches_each_partition_once_and_carries_the_state_on() -
     let rolled = String::from_utf8_lossy(&rolled.stdout);
     assert!(rolled.contains(&format!("rolled back to {v1} recorded as entry 3")), "{rolled}");
     host.wait_for(&format!("deployed {v1} (entry 3)"), 1, Duration::from_secs(10))?;
-    host.wait_for("processed 64000 records", 1, Duration::from_secs(60))?;
+    host.wait_for("processed 96000 records", 1, Duration::from_secs(60))?;
 
     let outputs = read_jsonl(&dir.join("out.jsonl"))?;
     for (partition, runs) in version_runs(&outputs) {
@@ -152,13 +152,13 @@ fn a_deploy_under_load_switches_each_partition_once_and_carries_the_state_on() -
     // Deployed while no host runs, version 2 is what a restart runs, though the config
     // still names version 1's file; it continues from the state version 1 left.
     run_ok(sluice().arg("deploy").arg("vehicle_stats").arg(&v2_file).arg("--config").arg(&config))?;
-    generate(&input, 100, 68_000, SEED)?;
+    generate(&input, 100, 100_000, SEED)?;
     let restarted = run_ok(sluice().arg("run").arg("--config").arg(&config).env("SLUICE_LOG", "info"))?;
     let log = String::from_utf8_lossy(&restarted.stderr);
     assert!(log.contains(&format!("running {v2} (registry entry 4), not the configured")), "{log}");
-    assert!(log.contains("processed 4000 records") && log.contains("64000 records skipped"), "{log}");
+    assert!(log.contains("processed 4000 records") && log.contains("96000 records skipped"), "{log}");
     let outputs = read_jsonl(&dir.join("out.jsonl"))?;
-    assert!(outputs[64_000..].iter().all(|o| o["operator"] == v2.as_str()), "the restart runs version 2");
+    assert!(outputs[96_000..].iter().all(|o| o["operator"] == v2.as_str()), "the restart runs version 2");
     assert_outputs(&outputs, &input, &v2)?;
     let manifests = checkpoint_manifests(&dir.join("state.checkpoints"), 0)?;
     assert_eq!(manifests.last().unwrap()["operator"], v2.as_str(), "the checkpoint names the version that wrote it");
@@ -175,6 +175,7 @@ fn a_component_that_cannot_run_is_refused_and_the_running_version_keeps_processi
     let config = paced_job(dir, &input, 3_000, "trap_init = \"true\"")?;
     let mut host = Host::spawn("host", sluice().arg("run").arg("--config").arg(&config), &dir.join("host.log"))?;
     let admin = host.admin_url()?;
+    let outputs_before = read_jsonl(&dir.join("out.jsonl"))?.len();
 
     let broken: [(&str, Vec<u8>, &str); 3] = [
         ("text.wasm", b"not wasm at all".to_vec(), "is not a WebAssembly file"),
@@ -197,6 +198,12 @@ fn a_component_that_cannot_run_is_refused_and_the_running_version_keeps_processi
     assert!(err.contains("this job runs operator `vehicle_stats`, not `other_name`"), "{err}");
     let err = run_err(sluice().arg("rollback").arg("vehicle_stats").arg("--admin").arg(&admin))?;
     assert!(err.contains("nothing to roll back to"), "{err}");
+    let err = run_err(
+        sluice().arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats")).arg("--admin").arg(&admin),
+    )?;
+    assert!(err.contains("is already the version in force (entry 1)"), "{err}");
+    let outputs_during = read_jsonl(&dir.join("out.jsonl"))?.len();
+    assert!(outputs_during > outputs_before, "processing went on while deploys were refused");
 
     host.wait_for("processed 12000 records", 1, Duration::from_secs(60))?;
     let versions = run_ok(sluice().arg("versions").arg("vehicle_stats").arg("--config").arg(&config))?;

@@ -390,6 +390,13 @@ fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result
     a.wait_for("resumed at offset", 4, minute)?;
     let mut b = host("b")?;
     b.wait_for("resumed at offset", 1, minute)?;
+    // Every partition a handed over runs on b before any record arrives, so each
+    // partition's outputs start with version 1.
+    let started = Instant::now();
+    while a.log().matches("stopped (Handover)").count() != b.log().matches("resumed at offset").count() {
+        assert!(started.elapsed() < minute, "the group did not settle:\n{}\n{}", a.log(), b.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     broker.produce_lines("positions", &chunks[0])?;
 
     let deployed = std::thread::scope(|scope| -> Result<String> {
@@ -431,7 +438,13 @@ fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result
     for output in &outputs {
         let offset: u64 = output.headers["sluice-offset"].parse()?;
         let versions = by_partition.entry(output.headers["sluice-partition"].clone()).or_default();
-        versions.insert(offset, output.headers["sluice-operator"].clone());
+        let version = &output.headers["sluice-operator"];
+        let first = versions.entry(offset).or_insert_with(|| version.clone());
+        assert_eq!(
+            first, version,
+            "input {offset} of partition {} was processed by two versions",
+            output.headers["sluice-partition"]
+        );
     }
     assert_eq!(by_partition.values().map(BTreeMap::len).sum::<usize>(), total, "every input has an output");
     for (partition, versions) in &by_partition {

@@ -1,9 +1,11 @@
-//! Hot-swap latency under load: a job on the embedded generator (4 partitions, 20,000
-//! records/s, default batches) while versions 2 and 1 of vehicle-stats are deployed in
-//! turn through its admin API, `SLUICE_BENCH_SWAPS` times (default 20). Each deploy
-//! answers with the time from activation until every partition had switched and the
-//! longest any partition stood still for its switch (instantiating the pre-compiled
-//! version and running its `init`).
+//! Hot-swap latency. First, a switch on its own: one partition's instance switched
+//! between versions 1 and 2 of vehicle-stats 200 times, nothing else running — what a
+//! switch costs (instantiating the pre-compiled version over the partition's state and
+//! running its `init`). Then under load: a job on the embedded generator (4 partitions,
+//! 20,000 records/s, default batches) while versions 2 and 1 are deployed in turn
+//! through its admin API, `SLUICE_BENCH_SWAPS` times (default 20); each deploy answers
+//! with the time from activation until every partition had switched and the longest
+//! any partition stood still for its switch.
 //!
 //! The baseline, measured in the same process, is what a swap costs without
 //! pre-compilation: compiling the component from its bytes.
@@ -12,8 +14,11 @@ use anyhow::{Context, Result};
 use hyper::Method;
 use sluice::admin::{self, DeployAnswer};
 use sluice::config::{Config, SinkConfig, SourceConfig};
-use sluice::operator::wasm::{Limits, WasmOperator};
+use sluice::operator::Operator;
+use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
+use sluice::state::{PartitionStore, Transaction};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const RATE: f64 = 20_000.0;
@@ -39,6 +44,7 @@ fn main() -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let compile = median(compiles);
+    let alone = switch_alone(&versions)?;
 
     let dir = tempfile::tempdir()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -95,9 +101,35 @@ fn main() -> Result<()> {
         ms(stalls_max)
     );
     println!("validating (compile + trial init) before each deploy: median {:.1} ms", ms(median(prepared)));
+    println!(
+        "a switch alone (one partition, no load, 200 switches): median {:.3} ms, max {:.3} ms",
+        ms(median(alone.clone())),
+        ms(*alone.iter().max().unwrap())
+    );
     println!("baseline, compiling the component (a swap without pre-compilation): median {:.1} ms", ms(compile));
-    println!("worst stall / compile: {:.4}", stalls_max.as_secs_f64() / compile.as_secs_f64());
+    println!("switch alone / compile: {:.4}", median(alone).as_secs_f64() / compile.as_secs_f64());
+    println!("worst stall under load / compile: {:.4}", stalls_max.as_secs_f64() / compile.as_secs_f64());
     Ok(())
+}
+
+/// The stall of each of 200 switches of one instance between `versions`, nothing else
+/// running.
+fn switch_alone(versions: &[PathBuf; 2]) -> Result<Vec<Duration>> {
+    let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
+    let operators: Vec<Arc<WasmOperator>> = versions
+        .iter()
+        .map(|v| WasmOperator::load(v, limits.clone(), Vec::new()).map(Arc::new))
+        .collect::<Result<_>>()?;
+    let dir = tempfile::tempdir()?;
+    let active = ActiveVersion::new(operators[1].clone());
+    let mut instance = active.instantiate(0, Transaction::new(PartitionStore::open(dir.path(), 0)?)?)?;
+    (0..200)
+        .map(|i| {
+            active.activate(operators[i % 2].clone());
+            let switch = instance.follow_deploys()?.context("a new version was active")?;
+            Ok(switch.stall)
+        })
+        .collect()
 }
 
 fn median(mut samples: Vec<Duration>) -> Duration {

@@ -174,6 +174,9 @@ struct RunArgs {
     /// Neither checkpoint nor restore from a checkpoint store.
     #[arg(long, conflicts_with_all = ["checkpoint_store", "checkpoint_interval"])]
     no_checkpoints: bool,
+    /// Serve the admin HTTP API (deploy, rollback, versions) on this `host:port`.
+    #[arg(long)]
+    admin: Option<String>,
 }
 
 /// Generator settings that override the configured ones.
@@ -255,9 +258,7 @@ fn run(cli: Cli) -> Result<()> {
             let summary = match job.open(&name)? {
                 Job::Admin(admin) => {
                     let path = format!("/operators/{name}/versions");
-                    let answer: DeployAnswer =
-                        serde_json::from_str(&admin::call(&admin, Method::POST, &path, component)?)?;
-                    answer.summary
+                    admin_answer(&admin::call(&admin, Method::POST, &path, component)?)?
                 }
                 Job::Registry { registry, sandbox, poll_versions_s } => {
                     sandbox.validate(&name, &component, &file.display().to_string())?;
@@ -276,9 +277,7 @@ fn run(cli: Cli) -> Result<()> {
             let summary = match job.open(&name)? {
                 Job::Admin(admin) => {
                     let path = format!("/operators/{name}/rollback");
-                    let answer: DeployAnswer =
-                        serde_json::from_str(&admin::call(&admin, Method::POST, &path, Vec::new())?)?;
-                    answer.summary
+                    admin_answer(&admin::call(&admin, Method::POST, &path, Vec::new())?)?
                 }
                 Job::Registry { registry, poll_versions_s, .. } => {
                     let deployment = checkpoint::runtime()?.block_on(registry.rollback("sluice rollback"))?;
@@ -336,6 +335,16 @@ fn run(cli: Cli) -> Result<()> {
             Ok(out.flush()?)
         }
     }
+}
+
+/// The summary of a host's answer to a deploy or rollback; an error if some of its
+/// partitions did not switch.
+fn admin_answer(json: &str) -> Result<String> {
+    let answer: DeployAnswer = serde_json::from_str(json)?;
+    if !answer.not_switched.is_empty() {
+        bail!("{}", answer.summary);
+    }
+    Ok(answer.summary)
 }
 
 /// A job, as `sluice deploy`, `rollback` and `versions` reach it.
@@ -517,6 +526,9 @@ impl RunArgs {
         }
         if self.no_checkpoints {
             config.checkpoint.enabled = false;
+        }
+        if let Some(listen) = self.admin {
+            config.admin.listen = Some(listen);
         }
         config.validate()?;
         Ok(config)

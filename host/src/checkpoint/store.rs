@@ -74,7 +74,8 @@ pub struct Manifest {
     pub offset: u64,
     /// State entries held.
     pub entries: u64,
-    /// The operator that wrote the state.
+    /// The operator version running when the checkpoint was taken: the latest to write
+    /// the state (after a hot swap, older versions wrote parts of it).
     pub operator: String,
     /// Creation time, milliseconds since the Unix epoch.
     pub created_at_ms: u64,

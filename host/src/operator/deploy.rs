@@ -78,7 +78,8 @@ pub struct DeployReport {
     pub partitions: usize,
     /// The longest one of them stood still for the switch.
     pub worst_stall: Duration,
-    /// Partitions that had not switched when the deploy stopped waiting.
+    /// Partitions that had not switched when the deploy stopped waiting: they refused
+    /// the version (see the log) or were still busy with a batch.
     pub not_switched: Vec<u32>,
 }
 
@@ -95,7 +96,7 @@ impl fmt::Display for DeployReport {
             self.worst_stall.as_micros()
         )?;
         if !self.not_switched.is_empty() {
-            write!(f, "; partitions {:?} had not switched after {SWITCH_TIMEOUT:?} (see the log)", self.not_switched)?;
+            write!(f, "; partitions {:?} did not switch (see the host's log)", self.not_switched)?;
         }
         Ok(())
     }
@@ -118,8 +119,9 @@ struct Versions {
     /// The version active before the current one, still compiled: a rollback to it
     /// costs no compile.
     previous: Option<Arc<WasmOperator>>,
-    /// Versions recorded in the registry that this host refused to run.
-    refused: BTreeSet<String>,
+    /// Registry entries whose version this host found invalid (it keeps the running
+    /// one); a deploy of the same build again is a new entry and is tried again.
+    refused: BTreeSet<u64>,
 }
 
 impl Deployer {
@@ -193,41 +195,46 @@ impl Deployer {
     pub fn rollback(&self, origin: &str) -> Result<DeployReport> {
         let mut versions = self.state.lock().expect("no panics under this lock");
         let deployment = self.runtime.block_on(self.registry.rollback(origin))?;
-        self.run(&mut versions, deployment)
+        self.run(&mut versions, deployment).map_err(Refusal::into_error)
     }
 
     /// Brings this host to the version the registry has in force, if it runs another
-    /// one (a deploy or rollback recorded elsewhere). A version this host cannot run
-    /// is refused once, with an error, and the running one stays.
+    /// one (a deploy or rollback recorded elsewhere). A version that does not validate
+    /// here is refused with an error, once per registry entry, and the running one
+    /// stays; a failure to read the store is an error and is tried again next time.
     pub fn sync(&self) -> Result<Option<DeployReport>> {
         let mut versions = self.state.lock().expect("no panics under this lock");
         let Some(current) = self.runtime.block_on(self.registry.current())? else { return Ok(None) };
-        if current.version == self.active.get().1.version() || versions.refused.contains(&current.version) {
+        if current.version == self.active.get().1.version() || versions.refused.contains(&current.seq) {
             return Ok(None);
         }
         match self.run(&mut versions, current.clone()) {
             Ok(report) => Ok(Some(report)),
-            Err(e) => {
-                versions.refused.insert(current.version.clone());
+            Err(Refusal::Invalid(e)) => {
+                versions.refused.insert(current.seq);
                 Err(e.context(format!(
                     "refused version {} (entry {}); the running version stays",
                     current.version, current.seq
                 )))
             }
+            Err(Refusal::Unavailable(e)) => Err(e),
         }
     }
 
     /// Activates `deployment`'s version: still compiled if it ran just before, else
     /// fetched and validated.
-    fn run(&self, versions: &mut Versions, deployment: Deployment) -> Result<DeployReport> {
+    fn run(&self, versions: &mut Versions, deployment: Deployment) -> Result<DeployReport, Refusal> {
         let began = Instant::now();
         let operator = match versions.previous.take() {
             Some(previous) if previous.version() == deployment.version => previous,
             previous => {
                 versions.previous = previous;
-                let bytes = self.runtime.block_on(self.registry.component(&deployment))?;
+                let bytes =
+                    self.runtime.block_on(self.registry.component(&deployment)).map_err(Refusal::Unavailable)?;
                 let origin = format!("version {}", deployment.version);
-                Arc::new(self.sandbox.validate(self.registry.name(), &bytes, &origin)?)
+                let operator =
+                    self.sandbox.validate(self.registry.name(), &bytes, &origin).map_err(Refusal::Invalid)?;
+                Arc::new(operator)
             }
         };
         Ok(self.activate(versions, operator, deployment, began.elapsed()))
@@ -254,24 +261,35 @@ impl Deployer {
         report
     }
 
-    /// Waits until every running partition runs `version`, up to [`SWITCH_TIMEOUT`];
-    /// returns how many did, the longest stall among them, and the ones that did not.
+    /// Waits until every running partition runs `version` or refused it, up to
+    /// [`SWITCH_TIMEOUT`]; returns how many switched, the longest stall among them, and
+    /// the ones that did not.
     fn wait_switched(&self, version: &str) -> (usize, Duration, Vec<u32>) {
         let deadline = Instant::now() + SWITCH_TIMEOUT;
         loop {
-            let (mut switched, mut worst, mut behind) = (0, 0, Vec::new());
+            let (mut switched, mut worst, mut behind, mut busy) = (0, 0, Vec::new(), false);
             for (partition, stats) in self.live.lock().expect("no panics under this lock").iter() {
                 if *stats.version.lock().expect("no panics under this lock") == version {
                     switched += 1;
                     worst = worst.max(stats.last_switch_stall_us.load(Ordering::Relaxed));
+                } else if stats
+                    .refused
+                    .lock()
+                    .expect("no panics under this lock")
+                    .as_ref()
+                    .is_some_and(|(v, _)| v == version)
+                {
+                    behind.push(*partition);
                 } else {
+                    busy = true;
                     behind.push(*partition);
                 }
             }
-            if behind.is_empty() || Instant::now() >= deadline {
+            if !busy || Instant::now() >= deadline {
                 return (switched, Duration::from_micros(worst), behind);
             }
-            std::thread::sleep(Duration::from_micros(200));
+            // Coarse enough not to take a core from the partitions that are switching.
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -294,6 +312,22 @@ impl Deployer {
             while slept.elapsed() < interval && !done() {
                 std::thread::sleep(interval.min(Duration::from_millis(50)));
             }
+        }
+    }
+}
+
+/// Why a version recorded in the registry was not activated.
+enum Refusal {
+    /// It does not validate here: refused for good (until deployed again).
+    Invalid(anyhow::Error),
+    /// It could not be fetched: worth trying again.
+    Unavailable(anyhow::Error),
+}
+
+impl Refusal {
+    fn into_error(self) -> anyhow::Error {
+        match self {
+            Refusal::Invalid(e) | Refusal::Unavailable(e) => e,
         }
     }
 }

@@ -66,6 +66,12 @@ pub trait Operator: Send {
     fn follow_deploys(&mut self) -> Result<Option<Switch>>;
 }
 
+/// The version of a build of operator `name`: `name@checksum` of its component. Outputs,
+/// dead letters, checkpoint manifests and the registry all name builds this way.
+pub fn version_of(name: &str, component: &[u8]) -> String {
+    format!("{name}@{}", crate::checksum::of_bytes(component))
+}
+
 /// A partition's switch from one operator version to another.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Switch {

@@ -88,7 +88,10 @@ impl Registry {
     /// The registry of operator `name` in `store`.
     pub fn new(store: CheckpointStore, name: &str) -> Result<Self> {
         if name.starts_with('.') || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) {
-            bail!("operator name {name:?}: use letters, digits, `_`, `-` and `.` (not first) only");
+            bail!(
+                "operator name {name:?} (`[operator] name`, by default the file's stem): use letters, digits, `_`, \
+                 `-` and `.` (not first) only"
+            );
         }
         Ok(Registry { store, name: name.to_string(), read: Arc::default() })
     }
@@ -96,11 +99,6 @@ impl Registry {
     /// The operator's name.
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// The version string of a build of this operator: `name@checksum`.
-    pub fn version_of(&self, component: &[u8]) -> String {
-        format!("{}@{}", self.name, checksum::of_bytes(component))
     }
 
     /// Every entry, oldest first.
@@ -123,6 +121,15 @@ impl Registry {
             let bytes = self.store.get_optional(&path).await?.ok_or_else(|| anyhow!("{path} vanished"))?;
             let entry: Deployment = serde_json::from_slice(&bytes)
                 .with_context(|| format!("{path} in {} is not a sluice deployment record", self.store.url()))?;
+            if entry.seq != seq || !entry.version.starts_with(&format!("{}@", self.name)) {
+                bail!(
+                    "{path} in {} is corrupt: it records entry {} of version {}, not an entry {seq} of operator {}",
+                    self.store.url(),
+                    entry.seq,
+                    entry.version,
+                    self.name
+                );
+            }
             self.read.lock().expect("no panics under this lock").insert(seq, entry.clone());
             history.push(entry);
         }
@@ -149,9 +156,20 @@ impl Registry {
 
     /// Records `component` as the running version. The caller has validated it.
     pub async fn deploy(&self, component: &[u8], origin: &str) -> Result<Deployment> {
-        let version = self.version_of(component);
+        let version = super::version_of(&self.name, component);
         self.put_component(component).await?;
-        self.append(|_| Ok(Some((Action::Deploy, version.clone()))), origin).await.map(|d| d.expect("always appends"))
+        let deployed = self
+            .append(
+                |history| match in_force(history).pop() {
+                    Some(current) if current.version == version => {
+                        bail!("{version} is already the version in force (entry {})", current.seq)
+                    }
+                    _ => Ok(Some((Action::Deploy, version.clone()))),
+                },
+                origin,
+            )
+            .await?;
+        Ok(deployed.expect("always appends or fails"))
     }
 
     /// Records `component` as the running version unless it was ever deployed before;
@@ -159,7 +177,7 @@ impl Registry {
     /// this: a file it has not seen is a new deploy, a known one defers to the history
     /// (a restart runs what was deployed or rolled back to since).
     pub async fn adopt(&self, component: &[u8], origin: &str) -> Result<Deployment> {
-        let version = self.version_of(component);
+        let version = super::version_of(&self.name, component);
         if !self.history().await?.iter().any(|d| d.version == version) {
             self.put_component(component).await?;
         }
@@ -278,6 +296,8 @@ mod tests {
             assert_eq!(registry.adopt(b"one", "restart").await?, v1, "a known version is not deployed again");
             assert!(registry.rollback("t").await.unwrap_err().to_string().contains("first version"));
             let v2 = registry.deploy(b"two", "t").await?;
+            let again = registry.deploy(b"two", "t").await.unwrap_err().to_string();
+            assert!(again.contains("already the version in force (entry 2)"), "{again}");
             let v3 = registry.deploy(b"three", "t").await?;
             assert_eq!(registry.current().await?.unwrap().version, v3.version);
             let back = registry.rollback("t").await?;
@@ -301,6 +321,11 @@ mod tests {
         std::fs::write(&object, b"two")?;
         let err = runtime.block_on(registry.component(&v1)).unwrap_err().to_string();
         assert!(err.contains("is corrupt") && err.contains("operators/op/components"), "{err}");
+        // An entry whose contents do not match its name is refused, not followed.
+        let entry = dir.path().join("operators/op/history/0000000001.json");
+        std::fs::write(&entry, std::fs::read_to_string(&entry)?.replace("op@", "other@"))?;
+        let err = runtime.block_on(registry.history()).unwrap_err().to_string();
+        assert!(err.contains("0000000001.json") && err.contains("is corrupt"), "{err}");
         Ok(())
     }
 }

@@ -75,6 +75,10 @@ struct HostCtx {
     /// The guest's last error-level log line in the current call: the SDK's panic
     /// hook logs the panic message there just before the trap.
     last_error: Option<String>,
+    /// Whether a `process` call is running: state is scoped to its record's key and
+    /// exists only there (an `init` that reached for state would see whichever key the
+    /// partition's last record had).
+    in_record: bool,
 }
 
 /// The engine every operator of this process is compiled by. Its epoch advances
@@ -143,7 +147,7 @@ impl WasmOperator {
                     )
                 },
             )?;
-        let version = format!("{name}@{}", crate::checksum::of_bytes(component));
+        let version = super::version_of(name, component);
         Ok(WasmOperator { pre, origin: origin.to_string(), name: name.into(), version, limits, config })
     }
 
@@ -177,6 +181,7 @@ impl WasmOperator {
             partition,
             host_error: None,
             last_error: None,
+            in_record: false,
         }
     }
 
@@ -237,11 +242,11 @@ impl ActiveVersion {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// Makes `operator` the active version; returns its generation.
-    pub fn activate(&self, operator: Arc<WasmOperator>) -> u64 {
+    /// Makes `operator` the active version.
+    pub fn activate(&self, operator: Arc<WasmOperator>) {
         let mut current = self.current.lock().expect("no panics under this lock");
         *current = operator;
-        self.generation.fetch_add(1, Ordering::AcqRel) + 1
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Instantiates the active version for `partition` over `txn` and calls its `init`.
@@ -287,7 +292,9 @@ impl Operator for WasmInstance {
             headers: Vec::new(),
         };
         live.store.data_mut().last_error = None;
+        live.store.data_mut().in_record = true;
         let result = live.bindings.call_process(&mut live.store, &input);
+        live.store.data_mut().in_record = false;
         if let Some(error) = live.store.data_mut().host_error.take() {
             return Err(error);
         }
@@ -323,7 +330,7 @@ impl Operator for WasmInstance {
         let (generation, next) = self.active.get();
         self.generation = generation;
         // Deployed and rolled back again before this partition looked.
-        if Arc::ptr_eq(&next, &self.operator) {
+        if next.version == self.operator.version {
             return Ok(None);
         }
         let from = self.operator.version.clone();
@@ -346,15 +353,18 @@ impl Operator for WasmInstance {
 
 impl state::Host for HostCtx {
     fn get(&mut self, name: String) -> Result<Option<Vec<u8>>> {
+        self.check_in_record("get")?;
         self.txn.get(&name).map_err(|e| self.fail(e))
     }
 
     fn put(&mut self, name: String, value: Vec<u8>) -> Result<()> {
+        self.check_in_record("put")?;
         self.txn.put(&name, value);
         Ok(())
     }
 
     fn delete(&mut self, name: String) -> Result<()> {
+        self.check_in_record("delete")?;
         self.txn.delete(&name);
         Ok(())
     }
@@ -380,6 +390,14 @@ impl log::Host for HostCtx {
 impl types::Host for HostCtx {}
 
 impl HostCtx {
+    /// Traps a state call made outside `process`.
+    fn check_in_record(&self, call: &str) -> Result<()> {
+        if !self.in_record {
+            bail!("state.{call} called outside `process`: state belongs to a record's key, so `init` cannot use it");
+        }
+        Ok(())
+    }
+
     /// Records a host failure and returns the trap that unwinds the guest.
     fn fail(&mut self, error: anyhow::Error) -> anyhow::Error {
         let trap = anyhow!("host failure: {error:#}");
@@ -438,4 +456,52 @@ fn check_imports(engine: &Engine, component: &Component) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(instance: &mut WasmInstance, offset: u64) -> Result<Vec<u8>> {
+        let record = SourceRecord {
+            partition: 0,
+            offset,
+            key: b"k".to_vec(),
+            value: br#"{"action":"count"}"#.to_vec(),
+            timestamp_ms: 0,
+        };
+        instance.state().begin_record(&record.key);
+        let outcome = instance.process(&record)?;
+        instance.state().end_record(true);
+        match outcome {
+            Outcome::Emitted(outputs) => Ok(outputs[0].value.clone()),
+            other => bail!("count failed: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_version_that_fails_to_start_on_a_partition_leaves_it_running_the_old_one() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let probe = sluice_tests::operator_wasm("probe");
+        let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
+        let good = Arc::new(WasmOperator::load(&probe, limits.clone(), Vec::new())?);
+        let config = vec![("fail_init".to_string(), "true".to_string())];
+        let failing = Arc::new(WasmOperator::compile("other", &std::fs::read(&probe)?, "test", limits, config)?);
+        let active = ActiveVersion::new(good.clone());
+        let mut instance = active.instantiate(0, Transaction::new(PartitionStore::open(dir.path(), 0)?)?)?;
+        assert_eq!(count(&mut instance, 0)?, br#"{"count":1}"#);
+
+        // Not validated first, so it gets as far as a partition, which keeps its version.
+        active.activate(failing.clone());
+        let switch = instance.follow_deploys()?.expect("a new version is active");
+        assert_eq!((switch.from.as_str(), switch.to.as_str()), (good.version(), failing.version()));
+        assert!(switch.refused.as_deref().is_some_and(|r| r.contains("fail_init is set")), "{switch:?}");
+        assert_eq!(instance.version(), good.version());
+        assert!(instance.follow_deploys()?.is_none(), "a refused version is tried once");
+        assert_eq!(count(&mut instance, 1)?, br#"{"count":2}"#, "the state is still there");
+
+        active.activate(good.clone());
+        assert!(instance.follow_deploys()?.is_none(), "already runs it");
+        Ok(())
+    }
 }

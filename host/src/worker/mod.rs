@@ -62,6 +62,8 @@ pub struct PartitionStats {
     pub last_switch_stall_us: AtomicU64,
     /// The operator version it runs; changes only when it switches.
     pub version: Mutex<String>,
+    /// The latest version it could not switch to, and why (it kept running `version`).
+    pub refused: Mutex<Option<(String, String)>>,
 }
 
 /// Where workers send what they produce, shared by all of them.
@@ -215,9 +217,10 @@ pub fn run(
         let mut dead_count = 0;
         for record in &batch {
             operator.state().begin_record(&record.key);
-            let outcome = operator.process(record);
-            operator.state().end_record(matches!(outcome, Ok(Outcome::Emitted(_))));
-            match outcome? {
+            // An error stops the worker; the batch's writes are never committed.
+            let outcome = operator.process(record)?;
+            operator.state().end_record(matches!(outcome, Outcome::Emitted(_)));
+            match outcome {
                 Outcome::Emitted(outs) => outputs.extend(outs.into_iter().map(|o| (record, o))),
                 Outcome::Rejected(reason) => {
                     sink::format_dead_letter(&mut dead, record, operator.version(), "rejected", &reason);
