@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sluice's entry point for people and CI.
-#   ./dev.sh demo    set up, build, and run the vehicle demo on the embedded generator
+#   ./dev.sh demo    set up, build, and run the vehicle demo on the embedded generator,
+#                    deploying version 2 of its operator while it runs
 #   ./dev.sh test    set up, build, and run the whole test suite (what CI runs)
 #   ./dev.sh bench   set up, build, and run the benchmarks (throughput, checkpoints and restore,
 #                    Kafka, hot swap)
@@ -65,14 +66,29 @@ demo)
     build_operators
     build_host
     out=demo-out
+    sluice="$CARGO_TARGET_DIR/debug/sluice"
     rm -rf "$out"
-    "$CARGO_TARGET_DIR/debug/sluice" run \
+    mkdir -p "$out"
+    "$sluice" run \
         --operator "$WASM_DIR/vehicle_stats.wasm" \
-        --vehicles 10000 --count 1000000 --seed 42 --partitions 4 \
+        --vehicles 10000 --count 1000000 --seed 42 --rate 100000 --partitions 4 \
         --state-dir "$out/state" --output "$out/outputs.jsonl" --dead-letter "$out/dead-letter.jsonl" \
-        --report-interval 1
+        --report-interval 1 --admin 127.0.0.1:0 2> >(tee "$out/run.log" >&2) &
+    job=$!
+    # A few seconds in, version 2 of the operator is deployed into the running job.
+    admin=""
+    while [ -z "$admin" ] && kill -0 "$job" 2>/dev/null; do
+        sleep 0.2
+        admin=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$out/run.log" | head -n 1 || true)
+    done
+    sleep 3
+    echo "--- hot swap: sluice deploy vehicle_stats vehicle_stats_v2.wasm --admin $admin" >&2
+    "$sluice" deploy vehicle_stats "$WASM_DIR/vehicle_stats_v2.wasm" --admin "$admin" >&2
+    wait "$job"
+    echo "--- outputs per operator version (grep '\"operator\"' $out/outputs.jsonl):"
+    grep -o '"operator":"[^"]*"' "$out/outputs.jsonl" | sort | uniq -c
     echo "--- three vehicles' final summaries (sluice state dump --state-dir $out/state):"
-    "$CARGO_TARGET_DIR/debug/sluice" state dump --state-dir "$out/state" | head -n 3
+    "$sluice" state dump --state-dir "$out/state" | head -n 3
     ;;
 test)
     setup
