@@ -7,7 +7,7 @@ use sluice::admin::{self, DeployAnswer, VersionsAnswer};
 use sluice::checkpoint::{self, CheckpointStore, bytes};
 use sluice::config::{Config, SinkConfig, SourceConfig};
 use sluice::operator::deploy::{self, Sandbox};
-use sluice::operator::registry::{self, Registry};
+use sluice::operator::registry::{self, Deployment, Registry};
 use sluice::sink::Payload;
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::StateDir;
@@ -264,10 +264,7 @@ fn run(cli: Cli) -> Result<()> {
                     sandbox.validate(&name, &component, &file.display().to_string())?;
                     let origin = format!("sluice deploy {}", file.display());
                     let deployment = checkpoint::runtime()?.block_on(registry.deploy(&component, &origin))?;
-                    format!(
-                        "{} recorded as entry {}; running hosts switch to it within {poll_versions_s} s",
-                        deployment.version, deployment.seq
-                    )
+                    recorded(&deployment, poll_versions_s)
                 }
             };
             println!("deployed {summary}");
@@ -279,12 +276,13 @@ fn run(cli: Cli) -> Result<()> {
                     let path = format!("/operators/{name}/rollback");
                     admin_answer(&admin::call(&admin, Method::POST, &path, Vec::new())?)?
                 }
-                Job::Registry { registry, poll_versions_s, .. } => {
-                    let deployment = checkpoint::runtime()?.block_on(registry.rollback("sluice rollback"))?;
-                    format!(
-                        "{} recorded as entry {}; running hosts switch to it within {poll_versions_s} s",
-                        deployment.version, deployment.seq
-                    )
+                Job::Registry { registry, sandbox, poll_versions_s } => {
+                    let runtime = checkpoint::runtime()?;
+                    let target = runtime.block_on(registry.rollback_target())?;
+                    let component = runtime.block_on(registry.component(&target))?;
+                    sandbox.validate(&name, &component, &format!("version {}", target.version))?;
+                    let deployment = runtime.block_on(registry.rollback(&target, "sluice rollback"))?;
+                    recorded(&deployment, poll_versions_s)
                 }
             };
             println!("rolled back to {summary}");
@@ -335,6 +333,14 @@ fn run(cli: Cli) -> Result<()> {
             Ok(out.flush()?)
         }
     }
+}
+
+/// What `sluice deploy` and `rollback` say after recording `deployment` in a registry.
+fn recorded(deployment: &Deployment, poll_versions_s: f64) -> String {
+    format!(
+        "{} recorded as entry {}; running hosts switch to it within {poll_versions_s} s",
+        deployment.version, deployment.seq
+    )
 }
 
 /// The summary of a host's answer to a deploy or rollback; an error if some of its

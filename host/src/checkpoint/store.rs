@@ -476,7 +476,8 @@ impl CheckpointStore {
         Ok(names)
     }
 
-    async fn put_bytes(&self, path: &str, bytes: Vec<u8>) -> Result<()> {
+    /// Writes object `path`, replacing whatever is there.
+    pub(crate) async fn put_bytes(&self, path: &str, bytes: Vec<u8>) -> Result<()> {
         self.objects
             .put(&ObjectPath::from(path), PutPayload::from(bytes))
             .await

@@ -190,12 +190,15 @@ impl Deployer {
         Ok(self.activate(&mut versions, Arc::new(operator), deployment, prepared))
     }
 
-    /// Records a rollback to the version before the newest deploy still in force and
-    /// switches every partition to it.
+    /// Validates the version before the newest deploy still in force, records a
+    /// rollback to it and switches every partition to it.
     pub fn rollback(&self, origin: &str) -> Result<DeployReport> {
         let mut versions = self.state.lock().expect("no panics under this lock");
-        let deployment = self.runtime.block_on(self.registry.rollback(origin))?;
-        self.run(&mut versions, deployment).map_err(Refusal::into_error)
+        let began = Instant::now();
+        let target = self.runtime.block_on(self.registry.rollback_target())?;
+        let operator = self.prepare(&mut versions, &target).map_err(Refusal::into_error)?;
+        let deployment = self.runtime.block_on(self.registry.rollback(&target, origin))?;
+        Ok(self.activate(&mut versions, operator, deployment, began.elapsed()))
     }
 
     /// Brings this host to the version the registry has in force, if it runs another
@@ -208,8 +211,9 @@ impl Deployer {
         if current.version == self.active.get().1.version() || versions.refused.contains(&current.seq) {
             return Ok(None);
         }
-        match self.run(&mut versions, current.clone()) {
-            Ok(report) => Ok(Some(report)),
+        let began = Instant::now();
+        match self.prepare(&mut versions, &current) {
+            Ok(operator) => Ok(Some(self.activate(&mut versions, operator, current, began.elapsed()))),
             Err(Refusal::Invalid(e)) => {
                 versions.refused.insert(current.seq);
                 Err(e.context(format!(
@@ -221,23 +225,16 @@ impl Deployer {
         }
     }
 
-    /// Activates `deployment`'s version: still compiled if it ran just before, else
-    /// fetched and validated.
-    fn run(&self, versions: &mut Versions, deployment: Deployment) -> Result<DeployReport, Refusal> {
-        let began = Instant::now();
-        let operator = match versions.previous.take() {
-            Some(previous) if previous.version() == deployment.version => previous,
-            previous => {
-                versions.previous = previous;
-                let bytes =
-                    self.runtime.block_on(self.registry.component(&deployment)).map_err(Refusal::Unavailable)?;
-                let origin = format!("version {}", deployment.version);
-                let operator =
-                    self.sandbox.validate(self.registry.name(), &bytes, &origin).map_err(Refusal::Invalid)?;
-                Arc::new(operator)
-            }
-        };
-        Ok(self.activate(versions, operator, deployment, began.elapsed()))
+    /// `deployment`'s version, ready to activate: still compiled if it ran just
+    /// before, else fetched and validated.
+    fn prepare(&self, versions: &mut Versions, deployment: &Deployment) -> Result<Arc<WasmOperator>, Refusal> {
+        if let Some(previous) = versions.previous.take_if(|p| p.version() == deployment.version) {
+            return Ok(previous);
+        }
+        let bytes = self.runtime.block_on(self.registry.component(deployment)).map_err(Refusal::Unavailable)?;
+        let origin = format!("version {}", deployment.version);
+        let operator = self.sandbox.validate(self.registry.name(), &bytes, &origin).map_err(Refusal::Invalid)?;
+        Ok(Arc::new(operator))
     }
 
     /// Makes `operator` active, waits for the partitions to switch, and reports.

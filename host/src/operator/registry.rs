@@ -193,26 +193,44 @@ impl Registry {
         }
     }
 
-    /// Returns to the version that ran before the latest deploy still in force.
-    pub async fn rollback(&self, origin: &str) -> Result<Deployment> {
+    /// The entry a rollback returns to: the deploy before the newest one still in force.
+    pub async fn rollback_target(&self) -> Result<Deployment> {
+        self.target_in(&self.history().await?)
+    }
+
+    /// Records a rollback to `target` (what [`rollback_target`] said), unless the
+    /// history moved on meanwhile.
+    ///
+    /// [`rollback_target`]: Registry::rollback_target
+    pub async fn rollback(&self, target: &Deployment, origin: &str) -> Result<Deployment> {
         let rolled = self
             .append(
-                |history| {
-                    let stack = in_force(history);
-                    match stack.len() {
-                        0 => bail!("operator {} has no deployed version to roll back", self.name),
-                        1 => bail!(
-                            "operator {} runs its first version ({}); there is nothing to roll back to",
-                            self.name,
-                            stack[0].version
-                        ),
-                        n => Ok(Some((Action::Rollback, stack[n - 2].version.clone()))),
-                    }
+                |history| match self.target_in(history)? {
+                    now if now.version == target.version => Ok(Some((Action::Rollback, now.version))),
+                    now => bail!(
+                        "a rollback of {} would now return to {}, not {}: the history changed meanwhile; try again",
+                        self.name,
+                        now.version,
+                        target.version
+                    ),
                 },
                 origin,
             )
             .await?;
         Ok(rolled.expect("always appends or fails"))
+    }
+
+    fn target_in(&self, history: &[Deployment]) -> Result<Deployment> {
+        let mut stack = in_force(history);
+        match stack.len() {
+            0 => bail!("operator {} has no deployed version to roll back", self.name),
+            1 => bail!(
+                "operator {} runs its first version ({}); there is nothing to roll back to",
+                self.name,
+                stack[0].version
+            ),
+            n => Ok(stack.swap_remove(n - 2)),
+        }
     }
 
     /// Appends the entry `decide` asks for given the history (`None`: nothing to
@@ -240,8 +258,15 @@ impl Registry {
     }
 
     async fn put_component(&self, component: &[u8]) -> Result<()> {
-        // Content-addressed: an existing object already holds these bytes.
-        self.store.put_new(&self.component_path(&checksum::of_bytes(component)), component.to_vec()).await.map(drop)
+        let path = self.component_path(&checksum::of_bytes(component));
+        if self.store.put_new(&path, component.to_vec()).await? {
+            return Ok(());
+        }
+        // Stored by content, so an existing object holds these bytes, unless it was damaged.
+        match self.store.get_optional(&path).await? {
+            Some(stored) if stored == component => Ok(()),
+            _ => self.store.put_bytes(&path, component.to_vec()).await,
+        }
     }
 
     fn folder(&self, what: &str) -> String {
@@ -290,19 +315,21 @@ mod tests {
         let runtime = crate::checkpoint::runtime()?;
         let registry = registry(dir.path());
         runtime.block_on(async {
-            assert!(registry.rollback("t").await.is_err(), "nothing deployed");
+            assert!(registry.rollback_target().await.is_err(), "nothing deployed");
             let v1 = registry.adopt(b"one", "start").await?;
             assert_eq!((v1.seq, v1.action), (1, Action::Deploy));
             assert_eq!(registry.adopt(b"one", "restart").await?, v1, "a known version is not deployed again");
-            assert!(registry.rollback("t").await.unwrap_err().to_string().contains("first version"));
+            assert!(registry.rollback_target().await.unwrap_err().to_string().contains("first version"));
             let v2 = registry.deploy(b"two", "t").await?;
             let again = registry.deploy(b"two", "t").await.unwrap_err().to_string();
             assert!(again.contains("already the version in force (entry 2)"), "{again}");
             let v3 = registry.deploy(b"three", "t").await?;
             assert_eq!(registry.current().await?.unwrap().version, v3.version);
-            let back = registry.rollback("t").await?;
+            let target = registry.rollback_target().await?;
+            let back = registry.rollback(&target, "t").await?;
             assert_eq!((back.seq, back.action, &back.version), (4, Action::Rollback, &v2.version));
-            assert_eq!(registry.rollback("t").await?.version, v1.version);
+            assert!(registry.rollback(&target, "t").await.unwrap_err().to_string().contains("history changed"));
+            assert_eq!(registry.rollback(&registry.rollback_target().await?, "t").await?.version, v1.version);
             // A restart with the first file runs what the history says: v1 after the rollbacks.
             assert_eq!(registry.adopt(b"two", "restart").await?.version, v1.version);
             assert_eq!(registry.component(&registry.current().await?.unwrap()).await?, b"one");
@@ -321,10 +348,15 @@ mod tests {
         std::fs::write(&object, b"two")?;
         let err = runtime.block_on(registry.component(&v1)).unwrap_err().to_string();
         assert!(err.contains("is corrupt") && err.contains("operators/op/components"), "{err}");
+        // Deploying the build again repairs the object.
+        runtime.block_on(registry.deploy(b"two", "t"))?;
+        runtime.block_on(registry.deploy(b"one", "t"))?;
+        assert_eq!(runtime.block_on(registry.component(&v1))?, b"one");
         // An entry whose contents do not match its name is refused, not followed.
         let entry = dir.path().join("operators/op/history/0000000001.json");
         std::fs::write(&entry, std::fs::read_to_string(&entry)?.replace("op@", "other@"))?;
-        let err = runtime.block_on(registry.history()).unwrap_err().to_string();
+        // (A host that had read it before keeps what it read; a host reading it now:)
+        let err = runtime.block_on(self::registry(dir.path()).history()).unwrap_err().to_string();
         assert!(err.contains("0000000001.json") && err.contains("is corrupt"), "{err}");
         Ok(())
     }
