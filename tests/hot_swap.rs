@@ -126,6 +126,8 @@ fn a_deploy_under_load_switches_each_partition_once_and_carries_the_state_on() -
     assert!(rolled.contains(&format!("rolled back to {v1} recorded as entry 3")), "{rolled}");
     host.wait_for(&format!("deployed {v1} (entry 3)"), 1, Duration::from_secs(10))?;
     host.wait_for("processed 96000 records", 1, Duration::from_secs(60))?;
+    let report = format!("operator at the end: {v1}; 8 version switches");
+    assert!(host.log().contains(&report), "two switches in each of 4 partitions:\n{}", host.log());
 
     let outputs = read_jsonl(&dir.join("out.jsonl"))?;
     for (partition, runs) in version_runs(&outputs) {

@@ -71,6 +71,13 @@ impl fmt::Display for JobReport {
         if let Some(took) = self.restore_took {
             writeln!(f, "restore took {:.3}s before processing began", took.as_secs_f64())?;
         }
+        let versions: std::collections::BTreeSet<&str> = self.partitions.iter().map(|p| p.version.as_str()).collect();
+        let switches: u64 = self.partitions.iter().map(|p| p.switches).sum();
+        writeln!(
+            f,
+            "operator at the end: {}; {switches} version switches (hot swaps) over all partitions",
+            versions.into_iter().collect::<Vec<_>>().join(", ")
+        )?;
         writeln!(
             f,
             "partition  restored-from           resumed-at  committed  processed  dead-letters  keys  checkpoints  \

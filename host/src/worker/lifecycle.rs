@@ -101,6 +101,10 @@ pub struct PartitionReport {
     pub checkpoint_offset: u64,
     /// Bytes they uploaded.
     pub uploaded_bytes: u64,
+    /// Operator versions it switched to while running (hot swaps).
+    pub switches: u64,
+    /// The operator version it ran at the end.
+    pub version: String,
     /// How it ended.
     pub stopped: Stop,
 }
@@ -402,6 +406,8 @@ fn spawn_worker(
                 checkpoints: stats.checkpoints.load(Ordering::Relaxed),
                 checkpoint_offset: stats.checkpoint_offset.load(Ordering::Relaxed),
                 uploaded_bytes: stats.uploaded_bytes.load(Ordering::Relaxed),
+                switches: stats.switches.load(Ordering::Relaxed),
+                version: instance.version().to_string(),
                 stopped: stop.get().unwrap_or(Stop::Drain),
             })
         }
