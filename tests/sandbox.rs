@@ -95,7 +95,7 @@ fn a_trapped_record_loses_its_writes_and_processing_continues_in_a_fresh_instanc
     assert_eq!(outputs, vec![json!({"count": 1}), json!({"count": 2})], "the panicking record's write is gone");
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0]["error"], "trapped");
-    assert!(dead[0]["reason"].as_str().unwrap().starts_with("panicked: "), "{}", dead[0]);
+    assert!(dead[0]["reason"].as_str().unwrap().starts_with("panicked at "), "{}", dead[0]);
     assert!(dead[0]["reason"].as_str().unwrap().contains("probe panics after a write"), "{}", dead[0]);
     assert_eq!(dead[0]["offset"], 1);
     Ok(())
@@ -130,21 +130,29 @@ fn cpu_deadline_and_memory_cap_stop_runaway_calls() -> Result<()> {
 
 #[test]
 fn an_operator_whose_init_fails_stops_the_job_with_its_reason() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let config = dir.path().join("probe.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[operator]\npath = {:?}\n[operator.config]\nfail_init = \"true\"\n[state]\ndir = {:?}\n",
-            operator_wasm("probe"),
-            dir.path().join("state")
-        ),
-    )?;
-    let (out, dead) = (dir.path().join("out.jsonl"), dir.path().join("dead.jsonl"));
-    let err = run_err(
-        sluice().arg("run").arg("--config").arg(&config).arg("--output").arg(&out).arg("--dead-letter").arg(&dead),
-    )?;
-    assert!(err.contains("probe.wasm") && err.contains("init returned an error: fail_init is set"), "{err}");
-    assert!(!out.exists() && !dead.exists(), "a job that cannot start writes no files");
+    let failures = [
+        ("fail_init", "init returned an error: fail_init is set"),
+        ("trap_init", "trapped in init: panicked at"),
+        // State belongs to a record's key; init has none.
+        ("state_in_init", "state.put called outside `process`"),
+    ];
+    for (setting, expected) in failures {
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("probe.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[operator]\npath = {:?}\n[operator.config]\n{setting} = \"true\"\n[state]\ndir = {:?}\n",
+                operator_wasm("probe"),
+                dir.path().join("state")
+            ),
+        )?;
+        let (out, dead) = (dir.path().join("out.jsonl"), dir.path().join("dead.jsonl"));
+        let err = run_err(
+            sluice().arg("run").arg("--config").arg(&config).arg("--output").arg(&out).arg("--dead-letter").arg(&dead),
+        )?;
+        assert!(err.contains("probe.wasm") && err.contains(expected), "{setting}: {err}");
+        assert!(!out.exists() && !dead.exists(), "a job that cannot start writes no files");
+    }
     Ok(())
 }

@@ -337,7 +337,7 @@ pub mod __private {
         // the message is printed; this one hands the message to the host, which names
         // it in the error (init) or the dead letter (process).
         #[cfg(target_arch = "wasm32")]
-        std::panic::set_hook(Box::new(|info| log::log(log::Level::Error, &format!("panicked: {info}"))));
+        std::panic::set_hook(Box::new(|info| log::log(log::Level::Error, &info.to_string())));
         O::init(config).map_err(|e| e.0)
     }
 

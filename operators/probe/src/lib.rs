@@ -11,7 +11,8 @@
 //! - `hog`: allocates without bound (must hit the memory cap).
 //!
 //! With `fail_init = "true"` in its config, `init` returns an error; with
-//! `trap_init = "true"`, it panics (a trap).
+//! `trap_init = "true"`, it panics (a trap); with `state_in_init = "true"`, it writes
+//! state through the raw bindings, which the host must refuse outside `process`.
 use serde::{Deserialize, Serialize};
 use sluice_guest::{Error, Operator, Output, Record, Result, State, export_operator};
 use std::collections::BTreeMap;
@@ -57,6 +58,10 @@ impl Operator for Probe {
         let set = |name: &str| config.iter().any(|(k, v)| k == name && v == "true");
         if set("trap_init") {
             panic!("trap_init is set");
+        }
+        #[cfg(target_arch = "wasm32")]
+        if set("state_in_init") {
+            sluice_guest::bindings::sluice::operator::state::put("from-init", b"1");
         }
         match set("fail_init") {
             true => Err(Error::msg("fail_init is set")),
