@@ -79,11 +79,18 @@ demo)
     admin=""
     while [ -z "$admin" ] && kill -0 "$job" 2>/dev/null; do
         sleep 0.2
-        admin=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$out/run.log" | head -n 1 || true)
+        admin=$(grep -so 'http://127\.0\.0\.1:[0-9]*' "$out/run.log" | head -n 1 || true)
     done
+    if [ -z "$admin" ]; then
+        wait "$job" # the job ended before its admin API came up: its exit status says why
+        exit 1
+    fi
     sleep 3
     echo "--- hot swap: sluice deploy vehicle_stats vehicle_stats_v2.wasm --admin $admin" >&2
-    "$sluice" deploy vehicle_stats "$WASM_DIR/vehicle_stats_v2.wasm" --admin "$admin" >&2
+    "$sluice" deploy vehicle_stats "$WASM_DIR/vehicle_stats_v2.wasm" --admin "$admin" >&2 || {
+        wait "$job"
+        exit 1
+    }
     wait "$job"
     echo "--- outputs per operator version (grep '\"operator\"' $out/outputs.jsonl):"
     grep -o '"operator":"[^"]*"' "$out/outputs.jsonl" | sort | uniq -c

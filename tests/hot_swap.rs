@@ -229,10 +229,12 @@ fn versions_live_in_an_s3_store_and_a_racing_writer_cannot_overwrite_an_entry() 
         format!(
             "[operator]\npath = {:?}\n[source]\nkind = \"generator\"\nvehicles = 200\nseed = 3\n\
              [sink]\nkind = \"file\"\npath = {:?}\n[state]\ndir = {:?}\npartitions = 2\n\
-             [checkpoint]\nstore = \"s3://sluice/jobs/swap\"\n[report]\ninterval_s = 0\n",
+             [checkpoint]\nstore = \"s3://sluice/jobs/swap\"\n[report]\ninterval_s = 0\n\
+             [dead_letter]\npath = {:?}\n",
             operator_wasm("vehicle_stats"),
             dir.join("out.jsonl"),
             dir.join("state"),
+            dir.join("dead.jsonl"),
         ),
     )?;
     let sluice_s3 = || {

@@ -20,7 +20,7 @@ use crate::checkpoint::CheckpointStore;
 use crate::config::OperatorConfig;
 use crate::worker::LiveStats;
 use anyhow::{Context, Result, bail};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -74,7 +74,7 @@ pub struct DeployReport {
     pub prepared: Duration,
     /// From activation until every running partition switched.
     pub switched: Duration,
-    /// Partitions that switched.
+    /// Partitions that run the version now.
     pub partitions: usize,
     /// The longest one of them stood still for the switch.
     pub worst_stall: Duration,
@@ -197,7 +197,13 @@ impl Deployer {
         let began = Instant::now();
         let target = self.runtime.block_on(self.registry.rollback_target())?;
         let operator = self.prepare(&mut versions, &target).map_err(Refusal::into_error)?;
-        let deployment = self.runtime.block_on(self.registry.rollback(&target, origin))?;
+        let deployment = match self.runtime.block_on(self.registry.rollback(&target, origin)) {
+            Ok(deployment) => deployment,
+            Err(e) => {
+                versions.previous = Some(operator);
+                return Err(e);
+            }
+        };
         Ok(self.activate(&mut versions, operator, deployment, began.elapsed()))
     }
 
@@ -247,11 +253,19 @@ impl Deployer {
     ) -> DeployReport {
         let began = Instant::now();
         let (_, before) = self.active.get();
+        // A partition's stall counts for this deploy only if it switches now.
+        let switches_before: BTreeMap<u32, u64> = self
+            .live
+            .lock()
+            .expect("no panics under this lock")
+            .iter()
+            .map(|(p, stats)| (*p, stats.switches.load(Ordering::Relaxed)))
+            .collect();
         self.active.activate(operator);
         if before.version() != deployment.version {
             versions.previous = Some(before);
         }
-        let (partitions, worst_stall, not_switched) = self.wait_switched(&deployment.version);
+        let (partitions, worst_stall, not_switched) = self.wait_switched(&deployment.version, &switches_before);
         let report =
             DeployReport { deployment, prepared, switched: began.elapsed(), partitions, worst_stall, not_switched };
         tracing::info!("deployed {report}");
@@ -259,31 +273,26 @@ impl Deployer {
     }
 
     /// Waits until every running partition runs `version` or refused it, up to
-    /// [`SWITCH_TIMEOUT`]; returns how many switched, the longest stall among them, and
-    /// the ones that did not.
-    fn wait_switched(&self, version: &str) -> (usize, Duration, Vec<u32>) {
+    /// [`SWITCH_TIMEOUT`]; returns how many run it, the longest stall of those that
+    /// switched since `switches_before` was counted, and the ones that do not run it.
+    fn wait_switched(&self, version: &str, switches_before: &BTreeMap<u32, u64>) -> (usize, Duration, Vec<u32>) {
         let deadline = Instant::now() + SWITCH_TIMEOUT;
         loop {
-            let (mut switched, mut worst, mut behind, mut busy) = (0, 0, Vec::new(), false);
+            let (mut running, mut worst, mut behind, mut busy) = (0, 0, Vec::new(), false);
             for (partition, stats) in self.live.lock().expect("no panics under this lock").iter() {
                 if *stats.version.lock().expect("no panics under this lock") == version {
-                    switched += 1;
-                    worst = worst.max(stats.last_switch_stall_us.load(Ordering::Relaxed));
-                } else if stats
-                    .refused
-                    .lock()
-                    .expect("no panics under this lock")
-                    .as_ref()
-                    .is_some_and(|(v, _)| v == version)
-                {
-                    behind.push(*partition);
-                } else {
-                    busy = true;
-                    behind.push(*partition);
+                    running += 1;
+                    if stats.switches.load(Ordering::Relaxed) > switches_before.get(partition).copied().unwrap_or(0) {
+                        worst = worst.max(stats.last_switch_stall_us.load(Ordering::Relaxed));
+                    }
+                    continue;
                 }
+                let refused = stats.refused.lock().expect("no panics under this lock");
+                busy |= refused.as_ref().is_none_or(|(v, _)| v != version);
+                behind.push(*partition);
             }
             if !busy || Instant::now() >= deadline {
-                return (switched, Duration::from_micros(worst), behind);
+                return (running, Duration::from_micros(worst), behind);
             }
             // Coarse enough not to take a core from the partitions that are switching.
             std::thread::sleep(Duration::from_millis(1));
@@ -335,4 +344,49 @@ pub fn check_name(registry: &Registry, name: &str) -> Result<()> {
         bail!("this job runs operator `{}`, not `{name}`", registry.name());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::PartitionStats;
+
+    #[test]
+    fn a_deploy_stops_waiting_for_a_partition_that_refused_the_version() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::checkpoint::runtime()?;
+        let store = CheckpointStore::open(dir.path().join("store").to_str().expect("UTF-8 temp path"))?;
+        let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
+        let probe = Arc::new(WasmOperator::load(&sluice_tests::operator_wasm("probe"), limits.clone(), Vec::new())?);
+        let sandbox = Sandbox { limits, config: Vec::new(), scratch: dir.path().join("scratch") };
+        let live = LiveStats::default();
+        let partition = |version: &str, switches: u64, refused: Option<&str>| {
+            let stats = PartitionStats {
+                version: Mutex::new(version.to_string()),
+                refused: Mutex::new(refused.map(|v| (v.to_string(), "init failed".to_string()))),
+                ..PartitionStats::default()
+            };
+            stats.switches.store(switches, Ordering::Relaxed);
+            stats.last_switch_stall_us.store(100 * (switches + 1), Ordering::Relaxed);
+            Arc::new(stats)
+        };
+        live.lock().unwrap().extend([
+            (0, partition("new", 1, None)),        // switched in this deploy: its stall counts
+            (1, partition("new", 0, None)),        // already ran it: its old stall does not
+            (2, partition("old", 0, Some("new"))), // refused it
+        ]);
+        let deployer = Deployer::new(
+            Registry::new(store, "probe")?,
+            sandbox,
+            ActiveVersion::new(probe),
+            live,
+            runtime.handle().clone(),
+        );
+        let before = BTreeMap::from([(0, 0), (1, 0), (2, 0)]);
+        let started = Instant::now();
+        let (running, worst, behind) = deployer.wait_switched("new", &before);
+        assert!(started.elapsed() < SWITCH_TIMEOUT / 2, "did not wait for the refusal");
+        assert_eq!((running, worst, behind), (2, Duration::from_micros(200), vec![2]));
+        Ok(())
+    }
 }

@@ -205,12 +205,16 @@ impl Registry {
     pub async fn rollback(&self, target: &Deployment, origin: &str) -> Result<Deployment> {
         let rolled = self
             .append(
+                // The same entry, not just the same version: a rollback undoes one deploy.
                 |history| match self.target_in(history)? {
-                    now if now.version == target.version => Ok(Some((Action::Rollback, now.version))),
+                    now if now.seq == target.seq => Ok(Some((Action::Rollback, now.version))),
                     now => bail!(
-                        "a rollback of {} would now return to {}, not {}: the history changed meanwhile; try again",
+                        "a rollback of {} would now return to entry {} ({}), not entry {} ({}): the history changed \
+                         meanwhile; try again",
                         self.name,
+                        now.seq,
                         now.version,
+                        target.seq,
                         target.version
                     ),
                 },

@@ -188,7 +188,9 @@ impl WasmOperator {
     /// Instantiates the component over `ctx` and calls its `init`. On failure `ctx`
     /// (the partition's state) comes back with the error.
     #[expect(clippy::result_large_err, reason = "a failed start is rare; the context is moved back, not copied")]
-    fn start(&self, ctx: HostCtx) -> std::result::Result<Live, (anyhow::Error, HostCtx)> {
+    fn start(&self, mut ctx: HostCtx) -> std::result::Result<Live, (anyhow::Error, HostCtx)> {
+        // A context moved over from an earlier instance must not lend it a stale reason.
+        (ctx.last_error, ctx.host_error) = (None, None);
         let mut store = Store::new(self.pre.engine(), ctx);
         store.limiter(|ctx| &mut ctx.limits);
         self.arm_deadline(&mut store);

@@ -281,6 +281,7 @@ fn follow_deploys(
             switch.to,
             switch.from
         );
+        *stats.refused.lock().expect("no panics under this lock") = Some((switch.to, reason));
         return Ok(());
     }
     let stall_us = switch.stall.as_micros() as u64;
