@@ -17,8 +17,32 @@ const SEED: u64 = 21;
 /// vehicle-stats version 2 counts positions below this speed (`IDLE_KMH`).
 const IDLE_KMH: f64 = 5.0;
 
-/// A job reading `input` at `rate` records/s into `dir/out.jsonl`, with its admin API
-/// on a free port and the registry looked at every 200 ms.
+/// A running job over `count` generated positions of `vehicles` vehicles, read at `rate`
+/// records/s into `dir/out.jsonl`, its admin API on a free port, looking at the registry
+/// every 200 ms.
+struct PacedJob {
+    /// The generated input.
+    input: PathBuf,
+    /// The job's config file.
+    config: PathBuf,
+    /// The running host.
+    host: Host,
+    /// Its admin API.
+    admin: String,
+}
+
+impl PacedJob {
+    fn start(dir: &Path, (vehicles, count): (u32, u64), rate: u32, operator_config: &str) -> Result<Self> {
+        let input = dir.join("input.jsonl");
+        generate(&input, vehicles, count, SEED)?;
+        let config = paced_job(dir, &input, rate, operator_config)?;
+        let mut host = Host::spawn("host", sluice().arg("run").arg("--config").arg(&config), &dir.join("host.log"))?;
+        let admin = host.admin_url()?;
+        Ok(PacedJob { input, config, host, admin })
+    }
+}
+
+/// The config of a [`PacedJob`].
 fn paced_job(dir: &Path, input: &Path, rate: u32, operator_config: &str) -> Result<PathBuf> {
     let config = dir.join("job.toml");
     std::fs::write(
@@ -104,11 +128,7 @@ fn assert_outputs(outputs: &[Value], input: &Path, v2: &str) -> Result<()> {
 fn a_deploy_under_load_switches_each_partition_once_and_carries_the_state_on() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    let input = dir.join("input.jsonl");
-    generate(&input, 100, 96_000, SEED)?;
-    let config = paced_job(dir, &input, 8_000, "")?;
-    let mut host = Host::spawn("host", sluice().arg("run").arg("--config").arg(&config), &dir.join("host.log"))?;
-    let admin = host.admin_url()?;
+    let PacedJob { input, config, mut host, admin } = PacedJob::start(dir, (100, 96_000), 8_000, "")?;
     let first = run_ok(sluice().arg("versions").arg("vehicle_stats").arg("--admin").arg(&admin))?;
     let v1 = named_version(&String::from_utf8_lossy(&first.stdout));
     std::thread::sleep(Duration::from_secs(1));
@@ -172,12 +192,9 @@ fn a_deploy_under_load_switches_each_partition_once_and_carries_the_state_on() -
 fn a_component_that_cannot_run_is_refused_and_the_running_version_keeps_processing() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    let input = dir.join("input.jsonl");
-    generate(&input, 50, 12_000, SEED)?;
     // Version 1 ignores its config; the probe, deployed in its place, traps in `init`.
-    let config = paced_job(dir, &input, 3_000, "trap_init = \"true\"")?;
-    let mut host = Host::spawn("host", sluice().arg("run").arg("--config").arg(&config), &dir.join("host.log"))?;
-    let admin = host.admin_url()?;
+    let job = PacedJob::start(dir, (50, 12_000), 3_000, "trap_init = \"true\"")?;
+    let PacedJob { input, config, mut host, admin } = job;
     let outputs_before = read_jsonl(&dir.join("out.jsonl"))?.len();
 
     let broken: [(&str, Vec<u8>, &str); 3] = [

@@ -6,10 +6,11 @@
 //! POST /operators/<name>/rollback   roll back to the version before the newest deploy
 //! ```
 //!
-//! A deploy or rollback answers once every partition of this host has switched, with
-//! what the switch took (JSON); other hosts of the job follow through the registry.
-//! An error answers 400 with the reason as text, and the running version keeps
-//! running. The API listens where `[admin] listen` says (loopback is the safe choice:
+//! A deploy or rollback answers once every partition of this host has switched or
+//! refused the version (or after the deployer's timeout), with what the switch took
+//! (JSON); other hosts of the job follow through the registry. A refused request
+//! answers 400 (404 for another operator's name) with the reason as text, and the
+//! running version keeps running. The API listens where `[admin] listen` says (loopback is the safe choice:
 //! it has no authentication). This module owns the HTTP surface only; what a deploy
 //! does is the [deployer](crate::operator::deploy)'s.
 
@@ -40,7 +41,7 @@ pub struct DeployAnswer {
     pub prepared_ms: f64,
     /// From activation until every partition of this host switched, ms.
     pub switched_ms: f64,
-    /// Partitions that switched.
+    /// Partitions that run the version now.
     pub partitions: usize,
     /// The longest a partition stood still for the switch, µs.
     pub worst_stall_us: u64,

@@ -282,9 +282,9 @@ impl WasmInstance {
 
 impl Operator for WasmInstance {
     fn process(&mut self, record: &SourceRecord) -> Result<Outcome> {
-        let operator = self.operator.clone();
-        let live = self.live();
-        operator.arm_deadline(&mut live.store);
+        // Fields borrowed apart, so nothing is cloned per record.
+        let live = self.live.as_mut().expect("instance is live between calls");
+        self.operator.arm_deadline(&mut live.store);
         let input = InputRecord {
             key: record.key.clone(),
             value: record.value.clone(),
@@ -307,10 +307,10 @@ impl Operator for WasmInstance {
             Ok(Err(reason)) => Ok(Outcome::Rejected(reason)),
             Err(trap) => {
                 let panic = live.store.data_mut().last_error.take();
-                let reason = describe_trap(trap, &operator.limits, panic);
+                let reason = describe_trap(trap, &self.operator.limits, panic);
                 // A trapped instance may hold broken invariants in its memory: replace it.
                 let ctx = self.live.take().expect("instance is live").store.into_data();
-                self.live = Some(operator.start(ctx).map_err(|(e, _)| e)?);
+                self.live = Some(self.operator.start(ctx).map_err(|(e, _)| e)?);
                 Ok(Outcome::Trapped(reason))
             }
         }
