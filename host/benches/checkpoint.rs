@@ -20,7 +20,7 @@ use anyhow::Result;
 use sluice::checkpoint::{self, CheckpointSettings, CheckpointStore, Checkpointer, bytes, restore};
 use sluice::config::{Config, SinkConfig, SourceConfig};
 use sluice::state::{StateDir, Transaction};
-use sluice::worker::PartitionStats;
+use sluice::stats::PartitionStats;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -181,7 +181,7 @@ fn fill_and_checkpoint(runtime: &tokio::runtime::Runtime, dir: &Path, size: u64)
         "bench".into(),
     );
     let started = Instant::now();
-    checkpointer.finish(&partition, &PartitionStats::default())?;
+    checkpointer.finish(&partition, &PartitionStats::new(0, 0, "bench"))?;
     println!(
         "\nfilled {} of state, first checkpoint uploaded in {:.2}s",
         bytes(dir_bytes(&state.partition_path(0))?),

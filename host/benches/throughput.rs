@@ -13,11 +13,12 @@
 use anyhow::Result;
 use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
 use sluice::operator::{Operator, Outcome, Output, Switch};
+use sluice::record::SourceRecord;
 use sluice::sink::{LineSink, Sink};
-use sluice::source::SourceRecord;
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::{PartitionStore, Transaction};
-use sluice::worker::{self, Destinations, PartitionStats, StopSignal};
+use sluice::stats::PartitionStats;
+use sluice::worker::{self, Destinations, StopSignal};
 use sluice_guest::native::StateBackend;
 use std::cell::RefCell;
 use std::path::Path;
@@ -82,7 +83,7 @@ fn through_worker(operator: &mut dyn Operator, records: &[SourceRecord], dir: &P
         dead_letters: LineSink::file(&dir.join("dead.jsonl"))?,
     };
     let started = Instant::now();
-    worker::run(operator, rx, &destinations, &PartitionStats::default(), None, &StopSignal::default(), None)?;
+    worker::run(operator, rx, &destinations, &PartitionStats::new(0, 0, "bench"), None, &StopSignal::default(), None)?;
     Ok(records.len() as f64 / started.elapsed().as_secs_f64())
 }
 

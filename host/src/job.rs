@@ -11,15 +11,18 @@
 use crate::admin;
 use crate::checkpoint::{self, CheckpointSettings, CheckpointStore};
 use crate::config::{Config, SourceConfig};
+use crate::lock;
 use crate::operator::deploy::{Deployer, Sandbox};
 use crate::operator::wasm::ActiveVersion;
+use crate::record::RawRecord;
 use crate::sink::{LineSink, Sink};
 use crate::source::file::JsonlFile;
 use crate::source::generator::{Fleet, FleetOptions};
 use crate::source::kafka::{self, KafkaOptions};
-use crate::source::{self, Batches, DispatchOptions, DispatchReport, RawRecord};
+use crate::source::{self, DispatchOptions};
 use crate::state::StateDir;
-use crate::worker::{Checkpointing, Destinations, LiveStats, PartitionReport, WorkerSetup, Workers};
+use crate::stats::LiveStats;
+use crate::worker::{Checkpointing, Destinations, DispatchReport, PartitionReport, Router, WorkerSetup, Workers};
 use anyhow::{Result, anyhow, bail};
 use std::fmt;
 use std::sync::Arc;
@@ -48,7 +51,7 @@ pub struct JobReport {
 impl JobReport {
     /// Records processed by this run, over all partitions.
     pub fn processed(&self) -> u64 {
-        self.partitions.iter().map(|p| p.processed).sum()
+        self.partitions.iter().map(|p| p.totals.processed).sum()
     }
 }
 
@@ -56,7 +59,7 @@ impl fmt::Display for JobReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let processed = self.processed();
         let rate = processed as f64 / self.elapsed.as_secs_f64().max(1e-9);
-        let dead: u64 = self.partitions.iter().map(|p| p.dead_letters).sum();
+        let dead: u64 = self.partitions.iter().map(|p| p.totals.dead_letters).sum();
         let keys: u64 = self.partitions.iter().filter_map(|p| p.keys).sum();
         writeln!(
             f,
@@ -72,7 +75,7 @@ impl fmt::Display for JobReport {
             writeln!(f, "restore took {:.3}s before processing began", took.as_secs_f64())?;
         }
         let versions: std::collections::BTreeSet<&str> = self.partitions.iter().map(|p| p.version.as_str()).collect();
-        let switches: u64 = self.partitions.iter().map(|p| p.switches).sum();
+        let switches: u64 = self.partitions.iter().map(|p| p.totals.switches).sum();
         writeln!(
             f,
             "operator at the end: {}; {switches} version switches (hot swaps) over all partitions",
@@ -90,13 +93,13 @@ impl fmt::Display for JobReport {
                 p.partition,
                 p.restored_from.to_string(),
                 p.resumed_at,
-                p.committed_offset,
-                p.processed,
-                p.dead_letters,
+                p.totals.committed_offset,
+                p.totals.processed,
+                p.totals.dead_letters,
                 p.keys.map_or("-".to_string(), |k| k.to_string()),
-                p.checkpoints,
-                p.checkpoint_offset,
-                checkpoint::bytes(p.uploaded_bytes),
+                p.totals.checkpoints,
+                p.totals.checkpoint_offset,
+                checkpoint::bytes(p.totals.uploaded_bytes),
                 p.stopped
             )?;
         }
@@ -176,7 +179,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
         slow_batch,
     });
     let live = workers.live();
-    let batches = Batches::new(workers, partitions, config.state.commit_every);
+    let router = Router::new(workers, partitions, config.state.commit_every);
     let deployer = Arc::new(Deployer::new(registry, sandbox, active, live.clone(), runtime.handle().clone()));
     if let Some(listen) = &config.admin.listen {
         admin::serve(listen, deployer.clone(), &runtime)?;
@@ -184,10 +187,10 @@ pub fn run(config: &Config) -> Result<JobReport> {
 
     let started = Instant::now();
     let source_ended = AtomicBool::new(false);
-    let mut batches = std::thread::scope(|scope| -> Result<Batches> {
+    let router = std::thread::scope(|scope| -> Result<Router> {
         let dispatcher = std::thread::Builder::new()
             .name("sluice-source".into())
-            .spawn_scoped(scope, || source.dispatch(batches, &stopping))?;
+            .spawn_scoped(scope, || source.dispatch(router, &stopping))?;
         let (poll_versions, source_ended, deployer) =
             (Duration::from_secs_f64(config.operator.poll_versions_s), &source_ended, &deployer);
         std::thread::Builder::new()
@@ -205,12 +208,12 @@ pub fn run(config: &Config) -> Result<JobReport> {
         dispatcher.join().map_err(|_| anyhow!("the source panicked"))?
     })?;
     let elapsed = started.elapsed();
-    let mut reports = batches.workers().reports().to_vec();
+    let mut reports = router.partition_reports().to_vec();
     reports.sort_by_key(|r| r.partition);
     Ok(JobReport {
         elapsed,
         restore_took: checkpoints_on.then(|| reports.iter().map(|r| r.start_took).max().unwrap_or_default()),
-        source: batches.report(),
+        source: router.report(),
         partitions: reports,
     })
 }
@@ -268,22 +271,22 @@ impl OpenSource {
         })
     }
 
-    /// Reads the source into `batches` until it ends or `stopping` is set, then stops
-    /// every partition; returns the batches with the workers' reports.
-    fn dispatch(self, mut batches: Batches, stopping: &AtomicBool) -> Result<Batches> {
+    /// Reads the source into `router` until it ends or `stopping` is set, then stops
+    /// every partition; returns the router with the partitions' reports.
+    fn dispatch(self, mut router: Router, stopping: &AtomicBool) -> Result<Router> {
         match self {
             OpenSource::Embedded(records, options) => {
-                source::dispatch(records, &mut batches, &options, stopping)?;
-                Ok(batches)
+                source::dispatch(records, &mut router, &options, stopping)?;
+                Ok(router)
             }
-            OpenSource::Kafka(options) => kafka::dispatch(&options, batches, stopping),
+            OpenSource::Kafka(options) => kafka::dispatch(&options, router, stopping),
         }
     }
 }
 
 /// Prints one running-summary line to stderr and returns the new reference point.
 fn print_summary(started: Instant, (since, before): (Instant, u64), live: &LiveStats) -> (Instant, u64) {
-    let live = live.lock().expect("no panics under this lock");
+    let live = lock(live);
     let processed: u64 = live.values().map(|s| s.processed.load(Ordering::Relaxed)).sum();
     let rate = processed.saturating_sub(before) as f64 / since.elapsed().as_secs_f64();
     let partitions: Vec<String> = live

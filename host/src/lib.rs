@@ -1,12 +1,23 @@
 //! Sluice runs stateful stream operators as sandboxed WebAssembly components.
 //!
-//! The modules follow a record's path: a [`source`] assigns it a partition and
-//! offset; that partition's [`worker`] runs the [`operator`] on it against the
-//! partition's keyed [`state`]; outputs go to the [`sink`]; then state and offset
-//! commit together. Every so often the worker [`checkpoint`]s its state to a
-//! checkpoint store, from which a job restores when its local state is gone. A [`job`]
-//! wires these from a [`config`]; new operator versions arrive through the
-//! [`admin`] API or the registry in the store (see [`operator::deploy`]).
+//! The modules follow a record's path: a [`source`] produces it at its partition and
+//! offset; the [`worker`] module routes it to that partition's worker, which runs the
+//! [`operator`] on it against the partition's keyed [`state`]; outputs go to the
+//! [`sink`]; then state and offset commit together. Every so often the worker
+//! [`checkpoint`]s its state to a checkpoint store, from which a job restores when its
+//! local state is gone. A [`job`] wires these from a [`config`]; new operator versions
+//! arrive through the [`admin`] API or the registry in the store (see
+//! [`operator::deploy`]).
+//!
+//! The layers point one way: each module imports only modules before it in
+//!
+//! ```text
+//! record, stats, config, checksum → state → checkpoint → operator → sink → source
+//!     → worker → admin → job
+//! ```
+//!
+//! [`record`] (the data every layer shares) and [`stats`] (live counters) are leaves.
+//! A test in this crate fails on an import against the chain.
 
 pub mod admin;
 pub mod checkpoint;
@@ -14,7 +25,18 @@ pub mod checksum;
 pub mod config;
 pub mod job;
 pub mod operator;
+pub mod record;
 pub mod sink;
 pub mod source;
 pub mod state;
+pub mod stats;
 pub mod worker;
+
+#[cfg(test)]
+mod layers;
+
+/// Locks `mutex`. The host's locks guard plain data and no code panics while holding
+/// one, so a poisoned lock is a bug to surface, not a condition to handle.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().expect("no panics under this lock")
+}

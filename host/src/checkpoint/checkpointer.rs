@@ -11,8 +11,9 @@
 use super::bytes;
 use super::restore::{PartitionPlan, RestoredFrom};
 use super::store::{self, CheckpointStore, Manifest, ManifestFile};
+use crate::lock;
 use crate::state::{PartitionStore, STATE_FORMAT};
-use crate::worker::PartitionStats;
+use crate::stats::PartitionStats;
 use anyhow::{Context, Result};
 use futures::{StreamExt, TryStreamExt};
 use std::collections::{HashMap, HashSet};
@@ -281,16 +282,13 @@ fn describe_snapshot(dir: &Path, sst_checksums: &Mutex<HashMap<(String, u64), St
         let path = entry?.path();
         let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
         let size = std::fs::metadata(&path)?.len();
-        let cached = sst_checksums.lock().expect("no panics under this lock").get(&(name.clone(), size)).cloned();
+        let cached = lock(sst_checksums).get(&(name.clone(), size)).cloned();
         let file = match cached {
             Some(checksum) => ManifestFile { name, size, checksum },
             None => {
                 let file = store::describe(&path)?;
                 if file.name.ends_with(".sst") {
-                    sst_checksums
-                        .lock()
-                        .expect("no panics under this lock")
-                        .insert((file.name.clone(), file.size), file.checksum.clone());
+                    lock(sst_checksums).insert((file.name.clone(), file.size), file.checksum.clone());
                 }
                 file
             }

@@ -18,7 +18,8 @@ use super::registry::{Deployment, Registry};
 use super::wasm::{ActiveVersion, Limits, WasmOperator};
 use crate::checkpoint::CheckpointStore;
 use crate::config::OperatorConfig;
-use crate::worker::LiveStats;
+use crate::lock;
+use crate::stats::LiveStats;
 use anyhow::{Context, Result, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -182,7 +183,7 @@ impl Deployer {
     /// Validates `component`, records it as the newest version and switches every
     /// partition to it. An invalid component is refused and nothing changes.
     pub fn deploy(&self, component: &[u8], origin: &str) -> Result<DeployReport> {
-        let mut versions = self.state.lock().expect("no panics under this lock");
+        let mut versions = lock(&self.state);
         let began = Instant::now();
         let operator = self.sandbox.validate(self.registry.name(), component, origin)?;
         let prepared = began.elapsed();
@@ -193,7 +194,7 @@ impl Deployer {
     /// Validates the version before the newest deploy still in force, records a
     /// rollback to it and switches every partition to it.
     pub fn rollback(&self, origin: &str) -> Result<DeployReport> {
-        let mut versions = self.state.lock().expect("no panics under this lock");
+        let mut versions = lock(&self.state);
         let began = Instant::now();
         let target = self.runtime.block_on(self.registry.rollback_target())?;
         let operator = self.prepare(&mut versions, &target).map_err(Refusal::into_error)?;
@@ -212,7 +213,7 @@ impl Deployer {
     /// here is refused with an error, once per registry entry, and the running one
     /// stays; a failure to read the store is an error and is tried again next time.
     pub fn sync(&self) -> Result<Option<DeployReport>> {
-        let mut versions = self.state.lock().expect("no panics under this lock");
+        let mut versions = lock(&self.state);
         let Some(current) = self.runtime.block_on(self.registry.current())? else { return Ok(None) };
         if current.version == self.active.get().1.version() || versions.refused.contains(&current.seq) {
             return Ok(None);
@@ -254,13 +255,8 @@ impl Deployer {
         let began = Instant::now();
         let (_, before) = self.active.get();
         // A partition's stall counts for this deploy only if it switches now.
-        let switches_before: BTreeMap<u32, u64> = self
-            .live
-            .lock()
-            .expect("no panics under this lock")
-            .iter()
-            .map(|(p, stats)| (*p, stats.switches.load(Ordering::Relaxed)))
-            .collect();
+        let switches_before: BTreeMap<u32, u64> =
+            lock(&self.live).iter().map(|(p, stats)| (*p, stats.switches.load(Ordering::Relaxed))).collect();
         self.active.activate(operator);
         if before.version() != deployment.version {
             versions.previous = Some(before);
@@ -279,15 +275,15 @@ impl Deployer {
         let deadline = Instant::now() + SWITCH_TIMEOUT;
         loop {
             let (mut running, mut worst, mut behind, mut busy) = (0, 0, Vec::new(), false);
-            for (partition, stats) in self.live.lock().expect("no panics under this lock").iter() {
-                if *stats.version.lock().expect("no panics under this lock") == version {
+            for (partition, stats) in lock(&self.live).iter() {
+                if *lock(&stats.version) == version {
                     running += 1;
                     if stats.switches.load(Ordering::Relaxed) > switches_before.get(partition).copied().unwrap_or(0) {
                         worst = worst.max(stats.last_switch_stall_us.load(Ordering::Relaxed));
                     }
                     continue;
                 }
-                let refused = stats.refused.lock().expect("no panics under this lock");
+                let refused = lock(&stats.refused);
                 busy |= refused.as_ref().is_none_or(|(v, _)| v != version);
                 behind.push(*partition);
             }
@@ -349,7 +345,7 @@ pub fn check_name(registry: &Registry, name: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::worker::PartitionStats;
+    use crate::stats::PartitionStats;
 
     #[test]
     fn a_deploy_stops_waiting_for_a_partition_that_refused_the_version() -> Result<()> {
@@ -361,11 +357,8 @@ mod tests {
         let sandbox = Sandbox { limits, config: Vec::new(), scratch: dir.path().join("scratch") };
         let live = LiveStats::default();
         let partition = |version: &str, switches: u64, refused: Option<&str>| {
-            let stats = PartitionStats {
-                version: Mutex::new(version.to_string()),
-                refused: Mutex::new(refused.map(|v| (v.to_string(), "init failed".to_string()))),
-                ..PartitionStats::default()
-            };
+            let stats = PartitionStats::new(0, 0, version);
+            *lock(&stats.refused) = refused.map(|v| (v.to_string(), "init failed".to_string()));
             stats.switches.store(switches, Ordering::Relaxed);
             stats.last_switch_stall_us.store(100 * (switches + 1), Ordering::Relaxed);
             Arc::new(stats)

@@ -15,21 +15,11 @@ pub mod deploy;
 pub mod registry;
 pub mod wasm;
 
-use crate::source::SourceRecord;
+pub use crate::record::Output;
+use crate::record::SourceRecord;
 use crate::state::Transaction;
 use anyhow::Result;
 use std::time::Duration;
-
-/// One record an operator emitted.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Output {
-    /// The output key.
-    pub key: Vec<u8>,
-    /// The output payload.
-    pub value: Vec<u8>,
-    /// Destination topic; `None` is the job's sink.
-    pub topic: Option<String>,
-}
 
 /// What became of one record.
 #[derive(Debug)]

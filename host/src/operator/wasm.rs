@@ -12,7 +12,7 @@
 //! interruption) and a memory cap (store limits).
 
 use super::{Operator, Outcome, Output, Switch};
-use crate::source::SourceRecord;
+use crate::record::SourceRecord;
 use crate::state::{PartitionStore, Transaction};
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::Path;

@@ -12,11 +12,11 @@
 //! others' records too, and under load never return. This module does not read from
 //! Kafka.
 
-use crate::operator::Output;
-use crate::source::SourceRecord;
+use crate::config::kafka_client;
+use crate::lock;
+use crate::record::{Output, SourceRecord};
 use anyhow::{Context, Result, anyhow, bail};
 use rdkafka::ClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
@@ -70,7 +70,7 @@ impl BatchAcks {
     }
 
     fn acknowledge(&self, failure: Option<String>) {
-        let mut state = self.state.lock().expect("no panics under this lock");
+        let mut state = lock(&self.state);
         state.0 -= 1;
         if state.1.is_none() {
             state.1 = failure;
@@ -82,7 +82,7 @@ impl BatchAcks {
 
     /// Waits until every record was acknowledged; the first failure, if any, is the error.
     fn wait(&self, timeout: Duration) -> std::result::Result<(), String> {
-        let state = self.state.lock().expect("no panics under this lock");
+        let state = lock(&self.state);
         let (state, waited) =
             self.done.wait_timeout_while(state, timeout, |(left, _)| *left > 0).expect("no panics under this lock");
         match &state.1 {
@@ -97,18 +97,14 @@ impl KafkaSink {
     /// Connects an idempotent producer to `brokers`; outputs without a topic go to
     /// `topic`. `properties` are librdkafka settings passed through, and win.
     pub fn open(brokers: &str, topic: &str, properties: &BTreeMap<String, String>) -> Result<Self> {
-        let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", brokers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "5")
+        let defaults = [
+            ("enable.idempotence", "true"),
+            ("acks", "all"),
+            ("linger.ms", "5"),
             // Java clients' partitioner, so a key lands where Kafka Streams would put it.
-            .set("partitioner", "murmur2_random");
-        for (name, value) in properties {
-            config.set(name, value);
-        }
-        let producer = config
+            ("partitioner", "murmur2_random"),
+        ];
+        let producer = kafka_client(brokers, &defaults, properties)
             .create_with_context(DeliveryReports)
             .with_context(|| format!("creating a Kafka producer for {brokers}"))?;
         Ok(KafkaSink { producer, topic: topic.to_string(), name: format!("kafka {brokers} topic {topic}") })

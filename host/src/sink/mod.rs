@@ -10,8 +10,7 @@
 pub mod kafka;
 
 use crate::config::SinkConfig;
-use crate::operator::Output;
-use crate::source::SourceRecord;
+use crate::record::{Output, SourceRecord};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::fs::{File, OpenOptions};
@@ -136,30 +135,32 @@ impl Sink {
     }
 }
 
-/// One output line: the output and the input record it came from.
+/// One line of the outputs or the dead letters: where the input record was, the
+/// output (or the input, for a dead letter), the operator build, and for a dead letter
+/// why it was not processed.
 #[derive(Serialize)]
-struct OutputLine<'a> {
+struct Line<'a> {
     partition: u32,
     offset: u64,
     key: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     topic: Option<&'a str>,
     value: Payload<'a>,
-    /// The operator build that produced it.
+    /// The operator build that produced it (or that refused the input).
     operator: &'a str,
+    /// `rejected` (the operator returned an error) or `trapped`; dead letters only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
 }
 
-/// One dead-letter line: the input record and why it was not processed.
-#[derive(Serialize)]
-struct DeadLetterLine<'a> {
-    partition: u32,
-    offset: u64,
-    key: &'a str,
-    value: Payload<'a>,
-    operator: &'a str,
-    /// `rejected` (the operator returned an error) or `trapped`.
-    error: &'a str,
-    reason: &'a str,
+impl Line<'_> {
+    /// Appends this line to `buf`.
+    fn write_to(&self, buf: &mut Vec<u8>) {
+        serde_json::to_writer(&mut *buf, self).expect("serializing to memory cannot fail");
+        buf.push(b'\n');
+    }
 }
 
 /// A payload embedded as JSON when it is JSON, else as a (lossy UTF-8) string.
@@ -192,29 +193,30 @@ impl Serialize for Payload<'_> {
 /// Appends the output line for `output`, produced from `input` by operator `version`,
 /// to `buf`.
 fn format_output(buf: &mut Vec<u8>, input: &SourceRecord, output: &Output, version: &str) {
-    let line = OutputLine {
+    Line {
         partition: input.partition,
         offset: input.offset,
         key: &String::from_utf8_lossy(&output.key),
         topic: output.topic.as_deref(),
         value: Payload::of(&output.value),
         operator: version,
-    };
-    serde_json::to_writer(&mut *buf, &line).expect("serializing to memory cannot fail");
-    buf.push(b'\n');
+        error: None,
+        reason: None,
+    }
+    .write_to(buf);
 }
 
 /// Appends the dead-letter line for `input` to `buf`.
 pub fn format_dead_letter(buf: &mut Vec<u8>, input: &SourceRecord, operator: &str, error: &str, reason: &str) {
-    let line = DeadLetterLine {
+    Line {
         partition: input.partition,
         offset: input.offset,
         key: &String::from_utf8_lossy(&input.key),
+        topic: None,
         value: Payload::of(&input.value),
         operator,
-        error,
-        reason,
-    };
-    serde_json::to_writer(&mut *buf, &line).expect("serializing to memory cannot fail");
-    buf.push(b'\n');
+        error: Some(error),
+        reason: Some(reason),
+    }
+    .write_to(buf);
 }

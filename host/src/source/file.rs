@@ -1,6 +1,6 @@
 //! A JSONL file as a source: one record per non-empty line.
 
-use super::RawRecord;
+use crate::record::RawRecord;
 use anyhow::{Context, Result};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Lines};

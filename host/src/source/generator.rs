@@ -4,7 +4,7 @@
 //! restarted job regenerates the log and resumes each partition at the offset stored
 //! with its state, exactly as it would re-read a Kafka topic.
 
-use super::RawRecord;
+use crate::record::RawRecord;
 use anyhow::Result;
 
 /// Event time of the first record: 2026-01-01T00:00:00Z.

@@ -12,17 +12,21 @@
 //! last checkpoint uploaded) inside the revocation callback, before the group lets the
 //! new owner have it, and the new owner keeps it paused until its state is restored.
 //!
-//! This module owns the consumer, the rebalance callbacks and the poll loop; it does
-//! not process records or restore state (the [worker](crate::worker) module does).
+//! This module owns the consumer, the rebalance callbacks and the poll loop. It drives
+//! partition ownership through [`Partitions`] only; it does not process records or
+//! restore state (the [worker](crate::worker) module does).
 
-use super::{Batches, SourceRecord};
-use crate::worker::Stop;
+use super::{Partitions, Started};
+use crate::config::kafka_client;
+use crate::lock;
+use crate::record::{SourceRecord, Stop};
 use anyhow::{Context, Result, bail};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -39,6 +43,13 @@ const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 const STARTING_POLL_TIMEOUT: Duration = Duration::from_millis(5);
 /// How long moving a partition to the offset its state holds may take.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Logged when a rebalance assigns partitions: `assigned partitions [0, 2] of <topic>`.
+pub const ASSIGNED: &str = "assigned partitions";
+/// Logged when a rebalance revokes partitions: `revoked partitions [1] of <topic>`.
+pub const REVOKED: &str = "revoked partitions";
+/// Logged when a started partition resumes: `resumed at offset N after …`.
+pub const RESUMED: &str = "resumed at offset";
 
 /// Where and how to consume.
 #[derive(Debug, Clone)]
@@ -61,22 +72,18 @@ pub struct KafkaOptions {
 
 impl KafkaOptions {
     fn client_config(&self) -> ClientConfig {
-        let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", &self.brokers)
-            .set("group.id", &self.group)
-            .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false")
+        let mut defaults = vec![
+            ("group.id", self.group.as_str()),
+            ("partition.assignment.strategy", "cooperative-sticky"),
+            ("enable.auto.commit", "false"),
+            ("enable.partition.eof", "false"),
             // Statistics every second carry the high watermarks the lag is measured from.
-            .set("statistics.interval.ms", "1000");
+            ("statistics.interval.ms", "1000"),
+        ];
         if let Some(instance) = &self.instance_id {
-            config.set("group.instance.id", instance);
+            defaults.push(("group.instance.id", instance));
         }
-        for (name, value) in &self.properties {
-            config.set(name, value);
-        }
-        config
+        kafka_client(&self.brokers, &defaults, &self.properties)
     }
 
     /// `max.poll.interval.ms` as configured, or librdkafka's default (300 s): the
@@ -104,13 +111,13 @@ impl KafkaOptions {
     }
 }
 
-/// This member's side of the group: it owns the [`Batches`] (and so the workers) so
-/// that rebalance callbacks, which run inside `poll`, can start and stop partitions
-/// before the assignment changes.
-struct Membership {
+/// This member's side of the group: it owns the [`Partitions`] so that rebalance
+/// callbacks, which run inside `poll`, can start and stop partitions before the
+/// assignment changes.
+struct Membership<P> {
     topic: String,
     /// `None` once the poll loop has ended and taken them back.
-    batches: Mutex<Option<Batches>>,
+    partitions: Mutex<Option<P>>,
     /// When partitions were last assigned: an idle topic only counts from then.
     assigned_at: Mutex<Option<Instant>>,
     rebalances: AtomicU64,
@@ -118,7 +125,7 @@ struct Membership {
     failure: Mutex<Option<anyhow::Error>>,
 }
 
-impl ClientContext for Membership {
+impl<P: Partitions + Send> ClientContext for Membership<P> {
     /// librdkafka's client errors (a broker unreachable, a request timed out) go to the
     /// job's log; librdkafka keeps reconnecting by itself.
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
@@ -129,28 +136,29 @@ impl ClientContext for Membership {
     /// the state's offset is behind it.
     fn stats(&self, statistics: rdkafka::Statistics) {
         let Some(topic) = statistics.topics.get(&self.topic) else { return };
-        let mut batches = lock(&self.batches);
-        let Some(workers) = batches.as_mut().map(Batches::workers) else { return };
+        let owner = lock(&self.partitions);
+        let Some(owner) = owner.as_ref() else { return };
         for (&p, partition) in &topic.partitions {
             if let (Ok(p), Ok(high)) = (u32::try_from(p), u64::try_from(partition.hi_offset)) {
-                workers.record_lag(p, high);
+                owner.record_lag(p, high);
             }
         }
     }
 }
 
-impl ConsumerContext for Membership {
+impl<P: Partitions + Send> ConsumerContext for Membership<P> {
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
         let began = Instant::now();
         let rebalance = self.rebalances.fetch_add(1, Ordering::Relaxed) + 1;
         let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
         let partitions: Vec<u32> = tpl.elements().iter().map(|e| e.partition() as u32).collect();
-        let mut batches = lock(&self.batches);
+        let mut owner = lock(&self.partitions);
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                self.assign(consumer, batches.as_mut(), &partitions, tpl, cooperative).map(|()| {
+                self.assign(consumer, owner.as_mut(), &partitions, tpl, cooperative).map(|()| {
                     tracing::info!(
-                        "rebalance {rebalance}: assigned partitions {partitions:?} of {} in {:.0} ms; paused until their state is restored",
+                        "rebalance {rebalance}: {ASSIGNED} {partitions:?} of {} in {:.0} ms; paused until their state \
+                         is restored",
                         self.topic,
                         began.elapsed().as_secs_f64() * 1e3
                     )
@@ -158,17 +166,24 @@ impl ConsumerContext for Membership {
             }
             _ => {
                 let lost = consumer.assignment_lost();
-                let revoked = self.revoke(consumer, batches.as_mut(), &partitions, lost);
+                let (offsets, revoked) = match owner.as_mut() {
+                    Some(owner) => revoke(owner, &partitions, lost),
+                    None => (Vec::new(), Ok(())),
+                };
+                if !lost {
+                    commit(consumer, &self.topic, &offsets, CommitMode::Sync);
+                }
                 let unassigned = if cooperative { consumer.incremental_unassign(tpl) } else { consumer.unassign() };
                 let how = if lost { "lost (another member owns them now; no last checkpoint)" } else { "handed over" };
-                if let Ok(stopped) = &revoked {
+                if revoked.is_ok() {
+                    let stopped: Vec<u32> = offsets.iter().map(|(p, _)| *p).collect();
                     tracing::info!(
-                        "rebalance {rebalance}: revoked partitions {partitions:?} of {}: {how} {stopped:?} in {:.0} ms",
+                        "rebalance {rebalance}: {REVOKED} {partitions:?} of {}: {how} {stopped:?} in {:.0} ms",
                         self.topic,
                         began.elapsed().as_secs_f64() * 1e3
                     );
                 }
-                revoked.map(drop).and(unassigned.map_err(anyhow::Error::from))
+                revoked.and(unassigned.map_err(anyhow::Error::from))
             }
         };
         if let Err(e) = result {
@@ -178,184 +193,171 @@ impl ConsumerContext for Membership {
     }
 }
 
-impl Membership {
-    /// Plans the restore of `partitions`, assigns each at the offset its state will
-    /// hold, and pauses them until their workers run.
+impl<P: Partitions + Send> Membership<P> {
+    /// Starts `partitions`, assigns each at the offset its state will hold, and pauses
+    /// them until their workers run.
     fn assign(
         &self,
         consumer: &BaseConsumer<Self>,
-        batches: Option<&mut Batches>,
+        owner: Option<&mut P>,
         partitions: &[u32],
         tpl: &mut TopicPartitionList,
         cooperative: bool,
     ) -> Result<()> {
-        let Some(batches) = batches.filter(|_| !partitions.is_empty()) else {
-            let assigned = if cooperative { consumer.incremental_assign(tpl) } else { consumer.assign(tpl) };
-            return assigned.map_err(Into::into);
-        };
-        if let Some(p) = partitions.iter().find(|&&p| p >= batches.partitions()) {
-            bail!("topic {} has partition {p}, but the job has {} partitions", self.topic, batches.partitions());
-        }
+        let mut owner = owner.filter(|_| !partitions.is_empty());
         let now = Instant::now();
-        for (p, offset) in batches.workers().start(partitions)? {
-            tpl.set_partition_offset(&self.topic, p as i32, Offset::Offset(offset as i64))?;
+        if let Some(owner) = owner.as_deref_mut() {
+            for (p, offset) in assign(owner, &self.topic, partitions)? {
+                tpl.set_partition_offset(&self.topic, p as i32, Offset::Offset(offset as i64))?;
+            }
         }
         if cooperative {
             consumer.incremental_assign(tpl)?
         } else {
             consumer.assign(tpl)?
         }
-        consumer.pause(tpl)?;
-        *lock(&self.assigned_at) = Some(now);
+        if owner.is_some() {
+            consumer.pause(tpl)?;
+            *lock(&self.assigned_at) = Some(now);
+        }
         Ok(())
     }
+}
 
-    /// Stops `partitions`' workers — handing them over, or dropping them when `lost` —
-    /// and commits the offsets their state reached to the group. Returns the
-    /// partitions that were running here.
-    fn revoke(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        batches: Option<&mut Batches>,
-        partitions: &[u32],
-        lost: bool,
-    ) -> Result<Vec<u32>> {
-        let Some(batches) = batches else { return Ok(Vec::new()) };
-        let mut offsets = TopicPartitionList::new();
-        let (mut result, mut stopped) = (Ok(()), Vec::new());
-        for &p in partitions {
-            batches.close(p);
-            match batches.workers().stop(p, if lost { Stop::Lost } else { Stop::Handover }) {
-                Ok(Some(report)) => {
-                    let offset = Offset::Offset(report.committed_offset as i64);
-                    result =
-                        result.and(offsets.add_partition_offset(&self.topic, p as i32, offset).map_err(Into::into));
-                    stopped.push(p);
-                }
-                Ok(None) => {}
-                Err(e) => result = result.and(Err(e)),
-            }
-        }
-        if !lost && offsets.count() > 0 {
-            commit(consumer, &offsets, CommitMode::Sync, &self.topic);
-        }
-        result.map(|()| stopped)
+/// Starts `partitions` of `topic` in `owner`; returns the offset each is expected to
+/// resume at. A partition the job does not have is refused before any starts.
+fn assign(owner: &mut impl Partitions, topic: &str, partitions: &[u32]) -> Result<Vec<(u32, u64)>> {
+    if let Some(p) = partitions.iter().find(|&&p| p >= owner.count()) {
+        bail!("topic {topic} has partition {p}, but the job has {} partitions", owner.count());
     }
+    owner.assign(partitions)
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().expect("no panics under this lock")
+/// Stops `partitions` in `owner` — handing them over, or dropping them when `lost` —
+/// every one of them even when one fails. Returns the offset each one that ran here
+/// committed with its state, and the first failure.
+fn revoke(owner: &mut impl Partitions, partitions: &[u32], lost: bool) -> (Vec<(u32, u64)>, Result<()>) {
+    let (mut offsets, mut result) = (Vec::new(), Ok(()));
+    for &p in partitions {
+        match owner.revoke(p, if lost { Stop::Lost } else { Stop::Handover }) {
+            Ok(Some(offset)) => offsets.push((p, offset)),
+            Ok(None) => {}
+            Err(e) => result = result.and(Err(e)),
+        }
+    }
+    (offsets, result)
 }
 
-/// Commits `offsets` to the group for lag tooling; a failure only costs freshness.
-fn commit<C: ConsumerContext>(consumer: &BaseConsumer<C>, offsets: &TopicPartitionList, mode: CommitMode, topic: &str) {
-    if let Err(e) = consumer.commit(offsets, mode) {
+/// Commits `offsets` of `topic` to the group for lag tooling; a failure only costs
+/// freshness.
+fn commit<C: ConsumerContext>(consumer: &BaseConsumer<C>, topic: &str, offsets: &[(u32, u64)], mode: CommitMode) {
+    if offsets.is_empty() {
+        return;
+    }
+    let mut tpl = TopicPartitionList::new();
+    let listed = offsets
+        .iter()
+        .try_for_each(|&(p, offset)| tpl.add_partition_offset(topic, p as i32, Offset::Offset(offset as i64)));
+    if let Err(e) = listed.and_then(|()| consumer.commit(&tpl, mode)) {
         tracing::warn!("committing group offsets of {topic}: {e}");
     }
 }
 
-/// Consumes `options.topic` as a member of `options.group` and feeds `batches`: each
-/// assigned partition is restored and started at the offset stored with its state,
-/// each revoked one handed over. A partition whose worker falls behind is paused, so
-/// the poll loop never waits on an operator. Every second the offsets the state
-/// reached are committed to the group. Returns when the topic was idle for
-/// `stop_when_idle` (workers drain) or `stopping` is set (workers hand over).
-pub fn dispatch(options: &KafkaOptions, batches: Batches, stopping: &AtomicBool) -> Result<Batches> {
+/// Consumes `options.topic` as a member of `options.group` and feeds `partitions`:
+/// each assigned partition is restored and started at the offset stored with its
+/// state, each revoked one handed over. A partition whose worker falls behind is
+/// paused, so the poll loop never waits on an operator. Every second the offsets the
+/// state reached are committed to the group. Returns, with `partitions` back, when
+/// the topic was idle for `stop_when_idle` (partitions drain) or `stopping` is set
+/// (partitions hand over).
+pub fn dispatch<P: Partitions + Send>(options: &KafkaOptions, partitions: P, stopping: &AtomicBool) -> Result<P> {
     let membership = Membership {
         topic: options.topic.clone(),
-        batches: Mutex::new(Some(batches)),
+        partitions: Mutex::new(Some(partitions)),
         assigned_at: Mutex::default(),
         rebalances: AtomicU64::new(0),
         failure: Mutex::default(),
     };
-    let consumer: BaseConsumer<Membership> =
+    let consumer: BaseConsumer<Membership<P>> =
         options.client_config().create_with_context(membership).context("creating a Kafka consumer")?;
     let outcome = consumer
         .subscribe(&[&options.topic])
         .with_context(|| format!("subscribing to {}", options.topic))
         .and_then(|()| poll(&consumer, options, stopping));
-    let mut batches = lock(&consumer.context().batches).take().expect("only the poll loop takes them");
-    let running = batches.workers().running();
+    let mut partitions = lock(&consumer.context().partitions).take().expect("only the poll loop takes them");
     // Evicted meanwhile: the partitions are someone else's, and so is the store.
     let outcome = outcome.map(|how| if consumer.assignment_lost() { Stop::Lost } else { how });
     let lost = matches!(outcome, Ok(Stop::Lost));
-    let finished = batches.finish(outcome);
+    let offsets = partitions.finish(outcome)?;
     // The offsets the final state holds, for lag tooling, before the member leaves.
-    let mut offsets = TopicPartitionList::new();
-    for &p in running.iter().filter(|_| !lost) {
-        if let Some(report) = batches.workers().reports().iter().rev().find(|r| r.partition == p) {
-            offsets.add_partition_offset(&options.topic, p as i32, Offset::Offset(report.committed_offset as i64))?;
-        }
+    if !lost {
+        commit(&consumer, &options.topic, &offsets, CommitMode::Sync);
     }
-    if offsets.count() > 0 {
-        commit(&consumer, &offsets, CommitMode::Sync, &options.topic);
-    }
-    finished.map(|()| batches)
+    Ok(partitions)
 }
 
-/// The poll loop: records to workers, started partitions resumed, backed-up ones
-/// paused, group offsets committed. Returns how the workers should stop.
-fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &AtomicBool) -> Result<Stop> {
+/// What the poll loop keeps between two polls.
+struct PollState {
+    /// The last moment there was work: a record arrived, or a worker had some left.
+    last_busy: Instant,
+    last_commit: Instant,
+    last_flush: Instant,
+    /// The offsets last committed to the group, by partition.
+    group_offsets: BTreeMap<u32, u64>,
+    /// Partitions paused because their worker's queue is full.
+    backed_up: BTreeSet<u32>,
+    /// Partitions are being restored: look for finished ones often, they are paused.
+    starting: bool,
+}
+
+/// The poll loop: records to partitions, started partitions resumed, backed-up ones
+/// paused, group offsets committed. Returns how the partitions should stop.
+fn poll<P: Partitions + Send>(
+    consumer: &BaseConsumer<Membership<P>>,
+    options: &KafkaOptions,
+    stopping: &AtomicBool,
+) -> Result<Stop> {
     let context = consumer.context();
-    // The last moment there was work: a record arrived, or a worker had some left.
-    let (mut last_busy, mut last_commit, mut last_flush) = (Instant::now(), Instant::now(), Instant::now());
-    let mut group_offsets = BTreeMap::new();
-    let mut backed_up = std::collections::BTreeSet::new();
-    // While partitions restore, look for finished ones often: they are paused.
-    let mut starting = false;
+    let now = Instant::now();
+    let mut state = PollState {
+        last_busy: now,
+        last_commit: now,
+        last_flush: now,
+        group_offsets: BTreeMap::new(),
+        backed_up: BTreeSet::new(),
+        starting: false,
+    };
     loop {
         if stopping.load(Ordering::Relaxed) {
             return Ok(Stop::Handover);
         }
-        let message = consumer.poll(if starting { STARTING_POLL_TIMEOUT } else { POLL_TIMEOUT });
+        let message = consumer.poll(if state.starting { STARTING_POLL_TIMEOUT } else { POLL_TIMEOUT });
         if let Some(e) = lock(&context.failure).take() {
             return Err(e);
         }
-        let mut guard = lock(&context.batches);
-        let batches = guard.as_mut().expect("the poll loop holds them");
-        for started in batches.workers().started()? {
-            let p = started.partition;
-            batches.open(&started);
-            // The offset the state holds, whatever the assignment expected: a restore may
-            // have fallen back to an older checkpoint.
-            consumer.seek(&options.topic, p as i32, Offset::Offset(started.offset as i64), SEEK_TIMEOUT)?;
-            consumer.resume(&partition_list(&options.topic, p))?;
-            let paused = started.assigned.elapsed();
-            tracing::info!(
-                partition = p,
-                "resumed at offset {} after {:.0} ms paused (state from {}, ready in {:.0} ms)",
-                started.offset,
-                paused.as_secs_f64() * 1e3,
-                started.restored_from,
-                started.took.as_secs_f64() * 1e3
-            );
+        let mut guard = lock(&context.partitions);
+        let partitions = guard.as_mut().expect("the poll loop holds them");
+        for started in partitions.started(false)? {
+            resume(consumer, &options.topic, &started)?;
         }
         let quiet = message.is_none();
         match message {
             Some(Ok(message)) => {
-                last_busy = Instant::now();
+                state.last_busy = Instant::now();
                 let p = message.partition() as u32;
-                let record = SourceRecord {
-                    partition: p,
-                    offset: message.offset() as u64,
-                    key: message.key().unwrap_or_default().to_vec(),
-                    value: message.payload().unwrap_or_default().to_vec(),
-                    timestamp_ms: message.timestamp().to_millis().unwrap_or(0),
-                };
-                batches.push(record, false)?;
-                if batches.backed_up(p) && backed_up.insert(p) {
+                if partitions.push(source_record(&message), false)? && state.backed_up.insert(p) {
                     consumer.pause(&partition_list(&options.topic, p))?;
                 }
             }
             // librdkafka retries by itself; say what happened and keep polling.
             Some(Err(e)) => tracing::warn!("consuming {}: {e}", options.topic),
             None => {
-                if !batches.caught_up() || batches.workers().any_starting() {
-                    last_busy = Instant::now();
+                if partitions.starting() || !partitions.caught_up() {
+                    state.last_busy = Instant::now();
                 }
                 // Idle only counts once partitions were assigned and every worker is done,
                 // so the drain at the end does not keep the poll loop waiting.
-                let idle_since = lock(&context.assigned_at).map(|at| at.max(last_busy));
+                let idle_since = lock(&context.assigned_at).map(|at| at.max(state.last_busy));
                 if options.stop_when_idle.zip(idle_since).is_some_and(|(idle, since)| since.elapsed() >= idle) {
                     return Ok(Stop::Drain);
                 }
@@ -363,37 +365,84 @@ fn poll(consumer: &BaseConsumer<Membership>, options: &KafkaOptions, stopping: &
         }
         // Partial batches go out when the topic is quiet, and at least every poll
         // timeout, so a slow partition's records do not wait for a busy one's.
-        if quiet || !backed_up.is_empty() || last_flush.elapsed() >= POLL_TIMEOUT {
-            batches.flush(false)?;
-            last_flush = Instant::now();
+        if quiet || !state.backed_up.is_empty() || state.last_flush.elapsed() >= POLL_TIMEOUT {
+            partitions.flush(false)?;
+            state.last_flush = Instant::now();
         }
-        if !backed_up.is_empty() {
-            for p in backed_up.clone() {
-                if !batches.backed_up(p) {
-                    backed_up.remove(&p);
-                    // librdkafka rewinds a paused partition to just after the last record
-                    // it handed out, so reading goes on where it stopped.
-                    if batches.workers().owns(p) {
-                        consumer.resume(&partition_list(&options.topic, p))?;
-                    }
-                }
-            }
+        resume_drained(consumer, &options.topic, partitions, &mut state.backed_up)?;
+        state.starting = partitions.starting();
+        if state.last_commit.elapsed() >= GROUP_COMMIT_INTERVAL {
+            state.commit_group_offsets(consumer, &options.topic, partitions);
         }
-        starting = batches.workers().any_starting();
-        if last_commit.elapsed() >= GROUP_COMMIT_INTERVAL {
-            last_commit = Instant::now();
-            let mut tpl = TopicPartitionList::new();
-            for p in batches.workers().running() {
-                let offset = batches.workers().committed_offset(p).unwrap_or(0);
-                if group_offsets.insert(p, offset) != Some(offset) {
-                    tpl.add_partition_offset(&options.topic, p as i32, Offset::Offset(offset as i64))?;
-                }
-            }
-            if tpl.count() > 0 {
-                commit(consumer, &tpl, CommitMode::Async, &options.topic);
+    }
+}
+
+impl PollState {
+    /// Commits to the group the offsets the partitions' states reached since the last
+    /// time, without waiting for the answer.
+    fn commit_group_offsets<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        topic: &str,
+        partitions: &impl Partitions,
+    ) {
+        self.last_commit = Instant::now();
+        let changed: Vec<(u32, u64)> = partitions
+            .committed_offsets()
+            .into_iter()
+            .filter(|&(p, offset)| self.group_offsets.insert(p, offset) != Some(offset))
+            .collect();
+        commit(consumer, topic, &changed, CommitMode::Async);
+    }
+}
+
+/// The record `message` carries, at the broker's partition and offset.
+fn source_record(message: &BorrowedMessage<'_>) -> SourceRecord {
+    SourceRecord {
+        partition: message.partition() as u32,
+        offset: message.offset() as u64,
+        key: message.key().unwrap_or_default().to_vec(),
+        value: message.payload().unwrap_or_default().to_vec(),
+        timestamp_ms: message.timestamp().to_millis().unwrap_or(0),
+    }
+}
+
+/// Moves `started`'s partition to the offset its state holds — whatever the assignment
+/// expected: a restore may have fallen back to an older checkpoint — and resumes it.
+fn resume<C: ConsumerContext>(consumer: &BaseConsumer<C>, topic: &str, started: &Started) -> Result<()> {
+    let p = started.partition;
+    consumer.seek(topic, p as i32, Offset::Offset(started.offset as i64), SEEK_TIMEOUT)?;
+    consumer.resume(&partition_list(topic, p))?;
+    tracing::info!(
+        partition = p,
+        "{RESUMED} {} after {:.0} ms paused (state from {}, ready in {:.0} ms)",
+        started.offset,
+        started.assigned.elapsed().as_secs_f64() * 1e3,
+        started.restored_from,
+        started.took.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// Resumes the partitions of `backed_up` whose batches found room in their worker's
+/// queue (and that still run here).
+fn resume_drained<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partitions: &impl Partitions,
+    backed_up: &mut BTreeSet<u32>,
+) -> Result<()> {
+    for p in backed_up.clone() {
+        if !partitions.backed_up(p) {
+            backed_up.remove(&p);
+            // librdkafka rewinds a paused partition to just after the last record it
+            // handed out, so reading goes on where it stopped.
+            if partitions.owns(p) {
+                consumer.resume(&partition_list(topic, p))?;
             }
         }
     }
+    Ok(())
 }
 
 /// A list holding one partition of `topic`.
@@ -401,4 +450,192 @@ fn partition_list(topic: &str, partition: u32) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, partition as i32);
     tpl
+}
+
+#[cfg(test)]
+mod tests {
+    //! The consumer's side of rebalances against a fake owner of partitions: no broker
+    //! is needed, since assigning, pausing and polling an unsubscribed consumer are
+    //! local to librdkafka.
+
+    use super::*;
+    use crate::checkpoint::RestoredFrom;
+
+    /// Partitions that record what the source asked of them.
+    #[derive(Default)]
+    struct Fake {
+        count: u32,
+        /// The offset each running partition's state holds.
+        running: BTreeMap<u32, u64>,
+        assigned: Vec<u32>,
+        revoked: Vec<(u32, Stop)>,
+        pushed: Vec<u64>,
+        /// Revoking this partition fails.
+        fail_revoke: Option<u32>,
+        /// The next call to `started` fails, as a failed restore does.
+        fail_start: bool,
+    }
+
+    impl Partitions for Fake {
+        fn count(&self) -> u32 {
+            self.count
+        }
+        fn assign(&mut self, partitions: &[u32]) -> Result<Vec<(u32, u64)>> {
+            self.assigned.extend(partitions);
+            Ok(partitions.iter().map(|&p| (p, 100 + p as u64)).collect())
+        }
+        fn started(&mut self, _wait: bool) -> Result<Vec<Started>> {
+            if std::mem::take(&mut self.fail_start) {
+                bail!("starting partition 1: restoring: checkpoint 3 is corrupt");
+            }
+            Ok(Vec::new())
+        }
+        fn revoke(&mut self, partition: u32, how: Stop) -> Result<Option<u64>> {
+            self.revoked.push((partition, how));
+            if self.fail_revoke == Some(partition) {
+                bail!("partition {partition} stopped: the worker failed");
+            }
+            Ok(self.running.remove(&partition))
+        }
+        fn push(&mut self, record: SourceRecord, _wait: bool) -> Result<bool> {
+            self.pushed.push(record.offset);
+            Ok(false)
+        }
+        fn flush(&mut self, _wait: bool) -> Result<()> {
+            Ok(())
+        }
+        fn backed_up(&self, _partition: u32) -> bool {
+            false
+        }
+        fn owns(&self, partition: u32) -> bool {
+            self.running.contains_key(&partition)
+        }
+        fn starting(&self) -> bool {
+            false
+        }
+        fn caught_up(&self) -> bool {
+            true
+        }
+        fn committed_offsets(&self) -> Vec<(u32, u64)> {
+            self.running.iter().map(|(&p, &o)| (p, o)).collect()
+        }
+        fn record_lag(&self, _partition: u32, _high_watermark: u64) {}
+        fn finish(&mut self, outcome: Result<Stop>) -> Result<Vec<(u32, u64)>> {
+            outcome?;
+            Ok(std::mem::take(&mut self.running).into_iter().collect())
+        }
+    }
+
+    fn fake(count: u32, running: &[(u32, u64)]) -> Fake {
+        Fake { count, running: running.iter().copied().collect(), ..Fake::default() }
+    }
+
+    fn options() -> KafkaOptions {
+        KafkaOptions {
+            // Nothing listens on the discard port: nothing here needs a broker.
+            brokers: "127.0.0.1:9".into(),
+            topic: "positions".into(),
+            group: "sluice-test".into(),
+            instance_id: None,
+            properties: BTreeMap::new(),
+            stop_when_idle: None,
+        }
+    }
+
+    fn consumer(owner: Fake) -> BaseConsumer<Membership<Fake>> {
+        let membership = Membership {
+            topic: "positions".into(),
+            partitions: Mutex::new(Some(owner)),
+            assigned_at: Mutex::default(),
+            rebalances: AtomicU64::new(0),
+            failure: Mutex::default(),
+        };
+        options().client_config().create_with_context(membership).expect("a consumer needs no broker to exist")
+    }
+
+    fn list(partitions: &[i32]) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for &p in partitions {
+            tpl.add_partition("positions", p);
+        }
+        tpl
+    }
+
+    #[test]
+    fn an_assignment_starts_the_partitions_at_their_states_offsets_and_pauses_them() {
+        let consumer = consumer(fake(2, &[]));
+        let mut tpl = list(&[0, 1]);
+        consumer.context().rebalance(&consumer, RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS, &mut tpl);
+        assert!(lock(&consumer.context().failure).is_none());
+        assert_eq!(lock(&consumer.context().partitions).as_ref().unwrap().assigned, [0, 1]);
+        let offsets: Vec<Offset> = tpl.elements().iter().map(|e| e.offset()).collect();
+        assert_eq!(offsets, [Offset::Offset(100), Offset::Offset(101)], "each starts where its state is");
+        assert_eq!(consumer.assignment().unwrap().count(), 2);
+        assert!(lock(&consumer.context().assigned_at).is_some(), "idleness counts from the assignment");
+    }
+
+    #[test]
+    fn an_assignment_of_a_partition_the_job_lacks_starts_nothing_and_stops_the_poll_loop() {
+        let consumer = consumer(fake(2, &[]));
+        let mut tpl = list(&[1, 2]);
+        consumer.context().rebalance(&consumer, RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS, &mut tpl);
+        assert!(lock(&consumer.context().partitions).as_ref().unwrap().assigned.is_empty());
+        let err = poll(&consumer, &options(), &AtomicBool::new(false)).expect_err("the failure surfaces");
+        assert!(err.to_string().contains("topic positions has partition 2, but the job has 2 partitions"), "{err}");
+    }
+
+    #[test]
+    fn a_revocation_hands_over_every_partition_and_commits_what_their_states_hold() {
+        let mut owner = fake(3, &[(0, 10), (1, 20)]);
+        let (offsets, result) = revoke(&mut owner, &[0, 1, 2], false);
+        assert!(result.is_ok());
+        assert_eq!(offsets, [(0, 10), (1, 20)], "partition 2 did not run here");
+        assert_eq!(owner.revoked, [(0, Stop::Handover), (1, Stop::Handover), (2, Stop::Handover)]);
+    }
+
+    #[test]
+    fn a_lost_assignment_drops_the_partitions() {
+        let mut owner = fake(2, &[(0, 10), (1, 20)]);
+        let (_, result) = revoke(&mut owner, &[0, 1], true);
+        assert!(result.is_ok());
+        assert_eq!(owner.revoked, [(0, Stop::Lost), (1, Stop::Lost)]);
+    }
+
+    #[test]
+    fn a_partition_that_fails_to_stop_does_not_keep_the_others_running() {
+        let mut owner = Fake { fail_revoke: Some(0), ..fake(2, &[(0, 10), (1, 20)]) };
+        let (offsets, result) = revoke(&mut owner, &[0, 1], false);
+        assert!(result.unwrap_err().to_string().contains("partition 0 stopped"));
+        assert_eq!(offsets, [(1, 20)]);
+        assert_eq!(owner.revoked.len(), 2);
+    }
+
+    #[test]
+    fn a_failed_restore_stops_the_poll_loop_with_its_reason() {
+        let consumer = consumer(Fake { fail_start: true, ..fake(2, &[]) });
+        let err = poll(&consumer, &options(), &AtomicBool::new(false)).expect_err("the failed start surfaces");
+        assert!(format!("{err:#}").contains("starting partition 1: restoring"), "{err:#}");
+    }
+
+    #[test]
+    fn a_stop_ends_the_poll_loop_with_a_handover() {
+        let consumer = consumer(fake(1, &[(0, 5)]));
+        assert_eq!(poll(&consumer, &options(), &AtomicBool::new(true)).unwrap(), Stop::Handover);
+    }
+
+    #[test]
+    fn a_started_partition_resumes_at_the_offset_its_state_holds() {
+        let consumer = consumer(fake(1, &[]));
+        let mut tpl = list(&[0]);
+        consumer.context().rebalance(&consumer, RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS, &mut tpl);
+        let started = Started {
+            partition: 0,
+            offset: 42,
+            restored_from: RestoredFrom::Local { offset: 42 },
+            assigned: Instant::now(),
+            took: Duration::ZERO,
+        };
+        // Seeking needs the partition assigned; resuming a paused one is local.
+        resume(&consumer, "positions", &started).expect("seek and resume an assigned partition");
+    }
 }

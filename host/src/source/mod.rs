@@ -1,48 +1,100 @@
 //! Where records come from and which partition each belongs to.
 //!
-//! This module owns the embedded sources — a deterministic [fleet
-//! generator](generator) and a [JSONL file](file) — the [Kafka](kafka) source, and the
-//! [`dispatch`] loop that turns one such sequence into a partitioned log: each
-//! record goes to partition `murmur2(key) % partitions` (Kafka's default
-//! partitioner), gets the next offset of that partition, and is handed to the
-//! partition's worker in batches. A partition whose state already reflects a record
-//! (its offset is below the offset stored with the state) never receives it again.
+//! This module owns the producers of records: the embedded sources — a deterministic
+//! [fleet generator](generator) and a [JSONL file](file) — with the [`dispatch`] loop
+//! that turns one such sequence into a partitioned log (each record goes to partition
+//! `murmur2(key) % partitions`, Kafka's default partitioner, at the next offset of that
+//! partition), and the [Kafka](kafka) consumer, whose records keep the broker's
+//! partition and offset.
 //!
-//! It does not own processing or state; workers do.
+//! A source drives partition ownership through the narrow [`Partitions`] trait it
+//! defines here: assign, revoke, push records, flush. The
+//! [worker](crate::worker) module's router implements it; tests implement it with a
+//! fake, so the rebalance paths are tested without a broker. This module does not own
+//! routing, processing or state.
 
 pub mod file;
 pub mod generator;
 pub mod kafka;
 
-use crate::worker::{Started, Stop, Workers};
+use crate::checkpoint::RestoredFrom;
+use crate::record::{RawRecord, SourceRecord, Stop};
 use anyhow::Result;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// A record before it is placed in a partition.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RawRecord {
-    /// The partitioning key (empty for a record without one, like Kafka's null key).
-    pub key: Vec<u8>,
-    /// The payload.
-    pub value: Vec<u8>,
-    /// Event time, milliseconds since the Unix epoch.
-    pub timestamp_ms: i64,
+/// The partitions a source feeds, as the source sees them: started on assignment,
+/// stopped on revocation, fed records. Implemented by the
+/// [worker](crate::worker) module's router.
+pub trait Partitions {
+    /// The job's partition count.
+    fn count(&self) -> u32;
+
+    /// Starts `partitions`: plans their restores and returns the offset each is expected
+    /// to resume at. They take records once [`Partitions::started`] returns them (a
+    /// restore that falls back to an older checkpoint resumes earlier).
+    fn assign(&mut self, partitions: &[u32]) -> Result<Vec<(u32, u64)>>;
+
+    /// The partitions whose start completed since the last call, each taking records
+    /// from its `offset`; with `wait`, waits until no partition is starting. A start
+    /// that failed is an error (once).
+    fn started(&mut self, wait: bool) -> Result<Vec<Started>>;
+
+    /// Stops `partition` as `how` says ([`Stop::Handover`] or [`Stop::Lost`]), dropping
+    /// what waits for it here, and returns the offset committed with its state; `None`
+    /// if it did not run here. A start in progress completes first.
+    fn revoke(&mut self, partition: u32, how: Stop) -> Result<Option<u64>>;
+
+    /// Queues `record` for its partition, handing full batches to its worker. When the
+    /// worker's queue is full, `wait` says whether to wait or keep the batch here.
+    /// Returns whether the partition is now backed up (a full batch waits here): time
+    /// to pause reading it. A record of a partition not running here, or one its state
+    /// already holds, is dropped.
+    fn push(&mut self, record: SourceRecord, wait: bool) -> Result<bool>;
+
+    /// Hands every partition's waiting records to its worker, partial batches too;
+    /// `wait` as for [`Partitions::push`].
+    fn flush(&mut self, wait: bool) -> Result<()>;
+
+    /// Whether a full batch of `partition` still waits for room in its worker's queue.
+    fn backed_up(&self, partition: u32) -> bool;
+
+    /// Whether `partition` is starting or running here.
+    fn owns(&self, partition: u32) -> bool;
+
+    /// Whether any partition is still starting.
+    fn starting(&self) -> bool;
+
+    /// Whether every running partition has processed all it was handed.
+    fn caught_up(&self) -> bool;
+
+    /// The offset each running partition's state holds.
+    fn committed_offsets(&self) -> Vec<(u32, u64)>;
+
+    /// Records how far `partition`'s state is behind `high_watermark`, the end of its
+    /// log as the broker last reported it.
+    fn record_lag(&self, partition: u32, high_watermark: u64);
+
+    /// Ends the run as `outcome` says: after the source ended ([`Stop::Drain`]) every
+    /// waiting record is handed over and processed; otherwise (and after an error)
+    /// partitions hand over. Every partition is stopped; returns the offset each one's
+    /// state holds at the end, or the first error.
+    fn finish(&mut self, outcome: Result<Stop>) -> Result<Vec<(u32, u64)>>;
 }
 
-/// A record at its place in the partitioned log.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SourceRecord {
-    /// The partition it was assigned to.
+/// A partition that has started: its worker runs and takes records from `offset`.
+#[derive(Debug, Clone)]
+pub struct Started {
+    /// The partition.
     pub partition: u32,
-    /// Its offset within the partition.
+    /// The offset stored with its state: the first record it needs.
     pub offset: u64,
-    /// The partitioning key.
-    pub key: Vec<u8>,
-    /// The payload.
-    pub value: Vec<u8>,
-    /// Event time, milliseconds since the Unix epoch.
-    pub timestamp_ms: i64,
+    /// Where its state came from.
+    pub restored_from: RestoredFrom,
+    /// When it was assigned (its pause, for a Kafka source, runs from here).
+    pub assigned: Instant,
+    /// From the assignment to the running worker.
+    pub took: Duration,
 }
 
 /// The partition Kafka's default partitioner picks for `key`:
@@ -85,181 +137,32 @@ pub struct DispatchOptions {
     pub duration: Option<Duration>,
 }
 
-/// How far a source got.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct DispatchReport {
-    /// Records read from the source, including those a partition had already processed.
-    pub read: u64,
-    /// Records skipped because their partition's state already reflects them.
-    pub skipped: u64,
-    /// Times a partition's offsets jumped ahead: records never delivered, which a
-    /// compacted topic does by design and a faulty broker by accident.
-    pub gaps: u64,
-}
-
-/// Records on their way to their partition's worker, a batch at a time, and the
-/// [`Workers`] they go to. A record below the offset its partition's state holds is
-/// counted and dropped here, for every source: that state already reflects it.
-pub struct Batches {
-    workers: Workers,
-    /// The next offset each partition running here takes; `None`: not running here.
-    next: Vec<Option<u64>>,
-    pending: Vec<Vec<SourceRecord>>,
-    batch_size: usize,
-    report: DispatchReport,
-}
-
-impl Batches {
-    /// Batches of at most `batch_size` records for the `partitions` partitions of a
-    /// job, none of them running yet.
-    pub fn new(workers: Workers, partitions: u32, batch_size: usize) -> Self {
-        Batches {
-            workers,
-            next: vec![None; partitions as usize],
-            pending: vec![Vec::new(); partitions as usize],
-            batch_size,
-            report: DispatchReport::default(),
-        }
-    }
-
-    /// The workers the batches go to.
-    pub fn workers(&mut self) -> &mut Workers {
-        &mut self.workers
-    }
-
-    /// The job's partition count.
-    pub fn partitions(&self) -> u32 {
-        self.next.len() as u32
-    }
-
-    /// From now on `started`'s partition takes records from its offset on.
-    pub fn open(&mut self, started: &Started) {
-        self.next[started.partition as usize] = Some(started.offset);
-    }
-
-    /// `partition` no longer runs here: what waits for it is dropped (its next owner
-    /// reads it again from the offset stored with the state).
-    pub fn close(&mut self, partition: u32) {
-        self.next[partition as usize] = None;
-        self.pending[partition as usize].clear();
-    }
-
-    /// Queues `record` for its partition's worker, handing over full batches. When the
-    /// worker's queue is full, `wait` says whether to wait for it or keep the batch
-    /// here ([`Batches::backed_up`]). A record of a partition not running here, or
-    /// one its state already holds, is dropped.
-    pub fn push(&mut self, record: SourceRecord, wait: bool) -> Result<()> {
-        self.report.read += 1;
-        let p = record.partition as usize;
-        match self.next[p] {
-            Some(next) if record.offset >= next => {
-                if record.offset > next {
-                    if self.report.gaps == 0 {
-                        tracing::warn!(
-                            partition = p,
-                            "offsets jump from {next} to {}: the source did not deliver the records between \
-                             (compaction and transaction markers do this by design; otherwise the broker is at fault)",
-                            record.offset
-                        );
-                    }
-                    self.report.gaps += 1;
-                }
-                self.next[p] = Some(record.offset + 1);
-            }
-            Some(_) => {
-                self.report.skipped += 1;
-                return Ok(());
-            }
-            None => return Ok(()),
-        }
-        self.pending[p].push(record);
-        if self.pending[p].len() >= self.batch_size { self.hand_over(p, wait, false) } else { Ok(()) }
-    }
-
-    /// Hands every partition's waiting records to its worker, partial batches too;
-    /// `wait` as for [`Batches::push`].
-    pub fn flush(&mut self, wait: bool) -> Result<()> {
-        (0..self.pending.len()).try_for_each(|p| self.hand_over(p, wait, true))
-    }
-
-    /// Whether every partition running here has processed all it was handed.
-    pub fn caught_up(&self) -> bool {
-        self.next.iter().enumerate().all(|(p, next)| match next {
-            Some(next) => {
-                self.pending[p].is_empty() && self.workers.committed_offset(p as u32).is_none_or(|c| c >= *next)
-            }
-            None => true,
-        })
-    }
-
-    /// Whether a full batch of `partition` waits here for room in its worker's queue:
-    /// time to pause reading it.
-    pub fn backed_up(&self, partition: u32) -> bool {
-        self.pending[partition as usize].len() >= self.batch_size
-    }
-
-    /// What was read and skipped so far.
-    pub fn report(&self) -> DispatchReport {
-        self.report.clone()
-    }
-
-    /// Ends the run as `outcome` says: after the source ended ([`Stop::Drain`]) every
-    /// waiting record is handed over and processed; otherwise (and after an error)
-    /// workers hand over. Every partition is stopped; the first error is returned, the
-    /// workers' own before the source's (a worker that failed is why the source could
-    /// not hand it records).
-    pub fn finish(&mut self, outcome: Result<Stop>) -> Result<()> {
-        let how = *outcome.as_ref().unwrap_or(&Stop::Handover);
-        let flushed = if how == Stop::Drain { self.flush(true) } else { Ok(()) };
-        let stopped = self.workers.stop_all(if flushed.is_ok() { how } else { Stop::Handover });
-        stopped.and(flushed).and(outcome.map(drop))
-    }
-
-    fn hand_over(&mut self, p: usize, wait: bool, partial: bool) -> Result<()> {
-        while self.pending[p].len() >= self.batch_size || (partial && !self.pending[p].is_empty()) {
-            let at = self.pending[p].len().min(self.batch_size);
-            let rest = self.pending[p].split_off(at);
-            let batch = std::mem::replace(&mut self.pending[p], rest);
-            if wait {
-                self.workers.send(p as u32, batch)?;
-            } else if let Some(mut batch) = self.workers.try_send(p as u32, batch)? {
-                batch.append(&mut self.pending[p]);
-                self.pending[p] = batch;
-                break;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Starts every partition of `batches`, then reads `records` in order, assigns each
-/// its partition and offset, and hands it to its partition's worker. Returns when the
-/// source ends or the duration passes (workers drain what they were given), or when
-/// `stopping` is set (workers hand over).
+/// Starts every partition of `partitions`, then reads `records` in order, assigns each
+/// its partition and offset, and pushes it to its partition. Returns when the source
+/// ends or the duration passes (partitions drain what they were given), or when
+/// `stopping` is set (partitions hand over).
 pub fn dispatch(
     records: impl Iterator<Item = Result<RawRecord>>,
-    batches: &mut Batches,
+    partitions: &mut impl Partitions,
     options: &DispatchOptions,
     stopping: &AtomicBool,
 ) -> Result<()> {
-    let outcome = feed(records, batches, options, stopping);
-    batches.finish(outcome)
+    let outcome = feed(records, partitions, options, stopping);
+    partitions.finish(outcome).map(drop)
 }
 
 fn feed(
     records: impl Iterator<Item = Result<RawRecord>>,
-    batches: &mut Batches,
+    partitions: &mut impl Partitions,
     options: &DispatchOptions,
     stopping: &AtomicBool,
 ) -> Result<Stop> {
-    let partitions = batches.partitions();
-    batches.workers().start(&(0..partitions).collect::<Vec<_>>())?;
-    for started in batches.workers().wait_started()? {
-        batches.open(&started);
-    }
-    let mut next_offset = vec![0u64; partitions as usize];
+    let count = partitions.count();
+    partitions.assign(&(0..count).collect::<Vec<_>>())?;
+    partitions.started(true)?;
+    let mut next_offset = vec![0u64; count as usize];
     let started = Instant::now();
-    for raw in records {
+    for (read, raw) in records.enumerate() {
         let raw = raw?;
         if stopping.load(Ordering::Relaxed) {
             return Ok(Stop::Handover);
@@ -268,14 +171,14 @@ fn feed(
             break;
         }
         if let Some(rate) = options.rate {
-            let due = Duration::from_secs_f64(batches.report().read as f64 / rate);
+            let due = Duration::from_secs_f64(read as f64 / rate);
             if let Some(wait) = due.checked_sub(started.elapsed()) {
                 // Hand over what is buffered before idling so workers stay current.
-                batches.flush(true)?;
+                partitions.flush(true)?;
                 std::thread::sleep(wait);
             }
         }
-        let p = partition_for(&raw.key, partitions) as usize;
+        let p = partition_for(&raw.key, count) as usize;
         let offset = next_offset[p];
         next_offset[p] += 1;
         let record = SourceRecord {
@@ -285,7 +188,7 @@ fn feed(
             value: raw.value,
             timestamp_ms: raw.timestamp_ms,
         };
-        batches.push(record, true)?;
+        partitions.push(record, true)?;
     }
     Ok(Stop::Drain)
 }

@@ -15,19 +15,22 @@
 //! This module does not decide which partitions this host owns (the source does) and
 //! does not read records.
 
-use super::{Destinations, PartitionStats, Stop, StopSignal};
+use super::{Destinations, StopSignal};
 use crate::checkpoint::restore::{self, PartitionPlan};
 use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
+use crate::lock;
 use crate::operator::Operator;
 use crate::operator::wasm::ActiveVersion;
-use crate::source::SourceRecord;
+use crate::record::{SourceRecord, Stop};
+use crate::source::Started;
 use crate::state::{StateDir, Transaction};
+use crate::stats::{LiveStats, PartitionStats, Totals};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
@@ -60,21 +63,6 @@ pub struct Checkpointing {
     pub restore_budget: Duration,
 }
 
-/// A partition that has started: its worker runs and takes records from `offset`.
-#[derive(Debug, Clone)]
-pub struct Started {
-    /// The partition.
-    pub partition: u32,
-    /// The offset stored with its state: the first record it needs.
-    pub offset: u64,
-    /// Where its state came from.
-    pub restored_from: RestoredFrom,
-    /// When it was assigned (its pause, for a Kafka source, runs from here).
-    pub assigned: Instant,
-    /// From the assignment to the running worker.
-    pub took: Duration,
-}
-
 /// What one run of a partition on this host did, from its start to its stop.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PartitionReport {
@@ -82,12 +70,8 @@ pub struct PartitionReport {
     pub partition: u32,
     /// The offset it resumed from (stored with its state).
     pub resumed_at: u64,
-    /// The next offset to process, committed with its state.
-    pub committed_offset: u64,
-    /// Records processed.
-    pub processed: u64,
-    /// Records sent to the dead-letter file.
-    pub dead_letters: u64,
+    /// What its counters reached.
+    pub totals: Totals,
     /// Distinct keys holding state at the end, counted only when the source ended
     /// ([`Stop::Drain`]): counting scans the partition, too slow for a handover.
     pub keys: Option<u64>,
@@ -95,22 +79,11 @@ pub struct PartitionReport {
     pub restored_from: RestoredFrom,
     /// From the assignment to the running worker.
     pub start_took: Duration,
-    /// Checkpoints completed.
-    pub checkpoints: u64,
-    /// The offset of the newest of them (0 if none).
-    pub checkpoint_offset: u64,
-    /// Bytes they uploaded.
-    pub uploaded_bytes: u64,
-    /// Operator versions it switched to while running (hot swaps).
-    pub switches: u64,
     /// The operator version it ran at the end.
     pub version: String,
     /// How it ended.
     pub stopped: Stop,
 }
-
-/// The live counters of the running partitions, by partition, for the running summary.
-pub type LiveStats = Arc<Mutex<BTreeMap<u32, Arc<PartitionStats>>>>;
 
 /// A partition's start, as its starting thread reports it.
 type StartResult = (u32, Result<Running>);
@@ -244,7 +217,7 @@ impl Workers {
         match result {
             Ok(running) => {
                 self.arrived.push(running.started.clone());
-                self.live.lock().expect("no panics under this lock").insert(partition, running.stats.clone());
+                lock(&self.live).insert(partition, running.stats.clone());
                 self.running.insert(partition, running);
             }
             Err(e) => {
@@ -319,26 +292,30 @@ impl Workers {
         running.stop.set(how);
         drop(running.sender);
         let report = running.thread.join().map_err(|_| anyhow!("the worker of partition {partition} panicked"))?;
-        self.live.lock().expect("no panics under this lock").remove(&partition);
+        lock(&self.live).remove(&partition);
         let report = report.with_context(|| format!("partition {partition} stopped"))?;
         tracing::info!(
             partition,
             "stopped ({how:?}) in {:.0} ms at offset {}; {} records processed since it started here",
             began.elapsed().as_secs_f64() * 1e3,
-            report.committed_offset,
-            report.processed
+            report.totals.committed_offset,
+            report.totals.processed
         );
         self.reports.push(report);
         Ok(self.reports.last())
     }
 
-    /// Stops every partition as `how` says, waiting for starts in progress first.
-    /// Every partition is stopped even when one fails; the first failure is returned.
-    pub fn stop_all(&mut self, how: Stop) -> Result<()> {
-        let mut result = self.wait_started().map(drop);
+    /// Stops every partition as `how` says, waiting for starts in progress first, and
+    /// returns the offset each one's state holds at the end. Every partition is stopped
+    /// even when one fails; the first failure is returned.
+    pub fn stop_all(&mut self, how: Stop) -> Result<Vec<(u32, u64)>> {
+        let mut result = self.wait_started().map(|_| Vec::new());
         for partition in self.running() {
-            let stopped = self.stop(partition, how).map(drop);
-            result = result.and(stopped);
+            let stopped = self.stop(partition, how).map(|r| r.map(|r| (partition, r.totals.committed_offset)));
+            result = result.and_then(|mut offsets| {
+                offsets.extend(stopped?);
+                Ok(offsets)
+            });
         }
         result
     }
@@ -376,13 +353,7 @@ fn spawn_worker(
             instance.version().to_string(),
         )
     });
-    let stats = Arc::new(PartitionStats {
-        lag: AtomicI64::new(-1),
-        version: Mutex::new(instance.version().to_string()),
-        ..PartitionStats::default()
-    });
-    stats.committed_offset.store(offset, Ordering::Relaxed);
-    stats.entries.store(instance.state().entries(), Ordering::Relaxed);
+    let stats = Arc::new(PartitionStats::new(offset, instance.state().entries(), instance.version()));
     let (sender, batches) = std::sync::mpsc::sync_channel(setup.queued_batches);
     let stop = Arc::new(StopSignal::default());
     let started = Started { partition, offset, restored_from, assigned, took: assigned.elapsed() };
@@ -394,19 +365,13 @@ fn spawn_worker(
             Ok(PartitionReport {
                 partition,
                 resumed_at: started.offset,
-                committed_offset: stats.committed_offset.load(Ordering::Relaxed),
-                processed: stats.processed.load(Ordering::Relaxed),
-                dead_letters: stats.dead_letters.load(Ordering::Relaxed),
+                totals: stats.totals(),
                 keys: match stop.get() {
                     None | Some(Stop::Drain) => Some(instance.state().store().count_keys()?),
                     Some(Stop::Handover | Stop::Lost) => None,
                 },
                 restored_from: started.restored_from,
                 start_took: started.took,
-                checkpoints: stats.checkpoints.load(Ordering::Relaxed),
-                checkpoint_offset: stats.checkpoint_offset.load(Ordering::Relaxed),
-                uploaded_bytes: stats.uploaded_bytes.load(Ordering::Relaxed),
-                switches: stats.switches.load(Ordering::Relaxed),
                 version: instance.version().to_string(),
                 stopped: stop.get().unwrap_or(Stop::Drain),
             })

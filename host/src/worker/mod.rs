@@ -12,59 +12,28 @@
 //!
 //! [`Workers`] owns the life of each partition on this host: started (restored,
 //! opened, instantiated) when the source assigns it, stopped when it is revoked or the
-//! source ends. This module does not own where records come from (the
+//! source ends. The [`Router`] stands between a source and the workers: it implements
+//! the source's [`Partitions`](crate::source::Partitions), batching records for each
+//! partition. This module does not own where records come from (the
 //! [source](crate::source)) or how the operator runs (the [operator](crate::operator)).
 
 mod lifecycle;
+mod router;
 
-pub use lifecycle::{Checkpointing, LiveStats, PartitionReport, Started, WorkerSetup, Workers};
+pub use lifecycle::{Checkpointing, PartitionReport, WorkerSetup, Workers};
+pub use router::{DispatchReport, OFFSETS_JUMP, Router};
 
 use crate::checkpoint::Checkpointer;
+use crate::lock;
 use crate::operator::{Operator, Outcome};
+use crate::record::{SourceRecord, Stop};
 use crate::sink::{self, LineSink, Sink};
-use crate::source::SourceRecord;
+use crate::stats::PartitionStats;
 use anyhow::Result;
 use std::collections::VecDeque;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
-
-/// A partition's live counters, read by the running summary while the worker runs.
-#[derive(Debug, Default)]
-pub struct PartitionStats {
-    /// Records processed (emitted or dead-lettered) by this worker.
-    pub processed: AtomicU64,
-    /// Records sent to the dead-letter file by this worker.
-    pub dead_letters: AtomicU64,
-    /// The next offset to process, as last committed.
-    pub committed_offset: AtomicU64,
-    /// State entries held, as of the last commit.
-    pub entries: AtomicU64,
-    /// Checkpoints completed by this worker.
-    pub checkpoints: AtomicU64,
-    /// The offset of the newest completed checkpoint.
-    pub checkpoint_offset: AtomicU64,
-    /// Bytes uploaded by this worker's checkpoints.
-    pub uploaded_bytes: AtomicU64,
-    /// Checkpoints that failed (each logged).
-    pub checkpoint_failures: AtomicU64,
-    /// The 99th percentile of the last [`BATCH_TIMES`] batches' processing time, µs.
-    pub batch_p99_us: AtomicU64,
-    /// The longest of the last [`BATCH_TIMES`] batches' processing time, µs.
-    pub batch_max_us: AtomicU64,
-    /// Records in the partition beyond the state's offset, as of the source's last
-    /// report; -1 where the source does not report it (the embedded sources).
-    pub lag: AtomicI64,
-    /// Operator versions switched to while running (see [`Operator::follow_deploys`]).
-    pub switches: AtomicU64,
-    /// How long the latest switch stood the partition still, µs.
-    pub last_switch_stall_us: AtomicU64,
-    /// The operator version it runs; changes only when it switches.
-    pub version: Mutex<String>,
-    /// The latest version it could not switch to, and why (it kept running `version`).
-    pub refused: Mutex<Option<(String, String)>>,
-}
 
 /// Where workers send what they produce, shared by all of them.
 pub struct Destinations {
@@ -72,21 +41,6 @@ pub struct Destinations {
     pub sink: Sink,
     /// The dead-letter file.
     pub dead_letters: LineSink,
-}
-
-/// How a worker ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
-    /// The source ended: process every queued batch, then take a last checkpoint.
-    Drain,
-    /// The partition moves to another host (or this one shuts down): finish the batch
-    /// in hand, leave queued ones (the next owner reads them again from the offset
-    /// stored with the state), and take a last checkpoint so the next owner restores
-    /// the newest state.
-    Handover,
-    /// The partition already belongs to another host (this one was evicted): finish
-    /// the batch in hand and take no checkpoint — the store is the new owner's now.
-    Lost,
 }
 
 /// Tells a running worker how to end; set once, by whoever stops it.
@@ -281,7 +235,7 @@ fn follow_deploys(
             switch.to,
             switch.from
         );
-        *stats.refused.lock().expect("no panics under this lock") = Some((switch.to, reason));
+        *lock(&stats.refused) = Some((switch.to, reason));
         return Ok(());
     }
     let stall_us = switch.stall.as_micros() as u64;
@@ -296,6 +250,6 @@ fn follow_deploys(
     }
     stats.switches.fetch_add(1, Ordering::Relaxed);
     stats.last_switch_stall_us.store(stall_us, Ordering::Relaxed);
-    *stats.version.lock().expect("no panics under this lock") = switch.to;
+    *lock(&stats.version) = switch.to;
     Ok(())
 }

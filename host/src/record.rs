@@ -1,0 +1,58 @@
+//! The data every layer shares: a record as a source reads it ([`RawRecord`]) and at
+//! its place in the partitioned log ([`SourceRecord`]), what an operator emits for it
+//! ([`Output`]), and how a partition's run ends ([`Stop`]).
+//!
+//! This module is a leaf: it imports nothing of the host, and every layer may import
+//! it. It holds data only; what is done with a record belongs to the layer doing it.
+
+/// A record before it is placed in a partition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawRecord {
+    /// The partitioning key (empty for a record without one, like Kafka's null key).
+    pub key: Vec<u8>,
+    /// The payload.
+    pub value: Vec<u8>,
+    /// Event time, milliseconds since the Unix epoch.
+    pub timestamp_ms: i64,
+}
+
+/// A record at its place in the partitioned log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceRecord {
+    /// The partition it was assigned to.
+    pub partition: u32,
+    /// Its offset within the partition.
+    pub offset: u64,
+    /// The partitioning key.
+    pub key: Vec<u8>,
+    /// The payload.
+    pub value: Vec<u8>,
+    /// Event time, milliseconds since the Unix epoch.
+    pub timestamp_ms: i64,
+}
+
+/// One record an operator emitted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Output {
+    /// The output key.
+    pub key: Vec<u8>,
+    /// The output payload.
+    pub value: Vec<u8>,
+    /// Destination topic; `None` is the job's sink.
+    pub topic: Option<String>,
+}
+
+/// How a partition's run on this host ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The source ended: process every queued batch, then take a last checkpoint.
+    Drain,
+    /// The partition moves to another host (or this one shuts down): finish the batch
+    /// in hand, leave queued ones (the next owner reads them again from the offset
+    /// stored with the state), and take a last checkpoint so the next owner restores
+    /// the newest state.
+    Handover,
+    /// The partition already belongs to another host (this one was evicted): finish
+    /// the batch in hand and take no checkpoint — the store is the new owner's now.
+    Lost,
+}

@@ -1,0 +1,106 @@
+//! The live counters of each partition running on this host.
+//!
+//! A partition's worker counts into its [`PartitionStats`] as it goes (the
+//! checkpointer counts its checkpoints there too); the running summary, the deployer
+//! (waiting for partitions to switch) and the final report read them. This module
+//! holds the counters only: it is a leaf, importing nothing of the host's layers, so
+//! that every layer can count without reaching into another.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A partition's live counters, read by the running summary while the worker runs.
+#[derive(Debug)]
+pub struct PartitionStats {
+    /// Records processed (emitted or dead-lettered) by this worker.
+    pub processed: AtomicU64,
+    /// Records sent to the dead-letter file by this worker.
+    pub dead_letters: AtomicU64,
+    /// The next offset to process, as last committed.
+    pub committed_offset: AtomicU64,
+    /// State entries held, as of the last commit.
+    pub entries: AtomicU64,
+    /// Checkpoints completed by this worker.
+    pub checkpoints: AtomicU64,
+    /// The offset of the newest completed checkpoint.
+    pub checkpoint_offset: AtomicU64,
+    /// Bytes uploaded by this worker's checkpoints.
+    pub uploaded_bytes: AtomicU64,
+    /// Checkpoints that failed (each logged).
+    pub checkpoint_failures: AtomicU64,
+    /// The 99th percentile of the worker's recent batches' processing time, µs.
+    pub batch_p99_us: AtomicU64,
+    /// The longest of the worker's recent batches' processing time, µs.
+    pub batch_max_us: AtomicU64,
+    /// Records in the partition beyond the state's offset, as of the source's last
+    /// report; -1 where the source does not report it (the embedded sources).
+    pub lag: AtomicI64,
+    /// Operator versions switched to while running (hot swaps).
+    pub switches: AtomicU64,
+    /// How long the latest switch stood the partition still, µs.
+    pub last_switch_stall_us: AtomicU64,
+    /// The operator version it runs; changes only when it switches.
+    pub version: Mutex<String>,
+    /// The latest version it could not switch to, and why (it kept running `version`).
+    pub refused: Mutex<Option<(String, String)>>,
+}
+
+impl PartitionStats {
+    /// Counters of a partition that starts at `committed_offset` with `entries` state
+    /// entries, running operator `version`.
+    pub fn new(committed_offset: u64, entries: u64, version: &str) -> Self {
+        PartitionStats {
+            processed: AtomicU64::new(0),
+            dead_letters: AtomicU64::new(0),
+            committed_offset: AtomicU64::new(committed_offset),
+            entries: AtomicU64::new(entries),
+            checkpoints: AtomicU64::new(0),
+            checkpoint_offset: AtomicU64::new(0),
+            uploaded_bytes: AtomicU64::new(0),
+            checkpoint_failures: AtomicU64::new(0),
+            batch_p99_us: AtomicU64::new(0),
+            batch_max_us: AtomicU64::new(0),
+            lag: AtomicI64::new(-1),
+            switches: AtomicU64::new(0),
+            last_switch_stall_us: AtomicU64::new(0),
+            version: Mutex::new(version.to_string()),
+            refused: Mutex::new(None),
+        }
+    }
+
+    /// The counters a run ends with, as plain values.
+    pub fn totals(&self) -> Totals {
+        Totals {
+            committed_offset: self.committed_offset.load(Ordering::Relaxed),
+            processed: self.processed.load(Ordering::Relaxed),
+            dead_letters: self.dead_letters.load(Ordering::Relaxed),
+            checkpoints: self.checkpoints.load(Ordering::Relaxed),
+            checkpoint_offset: self.checkpoint_offset.load(Ordering::Relaxed),
+            uploaded_bytes: self.uploaded_bytes.load(Ordering::Relaxed),
+            switches: self.switches.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What a partition's counters reached, as a run's report keeps them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// The next offset to process, committed with its state.
+    pub committed_offset: u64,
+    /// Records processed.
+    pub processed: u64,
+    /// Records sent to the dead-letter file.
+    pub dead_letters: u64,
+    /// Checkpoints completed.
+    pub checkpoints: u64,
+    /// The offset of the newest of them (0 if none).
+    pub checkpoint_offset: u64,
+    /// Bytes they uploaded.
+    pub uploaded_bytes: u64,
+    /// Operator versions it switched to while running (hot swaps).
+    pub switches: u64,
+}
+
+/// The live counters of the running partitions, by partition, for the running summary.
+pub type LiveStats = Arc<Mutex<BTreeMap<u32, Arc<PartitionStats>>>>;

@@ -1,0 +1,347 @@
+//! The partition router: records on their way to their partition's worker, a batch at
+//! a time.
+//!
+//! [`Router`] implements the [`Partitions`] a source drives: it starts and stops
+//! partitions in [`Workers`] as the source assigns and revokes them, batches each
+//! partition's records, and holds a partition's batches back (the source pauses it)
+//! while its worker's queue is full. A record below the offset its partition's state
+//! holds is counted and dropped here, for every source: that state already reflects it.
+//!
+//! It does not read records (the [source](crate::source) does) or process them (the
+//! workers do).
+
+use super::{PartitionReport, Workers};
+use crate::record::{SourceRecord, Stop};
+use crate::source::{Partitions, Started};
+use anyhow::Result;
+
+/// Logged (once per run) when a partition's offsets jump ahead: `offsets jump from N to M`.
+pub const OFFSETS_JUMP: &str = "offsets jump from";
+
+/// How far a source got.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DispatchReport {
+    /// Records read from the source, including those a partition had already processed.
+    pub read: u64,
+    /// Records skipped because their partition's state already reflects them.
+    pub skipped: u64,
+    /// Times a partition's offsets jumped ahead: records never delivered, which a
+    /// compacted topic does by design and a faulty broker by accident.
+    pub gaps: u64,
+}
+
+/// Routes records to the [`Workers`] of their partitions.
+pub struct Router {
+    workers: Workers,
+    /// The next offset each partition running here takes; `None`: not running here.
+    next: Vec<Option<u64>>,
+    pending: Vec<Vec<SourceRecord>>,
+    batch_size: usize,
+    report: DispatchReport,
+}
+
+impl Router {
+    /// Batches of at most `batch_size` records for the `partitions` partitions of a
+    /// job, none of them running yet.
+    pub fn new(workers: Workers, partitions: u32, batch_size: usize) -> Self {
+        Router {
+            workers,
+            next: vec![None; partitions as usize],
+            pending: vec![Vec::new(); partitions as usize],
+            batch_size,
+            report: DispatchReport::default(),
+        }
+    }
+
+    /// What the source delivered so far.
+    pub fn report(&self) -> DispatchReport {
+        self.report.clone()
+    }
+
+    /// The reports of every stopped run of a partition, in the order they stopped.
+    pub fn partition_reports(&self) -> &[PartitionReport] {
+        self.workers.reports()
+    }
+
+    /// From now on `started`'s partition takes records from its offset on.
+    fn open(&mut self, started: &[Started]) {
+        for started in started {
+            self.next[started.partition as usize] = Some(started.offset);
+        }
+    }
+
+    fn hand_over(&mut self, p: usize, wait: bool, partial: bool) -> Result<()> {
+        while self.pending[p].len() >= self.batch_size || (partial && !self.pending[p].is_empty()) {
+            let at = self.pending[p].len().min(self.batch_size);
+            let rest = self.pending[p].split_off(at);
+            let batch = std::mem::replace(&mut self.pending[p], rest);
+            if wait {
+                self.workers.send(p as u32, batch)?;
+            } else if let Some(mut batch) = self.workers.try_send(p as u32, batch)? {
+                batch.append(&mut self.pending[p]);
+                self.pending[p] = batch;
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Partitions for Router {
+    fn count(&self) -> u32 {
+        self.next.len() as u32
+    }
+
+    fn assign(&mut self, partitions: &[u32]) -> Result<Vec<(u32, u64)>> {
+        self.workers.start(partitions)
+    }
+
+    fn started(&mut self, wait: bool) -> Result<Vec<Started>> {
+        let started = if wait { self.workers.wait_started() } else { self.workers.started() }?;
+        self.open(&started);
+        Ok(started)
+    }
+
+    fn revoke(&mut self, partition: u32, how: Stop) -> Result<Option<u64>> {
+        // What waits for it is dropped: its next owner reads it again from the offset
+        // stored with the state.
+        self.next[partition as usize] = None;
+        self.pending[partition as usize].clear();
+        Ok(self.workers.stop(partition, how)?.map(|report| report.totals.committed_offset))
+    }
+
+    fn push(&mut self, record: SourceRecord, wait: bool) -> Result<bool> {
+        self.report.read += 1;
+        let p = record.partition as usize;
+        match self.next[p] {
+            Some(next) if record.offset >= next => {
+                if record.offset > next {
+                    if self.report.gaps == 0 {
+                        tracing::warn!(
+                            partition = p,
+                            "{} {next} to {}: the source did not deliver the records between (compaction and \
+                             transaction markers do this by design; otherwise the broker is at fault)",
+                            OFFSETS_JUMP,
+                            record.offset
+                        );
+                    }
+                    self.report.gaps += 1;
+                }
+                self.next[p] = Some(record.offset + 1);
+            }
+            Some(_) => {
+                self.report.skipped += 1;
+                return Ok(false);
+            }
+            None => return Ok(false),
+        }
+        self.pending[p].push(record);
+        if self.pending[p].len() >= self.batch_size {
+            self.hand_over(p, wait, false)?;
+        }
+        Ok(self.backed_up(p as u32))
+    }
+
+    fn flush(&mut self, wait: bool) -> Result<()> {
+        (0..self.pending.len()).try_for_each(|p| self.hand_over(p, wait, true))
+    }
+
+    fn backed_up(&self, partition: u32) -> bool {
+        self.pending[partition as usize].len() >= self.batch_size
+    }
+
+    fn owns(&self, partition: u32) -> bool {
+        self.workers.owns(partition)
+    }
+
+    fn starting(&self) -> bool {
+        self.workers.any_starting()
+    }
+
+    fn caught_up(&self) -> bool {
+        self.next.iter().enumerate().all(|(p, next)| match next {
+            Some(next) => {
+                self.pending[p].is_empty() && self.workers.committed_offset(p as u32).is_none_or(|c| c >= *next)
+            }
+            None => true,
+        })
+    }
+
+    fn committed_offsets(&self) -> Vec<(u32, u64)> {
+        let running = self.workers.running().into_iter();
+        running.filter_map(|p| self.workers.committed_offset(p).map(|offset| (p, offset))).collect()
+    }
+
+    fn record_lag(&self, partition: u32, high_watermark: u64) {
+        self.workers.record_lag(partition, high_watermark);
+    }
+
+    fn finish(&mut self, outcome: Result<Stop>) -> Result<Vec<(u32, u64)>> {
+        let how = *outcome.as_ref().unwrap_or(&Stop::Handover);
+        let flushed = if how == Stop::Drain { self.flush(true) } else { Ok(()) };
+        // The workers' own errors come before the source's: a worker that failed is why
+        // the source could not hand it records.
+        let stopped = self.workers.stop_all(if flushed.is_ok() { how } else { Stop::Handover })?;
+        flushed?;
+        outcome?;
+        Ok(stopped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The rebalance paths of the router and its workers, without a broker: a real
+    //! vehicle-stats component over real state, driven as the Kafka source drives it.
+
+    use super::*;
+    use crate::operator::wasm::{ActiveVersion, Limits, WasmOperator};
+    use crate::sink::{LineSink, Sink};
+    use crate::source::generator::{Fleet, FleetOptions};
+    use crate::state::{PartitionStore, StateDir};
+    use crate::worker::{Destinations, WorkerSetup};
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    const BATCH: usize = 10;
+
+    /// A router over `partitions` partitions of vehicle-stats with state in `dir`.
+    fn router(dir: &Path, partitions: u32, runtime: &tokio::runtime::Runtime) -> anyhow::Result<Router> {
+        router_of("vehicle_stats", Vec::new(), dir, partitions, runtime)
+    }
+
+    /// A router over `partitions` partitions of operator `name` with `config`.
+    fn router_of(
+        name: &str,
+        config: Vec<(String, String)>,
+        dir: &Path,
+        partitions: u32,
+        runtime: &tokio::runtime::Runtime,
+    ) -> anyhow::Result<Router> {
+        let limits = Limits { call_timeout: Duration::from_secs(5), memory_bytes: 64 << 20 };
+        let operator = WasmOperator::load(&sluice_tests::operator_wasm(name), limits, config)?;
+        let workers = Workers::new(WorkerSetup {
+            state: StateDir::open(&dir.join("state"), partitions)?,
+            operator: ActiveVersion::new(Arc::new(operator)),
+            checkpoints: None,
+            destinations: Destinations {
+                sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"))?),
+                dead_letters: LineSink::file(&dir.join("dead.jsonl"))?,
+            },
+            runtime: runtime.handle().clone(),
+            queued_batches: 1,
+            slow_batch: None,
+        });
+        Ok(Router::new(workers, partitions, BATCH))
+    }
+
+    /// The first `count` records of partition 0 (one vehicle, so all in one partition).
+    fn records(count: u64) -> Vec<SourceRecord> {
+        let fleet = Fleet::new(&FleetOptions { vehicles: 1, count: Some(count), seed: 7 });
+        let records = fleet.map(|raw| raw.expect("the generator does not fail"));
+        let at = |(offset, raw): (usize, crate::record::RawRecord)| SourceRecord {
+            partition: 0,
+            offset: offset as u64,
+            key: raw.key,
+            value: raw.value,
+            timestamp_ms: raw.timestamp_ms,
+        };
+        records.enumerate().map(at).collect()
+    }
+
+    /// The records partition 0's state has folded in: vehicle-stats counts them.
+    fn folded(dir: &Path) -> anyhow::Result<u64> {
+        let store = PartitionStore::open(&StateDir::open(&dir.join("state"), 1)?.partition_path(0), 0)?;
+        let mut count = 0;
+        for entry in store.entries() {
+            let summary: serde_json::Value = serde_json::from_slice(&entry?.value)?;
+            count += summary["count"].as_u64().expect("a summary has a count");
+        }
+        Ok(count)
+    }
+
+    #[test]
+    fn a_revocation_mid_batch_drops_what_waits_and_the_next_start_resumes_at_the_state() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::checkpoint::runtime()?;
+        let all = records(45);
+        let mut router = router(dir.path(), 1, &runtime)?;
+        assert_eq!(router.assign(&[0])?, [(0, 0)]);
+        assert_eq!(router.started(true)?.len(), 1);
+        for record in &all[..25] {
+            router.push(record.clone(), true)?;
+        }
+        // Two batches were handed over, five records wait here; the worker finishes at
+        // most the batch in hand.
+        let committed = router.revoke(0, Stop::Handover)?.expect("partition 0 ran here");
+        assert!([0, 10, 20].contains(&committed), "committed {committed}");
+        assert!(!router.owns(0) && !router.backed_up(0));
+        assert!(!router.push(all[25].clone(), true)?, "a record of a revoked partition is dropped");
+
+        // Assigned again: it resumes at the offset its state holds, and records it
+        // already holds are skipped.
+        assert_eq!(router.assign(&[0])?, [(0, committed)]);
+        let started = router.started(true)?;
+        assert_eq!((started[0].partition, started[0].offset), (0, committed));
+        for record in &all {
+            router.push(record.clone(), true)?;
+        }
+        assert_eq!(router.finish(Ok(Stop::Drain))?, [(0, 45)]);
+        assert_eq!(router.report().skipped, committed);
+        drop(router);
+        assert_eq!(folded(dir.path())?, 45, "every record folded in exactly once");
+        Ok(())
+    }
+
+    #[test]
+    fn a_revocation_while_restoring_waits_for_the_start_and_stops_it() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::checkpoint::runtime()?;
+        let mut router = router(dir.path(), 2, &runtime)?;
+        router.assign(&[0, 1])?;
+        assert!(router.owns(0));
+        // Revoked before the source heard it started: the start completes, then stops.
+        assert_eq!(router.revoke(0, Stop::Handover)?, Some(0));
+        let started: Vec<u32> = router.started(true)?.iter().map(|s| s.partition).collect();
+        assert_eq!(started, [1], "a revoked partition is never reported started");
+        assert!(!router.owns(0) && router.owns(1));
+        assert_eq!(router.finish(Ok(Stop::Drain))?, [(1, 0)]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_lost_partition_stops_with_what_it_committed() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::checkpoint::runtime()?;
+        let mut router = router(dir.path(), 1, &runtime)?;
+        router.assign(&[0])?;
+        router.started(true)?;
+        for record in records(30) {
+            router.push(record, true)?;
+        }
+        router.flush(true)?;
+        let committed = router.revoke(0, Stop::Lost)?.expect("partition 0 ran here");
+        assert_eq!(committed % BATCH as u64, 0, "whole batches only: {committed}");
+        assert_eq!(router.partition_reports()[0].stopped, Stop::Lost);
+        assert_eq!(router.finish(Ok(Stop::Drain))?, []);
+        drop(router);
+        assert_eq!(folded(dir.path())?, committed);
+        Ok(())
+    }
+
+    #[test]
+    fn a_failed_start_is_an_error_naming_the_partition_which_is_not_owned() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::checkpoint::runtime()?;
+        // The probe operator traps in `init` with this config: no instance can start.
+        let config = vec![("trap_init".to_string(), "true".to_string())];
+        let mut router = router_of("probe", config, dir.path(), 1, &runtime)?;
+        assert_eq!(router.assign(&[0])?, [(0, 0)]);
+        let err = router.started(true).expect_err("partition 0 cannot start");
+        let err = format!("{err:#}");
+        assert!(err.contains("starting partition 0") && err.contains("trap_init is set"), "{err}");
+        assert!(!router.owns(0) && !router.starting());
+        assert_eq!(router.finish(Ok(Stop::Drain))?, []);
+        Ok(())
+    }
+}
