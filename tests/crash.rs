@@ -55,13 +55,8 @@ fn kill_9_mid_run_then_restart_equals_an_uninterrupted_run() -> Result<()> {
     let positions: std::collections::BTreeSet<_> =
         outputs.iter().map(|o| (o["partition"].as_u64(), o["offset"].as_u64())).collect();
     assert_eq!(positions.len() as u64, COUNT);
-    let mut last = std::collections::BTreeMap::new();
-    for o in &outputs {
-        last.insert(o["key"].as_str().unwrap().to_string(), o["value"].clone());
-    }
-    for (vehicle, expected) in &reference.last {
-        assert_summary(&last[vehicle], vehicle, expected, "last output after kills");
-    }
+    let last = outputs.iter().map(|o| (o["key"].as_str().unwrap(), &o["value"]));
+    assert_last_outputs(last, &reference, "last output after kills");
     Ok(())
 }
 

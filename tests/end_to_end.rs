@@ -21,10 +21,7 @@ fn every_output_and_the_final_state_equal_the_reference_fold() -> Result<()> {
     // reference summary after its n-th record.
     let outputs = read_jsonl(&out)?;
     assert_eq!(outputs.len(), reference.after_each.len());
-    let mut expected_by_vehicle: BTreeMap<&str, Vec<&Summary>> = BTreeMap::new();
-    for (vehicle, summary) in &reference.after_each {
-        expected_by_vehicle.entry(vehicle).or_default().push(summary);
-    }
+    let expected_by_vehicle = reference.after_each_by_vehicle();
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut positions = BTreeSet::new();
     for output in &outputs {

@@ -95,10 +95,7 @@ fn version_runs(outputs: &[Value]) -> BTreeMap<u64, Vec<String>> {
 fn assert_outputs(outputs: &[Value], input: &Path, v2: &str) -> Result<()> {
     let reference = Reference::fold(input)?;
     assert_eq!(outputs.len(), reference.after_each.len(), "one output per input");
-    let mut expected: BTreeMap<&str, Vec<&Summary>> = BTreeMap::new();
-    for (vehicle, summary) in &reference.after_each {
-        expected.entry(vehicle).or_default().push(summary);
-    }
+    let expected = reference.after_each_by_vehicle();
     let mut speeds: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for line in std::fs::read_to_string(input)?.lines() {
         let p: Value = serde_json::from_str(line)?;

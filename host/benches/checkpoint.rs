@@ -18,16 +18,18 @@
 
 use anyhow::Result;
 use sluice::checkpoint::{self, CheckpointSettings, CheckpointStore, Checkpointer, bytes, restore};
-use sluice::config::{Config, SinkConfig, SourceConfig};
+use sluice::config::{Config, SourceConfig};
 use sluice::state::{StateDir, Transaction};
 use sluice::stats::PartitionStats;
-use std::path::{Path, PathBuf};
+use sluice_tests::bench_setting;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+mod common;
+
 fn main() -> Result<()> {
-    let env = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
-    let records = env("SLUICE_BENCH_RECORDS", 1_000_000);
-    let state_mb = env("SLUICE_BENCH_STATE_MB", 1024);
+    let records = bench_setting("SLUICE_BENCH_RECORDS", 1_000_000)?;
+    let state_mb: u64 = bench_setting("SLUICE_BENCH_STATE_MB", 1024)?;
     let dir = tempfile::tempdir()?;
     let runtime = checkpoint::runtime()?;
 
@@ -55,7 +57,7 @@ fn throughput(dir: &Path, records: u64) -> Result<()> {
     let mut per_checkpoint = Vec::new();
     for round in 0..2 {
         for (i, (name, interval)) in intervals.iter().enumerate() {
-            let mut config = job_config(&dir.join(format!("job-{round}-{i}")), 10_000, records, 2);
+            let mut config = generator_job(&dir.join(format!("job-{round}-{i}")), 10_000, records, 2);
             config.checkpoint.enabled = interval.is_some();
             config.checkpoint.interval_s = interval.unwrap_or(0.0);
             let report = sluice::job::run(&config)?;
@@ -92,7 +94,7 @@ fn throughput(dir: &Path, records: u64) -> Result<()> {
 fn steady_updates(runtime: &tokio::runtime::Runtime, dir: &Path) -> Result<()> {
     const VEHICLES: u32 = 100_000;
     const LOADED: u64 = 300_000;
-    let mut config = job_config(dir, VEHICLES, LOADED, 1);
+    let mut config = generator_job(dir, VEHICLES, LOADED, 1);
     config.checkpoint.interval_s = 3600.0;
     config.checkpoint.retain = 1000;
     sluice::job::run(&config)?;
@@ -128,16 +130,12 @@ fn steady_updates(runtime: &tokio::runtime::Runtime, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// vehicle-stats over `count` generator records of `vehicles` vehicles, `partitions`
-/// partitions, everything under `dir`, no running summary.
-fn job_config(dir: &Path, vehicles: u32, count: u64, partitions: u32) -> Config {
-    let mut config = Config::for_operator(&target_dir().join("wasm32-wasip2/release/vehicle_stats.wasm"));
-    config.source = SourceConfig::Generator { vehicles, count: Some(count), duration_s: None, rate: None, seed: 42 };
-    config.sink = SinkConfig::File { path: dir.join("out.jsonl") };
-    config.dead_letter.path = dir.join("dead.jsonl");
-    config.state.dir = dir.join("state");
+/// [`common::job_config`] over `count` generator records of `vehicles` vehicles,
+/// `partitions` partitions.
+fn generator_job(dir: &Path, vehicles: u32, count: u64, partitions: u32) -> Config {
+    let source = SourceConfig::Generator { vehicles, count: Some(count), duration_s: None, rate: None, seed: 42 };
+    let mut config = common::job_config(dir, source);
     config.state.partitions = partitions;
-    config.report.interval_s = 0.0;
     config
 }
 
@@ -238,11 +236,4 @@ fn dir_bytes(dir: &Path) -> Result<u64> {
         total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
     }
     Ok(total)
-}
-
-/// `./dev.sh bench` builds the component into the same target directory.
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
 }

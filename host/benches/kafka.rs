@@ -13,14 +13,13 @@
 //! 20,000.
 
 use anyhow::{Result, bail};
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use sluice::config::{Config, SinkConfig, SourceConfig};
+use sluice::config::{SinkConfig, SourceConfig};
 use sluice::source::generator::{Fleet, FleetOptions};
-use sluice_tests::KafkaBroker;
-use std::path::{Path, PathBuf};
+use sluice_tests::{KafkaBroker, bench_setting};
 use std::time::{Duration, Instant};
+
+mod common;
 
 const PARTITIONS: i32 = 2;
 /// How long the job waits for more records before it stops (tansu can take seconds to
@@ -28,7 +27,7 @@ const PARTITIONS: i32 = 2;
 const IDLE_STOP: Duration = Duration::from_secs(10);
 
 fn main() -> Result<()> {
-    let records: u64 = std::env::var("SLUICE_BENCH_KAFKA_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
+    let records: u64 = bench_setting("SLUICE_BENCH_KAFKA_RECORDS", 200_000)?;
     let broker = KafkaBroker::start()?;
     for topic in ["positions", "summaries"] {
         broker.create_topic(topic, PARTITIONS)?;
@@ -63,11 +62,7 @@ fn main() -> Result<()> {
 /// Records/s of vehicle-stats from `positions` to `summaries`, in its own group.
 fn through_sluice(broker: &KafkaBroker, records: u64, commit_every: usize) -> Result<f64> {
     let dir = tempfile::tempdir()?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let mut config = Config::for_operator(&target.join("wasm32-wasip2/release/vehicle_stats.wasm"));
-    config.source = SourceConfig::Kafka {
+    let source = SourceConfig::Kafka {
         brokers: broker.bootstrap.clone(),
         topic: "positions".into(),
         group: format!("bench-sluice-{commit_every}"),
@@ -75,16 +70,14 @@ fn through_sluice(broker: &KafkaBroker, records: u64, commit_every: usize) -> Re
         properties: Default::default(),
         stop_when_idle_s: Some(IDLE_STOP.as_secs_f64()),
     };
+    let mut config = common::job_config(dir.path(), source);
     config.sink = SinkConfig::Kafka {
         brokers: broker.bootstrap.clone(),
         topic: "summaries".into(),
         properties: Default::default(),
     };
-    config.state.dir = dir.path().join("state");
     config.state.partitions = PARTITIONS as u32;
     config.state.commit_every = commit_every;
-    config.dead_letter.path = dir.path().join("dead.jsonl");
-    config.report.interval_s = 0.0;
     config.checkpoint.enabled = false;
     let report = sluice::job::run(&config)?;
     if report.processed() != records {
@@ -93,37 +86,19 @@ fn through_sluice(broker: &KafkaBroker, records: u64, commit_every: usize) -> Re
     Ok(records as f64 / report.elapsed.saturating_sub(IDLE_STOP).as_secs_f64())
 }
 
-/// Produces `records` generator records to `positions`.
+/// Produces `records` generator records to `positions` (one record per batch: tansu 0.6
+/// mis-serves fetches that start inside a batch, which every pause/resume of a backed-up
+/// partition does; see the README).
 fn produce(broker: &KafkaBroker, records: u64) -> Result<()> {
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", &broker.bootstrap)
-        .set("partitioner", "murmur2_random")
-        .set("linger.ms", "20")
-        // One record per batch: tansu 0.6 mis-serves fetches that start inside a batch,
-        // which every pause/resume of a backed-up partition does (see the README).
-        .set("batch.num.messages", "1")
-        .create()?;
-    for record in Fleet::new(&FleetOptions { vehicles: 10_000, count: Some(records), seed: 42 }) {
-        let record = record?;
-        let mut message = BaseRecord::to("positions").key(&record.key).payload(&record.value);
-        while let Err((_, returned)) = producer.send(message) {
-            message = returned;
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-    producer.flush(Duration::from_secs(120))?;
+    let fleet = Fleet::new(&FleetOptions { vehicles: 10_000, count: Some(records), seed: 42 });
+    broker.produce("positions", fleet.map(|record| record.map(|r| (r.key, r.value))))?;
     Ok(())
 }
 
 /// How long a plain consumer-group member takes to read `records` records.
 fn bare_consumer(broker: &KafkaBroker, records: u64) -> Result<Duration> {
     let started = Instant::now();
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &broker.bootstrap)
-        .set("group.id", "bench-bare")
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()?;
+    let consumer: BaseConsumer = broker.consumer_config("bench-bare").set("auto.offset.reset", "earliest").create()?;
     consumer.subscribe(&["positions"])?;
     let mut read = 0;
     while read < records {

@@ -13,33 +13,32 @@
 use anyhow::{Context, Result};
 use hyper::Method;
 use sluice::admin::{self, DeployAnswer};
-use sluice::config::{Config, SinkConfig, SourceConfig};
+use sluice::config::SourceConfig;
 use sluice::operator::Operator;
 use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
 use sluice::state::{PartitionStore, Transaction};
-use std::path::{Path, PathBuf};
+use sluice_tests::{bench_setting, free_port, operator_wasm, wait_listening};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
 const RATE: f64 = 20_000.0;
+/// The host's default limits.
+const LIMITS: Limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
 /// Between two deploys: the job keeps processing under the version just deployed.
 const DWELL: Duration = Duration::from_millis(300);
 
 fn main() -> Result<()> {
-    let swaps: usize = std::env::var("SLUICE_BENCH_SWAPS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
-    // `./dev.sh bench` builds the components into the same target directory.
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let wasm = target.join("wasm32-wasip2/release");
-    let versions = [wasm.join("vehicle_stats_v2.wasm"), wasm.join("vehicle_stats.wasm")];
+    let swaps: usize = bench_setting("SLUICE_BENCH_SWAPS", 20)?;
+    let versions = [operator_wasm("vehicle_stats_v2"), operator_wasm("vehicle_stats")];
     let components: Vec<Vec<u8>> = versions.iter().map(std::fs::read).collect::<Result<_, _>>()?;
 
     let compiles: Vec<Duration> = (0..5)
         .map(|_| {
             let started = Instant::now();
-            let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
-            WasmOperator::compile("vehicle_stats", &components[0], "bench", limits, Vec::new())
+            WasmOperator::compile("vehicle_stats", &components[0], "bench", LIMITS, Vec::new())
                 .map(|_| started.elapsed())
         })
         .collect::<Result<_>>()?;
@@ -47,29 +46,21 @@ fn main() -> Result<()> {
     let alone = switch_alone(&versions)?;
 
     let dir = tempfile::tempdir()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let mut config = Config::for_operator(&versions[1]);
+    let port = free_port()?;
     // Long enough for every swap, whatever compiling takes here; the job ends by itself.
     let duration = 10.0 + swaps as f64 * (DWELL.as_secs_f64() + 1.0);
-    config.source = SourceConfig::Generator {
+    let source = SourceConfig::Generator {
         vehicles: 10_000,
         count: None,
         duration_s: Some(duration),
         rate: Some(RATE),
         seed: 1,
     };
-    config.sink = SinkConfig::File { path: dir.path().join("out.jsonl") };
-    config.state.dir = dir.path().join("state");
-    config.dead_letter.path = dir.path().join("dead.jsonl");
-    config.report.interval_s = 0.0;
+    let mut config = common::job_config(dir.path(), source);
     config.admin.listen = Some(format!("127.0.0.1:{port}"));
     let job = std::thread::spawn(move || sluice::job::run(&config));
+    wait_listening(port, Duration::from_secs(60)).context("the job's admin API did not come up")?;
     let admin = format!("127.0.0.1:{port}");
-    let started = Instant::now();
-    while std::net::TcpStream::connect(&admin).is_err() {
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(60), "the job's admin API did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     std::thread::sleep(Duration::from_secs(1));
 
     println!("{swaps} deploys under {RATE} records/s (4 partitions, batches of at most 512), alternating versions");
@@ -115,11 +106,8 @@ fn main() -> Result<()> {
 /// The stall of each of 200 switches of one instance between `versions`, nothing else
 /// running.
 fn switch_alone(versions: &[PathBuf; 2]) -> Result<Vec<Duration>> {
-    let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
-    let operators: Vec<Arc<WasmOperator>> = versions
-        .iter()
-        .map(|v| WasmOperator::load(v, limits.clone(), Vec::new()).map(Arc::new))
-        .collect::<Result<_>>()?;
+    let operators: Vec<Arc<WasmOperator>> =
+        versions.iter().map(|v| WasmOperator::load(v, LIMITS, Vec::new()).map(Arc::new)).collect::<Result<_>>()?;
     let dir = tempfile::tempdir()?;
     let active = ActiveVersion::new(operators[1].clone());
     let mut instance = active.instantiate(0, Transaction::new(PartitionStore::open(dir.path(), 0)?)?)?;

@@ -20,6 +20,7 @@ use sluice::state::{PartitionStore, Transaction};
 use sluice::stats::PartitionStats;
 use sluice::worker::{self, Destinations, StopSignal};
 use sluice_guest::native::StateBackend;
+use sluice_tests::{bench_setting, operator_wasm};
 use std::cell::RefCell;
 use std::path::Path;
 use std::sync::Arc;
@@ -28,9 +29,8 @@ use std::time::{Duration, Instant};
 const BATCH: usize = 512;
 
 fn main() -> Result<()> {
-    let env = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
-    let count = env("SLUICE_BENCH_RECORDS", 1_000_000);
-    let vehicles = env("SLUICE_BENCH_VEHICLES", 10_000) as u32;
+    let count = bench_setting("SLUICE_BENCH_RECORDS", 1_000_000)?;
+    let vehicles = bench_setting("SLUICE_BENCH_VEHICLES", 10_000)?;
     let records: Vec<SourceRecord> = Fleet::new(&FleetOptions { vehicles, count: Some(count), seed: 42 })
         .enumerate()
         .map(|(offset, raw)| {
@@ -47,11 +47,7 @@ fn main() -> Result<()> {
     let dir = tempfile::tempdir()?;
     println!("vehicle-stats, {count} records over {vehicles} vehicles, one partition, one thread\n");
 
-    // `./dev.sh bench` builds the component into the same target directory.
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let wasm_path = target.join("wasm32-wasip2/release/vehicle_stats.wasm");
+    let wasm_path = operator_wasm("vehicle_stats");
     let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
     let operator = ActiveVersion::new(Arc::new(WasmOperator::load(&wasm_path, limits, Vec::new())?));
     let mut wasm = operator.instantiate(0, Transaction::new(PartitionStore::open(&dir.path().join("wasm"), 0)?)?)?;

@@ -1,0 +1,293 @@
+//! The servers the tests start on free loopback ports: an S3-compatible store
+//! ([`S3Server`], `s3s-fs`) and a Kafka-protocol broker ([`KafkaBroker`], tansu with
+//! in-memory storage), each stopped when dropped, and the Kafka client calls the tests
+//! make against the broker (creating topics, producing, reading back, committed
+//! offsets). `./dev.sh test` and `./dev.sh bench` install both servers.
+
+use crate::binary::signal;
+use anyhow::{Context, Result, bail};
+use rdkafka::ClientConfig;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A loopback port nothing listens on (released again, for a server to take).
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Waits until something accepts connections on loopback `port`; fails after `timeout`.
+pub fn wait_listening(port: u16, timeout: std::time::Duration) -> Result<()> {
+    let started = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if started.elapsed() > timeout {
+            bail!("nothing listens on port {port} after {timeout:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Starts `command` (a server installed by `./dev.sh test`) quietly and waits until it
+/// accepts connections on loopback `port`.
+fn spawn_listening(mut command: Command, port: u16) -> Result<std::process::Child> {
+    let name = command.get_program().to_string_lossy().into_owned();
+    let mut child = command
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {name} (./dev.sh test and ./dev.sh bench install it)"))?;
+    if let Err(e) = wait_listening(port, std::time::Duration::from_secs(20)) {
+        child.kill().ok();
+        return Err(e.context(format!("{name} did not start")));
+    }
+    Ok(child)
+}
+
+/// An S3-compatible server (`s3s-fs`, installed by `./dev.sh test`) on a free loopback
+/// port, serving the bucket `sluice` from a temporary directory; stopped when dropped.
+pub struct S3Server {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    /// The bucket's directory: every object is a file under it.
+    pub bucket_dir: PathBuf,
+    _root: tempfile::TempDir,
+}
+
+impl S3Server {
+    /// Starts the server and waits until it accepts connections.
+    pub fn start() -> Result<Self> {
+        let root = tempfile::tempdir()?;
+        let bucket_dir = root.path().join("sluice");
+        std::fs::create_dir(&bucket_dir)?;
+        let port = free_port()?;
+        let mut command = Command::new("s3s-fs");
+        command
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--access-key",
+                "sluice",
+                "--secret-key",
+                "sluice-secret",
+            ])
+            .arg(root.path());
+        let child = spawn_listening(command, port)?;
+        Ok(S3Server { child, endpoint: format!("http://127.0.0.1:{port}"), bucket_dir, _root: root })
+    }
+
+    /// Sets the `AWS_*` variables that point a `sluice` command at this server.
+    pub fn configure<'a>(&self, command: &'a mut Command) -> &'a mut Command {
+        command
+            .env("AWS_ENDPOINT", &self.endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", "sluice")
+            .env("AWS_SECRET_ACCESS_KEY", "sluice-secret")
+            .env("AWS_REGION", "us-east-1")
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+    }
+}
+
+/// A Kafka-protocol broker (tansu with in-memory storage, installed by `./dev.sh test`)
+/// on a free loopback port; stopped when dropped.
+pub struct KafkaBroker {
+    child: std::process::Child,
+    /// `127.0.0.1:PORT`.
+    pub bootstrap: String,
+}
+
+impl KafkaBroker {
+    /// Starts the broker and waits until it accepts connections.
+    pub fn start() -> Result<Self> {
+        let port = free_port()?;
+        let url = format!("tcp://127.0.0.1:{port}");
+        let mut command = Command::new("tansu");
+        command
+            .args(["broker", "--storage-engine", "memory://tansu/", "--listener-url", &url])
+            .args(["--advertised-listener-url", &url]);
+        let child = spawn_listening(command, port)?;
+        Ok(KafkaBroker { child, bootstrap: format!("127.0.0.1:{port}") })
+    }
+
+    /// A librdkafka client configuration pointing at this broker.
+    pub fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.bootstrap);
+        config
+    }
+
+    /// [`client_config`](Self::client_config) of a consumer in group `group` that commits
+    /// no offsets by itself.
+    pub fn consumer_config(&self, group: &str) -> ClientConfig {
+        let mut config = self.client_config();
+        config.set("group.id", group).set("enable.auto.commit", "false");
+        config
+    }
+
+    /// Creates `topic` with `partitions` partitions.
+    pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = self.client_config().create()?;
+        let topics = [NewTopic::new(topic, partitions, TopicReplication::Fixed(1))];
+        for result in futures::executor::block_on(admin.create_topics(&topics, &AdminOptions::new()))? {
+            result.map_err(|(topic, e)| anyhow::anyhow!("creating topic {topic}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Produces `records` (key and value each) to `topic` and waits until the broker has
+    /// them all; returns how many there were. They are partitioned as Kafka's Java
+    /// producer does (murmur2), by an idempotent producer (a retried send is neither
+    /// duplicated nor reordered, so the topic holds exactly these records), one record per
+    /// batch: tansu 0.6 answers a fetch that starts inside a multi-record batch with
+    /// records from elsewhere in the partition, and consumers that resume mid-batch
+    /// (after a restore, a pause or a rebalance) would skip records.
+    pub fn produce<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &self,
+        topic: &str,
+        records: impl IntoIterator<Item = Result<(K, V)>>,
+    ) -> Result<usize> {
+        use rdkafka::error::KafkaError;
+        use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+        use rdkafka::types::RDKafkaErrorCode;
+        let producer: ThreadedProducer<DefaultProducerContext> = self
+            .client_config()
+            .set("partitioner", "murmur2_random")
+            .set("enable.idempotence", "true")
+            .set("batch.num.messages", "1")
+            .create()?;
+        let mut produced = 0;
+        for record in records {
+            let (key, value) = record?;
+            let mut record = BaseRecord::to(topic).key(key.as_ref()).payload(value.as_ref());
+            // A full queue empties as the broker acknowledges; any other error is final.
+            while let Err((e, returned)) = producer.send(record) {
+                record = returned;
+                if !matches!(e, KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) {
+                    bail!("producing to {topic}: {e}");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            produced += 1;
+        }
+        producer.flush(std::time::Duration::from_secs(120))?;
+        Ok(produced)
+    }
+
+    /// [`produce`](Self::produce)s every line of the JSONL file `input` to `topic`, keyed
+    /// by its `vehicle_id`.
+    pub fn produce_lines(&self, topic: &str, input: &Path) -> Result<usize> {
+        let text = std::fs::read_to_string(input)?;
+        self.produce(
+            topic,
+            text.lines().map(|line| {
+                let value: Value = serde_json::from_str(line)?;
+                let key = value["vehicle_id"].as_str().context("a line without vehicle_id")?.to_string();
+                Ok((key, line))
+            }),
+        )
+    }
+
+    /// Reads `topic` from the beginning of every partition until nothing more arrives
+    /// for 2 s: key, value and headers of each, in partition order. (tansu's high
+    /// watermarks trail the last batch, so "the end" is found by waiting.)
+    pub fn read_topic(&self, topic: &str) -> Result<Vec<KafkaRecord>> {
+        use rdkafka::Message;
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::message::Headers;
+        let consumer: BaseConsumer = self.consumer_config("sluice-tests-reader").create()?;
+        let metadata = consumer.fetch_metadata(Some(topic), std::time::Duration::from_secs(10))?;
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+            assignment.add_partition_offset(topic, partition.id(), rdkafka::Offset::Beginning)?;
+        }
+        consumer.assign(&assignment)?;
+        let mut last = std::time::Instant::now();
+        let mut by_partition: BTreeMap<i32, Vec<KafkaRecord>> = BTreeMap::new();
+        while last.elapsed() < std::time::Duration::from_secs(2) {
+            let Some(message) = consumer.poll(std::time::Duration::from_millis(100)) else { continue };
+            let message = message?;
+            last = std::time::Instant::now();
+            let headers = message
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            by_partition.entry(message.partition()).or_default().push(KafkaRecord {
+                key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
+                value: serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or(Value::Null),
+                headers,
+            });
+        }
+        Ok(by_partition.into_values().flatten().collect())
+    }
+
+    /// The offsets consumer group `group` committed for `topic`, by partition (-1: none).
+    pub fn committed(&self, group: &str, topic: &str) -> Result<BTreeMap<i32, i64>> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = self.consumer_config(group).create()?;
+        let timeout = std::time::Duration::from_secs(10);
+        let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+        let mut partitions = rdkafka::TopicPartitionList::new();
+        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+            partitions.add_partition(topic, partition.id());
+        }
+        let committed = consumer.committed_offsets(partitions, timeout)?;
+        Ok(committed.elements().iter().map(|e| (e.partition(), e.offset().to_raw().unwrap_or(-1))).collect())
+    }
+
+    /// Waits until `group` has committed all `records` records of `topic` (offsets
+    /// summing to the count: each partition's offsets run from 0 without gaps).
+    pub fn wait_committed(&self, group: &str, topic: &str, records: i64, timeout: std::time::Duration) -> Result<()> {
+        let started = std::time::Instant::now();
+        loop {
+            let offsets = self.committed(group, topic)?;
+            if offsets.values().map(|&o| o.max(0)).sum::<i64>() == records {
+                return Ok(());
+            }
+            if started.elapsed() > timeout {
+                bail!(
+                    "group {group} has not committed the {records} records of {topic} after {timeout:?}: {offsets:?}"
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// Freezes (SIGSTOP) or thaws (SIGCONT) the broker: to its clients, a broker that
+    /// stopped answering.
+    pub fn freeze(&self, frozen: bool) -> Result<()> {
+        signal(self.child.id(), if frozen { "STOP" } else { "CONT" })
+    }
+}
+
+impl Drop for KafkaBroker {
+    fn drop(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+    }
+}
+
+/// A record read back from Kafka.
+#[derive(Debug, Clone)]
+pub struct KafkaRecord {
+    /// The key, as text.
+    pub key: String,
+    /// The value, parsed as JSON (`null` if it is not).
+    pub value: Value,
+    /// The headers, as text.
+    pub headers: BTreeMap<String, String>,
+}

@@ -1,0 +1,68 @@
+//! What a job leaves on disk, read the way the tests check it: the local checkpoint
+//! store's manifests and files, and the state directory through `sluice state dump`.
+
+use crate::binary::{run_ok, sluice};
+use anyhow::{Context, Result};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The checkpoint manifests of `partition` in the local checkpoint store `store`,
+/// oldest first.
+pub fn checkpoint_manifests(store: &Path, partition: u32) -> Result<Vec<Value>> {
+    let dir = store.join(format!("partition-{partition:04}")).join("manifests");
+    let mut paths: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries.map(|e| Ok(e?.path())).collect::<Result<_>>()?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    paths.retain(|p| p.extension().is_some_and(|e| e == "json"));
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| serde_json::from_slice(&std::fs::read(p)?).with_context(|| format!("parsing {}", p.display())))
+        .collect()
+}
+
+/// The files of `partition` in the local checkpoint store `store`: object name -> size.
+pub fn checkpoint_files(store: &Path, partition: u32) -> Result<BTreeMap<String, u64>> {
+    let dir = store.join(format!("partition-{partition:04}")).join("files");
+    let mut files = BTreeMap::new();
+    match std::fs::read_dir(&dir) {
+        Ok(entries) => {
+            for entry in entries {
+                let entry = entry?;
+                files.insert(entry.file_name().to_string_lossy().into_owned(), entry.metadata()?.len());
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    }
+    Ok(files)
+}
+
+/// The object names a manifest references (`name.checksum`, as the store names them).
+pub fn manifest_objects(manifest: &Value) -> BTreeSet<String> {
+    manifest["files"]
+        .as_array()
+        .map(|files| {
+            files
+                .iter()
+                .map(|f| format!("{}.{}", f["name"].as_str().unwrap_or(""), f["checksum"].as_str().unwrap_or("")))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `sluice state dump` of `state_dir`: key -> name -> value.
+pub fn dump_state(state_dir: &Path) -> Result<BTreeMap<String, BTreeMap<String, Value>>> {
+    let output = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(state_dir))?;
+    let mut state: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
+    for line in String::from_utf8(output.stdout)?.lines() {
+        let entry: Value = serde_json::from_str(line)?;
+        let key = entry["key"].as_str().context("dump line without key")?.to_string();
+        let name = entry["name"].as_str().context("dump line without name")?.to_string();
+        state.entry(key).or_default().insert(name, entry["value"].clone());
+    }
+    Ok(state)
+}
