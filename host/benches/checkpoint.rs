@@ -62,8 +62,8 @@ fn throughput(dir: &Path, records: u64) -> Result<()> {
             config.checkpoint.interval_s = interval.unwrap_or(0.0);
             let report = sluice::job::run(&config)?;
             let rate = report.processed() as f64 / report.elapsed.as_secs_f64();
-            let checkpoints: u64 = report.partitions.iter().map(|p| p.checkpoints).sum();
-            let uploaded: u64 = report.partitions.iter().map(|p| p.uploaded_bytes).sum();
+            let checkpoints: u64 = report.partitions.iter().map(|p| p.totals.checkpoints).sum();
+            let uploaded: u64 = report.partitions.iter().map(|p| p.totals.uploaded_bytes).sum();
             println!("  round {round}, checkpoints {name:>4}: {rate:>9.0} records/s, {checkpoints} checkpoints");
             rates[i].push(rate);
             if *interval == Some(1.0) && checkpoints > 0 {

@@ -76,7 +76,7 @@ fn main() -> Result<()> {
         std::thread::sleep(DWELL);
     }
     let report = job.join().expect("the job thread")?;
-    let dead: u64 = report.partitions.iter().map(|p| p.dead_letters).sum();
+    let dead: u64 = report.partitions.iter().map(|p| p.totals.dead_letters).sum();
     println!("the job processed {} records, {dead} dead letters", report.processed());
 
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
