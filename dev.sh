@@ -2,7 +2,8 @@
 # Sluice's entry point for people and CI.
 #   ./dev.sh demo    set up, build, and run the vehicle demo on the embedded generator,
 #                    deploying version 2 of its operator while it runs
-#   ./dev.sh test    set up, build, and run the whole test suite (what CI runs)
+#   ./dev.sh test    set up, build, lint (rustfmt, clippy), and run the whole test suite
+#                    (what CI runs)
 #   ./dev.sh bench   set up, build, and run the benchmarks (throughput, checkpoints and restore,
 #                    Kafka, hot swap)
 #   ./dev.sh doctor  list each prerequisite, present or what set-up would install
@@ -140,6 +141,19 @@ build_host() {
     cargo build --workspace --bins --tests
 }
 
+# Clippy over every target of the workspace as the host builds it, then over the guest
+# code that only compiles for wasm32-wasip2 (the SDK's component glue, probe's wasm32
+# paths, version 2 of vehicle-stats). Clippy checks the workspace's and the dependencies'
+# Rust without code generation, but the build-script runs it needs (RocksDB's and
+# librdkafka's C and C++ above all) are the ones build_host made, so nothing native is
+# compiled twice.
+lint() {
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+    cargo clippy --target wasm32-wasip2 -p sluice-guest -p probe -p vehicle-stats --features vehicle-stats/v2 \
+        -- -D warnings
+}
+
 case "${1:-}" in
 doctor)
     # Lists each prerequisite of the demo and the tests, present or what set-up would do;
@@ -187,7 +201,7 @@ test)
     setup test
     build_operators
     build_host
-    cargo fmt --all -- --check
+    lint
     cargo test --workspace
     ;;
 bench)
