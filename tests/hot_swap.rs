@@ -207,18 +207,35 @@ fn a_component_that_cannot_run_is_refused_and_the_running_version_keeps_processi
     }
     let probe = operator_wasm("probe");
     let err = run_err(sluice().arg("deploy").arg("vehicle_stats").arg(&probe).arg("--admin").arg(&admin))?;
-    assert!(err.contains("trapped in init") && err.contains("trap_init is set"), "{err}");
+    assert!(
+        err.contains("trapped in init") && err.contains("trap_init is set") && err.contains("400 Bad Request"),
+        "{err}"
+    );
     // `--config` validates the same way before it records anything.
     let err = run_err(sluice().arg("deploy").arg("vehicle_stats").arg(&probe).arg("--config").arg(&config))?;
     assert!(err.contains("trapped in init") && err.contains(&probe.display().to_string()), "{err}");
     let err = run_err(sluice().arg("deploy").arg("other_name").arg(&probe).arg("--admin").arg(&admin))?;
-    assert!(err.contains("this job runs operator `vehicle_stats`, not `other_name`"), "{err}");
+    assert!(
+        err.contains("this job runs operator `vehicle_stats`, not `other_name`") && err.contains("404 Not Found"),
+        "{err}"
+    );
     let err = run_err(sluice().arg("rollback").arg("vehicle_stats").arg("--admin").arg(&admin))?;
-    assert!(err.contains("nothing to roll back to"), "{err}");
+    assert!(err.contains("nothing to roll back to") && err.contains("409 Conflict"), "{err}");
     let err = run_err(
         sluice().arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats")).arg("--admin").arg(&admin),
     )?;
-    assert!(err.contains("is already the version in force (entry 1)"), "{err}");
+    assert!(err.contains("is already the version in force (entry 1)") && err.contains("409 Conflict"), "{err}");
+    // A valid version while the registry cannot be written (its history folder is a
+    // file for a moment): the store's failure, not the component's.
+    let history = dir.join("state.checkpoints/operators/vehicle_stats/history");
+    std::fs::rename(&history, dir.join("history.aside"))?;
+    std::fs::write(&history, b"")?;
+    let v2_file = operator_wasm("vehicle_stats_v2");
+    let err = run_err(sluice().arg("deploy").arg("vehicle_stats").arg(&v2_file).arg("--admin").arg(&admin));
+    std::fs::remove_file(&history)?;
+    std::fs::rename(dir.join("history.aside"), &history)?;
+    let err = err?;
+    assert!(err.contains("503 Service Unavailable") && err.contains("checkpoint store"), "{err}");
     let outputs_during = read_jsonl(&dir.join("out.jsonl"))?.len();
     assert!(outputs_during > outputs_before, "processing went on while deploys were refused");
 

@@ -7,6 +7,10 @@
 //! reaches both hosts of a group.
 
 use anyhow::{Context, Result};
+use sluice::job::LAG;
+use sluice::record::Stop;
+use sluice::source::kafka::{ASSIGNED, RESUMED, REVOKED};
+use sluice::worker::{OFFSETS_JUMP, SLOW_BATCH, STOPPED};
 use sluice_tests::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -149,11 +153,11 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
 
     broker.produce_lines("positions", &chunks[0])?;
     let mut a = host("a")?;
-    a.wait_for("resumed at offset", 6, minute)?;
+    a.wait_for(RESUMED, 6, minute)?;
     let mut b = host("b")?;
-    b.wait_for("resumed at offset", 1, minute)?;
+    b.wait_for(RESUMED, 1, minute)?;
     let mut c = host("c")?;
-    c.wait_for("resumed at offset", 1, minute)?;
+    c.wait_for(RESUMED, 1, minute)?;
 
     // kill -9 under load: b's partitions wait for its session to time out, then
     // restore from the shared store on a and c.
@@ -163,7 +167,7 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
         b.kill_9()?;
         loader.join().expect("the producer thread").map(drop)
     })?;
-    let resumed = |hosts: [&Host; 2]| hosts.iter().map(|h| h.log().matches("resumed at offset").count()).sum::<usize>();
+    let resumed = |hosts: [&Host; 2]| hosts.iter().map(|h| h.log().matches(RESUMED).count()).sum::<usize>();
     let before = resumed([&a, &c]);
     let started = Instant::now();
     while resumed([&a, &c]) == before {
@@ -171,7 +175,7 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
         std::thread::sleep(Duration::from_millis(50));
     }
     let mut b = host("b")?;
-    b.wait_for("resumed at offset", 1, minute)?;
+    b.wait_for(RESUMED, 1, minute)?;
 
     // A graceful stop under load: c hands its partitions over.
     std::thread::scope(|scope| -> Result<()> {
@@ -180,7 +184,7 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
         c.terminate()?;
         loader.join().expect("the producer thread").map(drop)
     })?;
-    assert!(c.log().contains("stopped (Handover)"), "c handed its partitions over:\n{}", c.log());
+    assert!(c.log().contains(&handed_over()), "c handed its partitions over:\n{}", c.log());
     broker.produce_lines("positions", &chunks[3])?;
     let caught_up = broker.wait_committed("fleet", "positions", total as i64, Duration::from_secs(120));
     caught_up.with_context(|| format!("host logs:\n{}\n{}\n{}", a.log(), b.log(), c.log()))?;
@@ -188,13 +192,13 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
     b.terminate()?;
 
     for host in [&a, &b, &c] {
-        assert!(!host.log().contains("offsets jump"), "host {} skipped records:\n{}", host.name, host.log());
-        assert!(host.log().contains(" lag="), "host {} reports its partitions' lag:\n{}", host.name, host.log());
+        assert!(!host.log().contains(OFFSETS_JUMP), "host {} skipped records:\n{}", host.name, host.log());
+        assert!(host.log().contains(LAG), "host {} reports its partitions' lag:\n{}", host.name, host.log());
     }
     println!("how long each rebalance paused each partition (per host log):");
     for host in [&a, &b, &c] {
         let log = host.log();
-        let rebalancing = ["resumed at offset", "partitions [", "stopped ("];
+        let rebalancing = [ASSIGNED, REVOKED, RESUMED, STOPPED];
         for line in log.lines().filter(|l| rebalancing.iter().any(|r| l.contains(r))) {
             println!("  {}: {}", host.name, line.split_once(" INFO ").map_or(line, |(_, rest)| rest));
         }
@@ -256,8 +260,8 @@ fn a_slow_operator_is_warned_about_and_its_host_is_not_evicted() -> Result<()> {
     )?;
     let run = run_ok(run_job(&operator_wasm("probe"), dir, 1).arg("--config").arg(&config).env("SLUICE_LOG", "info"))?;
     let log = String::from_utf8_lossy(&run.stderr);
-    assert!(log.contains("reaches 1000 ms, half of max.poll.interval.ms"), "the slow-batch warning:\n{log}");
-    assert_eq!(log.matches("assigned partitions [0]").count(), 1, "assigned once, never evicted:\n{log}");
+    assert!(log.contains(&format!("reaches 1000 ms, {SLOW_BATCH}")), "the slow-batch warning:\n{log}");
+    assert_eq!(log.matches(&format!("{ASSIGNED} [0]")).count(), 1, "assigned once, never evicted:\n{log}");
     assert!(!log.contains("lost"), "{log}");
     let outputs = read_jsonl(&dir.join("out.jsonl"))?;
     assert_eq!(outputs.len(), 16, "every record processed once");
@@ -288,12 +292,12 @@ fn a_static_member_restarted_within_its_session_timeout_moves_no_partitions() ->
     let minute = Duration::from_secs(60);
     // Both join the group's first generation (tansu waits ~3 s for members to gather).
     let (mut a, mut b) = (host("a")?, host("b")?);
-    a.wait_for("resumed at offset", 1, minute)?;
-    b.wait_for("resumed at offset", 1, minute)?;
+    a.wait_for(RESUMED, 1, minute)?;
+    b.wait_for(RESUMED, 1, minute)?;
     broker.wait_committed("static", "positions", 4_000, minute)?;
     let owned = |log: &str| -> BTreeSet<String> {
         log.lines()
-            .filter(|l| l.contains("resumed at offset"))
+            .filter(|l| l.contains(RESUMED))
             .filter_map(|l| l.split("partition=").nth(1))
             .map(|p| p.trim().to_string())
             .collect()
@@ -304,9 +308,9 @@ fn a_static_member_restarted_within_its_session_timeout_moves_no_partitions() ->
     a.terminate()?;
     let a_before: BTreeSet<String> = owned(&a.log()).difference(&owned(&b.log())).cloned().collect();
     let log_len = a.log().len();
-    let resumed_before = a.log().matches("resumed at offset").count();
+    let resumed_before = a.log().matches(RESUMED).count();
     let mut a = host("a")?;
-    a.wait_for("resumed at offset", resumed_before + a_before.len(), minute)?;
+    a.wait_for(RESUMED, resumed_before + a_before.len(), minute)?;
     let a_after = owned(&a.log()[log_len..]);
     broker.produce_lines("positions", &chunks[1])?;
     broker.wait_committed("static", "positions", 8_000, minute)?;
@@ -382,13 +386,13 @@ fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result
     };
     let minute = Duration::from_secs(60);
     let mut a = host("a")?;
-    a.wait_for("resumed at offset", 4, minute)?;
+    a.wait_for(RESUMED, 4, minute)?;
     let mut b = host("b")?;
-    b.wait_for("resumed at offset", 1, minute)?;
+    b.wait_for(RESUMED, 1, minute)?;
     // Every partition a handed over runs on b before any record arrives, so each
     // partition's outputs start with version 1.
     let started = Instant::now();
-    while a.log().matches("stopped (Handover)").count() != b.log().matches("resumed at offset").count() {
+    while a.log().matches(&handed_over()).count() != b.log().matches(RESUMED).count() {
         assert!(started.elapsed() < minute, "the group did not settle:\n{}\n{}", a.log(), b.log());
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -417,7 +421,7 @@ fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result
     b.terminate()?;
     for host in [&a, &b] {
         let switches = host.log().matches(&format!("to {v2} at offset")).count();
-        let owned = host.log().matches("resumed at offset").count();
+        let owned = host.log().matches(RESUMED).count();
         assert!(
             switches >= 1 && switches <= owned,
             "host {} switched its partitions once each:\n{}",
@@ -480,4 +484,9 @@ fn positions_source(dir: &Path, brokers: &str, more: &str) -> Result<PathBuf> {
         ),
     )?;
     Ok(config)
+}
+
+/// What a host logs when a partition of it hands over in a graceful stop.
+fn handed_over() -> String {
+    format!("{STOPPED} ({:?})", Stop::Handover)
 }

@@ -52,21 +52,22 @@ fn main() -> Result<()> {
 /// (1) and (2): the same job with checkpoints off, every 10 s and every 1 s.
 fn throughput(dir: &Path, records: u64) -> Result<()> {
     println!("vehicle-stats, {records} records over 10000 vehicles, 2 partitions; records/s per run\n");
-    let intervals: [(&str, Option<f64>); 3] = [("none", None), ("10 s", Some(10.0)), ("1 s", Some(1.0))];
+    let second = Duration::from_secs(1);
+    let intervals: [(&str, Option<Duration>); 3] = [("none", None), ("10 s", Some(10 * second)), ("1 s", Some(second))];
     let mut rates = vec![Vec::new(); intervals.len()];
     let mut per_checkpoint = Vec::new();
     for round in 0..2 {
         for (i, (name, interval)) in intervals.iter().enumerate() {
             let mut config = generator_job(&dir.join(format!("job-{round}-{i}")), 10_000, records, 2);
             config.checkpoint.enabled = interval.is_some();
-            config.checkpoint.interval_s = interval.unwrap_or(0.0);
+            config.checkpoint.interval = interval.unwrap_or_default();
             let report = sluice::job::run(&config)?;
             let rate = report.processed() as f64 / report.elapsed.as_secs_f64();
             let checkpoints: u64 = report.partitions.iter().map(|p| p.totals.checkpoints).sum();
             let uploaded: u64 = report.partitions.iter().map(|p| p.totals.uploaded_bytes).sum();
             println!("  round {round}, checkpoints {name:>4}: {rate:>9.0} records/s, {checkpoints} checkpoints");
             rates[i].push(rate);
-            if *interval == Some(1.0) && checkpoints > 0 {
+            if *interval == Some(second) && checkpoints > 0 {
                 let state = dir_bytes(&config.state.dir)?;
                 per_checkpoint.push((uploaded / checkpoints, state / 2));
             }
@@ -95,7 +96,7 @@ fn steady_updates(runtime: &tokio::runtime::Runtime, dir: &Path) -> Result<()> {
     const VEHICLES: u32 = 100_000;
     const LOADED: u64 = 300_000;
     let mut config = generator_job(dir, VEHICLES, LOADED, 1);
-    config.checkpoint.interval_s = 3600.0;
+    config.checkpoint.interval = Duration::from_secs(3600);
     config.checkpoint.retain = 1000;
     sluice::job::run(&config)?;
     let store = CheckpointStore::open(&config.checkpoint.store_url(&config.state.dir))?;
@@ -103,11 +104,11 @@ fn steady_updates(runtime: &tokio::runtime::Runtime, dir: &Path) -> Result<()> {
     config.source = SourceConfig::Generator {
         vehicles: VEHICLES,
         count: Some(LOADED + 100_000),
-        duration_s: None,
+        duration: None,
         rate: Some(5_000.0),
         seed: 42,
     };
-    config.checkpoint.interval_s = 1.0;
+    config.checkpoint.interval = Duration::from_secs(1);
     sluice::job::run(&config)?;
     let mut shares = Vec::new();
     for id in runtime.block_on(store.checkpoint_ids(0))?.into_iter().skip(loaded) {
@@ -133,7 +134,7 @@ fn steady_updates(runtime: &tokio::runtime::Runtime, dir: &Path) -> Result<()> {
 /// [`common::job_config`] over `count` generator records of `vehicles` vehicles,
 /// `partitions` partitions.
 fn generator_job(dir: &Path, vehicles: u32, count: u64, partitions: u32) -> Config {
-    let source = SourceConfig::Generator { vehicles, count: Some(count), duration_s: None, rate: None, seed: 42 };
+    let source = SourceConfig::Generator { vehicles, count: Some(count), duration: None, rate: None, seed: 42 };
     let mut config = common::job_config(dir, source);
     config.state.partitions = partitions;
     config

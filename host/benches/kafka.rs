@@ -68,7 +68,7 @@ fn through_sluice(broker: &KafkaBroker, records: u64, commit_every: usize) -> Re
         group: format!("bench-sluice-{commit_every}"),
         instance_id: None,
         properties: Default::default(),
-        stop_when_idle_s: Some(IDLE_STOP.as_secs_f64()),
+        stop_when_idle: Some(IDLE_STOP),
     };
     let mut config = common::job_config(dir.path(), source);
     config.sink = SinkConfig::Kafka {

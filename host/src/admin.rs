@@ -8,14 +8,17 @@
 //!
 //! A deploy or rollback answers once every partition of this host has switched or
 //! refused the version (or after the deployer's timeout), with what the switch took
-//! (JSON); other hosts of the job follow through the registry. A refused request
-//! answers 400 (404 for another operator's name) with the reason as text, and the
-//! running version keeps running. The API listens where `[admin] listen` says (loopback is the safe choice:
-//! it has no authentication). This module owns the HTTP surface only; what a deploy
-//! does is the [deployer](crate::operator::deploy)'s.
+//! (JSON); other hosts of the job follow through the registry. A failed request
+//! answers with the reason as text, and the running version keeps running; the status
+//! says what kind of failure it was: 400 a component that cannot run, 404 another
+//! operator's name, 409 a request the history does not allow (already in force,
+//! nothing to roll back to, changed meanwhile), 503 the store holding the registry
+//! unavailable, 500 this host's own failure. The API listens where `[admin] listen`
+//! says (loopback is the safe choice: it has no authentication). This module owns the
+//! HTTP surface only; what a deploy does is the [deployer](crate::operator::deploy)'s.
 
 use crate::operator::deploy::{self, DeployReport, Deployer};
-use crate::operator::registry::Deployment;
+use crate::operator::registry::{DeployError, Deployment};
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -28,6 +31,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
+
+/// Logged once the API listens: `admin API listening on http://127.0.0.1:PORT`.
+pub const LISTENING: &str = "admin API listening on ";
 
 /// The largest component a deploy accepts.
 const MAX_COMPONENT_BYTES: usize = 256 << 20;
@@ -81,7 +87,7 @@ pub fn serve(listen: &str, deployer: Arc<Deployer>, runtime: &Runtime) -> Result
         .block_on(TcpListener::bind(listen))
         .with_context(|| format!("[admin] listen = {listen:?}: cannot listen there"))?;
     let address = listener.local_addr()?;
-    tracing::info!("admin API listening on http://{address}");
+    tracing::info!("{LISTENING}http://{address}");
     runtime.spawn(async move {
         loop {
             let stream = match listener.accept().await {
@@ -129,27 +135,48 @@ fn route(deployer: &Deployer, method: &Method, path: &str, body: &[u8]) -> (Stat
         _ => return (StatusCode::NOT_FOUND, format!("no such resource: {path}")),
     };
     if let Err(e) = deploy::check_name(deployer.registry(), name) {
-        return (StatusCode::NOT_FOUND, format!("{e:#}"));
+        return failure(method, path, e);
     }
     let result = match (method, what) {
-        (&Method::GET, "versions") => deployer
-            .versions()
-            .and_then(|(history, running)| Ok(serde_json::to_string_pretty(&VersionsAnswer { history, running })?)),
+        (&Method::GET, "versions") => {
+            deployer.versions().map(|(history, running)| json(&VersionsAnswer { history, running }))
+        }
         (&Method::POST, "versions") => deployer
             .deploy(body, &format!("admin API ({} bytes uploaded)", body.len()))
-            .and_then(|report| Ok(serde_json::to_string_pretty(&DeployAnswer::from(report))?)),
-        (&Method::POST, "rollback") => deployer
-            .rollback("admin API")
-            .and_then(|report| Ok(serde_json::to_string_pretty(&DeployAnswer::from(report))?)),
+            .map(|report| json(&DeployAnswer::from(report))),
+        (&Method::POST, "rollback") => deployer.rollback("admin API").map(|report| json(&DeployAnswer::from(report))),
         _ => return (StatusCode::METHOD_NOT_ALLOWED, format!("{method} {path} is not part of the admin API")),
     };
     match result {
-        Ok(json) => (StatusCode::OK, json),
-        Err(e) => {
-            tracing::warn!("admin API: {method} {path}: {e:#}");
-            (StatusCode::BAD_REQUEST, format!("{e:#}"))
-        }
+        Ok(answer) => (StatusCode::OK, answer),
+        Err(e) => failure(method, path, e),
     }
+}
+
+/// The status a failed request answers with: what kind of failure `error` is.
+fn status(error: &DeployError) -> StatusCode {
+    match error {
+        DeployError::Refused(_) => StatusCode::BAD_REQUEST,
+        DeployError::UnknownOperator { .. } => StatusCode::NOT_FOUND,
+        DeployError::AlreadyInForce { .. } | DeployError::NothingToRollBack(_) | DeployError::Conflict(_) => {
+            StatusCode::CONFLICT
+        }
+        DeployError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        DeployError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The answer to a request that failed with `error`: its status and the reason.
+fn failure(method: &Method, path: &str, error: DeployError) -> (StatusCode, String) {
+    let status = status(&error);
+    let reason = format!("{:#}", anyhow::Error::from(error));
+    tracing::warn!("admin API: {method} {path}: {status}: {reason}");
+    (status, reason)
+}
+
+/// An answer as the API sends it.
+fn json(answer: &impl Serialize) -> String {
+    serde_json::to_string_pretty(answer).expect("answers are plain structs, which always serialize")
 }
 
 /// Calls the admin API at `admin` (`http://host:port` or `host:port`): `method` on

@@ -2,7 +2,9 @@
 //!
 //! This module owns parsing and validating configuration and nothing else: every
 //! error names the file and, for TOML errors, the line and column. Unknown keys are
-//! errors, so a typo never silently falls back to a default.
+//! errors, so a typo never silently falls back to a default. Durations are a number
+//! of seconds or a string such as `"500ms"`, `"10s"` or `"1m"`, all read by
+//! [`parse_duration`]; the settings' older names with an `_s` suffix still work.
 //!
 //! ```toml
 //! [operator]
@@ -10,14 +12,14 @@
 //! # name = "vehicle_stats"    # what versions are deployed under; default: the file stem
 //! call_timeout_ms = 1000      # CPU deadline of one call
 //! memory_limit_mib = 64       # linear-memory cap of one instance
-//! poll_versions_s = 1         # how often a host looks for versions deployed elsewhere
+//! poll_versions = "1s"        # how often a host looks for versions deployed elsewhere
 //! [operator.config]           # passed to the operator's init
 //!
 //! [source]                    # or: kind = "file", path = "input.jsonl", key_field = "vehicle_id"
 //!                             # or: kind = "kafka", brokers = "host:9092", topic = "positions"
 //! kind = "generator"
 //! vehicles = 10000
-//! count = 1000000
+//! count = 1000000             # or duration = "1m"; neither = unbounded
 //! seed = 42
 //! # rate = 5000               # records/s; absent = as fast as possible
 //!
@@ -36,9 +38,9 @@
 //! [checkpoint]
 //! enabled = true
 //! store = "s3://bucket/sluice"  # or a directory; absent = "<state dir>.checkpoints"
-//! interval_s = 10
+//! interval = "10s"
 //! retain = 3                  # checkpoints kept per partition
-//! restore_budget_s = 60       # warn when a restore is predicted to take longer
+//! restore_budget = "1m"       # warn when a restore is predicted to take longer
 //! # upload_bytes_per_s = 50000000
 //!
 //! [admin]                     # the admin HTTP API (deploy, rollback, versions)
@@ -47,8 +49,11 @@
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// A whole job.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -88,9 +93,9 @@ pub struct OperatorConfig {
     pub path: PathBuf,
     /// The name versions are deployed under; absent: the file stem of `path`.
     pub name: Option<String>,
-    /// Seconds between a host's looks at the registry for versions deployed elsewhere.
-    #[serde(default = "default_poll_versions")]
-    pub poll_versions_s: f64,
+    /// Between a host's looks at the registry for versions deployed elsewhere.
+    #[serde(default = "default_poll_versions", alias = "poll_versions_s", deserialize_with = "duration")]
+    pub poll_versions: Duration,
     /// CPU deadline of one call, in milliseconds.
     #[serde(default = "default_call_timeout_ms")]
     pub call_timeout_ms: u64,
@@ -102,8 +107,8 @@ pub struct OperatorConfig {
     pub config: BTreeMap<String, String>,
 }
 
-fn default_poll_versions() -> f64 {
-    1.0
+fn default_poll_versions() -> Duration {
+    Duration::from_secs(1)
 }
 
 impl OperatorConfig {
@@ -132,10 +137,11 @@ pub enum SourceConfig {
         /// Number of vehicles (distinct keys).
         #[serde(default = "default_vehicles")]
         vehicles: u32,
-        /// Records to produce; absent with no `duration_s` is unbounded.
+        /// Records to produce; absent with no `duration` is unbounded.
         count: Option<u64>,
-        /// Wall-clock seconds to run for.
-        duration_s: Option<f64>,
+        /// Wall-clock time to run for.
+        #[serde(default, alias = "duration_s", deserialize_with = "optional_duration")]
+        duration: Option<Duration>,
         /// Records per second; absent is as fast as possible.
         rate: Option<f64>,
         /// Seed: the same seed gives the same records.
@@ -169,8 +175,9 @@ pub enum SourceConfig {
         /// librdkafka consumer properties, passed through (they win over sluice's).
         #[serde(default)]
         properties: BTreeMap<String, String>,
-        /// Stop once no record arrived for this many seconds; absent runs until killed.
-        stop_when_idle_s: Option<f64>,
+        /// Stop once no record arrived for this long; absent runs until killed.
+        #[serde(default, alias = "stop_when_idle_s", deserialize_with = "optional_duration")]
+        stop_when_idle: Option<Duration>,
     },
 }
 
@@ -195,7 +202,7 @@ impl Default for SourceConfig {
         SourceConfig::Generator {
             vehicles: default_vehicles(),
             count: Some(100_000),
-            duration_s: None,
+            duration: None,
             rate: None,
             seed: 0,
         }
@@ -288,15 +295,15 @@ pub struct CheckpointConfig {
     /// The checkpoint store: a directory, `file:///dir` or `s3://bucket/prefix`.
     /// Absent: `<state dir>.checkpoints`, a directory beside the state directory.
     pub store: Option<String>,
-    /// Seconds between a partition's checkpoints.
-    #[serde(default = "default_checkpoint_interval")]
-    pub interval_s: f64,
+    /// Between the starts of a partition's checkpoints.
+    #[serde(default = "default_checkpoint_interval", alias = "interval_s", deserialize_with = "duration")]
+    pub interval: Duration,
     /// Checkpoints kept per partition.
     #[serde(default = "default_checkpoint_retain")]
     pub retain: usize,
-    /// A restore predicted to take longer than this many seconds logs a warning.
-    #[serde(default = "default_restore_budget")]
-    pub restore_budget_s: f64,
+    /// A restore predicted to take longer than this logs a warning.
+    #[serde(default = "default_restore_budget", alias = "restore_budget_s", deserialize_with = "duration")]
+    pub restore_budget: Duration,
     /// Upload bandwidth cap in bytes per second; absent is unlimited.
     pub upload_bytes_per_s: Option<u64>,
 }
@@ -305,16 +312,16 @@ fn default_checkpoint_enabled() -> bool {
     true
 }
 
-fn default_checkpoint_interval() -> f64 {
-    10.0
+fn default_checkpoint_interval() -> Duration {
+    Duration::from_secs(10)
 }
 
 fn default_checkpoint_retain() -> usize {
     3
 }
 
-fn default_restore_budget() -> f64 {
-    60.0
+fn default_restore_budget() -> Duration {
+    Duration::from_secs(60)
 }
 
 impl Default for CheckpointConfig {
@@ -322,9 +329,9 @@ impl Default for CheckpointConfig {
         CheckpointConfig {
             enabled: default_checkpoint_enabled(),
             store: None,
-            interval_s: default_checkpoint_interval(),
+            interval: default_checkpoint_interval(),
             retain: default_checkpoint_retain(),
-            restore_budget_s: default_restore_budget(),
+            restore_budget: default_restore_budget(),
             upload_bytes_per_s: None,
         }
     }
@@ -344,18 +351,18 @@ impl CheckpointConfig {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReportConfig {
-    /// Seconds between running-summary lines; 0 turns them off.
-    #[serde(default = "default_report_interval")]
-    pub interval_s: f64,
+    /// Between running-summary lines; 0 turns them off.
+    #[serde(default = "default_report_interval", alias = "interval_s", deserialize_with = "duration")]
+    pub interval: Duration,
 }
 
-fn default_report_interval() -> f64 {
-    2.0
+fn default_report_interval() -> Duration {
+    Duration::from_secs(2)
 }
 
 impl Default for ReportConfig {
     fn default() -> Self {
-        ReportConfig { interval_s: default_report_interval() }
+        ReportConfig { interval: default_report_interval() }
     }
 }
 
@@ -374,7 +381,7 @@ impl Config {
             operator: OperatorConfig {
                 path: path.to_path_buf(),
                 name: None,
-                poll_versions_s: default_poll_versions(),
+                poll_versions: default_poll_versions(),
                 call_timeout_ms: default_call_timeout_ms(),
                 memory_limit_mib: default_memory_limit_mib(),
                 config: BTreeMap::new(),
@@ -420,18 +427,12 @@ impl Config {
         if self.operator.call_timeout_ms == 0 || self.operator.memory_limit_mib == 0 {
             bail!("[operator] call_timeout_ms and memory_limit_mib must be positive");
         }
-        if !(self.operator.poll_versions_s.is_finite() && self.operator.poll_versions_s > 0.0) {
-            bail!("[operator] poll_versions_s must be a positive number of seconds");
+        if self.operator.poll_versions.is_zero() {
+            bail!("[operator] poll_versions must be more than 0");
         }
         let checkpoint = &self.checkpoint;
-        if !(checkpoint.interval_s.is_finite() && checkpoint.interval_s >= 0.0) {
-            bail!("[checkpoint] interval_s must be a number of seconds, 0 or more");
-        }
         if checkpoint.retain == 0 {
             bail!("[checkpoint] retain must be at least 1");
-        }
-        if !(checkpoint.restore_budget_s.is_finite() && checkpoint.restore_budget_s >= 0.0) {
-            bail!("[checkpoint] restore_budget_s must be a number of seconds, 0 or more");
         }
         if checkpoint.upload_bytes_per_s == Some(0) {
             bail!("[checkpoint] upload_bytes_per_s must be positive (leave it out for no cap)");
@@ -439,9 +440,9 @@ impl Config {
         let rate = match &self.source {
             SourceConfig::Generator { vehicles: 0, .. } => bail!("[source] vehicles must be at least 1"),
             SourceConfig::Generator { rate, .. } | SourceConfig::File { rate, .. } => *rate,
-            SourceConfig::Kafka { stop_when_idle_s, .. } => {
-                if stop_when_idle_s.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
-                    bail!("[source] stop_when_idle_s must be a positive number of seconds");
+            SourceConfig::Kafka { stop_when_idle, .. } => {
+                if stop_when_idle.is_some_and(|idle| idle.is_zero()) {
+                    bail!("[source] stop_when_idle must be more than 0");
                 }
                 None
             }
@@ -468,6 +469,61 @@ pub fn kafka_client(
     config
 }
 
+/// Reads a duration as the config and the command line write it: a number of seconds
+/// (`2.5`), or a number with units as [`humantime`] reads it (`"500ms"`, `"10s"`,
+/// `"1m"`, `"1h 30m"`). Negative, infinite and unreadable values are errors.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    match text.trim().parse::<f64>() {
+        Ok(seconds) => duration_of_seconds(seconds),
+        Err(_) => humantime::parse_duration(text.trim()).map_err(|e| {
+            format!("{text:?} is not a duration ({e}): write a number of seconds or e.g. \"500ms\", \"10s\", \"1m\"")
+        }),
+    }
+}
+
+fn duration_of_seconds(seconds: f64) -> Result<Duration, String> {
+    if seconds < 0.0 {
+        return Err(format!("{seconds} is not a duration: durations are 0 or more seconds"));
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{seconds} is not a duration: {e}"))
+}
+
+/// A duration setting, through [`parse_duration`]: TOML gives a number or a string.
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    struct DurationVisitor;
+
+    impl Visitor<'_> for DurationVisitor {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration: a number of seconds or a string such as \"500ms\", \"10s\" or \"1m\"")
+        }
+
+        fn visit_i64<E: de::Error>(self, seconds: i64) -> Result<Duration, E> {
+            duration_of_seconds(seconds as f64).map_err(E::custom)
+        }
+
+        fn visit_u64<E: de::Error>(self, seconds: u64) -> Result<Duration, E> {
+            Ok(Duration::from_secs(seconds))
+        }
+
+        fn visit_f64<E: de::Error>(self, seconds: f64) -> Result<Duration, E> {
+            duration_of_seconds(seconds).map_err(E::custom)
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Duration, E> {
+            parse_duration(text).map_err(E::custom)
+        }
+    }
+
+    deserializer.deserialize_any(DurationVisitor)
+}
+
+/// An optional duration setting: absent is `None` (with `#[serde(default)]`).
+fn optional_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+    duration(deserializer).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -487,6 +543,50 @@ mod tests {
         assert_eq!(checkpoint.store_url(Path::new("out/state/")), "out/state.checkpoints");
         let configured = CheckpointConfig { store: Some("s3://b/p".into()), ..CheckpointConfig::default() };
         assert_eq!(configured.store_url(Path::new("out/state")), "s3://b/p");
+    }
+
+    #[test]
+    fn durations_are_seconds_or_strings_with_units_under_new_and_old_names() {
+        let config: Config = toml::from_str(
+            "[operator]\npath = \"op.wasm\"\npoll_versions_s = 0.25\n[checkpoint]\ninterval = \"500ms\"\n\
+             restore_budget_s = 90\n[report]\ninterval = \"1m 30s\"\n[source]\nkind = \"generator\"\nduration = 2\n",
+        )
+        .unwrap();
+        assert_eq!(config.operator.poll_versions, Duration::from_millis(250));
+        assert_eq!(config.checkpoint.interval, Duration::from_millis(500));
+        assert_eq!(config.checkpoint.restore_budget, Duration::from_secs(90));
+        assert_eq!(config.report.interval, Duration::from_secs(90));
+        assert!(
+            matches!(config.source, SourceConfig::Generator { duration: Some(d), .. } if d == Duration::from_secs(2))
+        );
+        let kafka: Config = toml::from_str(
+            "[operator]\npath = \"op.wasm\"\n[source]\nkind = \"kafka\"\nbrokers = \"b:9092\"\ntopic = \"t\"\n\
+             stop_when_idle_s = \"10s\"\n",
+        )
+        .unwrap();
+        assert!(
+            matches!(kafka.source, SourceConfig::Kafka { stop_when_idle: Some(d), .. } if d == Duration::from_secs(10))
+        );
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration(" 1.5 "), Ok(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn a_bad_duration_is_an_error_naming_the_setting() {
+        for (setting, expected) in [
+            ("[checkpoint]\ninterval_s = -1", "-1 is not a duration: durations are 0 or more seconds"),
+            ("[report]\ninterval = \"soon\"", "\"soon\" is not a duration"),
+            ("[checkpoint]\nrestore_budget = \"-5s\"", "\"-5s\" is not a duration"),
+            ("[checkpoint]\ninterval = nan", "NaN is not a duration"),
+            ("[checkpoint]\ninterval = true", "expected a duration: a number of seconds or a string"),
+        ] {
+            let text = format!("[operator]\npath = \"op.wasm\"\n{setting}\n");
+            let err = toml::from_str::<Config>(&text).unwrap_err().to_string();
+            let line = setting.lines().last().unwrap();
+            assert!(err.contains(expected) && err.contains(line), "{setting}: {err}");
+        }
+        let zero = toml::from_str::<Config>("[operator]\npath = \"op.wasm\"\npoll_versions = 0\n").unwrap();
+        assert!(zero.validate().unwrap_err().to_string().contains("poll_versions must be more than 0"));
     }
 
     #[test]

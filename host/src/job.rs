@@ -28,6 +28,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use tokio::runtime::Runtime;
+
+/// A partition's lag in a running-summary line: ` lag=N`, present when the source
+/// knows its end (Kafka).
+pub const LAG: &str = "lag=";
 
 /// Batches a worker may have queued before the source holds its partition back (an
 /// embedded source waits; the Kafka source pauses the partition).
@@ -113,21 +118,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     config.validate()?;
     let partitions = config.state.partitions;
     let source = OpenSource::open(&config.source)?;
-    let slow_batch = match &source {
-        OpenSource::Kafka(kafka) => {
-            let topic_partitions = kafka.partition_count()?;
-            if topic_partitions != partitions {
-                bail!(
-                    "topic {} has {topic_partitions} partitions but the job has {partitions}: a partition's state \
-                     must be the state of the topic partition of the same number. Set [state] partitions = \
-                     {topic_partitions}",
-                    kafka.topic
-                );
-            }
-            Some(kafka.max_poll_interval()? / 2)
-        }
-        OpenSource::Embedded(..) => None,
-    };
+    let slow_batch = source.slow_batch(partitions)?;
     let state = StateDir::open(&config.state.dir, partitions)?;
     let sandbox = Sandbox::new(&config.operator, state.scratch_path());
     let runtime = checkpoint::runtime()?;
@@ -140,21 +131,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     )?;
     let version = operator.version().to_string();
     let active = ActiveVersion::new(operator);
-    let checkpoints = if config.checkpoint.enabled {
-        let store = CheckpointStore::open(&config.checkpoint.store_url(&config.state.dir))?;
-        runtime.block_on(store.check_partitions(partitions))?;
-        Some(Checkpointing {
-            store,
-            settings: CheckpointSettings {
-                interval: Duration::from_secs_f64(config.checkpoint.interval_s),
-                retain: config.checkpoint.retain,
-                upload_bytes_per_s: config.checkpoint.upload_bytes_per_s,
-            },
-            restore_budget: Duration::from_secs_f64(config.checkpoint.restore_budget_s),
-        })
-    } else {
-        None
-    };
+    let checkpoints = open_checkpoints(config, &runtime)?;
     // Sinks open last, so a job that cannot start leaves no files behind.
     let sink = Sink::open(&config.sink)?;
     let dead_letters = LineSink::file(&config.dead_letter.path)?;
@@ -186,35 +163,67 @@ pub fn run(config: &Config) -> Result<JobReport> {
     }
 
     let started = Instant::now();
+    let router = drive(config, source, router, &deployer, &live, &stopping)?;
+    let mut reports = router.partition_reports().to_vec();
+    reports.sort_by_key(|r| r.partition);
+    Ok(JobReport {
+        elapsed: started.elapsed(),
+        restore_took: checkpoints_on.then(|| reports.iter().map(|r| r.start_took).max().unwrap_or_default()),
+        source: router.report(),
+        partitions: reports,
+    })
+}
+
+/// The checkpoint store and its settings, when checkpoints are on; the store is
+/// checked to hold checkpoints of this many partitions, if any.
+fn open_checkpoints(config: &Config, runtime: &Runtime) -> Result<Option<Checkpointing>> {
+    if !config.checkpoint.enabled {
+        return Ok(None);
+    }
+    let store = CheckpointStore::open(&config.checkpoint.store_url(&config.state.dir))?;
+    runtime.block_on(store.check_partitions(config.state.partitions))?;
+    Ok(Some(Checkpointing {
+        store,
+        settings: CheckpointSettings {
+            interval: config.checkpoint.interval,
+            retain: config.checkpoint.retain,
+            upload_bytes_per_s: config.checkpoint.upload_bytes_per_s,
+        },
+        restore_budget: config.checkpoint.restore_budget,
+    }))
+}
+
+/// Runs the source into `router` on a thread of its own and follows the operator's
+/// deployed versions on another, printing the running summary meanwhile; returns the
+/// router once the source has ended and every partition stopped.
+fn drive(
+    config: &Config,
+    source: OpenSource,
+    router: Router,
+    deployer: &Deployer,
+    live: &LiveStats,
+    stopping: &AtomicBool,
+) -> Result<Router> {
+    let started = Instant::now();
     let source_ended = AtomicBool::new(false);
-    let router = std::thread::scope(|scope| -> Result<Router> {
+    std::thread::scope(|scope| -> Result<Router> {
         let dispatcher = std::thread::Builder::new()
             .name("sluice-source".into())
-            .spawn_scoped(scope, || source.dispatch(router, &stopping))?;
-        let (poll_versions, source_ended, deployer) =
-            (Duration::from_secs_f64(config.operator.poll_versions_s), &source_ended, &deployer);
+            .spawn_scoped(scope, || source.dispatch(router, stopping))?;
+        let (poll_versions, source_ended_ref) = (config.operator.poll_versions, &source_ended);
         std::thread::Builder::new()
             .name("sluice-deploys".into())
-            .spawn_scoped(scope, move || deployer.follow(poll_versions, || source_ended.load(Ordering::Relaxed)))?;
-        let summary = Duration::from_secs_f64(config.report.interval_s.max(0.0));
+            .spawn_scoped(scope, move || deployer.follow(poll_versions, || source_ended_ref.load(Ordering::Relaxed)))?;
+        let summary = config.report.interval;
         let mut last = (Instant::now(), 0u64);
         while !dispatcher.is_finished() {
             std::thread::sleep(Duration::from_millis(20).min(summary.max(Duration::from_millis(1))));
             if !summary.is_zero() && last.0.elapsed() >= summary {
-                last = print_summary(started, last, &live);
+                last = print_summary(started, last, live);
             }
         }
         source_ended.store(true, Ordering::Relaxed);
         dispatcher.join().map_err(|_| anyhow!("the source panicked"))?
-    })?;
-    let elapsed = started.elapsed();
-    let mut reports = router.partition_reports().to_vec();
-    reports.sort_by_key(|r| r.partition);
-    Ok(JobReport {
-        elapsed,
-        restore_took: checkpoints_on.then(|| reports.iter().map(|r| r.start_took).max().unwrap_or_default()),
-        source: router.report(),
-        partitions: reports,
     })
 }
 
@@ -250,25 +259,41 @@ impl OpenSource {
     /// Opens `source`.
     fn open(source: &SourceConfig) -> Result<Self> {
         Ok(match source {
-            SourceConfig::Generator { vehicles, count, duration_s, rate, seed } => OpenSource::Embedded(
+            SourceConfig::Generator { vehicles, count, duration, rate, seed } => OpenSource::Embedded(
                 Box::new(Fleet::new(&FleetOptions { vehicles: *vehicles, count: *count, seed: *seed })),
-                DispatchOptions { rate: *rate, duration: duration_s.map(Duration::from_secs_f64) },
+                DispatchOptions { rate: *rate, duration: *duration },
             ),
             SourceConfig::File { path, key_field, timestamp_field, rate } => OpenSource::Embedded(
                 Box::new(JsonlFile::open(path, key_field, timestamp_field)?),
                 DispatchOptions { rate: *rate, duration: None },
             ),
-            SourceConfig::Kafka { brokers, topic, group, instance_id, properties, stop_when_idle_s } => {
+            SourceConfig::Kafka { brokers, topic, group, instance_id, properties, stop_when_idle } => {
                 OpenSource::Kafka(KafkaOptions {
                     brokers: brokers.clone(),
                     topic: topic.clone(),
                     group: group.clone(),
                     instance_id: instance_id.clone(),
                     properties: properties.clone(),
-                    stop_when_idle: stop_when_idle_s.map(Duration::from_secs_f64),
+                    stop_when_idle: *stop_when_idle,
                 })
             }
         })
+    }
+
+    /// How long a batch may take before the worker warns that it nears the consumer's
+    /// poll timeout (`None`: an embedded source has none). A Kafka topic must have the
+    /// job's number of partitions.
+    fn slow_batch(&self, partitions: u32) -> Result<Option<Duration>> {
+        let OpenSource::Kafka(kafka) = self else { return Ok(None) };
+        let topic_partitions = kafka.partition_count()?;
+        if topic_partitions != partitions {
+            bail!(
+                "topic {} has {topic_partitions} partitions but the job has {partitions}: a partition's state must be \
+                 the state of the topic partition of the same number. Set [state] partitions = {topic_partitions}",
+                kafka.topic
+            );
+        }
+        Ok(Some(kafka.max_poll_interval()? / 2))
     }
 
     /// Reads the source into `router` until it ends or `stopping` is set, then stops
@@ -299,7 +324,7 @@ fn print_summary(started: Instant, (since, before): (Instant, u64), live: &LiveS
                 s.entries.load(Ordering::Relaxed),
                 s.checkpoint_offset.load(Ordering::Relaxed),
                 s.batch_p99_us.load(Ordering::Relaxed) as f64 / 1e3,
-                if lag >= 0 { format!(" lag={lag}") } else { String::new() }
+                if lag >= 0 { format!(" {LAG}{lag}") } else { String::new() }
             )
         })
         .collect();

@@ -5,16 +5,17 @@ use clap::{Args, Parser, Subcommand};
 use hyper::Method;
 use sluice::admin::{self, DeployAnswer, VersionsAnswer};
 use sluice::checkpoint::{self, CheckpointStore, bytes};
-use sluice::config::{Config, SinkConfig, SourceConfig};
+use sluice::config::{self, Config, SinkConfig, SourceConfig};
 use sluice::operator::deploy::{self, Sandbox};
 use sluice::operator::registry::{self, Deployment, Registry};
 use sluice::sink::Payload;
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::StateDir;
 use std::io::{ErrorKind, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
+use tokio::runtime::Runtime;
 
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "Runs stateful stream operators as sandboxed WebAssembly components")]
@@ -73,7 +74,7 @@ enum Command {
 struct JobTarget {
     /// The job's config file: the version is validated here under the job's sandbox
     /// settings and recorded in the job's registry (its checkpoint store); running
-    /// hosts switch within `poll_versions_s`.
+    /// hosts switch within `poll_versions`.
     #[arg(long, short)]
     config: Option<PathBuf>,
     /// A running host's admin API (`http://host:port`): the host validates and records
@@ -162,15 +163,15 @@ struct RunArgs {
     /// Dead-letter JSONL file.
     #[arg(long)]
     dead_letter: Option<PathBuf>,
-    /// Seconds between running-summary lines; 0 turns them off.
-    #[arg(long)]
-    report_interval: Option<f64>,
+    /// Time between running-summary lines: seconds, or e.g. 500ms; 0 turns them off.
+    #[arg(long, value_parser = config::parse_duration)]
+    report_interval: Option<Duration>,
     /// Checkpoint store: a directory, file:///dir or s3://bucket/prefix.
     #[arg(long)]
     checkpoint_store: Option<String>,
-    /// Seconds between a partition's checkpoints.
-    #[arg(long)]
-    checkpoint_interval: Option<f64>,
+    /// Time between a partition's checkpoints: seconds, or e.g. 10s, 1m.
+    #[arg(long, value_parser = config::parse_duration)]
+    checkpoint_interval: Option<Duration>,
     /// Neither checkpoint nor restore from a checkpoint store.
     #[arg(long, conflicts_with_all = ["checkpoint_store", "checkpoint_interval"])]
     no_checkpoints: bool,
@@ -237,109 +238,128 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run(args) => {
-            let config = args.into_config()?;
-            let report = sluice::job::run(&config)?;
-            eprint!("{report}");
-            Ok(())
-        }
-        Command::Generate(args) => {
-            let fleet = Fleet::new(&FleetOptions { vehicles: args.vehicles, count: Some(args.count), seed: args.seed });
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            for record in fleet {
-                out.write_all(&record?.value)?;
-                out.write_all(b"\n")?;
-            }
-            Ok(out.flush()?)
-        }
+        Command::Run(args) => run_job(*args),
+        Command::Generate(args) => generate(&args),
         Command::Checkpoints { command } => checkpoints(command),
-        Command::Deploy { name, file, job } => {
-            let component = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
-            let summary = match job.open(&name)? {
-                Job::Admin(admin) => {
-                    let path = format!("/operators/{name}/versions");
-                    admin_answer(&admin::call(&admin, Method::POST, &path, component)?)?
-                }
-                Job::Registry { registry, sandbox, poll_versions_s } => {
-                    sandbox.validate(&name, &component, &file.display().to_string())?;
-                    let origin = format!("sluice deploy {}", file.display());
-                    let deployment = checkpoint::runtime()?.block_on(registry.deploy(&component, &origin))?;
-                    recorded(&deployment, poll_versions_s)
-                }
-            };
-            println!("deployed {summary}");
-            Ok(())
-        }
-        Command::Rollback { name, job } => {
-            let summary = match job.open(&name)? {
-                Job::Admin(admin) => {
-                    let path = format!("/operators/{name}/rollback");
-                    admin_answer(&admin::call(&admin, Method::POST, &path, Vec::new())?)?
-                }
-                Job::Registry { registry, sandbox, poll_versions_s } => {
-                    let runtime = checkpoint::runtime()?;
-                    let target = runtime.block_on(registry.rollback_target())?;
-                    let component = runtime.block_on(registry.component(&target))?;
-                    sandbox.validate(&name, &component, &format!("version {}", target.version))?;
-                    let deployment = runtime.block_on(registry.rollback(&target, "sluice rollback"))?;
-                    recorded(&deployment, poll_versions_s)
-                }
-            };
-            println!("rolled back to {summary}");
-            Ok(())
-        }
-        Command::Versions { name, job } => {
-            let (history, running) = match job.open(&name)? {
-                Job::Admin(admin) => {
-                    let path = format!("/operators/{name}/versions");
-                    let answer: VersionsAnswer =
-                        serde_json::from_str(&admin::call(&admin, Method::GET, &path, Vec::new())?)?;
-                    (answer.history, Some(answer.running))
-                }
-                Job::Registry { registry, .. } => (checkpoint::runtime()?.block_on(registry.history())?, None),
-            };
-            if history.is_empty() {
-                bail!("operator {name} has no deployed versions yet (a job records its first when it starts)");
-            }
-            let current = registry::in_force(&history).last().map(|d| d.seq);
-            println!("  entry  recorded at               action    version                         origin");
-            for deployment in &history {
-                let mark = if Some(deployment.seq) == current { '*' } else { ' ' };
-                println!("{mark} {deployment}");
-            }
-            if let Some(running) = running {
-                println!("this host runs {running}");
-            }
-            Ok(())
-        }
-        Command::State { command: StateCommand::Dump { state_dir } } => {
-            let manifest = StateDir::read_manifest(&state_dir)?;
-            let dir = StateDir::open(&state_dir, manifest.partitions)?;
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            for partition in 0..manifest.partitions {
-                let store = dir.open_partition(partition)?;
-                for entry in store.entries() {
-                    let entry = entry?;
-                    let line = serde_json::json!({
-                        "partition": partition,
-                        "key": String::from_utf8_lossy(&entry.key),
-                        "name": entry.name,
-                        "value": Payload::of(&entry.value),
-                    });
-                    serde_json::to_writer(&mut out, &line)?;
-                    out.write_all(b"\n")?;
-                }
-            }
-            Ok(out.flush()?)
-        }
+        Command::Deploy { name, file, job } => deploy_version(&name, &file, job),
+        Command::Rollback { name, job } => roll_back(&name, job),
+        Command::Versions { name, job } => versions(&name, job),
+        Command::State { command: StateCommand::Dump { state_dir } } => dump_state(&state_dir),
     }
 }
 
+/// `sluice run`
+fn run_job(args: RunArgs) -> Result<()> {
+    let config = args.into_config()?;
+    let report = sluice::job::run(&config)?;
+    eprint!("{report}");
+    Ok(())
+}
+
+/// `sluice generate`
+fn generate(args: &FleetArgs) -> Result<()> {
+    let fleet = Fleet::new(&FleetOptions { vehicles: args.vehicles, count: Some(args.count), seed: args.seed });
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for record in fleet {
+        out.write_all(&record?.value)?;
+        out.write_all(b"\n")?;
+    }
+    Ok(out.flush()?)
+}
+
+/// `sluice deploy`
+fn deploy_version(name: &str, file: &Path, job: JobTarget) -> Result<()> {
+    let component = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let summary = match job.open(name)? {
+        Job::Admin(admin) => {
+            let path = format!("/operators/{name}/versions");
+            admin_answer(&admin::call(&admin, Method::POST, &path, component)?)?
+        }
+        Job::Registry { registry, sandbox, poll_versions } => {
+            sandbox.validate(name, &component, &file.display().to_string())?;
+            let origin = format!("sluice deploy {}", file.display());
+            let deployment = checkpoint::runtime()?.block_on(registry.deploy(&component, &origin))?;
+            recorded(&deployment, poll_versions)
+        }
+    };
+    println!("deployed {summary}");
+    Ok(())
+}
+
+/// `sluice rollback`
+fn roll_back(name: &str, job: JobTarget) -> Result<()> {
+    let summary = match job.open(name)? {
+        Job::Admin(admin) => {
+            let path = format!("/operators/{name}/rollback");
+            admin_answer(&admin::call(&admin, Method::POST, &path, Vec::new())?)?
+        }
+        Job::Registry { registry, sandbox, poll_versions } => {
+            let runtime = checkpoint::runtime()?;
+            let target = runtime.block_on(registry.rollback_target())?;
+            let component = runtime.block_on(registry.component(&target))?;
+            sandbox.validate(name, &component, &format!("version {}", target.version))?;
+            let deployment = runtime.block_on(registry.rollback(&target, "sluice rollback"))?;
+            recorded(&deployment, poll_versions)
+        }
+    };
+    println!("rolled back to {summary}");
+    Ok(())
+}
+
+/// `sluice versions`
+fn versions(name: &str, job: JobTarget) -> Result<()> {
+    let (history, running) = match job.open(name)? {
+        Job::Admin(admin) => {
+            let path = format!("/operators/{name}/versions");
+            let answer: VersionsAnswer = serde_json::from_str(&admin::call(&admin, Method::GET, &path, Vec::new())?)?;
+            (answer.history, Some(answer.running))
+        }
+        Job::Registry { registry, .. } => (checkpoint::runtime()?.block_on(registry.history())?, None),
+    };
+    if history.is_empty() {
+        bail!("operator {name} has no deployed versions yet (a job records its first when it starts)");
+    }
+    let current = registry::in_force(&history).last().map(|d| d.seq);
+    println!("  entry  recorded at               action    version                         origin");
+    for deployment in &history {
+        let mark = if Some(deployment.seq) == current { '*' } else { ' ' };
+        println!("{mark} {deployment}");
+    }
+    if let Some(running) = running {
+        println!("this host runs {running}");
+    }
+    Ok(())
+}
+
+/// `sluice state dump`
+fn dump_state(state_dir: &Path) -> Result<()> {
+    let manifest = StateDir::read_manifest(state_dir)?;
+    let dir = StateDir::open(state_dir, manifest.partitions)?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for partition in 0..manifest.partitions {
+        let store = dir.open_partition(partition)?;
+        for entry in store.entries() {
+            let entry = entry?;
+            let line = serde_json::json!({
+                "partition": partition,
+                "key": String::from_utf8_lossy(&entry.key),
+                "name": entry.name,
+                "value": Payload::of(&entry.value),
+            });
+            serde_json::to_writer(&mut out, &line)?;
+            out.write_all(b"\n")?;
+        }
+    }
+    Ok(out.flush()?)
+}
+
 /// What `sluice deploy` and `rollback` say after recording `deployment` in a registry.
-fn recorded(deployment: &Deployment, poll_versions_s: f64) -> String {
+fn recorded(deployment: &Deployment, poll_versions: Duration) -> String {
     format!(
-        "{} recorded as entry {}; running hosts switch to it within {poll_versions_s} s",
-        deployment.version, deployment.seq
+        "{} recorded as entry {}; running hosts switch to it within {}",
+        deployment.version,
+        deployment.seq,
+        humantime::format_duration(poll_versions)
     )
 }
 
@@ -356,7 +376,7 @@ fn admin_answer(json: &str) -> Result<String> {
 /// A job, as `sluice deploy`, `rollback` and `versions` reach it.
 enum Job {
     /// Its registry, read and written directly, and how its hosts try a version out.
-    Registry { registry: Registry, sandbox: Sandbox, poll_versions_s: f64 },
+    Registry { registry: Registry, sandbox: Sandbox, poll_versions: Duration },
     /// A running host's admin API.
     Admin(String),
 }
@@ -372,94 +392,107 @@ impl JobTarget {
         deploy::check_name(&registry, name).with_context(|| format!("config file {}", path.display()))?;
         let scratch = std::env::temp_dir().join(format!("sluice-deploy-{}", std::process::id()));
         let sandbox = Sandbox::new(&config.operator, scratch);
-        Ok(Job::Registry { registry, sandbox, poll_versions_s: config.operator.poll_versions_s })
+        Ok(Job::Registry { registry, sandbox, poll_versions: config.operator.poll_versions })
     }
 }
 
 /// `sluice checkpoints …`
 fn checkpoints(command: CheckpointsCommand) -> Result<()> {
     let runtime = checkpoint::runtime()?;
-    let open = |args: &StoreArgs| -> Result<(CheckpointStore, u32)> {
-        let store = CheckpointStore::open(&args.store)?;
-        match runtime.block_on(store.store_manifest())? {
-            Some(manifest) => Ok((store, manifest.partitions)),
-            None => bail!("{} holds no checkpoints (no sluice-checkpoints.json)", args.store),
-        }
-    };
     match command {
-        CheckpointsCommand::List { store, partition } => {
-            let (store, partitions) = open(&store)?;
-            println!(
-                "partition  checkpoint      offset    entries  files        size    uploaded  created                 \
-                 operator"
-            );
-            for partition in (0..partitions).filter(|p| partition.is_none_or(|only| only == *p)) {
-                for id in runtime.block_on(store.checkpoint_ids(partition))? {
-                    match runtime.block_on(store.manifest(partition, id)) {
-                        Ok(m) => println!(
-                            "{partition:>9}  {id:>10}  {:>10}  {:>9}  {:>5}  {:>10}  {:>10}  {}  {}",
-                            m.offset,
-                            m.entries,
-                            m.files.len(),
-                            bytes(m.bytes()),
-                            bytes(m.uploaded_bytes),
-                            humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(m.created_at_ms)),
-                            m.operator
-                        ),
-                        Err(e) => println!("{partition:>9}  {id:>10}  unreadable: {e:#}"),
-                    }
-                }
-            }
-            Ok(())
-        }
+        CheckpointsCommand::List { store, partition } => list_checkpoints(&runtime, &store.open(&runtime)?, partition),
         CheckpointsCommand::Verify { store, partition, checkpoint } => {
-            let (store, _) = open(&store)?;
-            let id = match checkpoint {
-                Some(id) => id,
-                None => *runtime
-                    .block_on(store.checkpoint_ids(partition))?
-                    .last()
-                    .ok_or_else(|| anyhow!("partition {partition} has no checkpoints in {}", store.url()))?,
-            };
-            let manifest = runtime.block_on(store.manifest(partition, id))?;
-            let mut bad = 0;
-            for file in &manifest.files {
-                match runtime.block_on(store.verify(partition, file)) {
-                    Ok(()) => println!("ok   {} ({})", file.name, bytes(file.size)),
-                    Err(e) => {
-                        bad += 1;
-                        println!("BAD  {e:#}");
-                    }
-                }
-            }
-            if bad > 0 {
-                bail!(
-                    "checkpoint {id} of partition {partition}: {bad} of {} files are missing or corrupt",
-                    manifest.files.len()
-                );
-            }
-            println!(
-                "checkpoint {id} of partition {partition} (offset {}): all {} files verified",
-                manifest.offset,
-                manifest.files.len()
-            );
-            Ok(())
+            verify_checkpoint(&runtime, &store.open(&runtime)?.0, partition, checkpoint)
         }
         CheckpointsCommand::Estimate { store, state_dir } => {
-            let (store, partitions) = open(&store)?;
-            let state = match state_dir.filter(|dir| dir.exists()) {
-                Some(dir) => Some(StateDir::open(&dir, partitions)?),
-                None => None,
-            };
-            let plan = runtime.block_on(checkpoint::restore::plan(
-                state.as_ref(),
-                &(0..partitions).collect::<Vec<_>>(),
-                Some(&store),
-            ))?;
-            println!("{plan}");
-            Ok(())
+            estimate_restore(&runtime, &store.open(&runtime)?, state_dir.as_deref())
         }
     }
+}
+
+impl StoreArgs {
+    /// Opens the store and reads how many partitions its checkpoints are of.
+    fn open(&self, runtime: &Runtime) -> Result<(CheckpointStore, u32)> {
+        let store = CheckpointStore::open(&self.store)?;
+        match runtime.block_on(store.store_manifest())? {
+            Some(manifest) => Ok((store, manifest.partitions)),
+            None => bail!("{} holds no checkpoints (no sluice-checkpoints.json)", self.store),
+        }
+    }
+}
+
+/// `sluice checkpoints list`
+fn list_checkpoints(runtime: &Runtime, (store, partitions): &(CheckpointStore, u32), only: Option<u32>) -> Result<()> {
+    println!(
+        "partition  checkpoint      offset    entries  files        size    uploaded  created                 operator"
+    );
+    for partition in (0..*partitions).filter(|p| only.is_none_or(|only| only == *p)) {
+        for id in runtime.block_on(store.checkpoint_ids(partition))? {
+            match runtime.block_on(store.manifest(partition, id)) {
+                Ok(m) => println!(
+                    "{partition:>9}  {id:>10}  {:>10}  {:>9}  {:>5}  {:>10}  {:>10}  {}  {}",
+                    m.offset,
+                    m.entries,
+                    m.files.len(),
+                    bytes(m.bytes()),
+                    bytes(m.uploaded_bytes),
+                    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(m.created_at_ms)),
+                    m.operator
+                ),
+                Err(e) => println!("{partition:>9}  {id:>10}  unreadable: {e:#}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `sluice checkpoints verify`
+fn verify_checkpoint(runtime: &Runtime, store: &CheckpointStore, partition: u32, id: Option<u64>) -> Result<()> {
+    let id = match id {
+        Some(id) => id,
+        None => *runtime
+            .block_on(store.checkpoint_ids(partition))?
+            .last()
+            .ok_or_else(|| anyhow!("partition {partition} has no checkpoints in {}", store.url()))?,
+    };
+    let manifest = runtime.block_on(store.manifest(partition, id))?;
+    let mut bad = 0;
+    for file in &manifest.files {
+        match runtime.block_on(store.verify(partition, file)) {
+            Ok(()) => println!("ok   {} ({})", file.name, bytes(file.size)),
+            Err(e) => {
+                bad += 1;
+                println!("BAD  {e:#}");
+            }
+        }
+    }
+    if bad > 0 {
+        bail!(
+            "checkpoint {id} of partition {partition}: {bad} of {} files are missing or corrupt",
+            manifest.files.len()
+        );
+    }
+    println!(
+        "checkpoint {id} of partition {partition} (offset {}): all {} files verified",
+        manifest.offset,
+        manifest.files.len()
+    );
+    Ok(())
+}
+
+/// `sluice checkpoints estimate`
+fn estimate_restore(
+    runtime: &Runtime,
+    (store, partitions): &(CheckpointStore, u32),
+    state_dir: Option<&Path>,
+) -> Result<()> {
+    let state = match state_dir.filter(|dir| dir.exists()) {
+        Some(dir) => Some(StateDir::open(dir, *partitions)?),
+        None => None,
+    };
+    let all: Vec<u32> = (0..*partitions).collect();
+    println!("{}", runtime.block_on(checkpoint::restore::plan(state.as_ref(), &all, Some(store)))?);
+    Ok(())
 }
 
 impl RunArgs {
@@ -522,13 +555,13 @@ impl RunArgs {
             config.dead_letter.path = path;
         }
         if let Some(interval) = self.report_interval {
-            config.report.interval_s = interval;
+            config.report.interval = interval;
         }
         if let Some(store) = self.checkpoint_store {
             config.checkpoint.store = Some(store);
         }
         if let Some(interval) = self.checkpoint_interval {
-            config.checkpoint.interval_s = interval;
+            config.checkpoint.interval = interval;
         }
         if self.no_checkpoints {
             config.checkpoint.enabled = false;

@@ -7,6 +7,7 @@
 //! directory the running test or benchmark was built into.
 
 use anyhow::{Context, Result, bail};
+use sluice::admin::LISTENING;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -153,7 +154,6 @@ impl Host {
 
     /// The address of its admin API (`http://127.0.0.1:port`), once it logs it.
     pub fn admin_url(&mut self) -> Result<String> {
-        const LISTENING: &str = "admin API listening on ";
         self.wait_for(LISTENING, 1, std::time::Duration::from_secs(60))?;
         let log = self.log();
         let rest = &log[log.find(LISTENING).expect("waited for it") + LISTENING.len()..];

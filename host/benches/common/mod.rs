@@ -13,6 +13,6 @@ pub fn job_config(dir: &Path, source: SourceConfig) -> Config {
     config.sink = SinkConfig::File { path: dir.join("out.jsonl") };
     config.dead_letter.path = dir.join("dead.jsonl");
     config.state.dir = dir.join("state");
-    config.report.interval_s = 0.0;
+    config.report.interval = std::time::Duration::ZERO;
     config
 }

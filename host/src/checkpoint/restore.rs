@@ -237,7 +237,7 @@ pub async fn restore(
         tracing::info!("restore plan from {}:\n{plan}", store.url());
         if predicted > budget {
             tracing::warn!(
-                "predicted restore time {:.1}s exceeds the restore budget of {:.1}s ([checkpoint] restore_budget_s): \
+                "predicted restore time {:.1}s exceeds the restore budget of {:.1}s ([checkpoint] restore_budget): \
                  this restore, and every rebalance that moves these partitions, pauses them that long. Smaller \
                  state (aggregates, TTL), more partitions or a faster store bring it down",
                 predicted.as_secs_f64(),

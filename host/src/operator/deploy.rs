@@ -9,18 +9,21 @@
 //! this host to whatever another host or `sluice deploy` recorded.
 //!
 //! A version this host cannot run is refused here and never activated: the running one
-//! keeps processing. This module does not decide when a partition switches (its worker
-//! does, between batches) and does not store anything itself (the registry does).
+//! keeps processing. Failures are [`DeployError`]s, so callers can tell a refused
+//! component from an unreadable store. This module does not decide when a partition
+//! switches (its worker does, between batches) and does not store anything itself
+//! (the registry does).
 //!
 //! [registry]: super::registry
 
-use super::registry::{Deployment, Registry};
+use super::registry::{DeployError, Deployment, Registry};
 use super::wasm::{ActiveVersion, Limits, WasmOperator};
 use crate::checkpoint::CheckpointStore;
 use crate::config::OperatorConfig;
 use crate::lock;
+use crate::state::{PartitionStore, Transaction};
 use crate::stats::LiveStats;
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -58,11 +61,19 @@ impl Sandbox {
     }
 
     /// Compiles `component` as operator `name` from `origin` and runs its `init` once
-    /// over an empty scratch database: the checks a version passes before it runs.
-    pub fn validate(&self, name: &str, component: &[u8], origin: &str) -> Result<WasmOperator> {
-        let operator = WasmOperator::compile(name, component, origin, self.limits.clone(), self.config.clone())?;
-        operator.check_init(&self.scratch)?;
-        Ok(operator)
+    /// over an empty scratch database (created and removed here): the checks a version
+    /// passes before it runs. A failure of the scratch database is this host's, not
+    /// the component's.
+    pub fn validate(&self, name: &str, component: &[u8], origin: &str) -> Result<WasmOperator, DeployError> {
+        let operator = WasmOperator::compile(name, component, origin, self.limits.clone(), self.config.clone())
+            .map_err(DeployError::Refused)?;
+        let scratch =
+            PartitionStore::open(&self.scratch, 0).and_then(Transaction::new).map_err(DeployError::Internal)?;
+        let started = operator.check_init(scratch).map_err(DeployError::Refused);
+        std::fs::remove_dir_all(&self.scratch)
+            .with_context(|| format!("removing {}", self.scratch.display()))
+            .map_err(DeployError::Internal)?;
+        started.map(|()| operator)
     }
 }
 
@@ -175,14 +186,14 @@ impl Deployer {
     }
 
     /// The registry's history, oldest first, and the version this host runs.
-    pub fn versions(&self) -> Result<(Vec<Deployment>, String)> {
+    pub fn versions(&self) -> Result<(Vec<Deployment>, String), DeployError> {
         let history = self.runtime.block_on(self.registry.history())?;
         Ok((history, self.active.get().1.version().to_string()))
     }
 
     /// Validates `component`, records it as the newest version and switches every
     /// partition to it. An invalid component is refused and nothing changes.
-    pub fn deploy(&self, component: &[u8], origin: &str) -> Result<DeployReport> {
+    pub fn deploy(&self, component: &[u8], origin: &str) -> Result<DeployReport, DeployError> {
         let mut versions = lock(&self.state);
         let began = Instant::now();
         let operator = self.sandbox.validate(self.registry.name(), component, origin)?;
@@ -193,11 +204,11 @@ impl Deployer {
 
     /// Validates the version before the newest deploy still in force, records a
     /// rollback to it and switches every partition to it.
-    pub fn rollback(&self, origin: &str) -> Result<DeployReport> {
+    pub fn rollback(&self, origin: &str) -> Result<DeployReport, DeployError> {
         let mut versions = lock(&self.state);
         let began = Instant::now();
         let target = self.runtime.block_on(self.registry.rollback_target())?;
-        let operator = self.prepare(&mut versions, &target).map_err(Refusal::into_error)?;
+        let operator = self.prepare(&mut versions, &target)?;
         let deployment = match self.runtime.block_on(self.registry.rollback(&target, origin)) {
             Ok(deployment) => deployment,
             Err(e) => {
@@ -221,27 +232,27 @@ impl Deployer {
         let began = Instant::now();
         match self.prepare(&mut versions, &current) {
             Ok(operator) => Ok(Some(self.activate(&mut versions, operator, current, began.elapsed()))),
-            Err(Refusal::Invalid(e)) => {
+            Err(DeployError::Refused(e)) => {
                 versions.refused.insert(current.seq);
                 Err(e.context(format!(
                     "refused version {} (entry {}); the running version stays",
                     current.version, current.seq
                 )))
             }
-            Err(Refusal::Unavailable(e)) => Err(e),
+            // The store or this host failed, not the version: worth trying again.
+            Err(e) => Err(e.into()),
         }
     }
 
     /// `deployment`'s version, ready to activate: still compiled if it ran just
     /// before, else fetched and validated.
-    fn prepare(&self, versions: &mut Versions, deployment: &Deployment) -> Result<Arc<WasmOperator>, Refusal> {
+    fn prepare(&self, versions: &mut Versions, deployment: &Deployment) -> Result<Arc<WasmOperator>, DeployError> {
         if let Some(previous) = versions.previous.take_if(|p| p.version() == deployment.version) {
             return Ok(previous);
         }
-        let bytes = self.runtime.block_on(self.registry.component(deployment)).map_err(Refusal::Unavailable)?;
+        let bytes = self.runtime.block_on(self.registry.component(deployment))?;
         let origin = format!("version {}", deployment.version);
-        let operator = self.sandbox.validate(self.registry.name(), &bytes, &origin).map_err(Refusal::Invalid)?;
-        Ok(Arc::new(operator))
+        Ok(Arc::new(self.sandbox.validate(self.registry.name(), &bytes, &origin)?))
     }
 
     /// Makes `operator` active, waits for the partitions to switch, and reports.
@@ -318,26 +329,10 @@ impl Deployer {
     }
 }
 
-/// Why a version recorded in the registry was not activated.
-enum Refusal {
-    /// It does not validate here: refused for good (until deployed again).
-    Invalid(anyhow::Error),
-    /// It could not be fetched: worth trying again.
-    Unavailable(anyhow::Error),
-}
-
-impl Refusal {
-    fn into_error(self) -> anyhow::Error {
-        match self {
-            Refusal::Invalid(e) | Refusal::Unavailable(e) => e,
-        }
-    }
-}
-
 /// Refuses an operator `name` that is not the one this host runs.
-pub fn check_name(registry: &Registry, name: &str) -> Result<()> {
+pub fn check_name(registry: &Registry, name: &str) -> Result<(), DeployError> {
     if registry.name() != name {
-        bail!("this job runs operator `{}`, not `{name}`", registry.name());
+        return Err(DeployError::UnknownOperator { runs: registry.name().to_string(), asked: name.to_string() });
     }
     Ok(())
 }

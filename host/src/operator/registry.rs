@@ -15,6 +15,10 @@
 //! version is the top of that stack. This module owns the layout and the history's
 //! meaning; it does not validate components (the [deployer](super::deploy) does before
 //! it records anything) and does not run them.
+//!
+//! Its errors are [`DeployError`]s, the kinds a caller of a deploy branches on: the
+//! admin API answers each with its own status, and a host following the registry
+//! refuses an invalid version for good but tries an unreadable store again.
 
 use crate::checkpoint::CheckpointStore;
 use crate::checksum;
@@ -24,6 +28,49 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Why a deploy, a rollback or a look at an operator's versions failed.
+///
+/// Typed where callers branch (the admin API's status codes, whether a host tries
+/// again); the reason inside stays an [`anyhow::Error`] chain for people to read.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    /// The component cannot run here: not a component of our world, or its `init`
+    /// failed under the sandbox limits. Nothing was recorded; deploying the same build
+    /// again fails the same way.
+    #[error(transparent)]
+    Refused(anyhow::Error),
+    /// The request names an operator this job does not run.
+    #[error("this job runs operator `{runs}`, not `{asked}`")]
+    UnknownOperator {
+        /// The operator the job runs.
+        runs: String,
+        /// The one the request named.
+        asked: String,
+    },
+    /// The version deployed is the one in force already.
+    #[error("{version} is already the version in force (entry {seq})")]
+    AlreadyInForce {
+        /// The version.
+        version: String,
+        /// The registry entry that put it in force.
+        seq: u64,
+    },
+    /// A rollback with no earlier version to return to.
+    #[error("{0}")]
+    NothingToRollBack(String),
+    /// Other writers changed the history while this request was recorded; trying
+    /// again decides afresh.
+    #[error("{0}")]
+    Conflict(String),
+    /// The store holding the registry could not be read or written, or holds a
+    /// damaged record; nothing was recorded, and the same request may succeed later.
+    #[error(transparent)]
+    StoreUnavailable(anyhow::Error),
+    /// This host failed on its side (its scratch space for trying a version out).
+    #[error(transparent)]
+    Internal(anyhow::Error),
+}
 
 /// What a history entry did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,11 +149,12 @@ impl Registry {
     }
 
     /// Every entry, oldest first.
-    pub async fn history(&self) -> Result<Vec<Deployment>> {
+    pub async fn history(&self) -> Result<Vec<Deployment>, DeployError> {
         let mut seqs: Vec<u64> = self
             .store
             .object_names(&self.folder("history"))
-            .await?
+            .await
+            .map_err(DeployError::StoreUnavailable)?
             .iter()
             .filter_map(|name| name.strip_suffix(".json")?.parse().ok())
             .collect();
@@ -117,32 +165,42 @@ impl Registry {
                 history.push(entry.clone());
                 continue;
             }
-            let path = self.entry_path(seq);
-            let bytes = self.store.get_optional(&path).await?.ok_or_else(|| anyhow!("{path} vanished"))?;
-            let entry: Deployment = serde_json::from_slice(&bytes)
-                .with_context(|| format!("{path} in {} is not a sluice deployment record", self.store.url()))?;
-            if entry.seq != seq || !entry.version.starts_with(&format!("{}@", self.name)) {
-                bail!(
-                    "{path} in {} is corrupt: it records entry {} of version {}, not an entry {seq} of operator {}",
-                    self.store.url(),
-                    entry.seq,
-                    entry.version,
-                    self.name
-                );
-            }
+            let entry = self.read_entry(seq).await.map_err(DeployError::StoreUnavailable)?;
             self.read.lock().expect("no panics under this lock").insert(seq, entry.clone());
             history.push(entry);
         }
         Ok(history)
     }
 
+    /// Reads history entry `seq`, checking that it is what its name says.
+    async fn read_entry(&self, seq: u64) -> Result<Deployment> {
+        let path = self.entry_path(seq);
+        let bytes = self.store.get_optional(&path).await?.ok_or_else(|| anyhow!("{path} vanished"))?;
+        let entry: Deployment = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{path} in {} is not a sluice deployment record", self.store.url()))?;
+        if entry.seq != seq || !entry.version.starts_with(&format!("{}@", self.name)) {
+            bail!(
+                "{path} in {} is corrupt: it records entry {} of version {}, not an entry {seq} of operator {}",
+                self.store.url(),
+                entry.seq,
+                entry.version,
+                self.name
+            );
+        }
+        Ok(entry)
+    }
+
     /// The version running now, if any was deployed.
-    pub async fn current(&self) -> Result<Option<Deployment>> {
+    pub async fn current(&self) -> Result<Option<Deployment>, DeployError> {
         Ok(in_force(&self.history().await?).pop())
     }
 
     /// The component of `deployment`'s version, checked against its checksum.
-    pub async fn component(&self, deployment: &Deployment) -> Result<Vec<u8>> {
+    pub async fn component(&self, deployment: &Deployment) -> Result<Vec<u8>, DeployError> {
+        self.read_component(deployment).await.map_err(DeployError::StoreUnavailable)
+    }
+
+    async fn read_component(&self, deployment: &Deployment) -> Result<Vec<u8>> {
         let path = self.component_path(deployment.checksum());
         let bytes = self.store.get_optional(&path).await?.ok_or_else(|| {
             anyhow!("{path} is missing from {}: version {} cannot be loaded", self.store.url(), deployment.version)
@@ -155,14 +213,14 @@ impl Registry {
     }
 
     /// Records `component` as the running version. The caller has validated it.
-    pub async fn deploy(&self, component: &[u8], origin: &str) -> Result<Deployment> {
+    pub async fn deploy(&self, component: &[u8], origin: &str) -> Result<Deployment, DeployError> {
         let version = super::version_of(&self.name, component);
-        self.put_component(component).await?;
+        self.put_component(component).await.map_err(DeployError::StoreUnavailable)?;
         let deployed = self
             .append(
                 |history| match in_force(history).pop() {
                     Some(current) if current.version == version => {
-                        bail!("{version} is already the version in force (entry {})", current.seq)
+                        Err(DeployError::AlreadyInForce { version: version.clone(), seq: current.seq })
                     }
                     _ => Ok(Some((Action::Deploy, version.clone()))),
                 },
@@ -176,10 +234,10 @@ impl Registry {
     /// returns the version that runs now. A host starting with a configured file uses
     /// this: a file it has not seen is a new deploy, a known one defers to the history
     /// (a restart runs what was deployed or rolled back to since).
-    pub async fn adopt(&self, component: &[u8], origin: &str) -> Result<Deployment> {
+    pub async fn adopt(&self, component: &[u8], origin: &str) -> Result<Deployment, DeployError> {
         let version = super::version_of(&self.name, component);
         if !self.history().await?.iter().any(|d| d.version == version) {
-            self.put_component(component).await?;
+            self.put_component(component).await.map_err(DeployError::StoreUnavailable)?;
         }
         let adopted = self
             .append(
@@ -189,12 +247,16 @@ impl Registry {
             .await?;
         match adopted {
             Some(deployment) => Ok(deployment),
-            None => self.current().await?.ok_or_else(|| anyhow!("the history of {} is empty", self.name)),
+            // Only a damaged history holds versions but none in force.
+            None => self
+                .current()
+                .await?
+                .ok_or_else(|| DeployError::StoreUnavailable(anyhow!("the history of {} is empty", self.name))),
         }
     }
 
     /// The entry a rollback returns to: the deploy before the newest one still in force.
-    pub async fn rollback_target(&self) -> Result<Deployment> {
+    pub async fn rollback_target(&self) -> Result<Deployment, DeployError> {
         self.target_in(&self.history().await?)
     }
 
@@ -202,21 +264,17 @@ impl Registry {
     /// history moved on meanwhile.
     ///
     /// [`rollback_target`]: Registry::rollback_target
-    pub async fn rollback(&self, target: &Deployment, origin: &str) -> Result<Deployment> {
+    pub async fn rollback(&self, target: &Deployment, origin: &str) -> Result<Deployment, DeployError> {
         let rolled = self
             .append(
                 // The same entry, not just the same version: a rollback undoes one deploy.
                 |history| match self.target_in(history)? {
                     now if now.seq == target.seq => Ok(Some((Action::Rollback, now.version))),
-                    now => bail!(
+                    now => Err(DeployError::Conflict(format!(
                         "a rollback of {} would now return to entry {} ({}), not entry {} ({}): the history changed \
                          meanwhile; try again",
-                        self.name,
-                        now.seq,
-                        now.version,
-                        target.seq,
-                        target.version
-                    ),
+                        self.name, now.seq, now.version, target.seq, target.version
+                    ))),
                 },
                 origin,
             )
@@ -224,15 +282,17 @@ impl Registry {
         Ok(rolled.expect("always appends or fails"))
     }
 
-    fn target_in(&self, history: &[Deployment]) -> Result<Deployment> {
+    fn target_in(&self, history: &[Deployment]) -> Result<Deployment, DeployError> {
         let mut stack = in_force(history);
         match stack.len() {
-            0 => bail!("operator {} has no deployed version to roll back", self.name),
-            1 => bail!(
+            0 => Err(DeployError::NothingToRollBack(format!(
+                "operator {} has no deployed version to roll back",
+                self.name
+            ))),
+            1 => Err(DeployError::NothingToRollBack(format!(
                 "operator {} runs its first version ({}); there is nothing to roll back to",
-                self.name,
-                stack[0].version
-            ),
+                self.name, stack[0].version
+            ))),
             n => Ok(stack.swap_remove(n - 2)),
         }
     }
@@ -241,9 +301,9 @@ impl Registry {
     /// append), retrying when another writer took the next number first.
     async fn append(
         &self,
-        decide: impl Fn(&[Deployment]) -> Result<Option<(Action, String)>>,
+        decide: impl Fn(&[Deployment]) -> Result<Option<(Action, String)>, DeployError>,
         origin: &str,
-    ) -> Result<Option<Deployment>> {
+    ) -> Result<Option<Deployment>, DeployError> {
         for _ in 0..APPEND_ATTEMPTS {
             let history = self.history().await?;
             let Some((action, version)) = decide(&history)? else { return Ok(None) };
@@ -254,11 +314,15 @@ impl Registry {
                 at_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64,
                 origin: origin.to_string(),
             };
-            if self.store.put_new(&self.entry_path(entry.seq), serde_json::to_vec_pretty(&entry)?).await? {
+            let json = serde_json::to_vec_pretty(&entry).expect("a deployment record serializes");
+            if self.store.put_new(&self.entry_path(entry.seq), json).await.map_err(DeployError::StoreUnavailable)? {
                 return Ok(Some(entry));
             }
         }
-        bail!("could not record a deployment of {}: {APPEND_ATTEMPTS} other writers got there first", self.name)
+        Err(DeployError::Conflict(format!(
+            "could not record a deployment of {}: {APPEND_ATTEMPTS} other writers got there first",
+            self.name
+        )))
     }
 
     async fn put_component(&self, component: &[u8]) -> Result<()> {
@@ -323,16 +387,19 @@ mod tests {
             let v1 = registry.adopt(b"one", "start").await?;
             assert_eq!((v1.seq, v1.action), (1, Action::Deploy));
             assert_eq!(registry.adopt(b"one", "restart").await?, v1, "a known version is not deployed again");
-            assert!(registry.rollback_target().await.unwrap_err().to_string().contains("first version"));
+            let first = registry.rollback_target().await.unwrap_err();
+            assert!(matches!(first, DeployError::NothingToRollBack(_)) && first.to_string().contains("first version"));
             let v2 = registry.deploy(b"two", "t").await?;
-            let again = registry.deploy(b"two", "t").await.unwrap_err().to_string();
-            assert!(again.contains("already the version in force (entry 2)"), "{again}");
+            let again = registry.deploy(b"two", "t").await.unwrap_err();
+            assert!(matches!(again, DeployError::AlreadyInForce { seq: 2, .. }), "{again:?}");
+            assert!(again.to_string().contains("already the version in force (entry 2)"), "{again}");
             let v3 = registry.deploy(b"three", "t").await?;
             assert_eq!(registry.current().await?.unwrap().version, v3.version);
             let target = registry.rollback_target().await?;
             let back = registry.rollback(&target, "t").await?;
             assert_eq!((back.seq, back.action, &back.version), (4, Action::Rollback, &v2.version));
-            assert!(registry.rollback(&target, "t").await.unwrap_err().to_string().contains("history changed"));
+            let raced = registry.rollback(&target, "t").await.unwrap_err();
+            assert!(matches!(raced, DeployError::Conflict(_)) && raced.to_string().contains("history changed"));
             assert_eq!(registry.rollback(&registry.rollback_target().await?, "t").await?.version, v1.version);
             // A restart with the first file runs what the history says: v1 after the rollbacks.
             assert_eq!(registry.adopt(b"two", "restart").await?.version, v1.version);
@@ -350,7 +417,9 @@ mod tests {
         let v1 = runtime.block_on(registry.deploy(b"one", "t"))?;
         let object = dir.path().join(format!("operators/op/components/{}.wasm", checksum::of_bytes(b"one")));
         std::fs::write(&object, b"two")?;
-        let err = runtime.block_on(registry.component(&v1)).unwrap_err().to_string();
+        let err = runtime.block_on(registry.component(&v1)).unwrap_err();
+        assert!(matches!(err, DeployError::StoreUnavailable(_)), "{err:?}");
+        let err = format!("{err:#}");
         assert!(err.contains("is corrupt") && err.contains("operators/op/components"), "{err}");
         // Deploying the build again repairs the object.
         runtime.block_on(registry.deploy(b"two", "t"))?;
@@ -360,7 +429,7 @@ mod tests {
         let entry = dir.path().join("operators/op/history/0000000001.json");
         std::fs::write(&entry, std::fs::read_to_string(&entry)?.replace("op@", "other@"))?;
         // (A host that had read it before keeps what it read; a host reading it now:)
-        let err = runtime.block_on(self::registry(dir.path()).history()).unwrap_err().to_string();
+        let err = format!("{:#}", runtime.block_on(self::registry(dir.path()).history()).unwrap_err());
         assert!(err.contains("0000000001.json") && err.contains("is corrupt"), "{err}");
         Ok(())
     }

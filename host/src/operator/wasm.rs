@@ -9,19 +9,21 @@
 //! links in are defined as traps, so a guest that touches the filesystem, network,
 //! clock or environment traps with the name of the function; any other import is
 //! refused when the component is loaded. Each call runs under a CPU deadline (epoch
-//! interruption) and a memory cap (store limits).
+//! interruption) and a memory cap (a resource limiter). The host records why it
+//! stopped a call — the memory cap, a denied import — as it happens, so a trap's
+//! reason comes from that record, not from the wording of wasmtime's message.
 
 use super::{Operator, Outcome, Output, Switch};
 use crate::record::SourceRecord;
-use crate::state::{PartitionStore, Transaction};
+use crate::state::Transaction;
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use wasmtime::component::types::ComponentItem;
-use wasmtime::component::{Component, HasSelf, Linker};
-use wasmtime::{Engine, Store, StoreLimits, StoreLimitsBuilder};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceType};
+use wasmtime::{Engine, ResourceLimiter, Store};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -66,7 +68,10 @@ pub struct WasmOperator {
 /// What the host functions see: the partition's state and the instance's limits.
 struct HostCtx {
     txn: Transaction,
-    limits: StoreLimits,
+    /// The most linear memory the instance may hold, in bytes.
+    memory_cap: usize,
+    /// Why the host stopped the current call, when it did (see [`Cause`]).
+    cause: Option<Cause>,
     operator: Arc<str>,
     partition: u32,
     /// A failure of the host itself (RocksDB), raised as a trap to unwind the guest
@@ -79,6 +84,17 @@ struct HostCtx {
     /// exists only there (an `init` that reached for state would see whichever key the
     /// partition's last record had).
     in_record: bool,
+}
+
+/// Why the host stopped a call, recorded where it stops it: the trap that unwinds
+/// the guest carries only a message.
+#[derive(Debug, Clone, PartialEq)]
+enum Cause {
+    /// The instance tried to grow its linear memory past the cap.
+    MemoryCap,
+    /// The guest called a WASI function, which the sandbox denies; its full name
+    /// (`wasi:cli/environment@0.2.6#get-environment`).
+    DeniedImport(String),
 }
 
 /// The engine every operator of this process is compiled by. Its epoch advances
@@ -137,6 +153,10 @@ impl WasmOperator {
 
         let mut linker = Linker::<HostCtx>::new(engine);
         Bindings::add_to_linker::<HostCtx, HasSelf<HostCtx>>(&mut linker, |ctx| ctx)?;
+        deny_wasi(&mut linker, engine, &compiled)?;
+        // What is left: functions of a newer 0.1.x minor than this host serves. They
+        // trap when called (with wasmtime's "unknown import"), so such a component
+        // still runs as long as it does not call them.
         linker.define_unknown_imports_as_traps(&compiled)?;
         let pre =
             linker.instantiate_pre(&compiled).and_then(OperatorPre::new).map_err(anyhow::Error::from).with_context(
@@ -162,21 +182,19 @@ impl WasmOperator {
         &self.version
     }
 
-    /// Instantiates the operator once over an empty database at `scratch` (created and
-    /// removed here) and calls its `init`: a component that cannot start under its
-    /// limits is refused before a job opens its sinks or any partition, and before a
-    /// deploy replaces a running version.
-    pub fn check_init(&self, scratch: &Path) -> Result<()> {
-        let store = PartitionStore::open(scratch, 0)?;
-        let started = self.start(self.context(0, Transaction::new(store)?)).map(drop).map_err(|(e, _)| e);
-        std::fs::remove_dir_all(scratch).with_context(|| format!("removing {}", scratch.display()))?;
-        started
+    /// Instantiates the operator once over `scratch`, the state of an empty database,
+    /// and calls its `init`: a component that cannot start under its limits is refused
+    /// before a job opens its sinks or any partition, and before a deploy replaces a
+    /// running version.
+    pub fn check_init(&self, scratch: Transaction) -> Result<()> {
+        self.start(self.context(0, scratch)).map(drop).map_err(|(e, _)| e)
     }
 
     fn context(&self, partition: u32, txn: Transaction) -> HostCtx {
         HostCtx {
             txn,
-            limits: StoreLimitsBuilder::new().memory_size(self.limits.memory_bytes).trap_on_grow_failure(true).build(),
+            memory_cap: self.limits.memory_bytes,
+            cause: None,
             operator: self.name.clone(),
             partition,
             host_error: None,
@@ -190,9 +208,9 @@ impl WasmOperator {
     #[expect(clippy::result_large_err, reason = "a failed start is rare; the context is moved back, not copied")]
     fn start(&self, mut ctx: HostCtx) -> std::result::Result<Live, (anyhow::Error, HostCtx)> {
         // A context moved over from an earlier instance must not lend it a stale reason.
-        (ctx.last_error, ctx.host_error) = (None, None);
+        ctx.forget_last_call();
         let mut store = Store::new(self.pre.engine(), ctx);
-        store.limiter(|ctx| &mut ctx.limits);
+        store.limiter(|ctx| ctx);
         self.arm_deadline(&mut store);
         let bindings = match self.pre.instantiate(&mut store) {
             Ok(bindings) => bindings,
@@ -206,8 +224,11 @@ impl WasmOperator {
             Ok(Ok(())) => return Ok(Live { store, bindings }),
             Ok(Err(reason)) => anyhow!("operator {} refused to start: init returned an error: {reason}", self.origin),
             Err(trap) => {
-                let panic = store.data_mut().last_error.take();
-                anyhow!("operator {} trapped in init: {}", self.origin, describe_trap(trap, &self.limits, panic))
+                anyhow!(
+                    "operator {} trapped in init: {}",
+                    self.origin,
+                    describe_trap(trap, &self.limits, store.data_mut())
+                )
             }
         };
         Err((failure, store.into_data()))
@@ -293,7 +314,7 @@ impl Operator for WasmInstance {
             offset: record.offset,
             headers: Vec::new(),
         };
-        live.store.data_mut().last_error = None;
+        live.store.data_mut().forget_last_call();
         live.store.data_mut().in_record = true;
         let result = live.bindings.call_process(&mut live.store, &input);
         live.store.data_mut().in_record = false;
@@ -306,8 +327,7 @@ impl Operator for WasmInstance {
             )),
             Ok(Err(reason)) => Ok(Outcome::Rejected(reason)),
             Err(trap) => {
-                let panic = live.store.data_mut().last_error.take();
-                let reason = describe_trap(trap, &self.operator.limits, panic);
+                let reason = describe_trap(trap, &self.operator.limits, live.store.data_mut());
                 // A trapped instance may hold broken invariants in its memory: replace it.
                 let ctx = self.live.take().expect("instance is live").store.into_data();
                 self.live = Some(self.operator.start(ctx).map_err(|(e, _)| e)?);
@@ -391,7 +411,41 @@ impl log::Host for HostCtx {
 
 impl types::Host for HostCtx {}
 
+/// The memory cap. Growing past it traps (and records why) rather than failing the
+/// growth: a guest's allocator would abort through a denied stderr write, which would
+/// hide the reason, and a guest that recovered would keep writes that a memory-limit
+/// hit must discard.
+impl ResourceLimiter for HostCtx {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.memory_cap {
+            self.cause = Some(Cause::MemoryCap);
+            wasmtime::bail!("growing linear memory to {desired} bytes would pass the cap of {} bytes", self.memory_cap);
+        }
+        Ok(true)
+    }
+
+    /// Growth past the memory's declared maximum, or refused by the system: a trap too.
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        Err(error)
+    }
+
+    // Tables are not capped (yet); wasmtime still enforces their declared maxima.
+    fn table_growing(&mut self, _current: usize, _desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(true)
+    }
+
+    fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        Err(error)
+    }
+}
+
 impl HostCtx {
+    /// Forgets what the previous call left behind: its trap's cause, its last error
+    /// log line, a host failure.
+    fn forget_last_call(&mut self) {
+        (self.cause, self.last_error, self.host_error) = (None, None, None);
+    }
+
     /// Traps a state call made outside `process`.
     fn check_in_record(&self, call: &str) -> Result<()> {
         if !self.in_record {
@@ -409,22 +463,55 @@ impl HostCtx {
 }
 
 /// Why a call trapped, in one line — the limit it hit, the panic message, or the
-/// denied import — followed by wasmtime's account with the guest's backtrace.
-fn describe_trap(trap: wasmtime::Error, limits: &Limits, panic: Option<String>) -> String {
-    let account = format!("{trap:#}");
-    let root = trap.root_cause().to_string();
-    let cause = if matches!(trap.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) {
-        format!("call exceeded its deadline of {:?}", limits.call_timeout)
-    } else if account.contains("forcing trap when growing memory") {
-        format!("operator exceeded its memory limit of {} MiB", limits.memory_bytes >> 20)
-    } else if let Some(panic) = panic {
-        panic
-    } else if let Some(import) = root.strip_prefix("unknown import: ").and_then(|r| r.split('`').nth(1)) {
-        format!("operator called `{import}`, which the sandbox denies (no filesystem, network, clock or environment)")
-    } else {
-        root
+/// denied import, from what `ctx` recorded during the call — followed by wasmtime's
+/// account with the guest's backtrace.
+fn describe_trap(trap: wasmtime::Error, limits: &Limits, ctx: &mut HostCtx) -> String {
+    let interrupted = matches!(trap.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt));
+    // A recorded cause is where the call stopped; an error log line is only the last
+    // thing the guest said, the panic message when it panicked.
+    let reason = match (interrupted, ctx.cause.take(), ctx.last_error.take()) {
+        (true, _, _) => format!("call exceeded its deadline of {:?}", limits.call_timeout),
+        (_, Some(Cause::MemoryCap), _) => {
+            format!("operator exceeded its memory limit of {} MiB", limits.memory_bytes >> 20)
+        }
+        (_, Some(Cause::DeniedImport(import)), _) => {
+            format!(
+                "operator called `{import}`, which the sandbox denies (no filesystem, network, clock or environment)"
+            )
+        }
+        (_, None, Some(panic)) => panic,
+        (_, None, None) => trap.root_cause().to_string(),
     };
-    format!("{cause}\n{account}")
+    format!("{reason}\n{trap:#}")
+}
+
+/// Defines each function of the WASI interfaces `component` imports (the Rust
+/// standard library links them in) as a trap that records which one was called; the
+/// sandbox grants none of them. [`check_imports`] has refused any other kind of import.
+fn deny_wasi(linker: &mut Linker<HostCtx>, engine: &Engine, component: &Component) -> Result<()> {
+    for (name, import) in component.component_type().imports(engine) {
+        let ComponentItem::ComponentInstance(interface) = import.ty else { continue };
+        if !name.starts_with("wasi:") {
+            continue;
+        }
+        let mut instance = linker.instance(name)?;
+        for (export, item) in interface.exports(engine) {
+            match item.ty {
+                ComponentItem::ComponentFunc(_) => {
+                    let function = format!("{name}#{export}");
+                    instance.func_new(export, move |mut store, _, _, _| {
+                        store.data_mut().cause = Some(Cause::DeniedImport(function.clone()));
+                        wasmtime::bail!("`{function}` is denied by the sandbox")
+                    })?;
+                }
+                // Handles of WASI resources never reach the guest: every function that
+                // would make one traps.
+                ComponentItem::Resource(_) => instance.resource(export, ResourceType::host::<()>(), |_, _| Ok(()))?,
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks the 8-byte preamble: `\0asm`, then the component-model version and layer.
@@ -463,22 +550,47 @@ fn check_imports(engine: &Engine, component: &Component) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::PartitionStore;
 
-    fn count(instance: &mut WasmInstance, offset: u64) -> Result<Vec<u8>> {
-        let record = SourceRecord {
-            partition: 0,
-            offset,
-            key: b"k".to_vec(),
-            value: br#"{"action":"count"}"#.to_vec(),
-            timestamp_ms: 0,
-        };
+    /// Has the probe do `action` for the record at `offset`, as the worker would.
+    fn call(instance: &mut WasmInstance, offset: u64, action: &str) -> Result<Outcome> {
+        let value = format!(r#"{{"action":"{action}"}}"#).into_bytes();
+        let record = SourceRecord { partition: 0, offset, key: b"k".to_vec(), value, timestamp_ms: 0 };
         instance.state().begin_record(&record.key);
         let outcome = instance.process(&record)?;
-        instance.state().end_record(true);
-        match outcome {
+        instance.state().end_record(matches!(outcome, Outcome::Emitted(_)));
+        Ok(outcome)
+    }
+
+    fn count(instance: &mut WasmInstance, offset: u64) -> Result<Vec<u8>> {
+        match call(instance, offset, "count")? {
             Outcome::Emitted(outputs) => Ok(outputs[0].value.clone()),
             other => bail!("count failed: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_trap_is_explained_by_what_the_host_recorded_in_that_call() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let limits = Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20 };
+        let probe = Arc::new(WasmOperator::load(&sluice_tests::operator_wasm("probe"), limits, Vec::new())?);
+        let txn = Transaction::new(PartitionStore::open(dir.path(), 0)?)?;
+        let mut instance = ActiveVersion::new(probe).instantiate(0, txn)?;
+        let expected = [
+            ("hog", "operator exceeded its memory limit of 16 MiB"),
+            // A cause explains only the call it was recorded in, not the next trap.
+            ("put-then-panic", "panicked at "),
+            ("read-env", "operator called `wasi:cli/environment@"),
+            ("read-fs", "operator called `wasi:filesystem/"),
+        ];
+        for (offset, (action, reason)) in (0..).zip(expected) {
+            match call(&mut instance, offset, action)? {
+                Outcome::Trapped(why) => assert!(why.starts_with(reason), "{action}: {why}"),
+                other => bail!("{action} did not trap: {other:?}"),
+            }
+        }
+        assert_eq!(count(&mut instance, 4)?, br#"{"count":1}"#, "a fresh instance carries on, the panic's write gone");
+        Ok(())
     }
 
     #[test]

@@ -35,6 +35,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
+/// Logged when a partition's worker stops: `stopped (Handover) in 12 ms at offset N; …`,
+/// the reason being a [`Stop`].
+pub const STOPPED: &str = "stopped";
+
 /// Everything a partition needs to start, shared by all of them.
 pub struct WorkerSetup {
     /// This host's state directory.
@@ -296,7 +300,7 @@ impl Workers {
         let report = report.with_context(|| format!("partition {partition} stopped"))?;
         tracing::info!(
             partition,
-            "stopped ({how:?}) in {:.0} ms at offset {}; {} records processed since it started here",
+            "{STOPPED} ({how:?}) in {:.0} ms at offset {}; {} records processed since it started here",
             began.elapsed().as_secs_f64() * 1e3,
             report.totals.committed_offset,
             report.totals.processed

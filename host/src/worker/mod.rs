@@ -20,7 +20,7 @@
 mod lifecycle;
 mod router;
 
-pub use lifecycle::{Checkpointing, PartitionReport, WorkerSetup, Workers};
+pub use lifecycle::{Checkpointing, PartitionReport, STOPPED, WorkerSetup, Workers};
 pub use router::{DispatchReport, OFFSETS_JUMP, Router};
 
 use crate::checkpoint::Checkpointer;
@@ -71,6 +71,10 @@ impl StopSignal {
 
 /// How long a worker waits for a batch before it looks whether a checkpoint is due or
 /// a new operator version was deployed (the longest an idle partition takes to switch).
+/// Logged when a partition's batch times near the consumer's poll timeout: `batch
+/// processing time p99 … reaches 1000 ms, half of max.poll.interval.ms: …`.
+pub const SLOW_BATCH: &str = "half of max.poll.interval.ms";
+
 const IDLE_TICK: Duration = Duration::from_millis(50);
 
 /// Batches whose processing times make up the published tail.
@@ -118,7 +122,7 @@ impl BatchTimes {
             self.warned = Some(Instant::now());
             tracing::warn!(
                 partition,
-                "batch processing time p99 {:.0} ms, max {:.0} ms reaches {:.0} ms, half of max.poll.interval.ms: a \
+                "batch processing time p99 {:.0} ms, max {:.0} ms reaches {:.0} ms, {SLOW_BATCH}: a \
                  rebalance waits for the batch in hand, and a member whose rebalance outlasts max.poll.interval.ms \
                  is evicted. Lower [state] commit_every, speed up the operator, or raise max.poll.interval.ms",
                 p99.as_secs_f64() * 1e3,
