@@ -154,6 +154,25 @@ lint() {
         -- -D warnings
 }
 
+# What a user measures: the release binary's `sluice run` over a JSONL file of 1M vehicle
+# positions of $1 vehicles, one partition, outputs to a file, end to end (file parsing and
+# the sink included); wall and CPU time (every thread) and peak memory.
+bench_run() {
+    local vehicles=$1 sluice="$CARGO_TARGET_DIR/release/sluice" input out
+    input="$CARGO_TARGET_DIR/bench/positions-$vehicles.jsonl"
+    if [ ! -f "$input" ]; then
+        mkdir -p "$(dirname "$input")"
+        "$sluice" generate --vehicles "$vehicles" --count 1000000 --seed 42 >"$input.part"
+        mv "$input.part" "$input"
+    fi
+    out=$(mktemp -d)
+    echo "--- sluice run, 1,000,000 records of $vehicles vehicles from a JSONL file, one partition, outputs to a file"
+    "$sluice" run --operator "$WASM_DIR/vehicle_stats.wasm" --input "$input" --partitions 1 \
+        --state-dir "$out/state" --output "$out/outputs.jsonl" --dead-letter "$out/dead.jsonl" \
+        --no-checkpoints --report-interval 0 2>&1 | grep -E "^(processed|CPU)"
+    rm -rf "$out"
+}
+
 case "${1:-}" in
 doctor)
     # Lists each prerequisite of the demo and the tests, present or what set-up would do;
@@ -208,6 +227,9 @@ bench)
     setup test
     build_operators
     cargo bench -p sluice --bench throughput --bench checkpoint --bench kafka --bench swap
+    cargo build --release -p sluice --bin sluice
+    bench_run 10000
+    bench_run 1000000
     ;;
 *)
     echo "usage: $0 demo|test|bench|doctor" >&2

@@ -190,7 +190,9 @@ fn a_component_that_cannot_run_is_refused_and_the_running_version_keeps_processi
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
     // Version 1 ignores its config; the probe, deployed in its place, traps in `init`.
-    let job = PacedJob::start(dir, (50, 12_000), 3_000, "trap_init = \"true\"")?;
+    // Eight seconds of records: the job must outlast every deploy below, each of which
+    // compiles a component, on two cores shared with the other tests.
+    let job = PacedJob::start(dir, (50, 12_000), 1_500, "trap_init = \"true\"")?;
     let PacedJob { input, config, mut host, admin } = job;
     let outputs_before = read_jsonl(&dir.join("out.jsonl"))?.len();
 

@@ -145,7 +145,7 @@ fn generator_job(dir: &Path, vehicles: u32, count: u64, partitions: u32) -> Conf
 fn fill_and_checkpoint(runtime: &tokio::runtime::Runtime, dir: &Path, size: u64) -> Result<CheckpointStore> {
     const VALUE: usize = 1024;
     let state = StateDir::open(&dir.join("state"), 1)?;
-    let mut txn = Transaction::new(state.open_partition(0)?)?;
+    let mut txn = Transaction::new(state.open_partition(0)?, 0)?;
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
     let mut value = vec![0u8; VALUE];
     let keys = size / VALUE as u64;

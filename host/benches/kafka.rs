@@ -78,6 +78,7 @@ fn through_sluice(broker: &KafkaBroker, records: u64, commit_every: usize) -> Re
     };
     config.state.partitions = PARTITIONS as u32;
     config.state.commit_every = commit_every;
+    config.state.batch_records = commit_every;
     config.checkpoint.enabled = false;
     let report = sluice::job::run(&config)?;
     if report.processed() != records {

@@ -105,7 +105,7 @@ fn switch_alone(versions: &[PathBuf; 2]) -> Result<Vec<Duration>> {
         versions.iter().map(|v| WasmOperator::load(v, LIMITS, Vec::new()).map(Arc::new)).collect::<Result<_>>()?;
     let dir = tempfile::tempdir()?;
     let active = ActiveVersion::new(operators[1].clone());
-    let mut instance = active.instantiate(0, Transaction::new(PartitionStore::open(dir.path(), 0)?)?)?;
+    let mut instance = active.instantiate(0, Transaction::new(PartitionStore::open(dir.path(), 0)?, 1 << 20)?)?;
     (0..200)
         .map(|i| {
             active.activate(operators[i % 2].clone());

@@ -1,16 +1,21 @@
-//! Records/s per core of vehicle-stats over the fleet generator, with RocksDB state,
-//! three ways in one run:
+//! Records/s and CPU time per record of vehicle-stats over the fleet generator, with
+//! RocksDB state, three ways in one run:
 //!
 //! 1. the WASM component through the host's worker path (what `sluice run` does);
-//! 2. the same operator code compiled natively, through the same worker path;
+//! 2. the same operator code compiled natively, through the same worker path and the
+//!    same state layer (transaction, cache, commits);
 //! 3. a raw RocksDB read-modify-write loop over the same keys (get, update a
-//!    16-byte aggregate, put), the floor of what keyed state costs.
+//!    16-byte aggregate, put), the floor of what keyed state costs without a cache.
 //!
 //! Each runs on one thread over one partition's pre-generated records, so records/s
-//! is per core. Run with `./dev.sh bench` (it builds the component first);
-//! `SLUICE_BENCH_RECORDS` and `SLUICE_BENCH_VEHICLES` change the sizes.
+//! is per core; CPU time counts every thread of the process (RocksDB's flushes and
+//! compactions included). It runs twice: with 10,000 vehicles, whose state fits the
+//! cache, and with 1,000,000, whose state does not. Run with `./dev.sh bench` (it
+//! builds the component first); `SLUICE_BENCH_RECORDS` changes the records per run and
+//! `SLUICE_BENCH_VEHICLES` runs one fleet size only.
 
 use anyhow::Result;
+use sluice::config::StateConfig;
 use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
 use sluice::operator::{Operator, Outcome, Output, Switch};
 use sluice::record::SourceRecord;
@@ -18,57 +23,104 @@ use sluice::sink::{LineSink, Sink};
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::{PartitionStore, Transaction};
 use sluice::stats::PartitionStats;
-use sluice::worker::{self, Destinations, StopSignal};
+use sluice::worker::{self, Cadence, Destinations, StopSignal};
 use sluice_guest::native::StateBackend;
-use sluice_tests::{bench_setting, operator_wasm};
+use sluice_tests::{CpuClock, bench_setting, operator_wasm};
 use std::cell::RefCell;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-const BATCH: usize = 512;
+use std::time::Duration;
 
 fn main() -> Result<()> {
     let count = bench_setting("SLUICE_BENCH_RECORDS", 1_000_000)?;
-    let vehicles = bench_setting("SLUICE_BENCH_VEHICLES", 10_000)?;
-    let records: Vec<SourceRecord> = Fleet::new(&FleetOptions { vehicles, count: Some(count), seed: 42 })
-        .enumerate()
-        .map(|(offset, raw)| {
-            let raw = raw.expect("the generator does not fail");
-            SourceRecord {
-                partition: 0,
-                offset: offset as u64,
-                key: raw.key,
-                value: raw.value,
-                timestamp_ms: raw.timestamp_ms,
-            }
-        })
-        .collect();
+    let fleets = match std::env::var("SLUICE_BENCH_VEHICLES") {
+        Ok(_) => vec![bench_setting("SLUICE_BENCH_VEHICLES", 10_000)?],
+        Err(_) => vec![10_000, 1_000_000],
+    };
+    let state = StateConfig::default();
+    println!(
+        "vehicle-stats, {count} records, one partition, one thread; default [state]: cache {} MiB, commits every {:?} \
+         or {} records or {} MiB written, batches of {}",
+        state.cache_mib,
+        state.commit_interval,
+        state.commit_every,
+        state.commit_dirty_mib,
+        state.batch_size()
+    );
+    for vehicles in fleets {
+        run(count, vehicles, &state)?;
+    }
+    Ok(())
+}
+
+/// The three paths over `count` records of `vehicles` vehicles.
+fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
+    let records: Vec<SourceRecord> =
+        Fleet::new(&FleetOptions { vehicles: vehicles as u32, count: Some(count), seed: 42 })
+            .enumerate()
+            .map(|(offset, raw)| {
+                let raw = raw.expect("the generator does not fail");
+                SourceRecord {
+                    partition: 0,
+                    offset: offset as u64,
+                    key: raw.key,
+                    value: raw.value,
+                    timestamp_ms: raw.timestamp_ms,
+                }
+            })
+            .collect();
     let dir = tempfile::tempdir()?;
-    println!("vehicle-stats, {count} records over {vehicles} vehicles, one partition, one thread\n");
+    let cache_bytes = state.cache_mib << 20;
+    println!("\n{vehicles} vehicles                      records/s   CPU µs/record   cache hits");
 
     let wasm_path = operator_wasm("vehicle_stats");
     let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
     let operator = ActiveVersion::new(Arc::new(WasmOperator::load(&wasm_path, limits, Vec::new())?));
-    let mut wasm = operator.instantiate(0, Transaction::new(PartitionStore::open(&dir.path().join("wasm"), 0)?)?)?;
-    let wasm_rate = through_worker(&mut wasm, &records, &dir.path().join("wasm"))?;
-    println!("wasm component, worker path   {wasm_rate:>12.0} records/s");
+    let store = PartitionStore::open(&dir.path().join("wasm"), 0)?;
+    let mut wasm = operator.instantiate(0, Transaction::new(store, cache_bytes)?)?;
+    let wasm = through_worker(&mut wasm, &records, state, &dir.path().join("wasm"))?;
+    println!("wasm component, worker path    {wasm}");
 
-    let mut native =
-        NativeVehicleStats { txn: Transaction::new(PartitionStore::open(&dir.path().join("native"), 0)?)? };
-    let native_rate = through_worker(&mut native, &records, &dir.path().join("native"))?;
-    println!("native Rust, worker path      {native_rate:>12.0} records/s");
+    let store = PartitionStore::open(&dir.path().join("native"), 0)?;
+    let mut native = NativeVehicleStats { txn: Transaction::new(store, cache_bytes)? };
+    let native = through_worker(&mut native, &records, state, &dir.path().join("native"))?;
+    println!("native Rust, worker path       {native}");
 
-    let raw_rate = raw_rocksdb(&records, &dir.path().join("raw"))?;
-    println!("raw RocksDB read-modify-write {raw_rate:>12.0} records/s");
-    println!("\nwasm / native      {:.2}", wasm_rate / native_rate);
-    println!("wasm / raw RocksDB {:.2}", wasm_rate / raw_rate);
+    let raw = raw_rocksdb(&records, &dir.path().join("raw"))?;
+    println!("raw RocksDB read-modify-write  {raw}");
+    println!("wasm / native      {:.2} (CPU per record: {:.2})", wasm.rate / native.rate, native.cpu / wasm.cpu);
+    println!("wasm / raw RocksDB {:.2} (CPU per record: {:.2})", wasm.rate / raw.rate, raw.cpu / wasm.cpu);
     Ok(())
 }
 
-/// Records/s of `operator` through [`worker::run`] with every batch already queued.
-fn through_worker(operator: &mut dyn Operator, records: &[SourceRecord], dir: &Path) -> Result<f64> {
-    let batches: Vec<Vec<SourceRecord>> = records.chunks(BATCH).map(<[_]>::to_vec).collect();
+/// What one path measured.
+struct Measured {
+    /// Records per second of wall time.
+    rate: f64,
+    /// CPU time per record over every thread, µs.
+    cpu: f64,
+    /// The share of state reads the cache answered, when there was one.
+    hits: Option<f64>,
+}
+
+impl std::fmt::Display for Measured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:>10.0}   {:>13.2}", self.rate, self.cpu)?;
+        match self.hits {
+            Some(hits) => write!(f, "   {:>9.1}%", hits * 100.0),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `operator` through [`worker::run`] with every batch already queued.
+fn through_worker(
+    operator: &mut dyn Operator,
+    records: &[SourceRecord],
+    state: &StateConfig,
+    dir: &Path,
+) -> Result<Measured> {
+    let batches: Vec<Vec<SourceRecord>> = records.chunks(state.batch_size()).map(<[_]>::to_vec).collect();
     let (tx, rx) = std::sync::mpsc::sync_channel(batches.len());
     for batch in batches {
         tx.send(batch)?;
@@ -78,9 +130,16 @@ fn through_worker(operator: &mut dyn Operator, records: &[SourceRecord], dir: &P
         sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"))?),
         dead_letters: LineSink::file(&dir.join("dead.jsonl"))?,
     };
-    let started = Instant::now();
-    worker::run(operator, rx, &destinations, &PartitionStats::new(0, 0, "bench"), None, &StopSignal::default(), None)?;
-    Ok(records.len() as f64 / started.elapsed().as_secs_f64())
+    let stats = PartitionStats::new(0, 0, "bench");
+    let clock = CpuClock::start()?;
+    worker::run(operator, rx, &destinations, &stats, None, &StopSignal::default(), Cadence::of(state, None))?;
+    let (wall, cpu) = clock.stop()?;
+    let (hits, misses) = operator.state().cache().hits_and_misses();
+    Ok(Measured {
+        rate: records.len() as f64 / wall.as_secs_f64(),
+        cpu: cpu.as_secs_f64() * 1e6 / records.len() as f64,
+        hits: Some(hits as f64 / (hits + misses).max(1) as f64),
+    })
 }
 
 /// vehicle-stats compiled natively, over the partition's transaction.
@@ -138,10 +197,10 @@ impl Operator for NativeVehicleStats {
     }
 }
 
-/// Records/s of get + update + put per record, straight on RocksDB.
-fn raw_rocksdb(records: &[SourceRecord], dir: &Path) -> Result<f64> {
+/// Get + update + put per record, straight on RocksDB.
+fn raw_rocksdb(records: &[SourceRecord], dir: &Path) -> Result<Measured> {
     let db = rocksdb::DB::open(&PartitionStore::options(), dir)?;
-    let started = Instant::now();
+    let clock = CpuClock::start()?;
     for record in records {
         let (mut count, mut sum) = match db.get(&record.key)? {
             Some(v) => (u64::from_le_bytes(v[..8].try_into()?), f64::from_le_bytes(v[8..16].try_into()?)),
@@ -154,5 +213,10 @@ fn raw_rocksdb(records: &[SourceRecord], dir: &Path) -> Result<f64> {
         value[8..].copy_from_slice(&sum.to_le_bytes());
         db.put(&record.key, value)?;
     }
-    Ok(records.len() as f64 / started.elapsed().as_secs_f64())
+    let (wall, cpu) = clock.stop()?;
+    Ok(Measured {
+        rate: records.len() as f64 / wall.as_secs_f64(),
+        cpu: cpu.as_secs_f64() * 1e6 / records.len() as f64,
+        hits: None,
+    })
 }

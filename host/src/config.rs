@@ -30,7 +30,11 @@
 //! [state]
 //! dir = "sluice-state"
 //! partitions = 4
-//! commit_every = 512          # records per state commit, at most
+//! batch_records = 512         # records per batch a worker processes, at most
+//! commit_interval = "1s"      # a partition commits its state at least this often
+//! commit_every = 100000       # ... and after this many records
+//! commit_dirty_mib = 64       # ... or this much written
+//! cache_mib = 64              # committed entries kept in memory, per partition
 //!
 //! [dead_letter]
 //! path = "out/dead-letter.jsonl"
@@ -243,9 +247,31 @@ pub struct StateConfig {
     /// How many partitions keys are hashed into.
     #[serde(default = "default_partitions")]
     pub partitions: u32,
-    /// The most records per state commit (and per batch handed to a worker).
+    /// The most records per batch handed to a worker (never more than
+    /// `commit_every`): between batches a worker writes outputs and looks for stops
+    /// and deploys, so a batch's processing time is what a rebalance waits for.
+    #[serde(default = "default_batch_records")]
+    pub batch_records: usize,
+    /// The longest a partition's processed records wait for their state commit.
+    #[serde(default = "default_commit_interval", deserialize_with = "duration")]
+    pub commit_interval: Duration,
+    /// The most records per state commit.
     #[serde(default = "default_commit_every")]
     pub commit_every: usize,
+    /// The most bytes of state written (each entry's last value) before a commit, MiB.
+    #[serde(default = "default_commit_dirty_mib")]
+    pub commit_dirty_mib: usize,
+    /// The memory for committed state entries kept per partition (reads of them skip
+    /// RocksDB), MiB; 0 keeps none.
+    #[serde(default = "default_cache_mib")]
+    pub cache_mib: usize,
+}
+
+impl StateConfig {
+    /// The records per batch: `batch_records`, at most `commit_every`.
+    pub fn batch_size(&self) -> usize {
+        self.batch_records.min(self.commit_every)
+    }
 }
 
 fn default_state_dir() -> PathBuf {
@@ -256,13 +282,37 @@ fn default_partitions() -> u32 {
     4
 }
 
-fn default_commit_every() -> usize {
+fn default_batch_records() -> usize {
     512
+}
+
+fn default_commit_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
+fn default_commit_every() -> usize {
+    100_000
+}
+
+fn default_commit_dirty_mib() -> usize {
+    64
+}
+
+fn default_cache_mib() -> usize {
+    64
 }
 
 impl Default for StateConfig {
     fn default() -> Self {
-        StateConfig { dir: default_state_dir(), partitions: default_partitions(), commit_every: default_commit_every() }
+        StateConfig {
+            dir: default_state_dir(),
+            partitions: default_partitions(),
+            batch_records: default_batch_records(),
+            commit_interval: default_commit_interval(),
+            commit_every: default_commit_every(),
+            commit_dirty_mib: default_commit_dirty_mib(),
+            cache_mib: default_cache_mib(),
+        }
     }
 }
 
@@ -421,8 +471,11 @@ impl Config {
         if self.state.partitions == 0 {
             bail!("[state] partitions must be at least 1");
         }
-        if self.state.commit_every == 0 {
-            bail!("[state] commit_every must be at least 1");
+        if self.state.commit_every == 0 || self.state.batch_records == 0 {
+            bail!("[state] commit_every and batch_records must be at least 1");
+        }
+        if self.state.commit_interval.is_zero() || self.state.commit_dirty_mib == 0 {
+            bail!("[state] commit_interval and commit_dirty_mib must be more than 0");
         }
         if self.operator.call_timeout_ms == 0 || self.operator.memory_limit_mib == 0 {
             bail!("[operator] call_timeout_ms and memory_limit_mib must be positive");

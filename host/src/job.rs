@@ -21,8 +21,10 @@ use crate::source::generator::{Fleet, FleetOptions};
 use crate::source::kafka::{self, KafkaOptions};
 use crate::source::{self, DispatchOptions};
 use crate::state::StateDir;
-use crate::stats::LiveStats;
-use crate::worker::{Checkpointing, Destinations, DispatchReport, PartitionReport, Router, WorkerSetup, Workers};
+use crate::stats::{LiveStats, peak_rss, process_cpu};
+use crate::worker::{
+    Cadence, Checkpointing, Destinations, DispatchReport, PartitionReport, Router, WorkerSetup, Workers,
+};
 use anyhow::{Result, anyhow, bail};
 use std::fmt;
 use std::sync::Arc;
@@ -51,6 +53,11 @@ pub struct JobReport {
     /// One entry per run of a partition on this host (a partition that moved away and
     /// back has two), in partition order.
     pub partitions: Vec<PartitionReport>,
+    /// CPU time of the whole process over the same span, every thread (RocksDB's
+    /// included); `None` where the system does not say.
+    pub cpu: Option<Duration>,
+    /// The most memory the process held resident, in bytes, when the system says.
+    pub peak_rss: Option<u64>,
 }
 
 impl JobReport {
@@ -78,6 +85,15 @@ impl fmt::Display for JobReport {
         }
         if let Some(took) = self.restore_took {
             writeln!(f, "restore took {:.3}s before processing began", took.as_secs_f64())?;
+        }
+        if let (Some(cpu), Some(peak)) = (self.cpu, self.peak_rss) {
+            writeln!(
+                f,
+                "CPU time {:.2}s over every thread ({:.2} µs per record); peak memory {} (RSS)",
+                cpu.as_secs_f64(),
+                cpu.as_secs_f64() * 1e6 / processed.max(1) as f64,
+                checkpoint::bytes(peak)
+            )?;
         }
         let versions: std::collections::BTreeSet<&str> = self.partitions.iter().map(|p| p.version.as_str()).collect();
         let switches: u64 = self.partitions.iter().map(|p| p.totals.switches).sum();
@@ -153,16 +169,17 @@ pub fn run(config: &Config) -> Result<JobReport> {
         checkpoints,
         runtime: runtime.handle().clone(),
         queued_batches: QUEUED_BATCHES,
-        slow_batch,
+        cadence: Cadence::of(&config.state, slow_batch),
+        cache_bytes: config.state.cache_mib << 20,
     });
     let live = workers.live();
-    let router = Router::new(workers, partitions, config.state.commit_every);
+    let router = Router::new(workers, partitions, config.state.batch_size());
     let deployer = Arc::new(Deployer::new(registry, sandbox, active, live.clone(), runtime.handle().clone()));
     if let Some(listen) = &config.admin.listen {
         admin::serve(listen, deployer.clone(), &runtime)?;
     }
 
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), process_cpu());
     let router = drive(config, source, router, &deployer, &live, &stopping)?;
     let mut reports = router.partition_reports().to_vec();
     reports.sort_by_key(|r| r.partition);
@@ -171,6 +188,8 @@ pub fn run(config: &Config) -> Result<JobReport> {
         restore_took: checkpoints_on.then(|| reports.iter().map(|r| r.start_took).max().unwrap_or_default()),
         source: router.report(),
         partitions: reports,
+        cpu: cpu.zip(process_cpu()).map(|(before, after)| after.saturating_sub(before)),
+        peak_rss: peak_rss(),
     })
 }
 
@@ -215,10 +234,10 @@ fn drive(
             .name("sluice-deploys".into())
             .spawn_scoped(scope, move || deployer.follow(poll_versions, || source_ended_ref.load(Ordering::Relaxed)))?;
         let summary = config.report.interval;
-        let mut last = (Instant::now(), 0u64);
+        let mut last = Mark::now(0);
         while !dispatcher.is_finished() {
             std::thread::sleep(Duration::from_millis(20).min(summary.max(Duration::from_millis(1))));
-            if !summary.is_zero() && last.0.elapsed() >= summary {
+            if !summary.is_zero() && last.at.elapsed() >= summary {
                 last = print_summary(started, last, live);
             }
         }
@@ -309,11 +328,33 @@ impl OpenSource {
     }
 }
 
-/// Prints one running-summary line to stderr and returns the new reference point.
-fn print_summary(started: Instant, (since, before): (Instant, u64), live: &LiveStats) -> (Instant, u64) {
+/// Where the previous running-summary line left off.
+struct Mark {
+    at: Instant,
+    processed: u64,
+    cpu: Option<Duration>,
+}
+
+impl Mark {
+    fn now(processed: u64) -> Self {
+        Mark { at: Instant::now(), processed, cpu: process_cpu() }
+    }
+}
+
+/// Prints one running-summary line to stderr — records/s and the process's CPU time
+/// per record since `since`, then each partition — and returns the new mark.
+fn print_summary(started: Instant, since: Mark, live: &LiveStats) -> Mark {
     let live = lock(live);
     let processed: u64 = live.values().map(|s| s.processed.load(Ordering::Relaxed)).sum();
-    let rate = processed.saturating_sub(before) as f64 / since.elapsed().as_secs_f64();
+    let now = Mark::now(processed);
+    let records = processed.saturating_sub(since.processed);
+    let rate = records as f64 / since.at.elapsed().as_secs_f64();
+    let cpu = match (since.cpu, now.cpu) {
+        (Some(before), Some(after)) if records > 0 => {
+            format!(", {:.1} µs CPU/record", (after - before).as_secs_f64() * 1e6 / records as f64)
+        }
+        _ => String::new(),
+    };
     let partitions: Vec<String> = live
         .iter()
         .map(|(p, s)| {
@@ -329,9 +370,9 @@ fn print_summary(started: Instant, (since, before): (Instant, u64), live: &LiveS
         })
         .collect();
     eprintln!(
-        "[{:>6.1}s] {processed} records, {rate:.0} records/s | {}",
+        "[{:>6.1}s] {processed} records, {rate:.0} records/s{cpu} | {}",
         started.elapsed().as_secs_f64(),
         partitions.join(" | ")
     );
-    (Instant::now(), processed)
+    now
 }

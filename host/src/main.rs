@@ -166,6 +166,13 @@ struct RunArgs {
     /// Time between running-summary lines: seconds, or e.g. 500ms; 0 turns them off.
     #[arg(long, value_parser = config::parse_duration)]
     report_interval: Option<Duration>,
+    /// The longest processed records wait for their state commit: seconds, or e.g.
+    /// 500ms, 10s.
+    #[arg(long, value_parser = config::parse_duration)]
+    commit_interval: Option<Duration>,
+    /// Memory for committed state entries kept per partition, MiB; 0 keeps none.
+    #[arg(long)]
+    cache_mib: Option<usize>,
     /// Checkpoint store: a directory, file:///dir or s3://bucket/prefix.
     #[arg(long)]
     checkpoint_store: Option<String>,
@@ -562,6 +569,12 @@ impl RunArgs {
         }
         if let Some(interval) = self.checkpoint_interval {
             config.checkpoint.interval = interval;
+        }
+        if let Some(interval) = self.commit_interval {
+            config.state.commit_interval = interval;
+        }
+        if let Some(cache) = self.cache_mib {
+            config.state.cache_mib = cache;
         }
         if self.no_checkpoints {
             config.checkpoint.enabled = false;

@@ -1,4 +1,5 @@
-//! The live counters of each partition running on this host.
+//! The live counters of each partition running on this host, and the process's CPU
+//! time.
 //!
 //! A partition's worker counts into its [`PartitionStats`] as it goes (the
 //! checkpointer counts its checkpoints there too); the running summary, the deployer
@@ -9,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// A partition's live counters, read by the running summary while the worker runs.
 #[derive(Debug)]
@@ -104,3 +106,23 @@ pub struct Totals {
 
 /// The live counters of the running partitions, by partition, for the running summary.
 pub type LiveStats = Arc<Mutex<BTreeMap<u32, Arc<PartitionStats>>>>;
+
+/// User plus system CPU time of the whole process so far — every thread, RocksDB's
+/// background work included — from `/proc/self/stat`, in clock ticks of 10 ms (Linux's
+/// `USER_HZ`, 100 on every architecture it runs on); `None` where that is unreadable.
+pub fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name (which may hold spaces and parentheses) start
+    // with the state, field 3; utime and stime are fields 14 and 15.
+    let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace().skip(11);
+    let mut ticks = || fields.next()?.parse::<u64>().ok();
+    Some(Duration::from_millis((ticks()? + ticks()?) * 10))
+}
+
+/// The most memory the process has held resident so far (`VmHWM` in
+/// `/proc/self/status`); `None` where that is unreadable.
+pub fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = status.lines().find_map(|line| line.strip_prefix("VmHWM:"))?.trim().strip_suffix("kB")?;
+    Some(kib.trim().parse::<u64>().ok()? << 10)
+}

@@ -5,17 +5,20 @@
 //! - [`stores`]: reading checkpoint stores and state directories;
 //! - [`reference`]: generating and reading JSONL, and the reference fold of
 //!   vehicle-stats computed independently of the operator;
-//! - [`settings`]: the benchmarks' sizes from the environment.
+//! - [`settings`]: the benchmarks' sizes from the environment;
+//! - [`measure`]: the benchmarks' wall and CPU clocks.
 //!
 //! Everything is re-exported here, so a test needs only `use sluice_tests::*`.
 
 pub mod binary;
+pub mod measure;
 pub mod reference;
 pub mod servers;
 pub mod settings;
 pub mod stores;
 
 pub use binary::*;
+pub use measure::*;
 pub use reference::*;
 pub use servers::*;
 pub use settings::*;

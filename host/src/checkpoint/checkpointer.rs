@@ -105,6 +105,12 @@ impl Checkpointer {
         }
     }
 
+    /// Whether [`checkpoint_if_due`](Self::checkpoint_if_due) would start a checkpoint
+    /// now: the worker commits first, so the checkpoint holds what it processed.
+    pub fn is_due(&self) -> bool {
+        self.started.elapsed() >= self.settings.interval && self.in_flight.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
     /// Names `version` as the operator whose state the next checkpoints hold (the
     /// worker switched to it).
     pub fn set_operator(&mut self, version: &str) {

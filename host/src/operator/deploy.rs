@@ -67,8 +67,9 @@ impl Sandbox {
     pub fn validate(&self, name: &str, component: &[u8], origin: &str) -> Result<WasmOperator, DeployError> {
         let operator = WasmOperator::compile(name, component, origin, self.limits.clone(), self.config.clone())
             .map_err(DeployError::Refused)?;
-        let scratch =
-            PartitionStore::open(&self.scratch, 0).and_then(Transaction::new).map_err(DeployError::Internal)?;
+        let scratch = PartitionStore::open(&self.scratch, 0)
+            .and_then(|store| Transaction::new(store, 0))
+            .map_err(DeployError::Internal)?;
         let started = operator.check_init(scratch).map_err(DeployError::Refused);
         std::fs::remove_dir_all(&self.scratch)
             .with_context(|| format!("removing {}", self.scratch.display()))

@@ -574,7 +574,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let limits = Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20 };
         let probe = Arc::new(WasmOperator::load(&sluice_tests::operator_wasm("probe"), limits, Vec::new())?);
-        let txn = Transaction::new(PartitionStore::open(dir.path(), 0)?)?;
+        let txn = Transaction::new(PartitionStore::open(dir.path(), 0)?, 1 << 20)?;
         let mut instance = ActiveVersion::new(probe).instantiate(0, txn)?;
         let expected = [
             ("hog", "operator exceeded its memory limit of 16 MiB"),
@@ -602,7 +602,7 @@ mod tests {
         let config = vec![("fail_init".to_string(), "true".to_string())];
         let failing = Arc::new(WasmOperator::compile("other", &std::fs::read(&probe)?, "test", limits, config)?);
         let active = ActiveVersion::new(good.clone());
-        let mut instance = active.instantiate(0, Transaction::new(PartitionStore::open(dir.path(), 0)?)?)?;
+        let mut instance = active.instantiate(0, Transaction::new(PartitionStore::open(dir.path(), 0)?, 1 << 20)?)?;
         assert_eq!(count(&mut instance, 0)?, br#"{"count":1}"#);
 
         // Not validated first, so it gets as far as a partition, which keeps its version.

@@ -5,7 +5,8 @@
 //! a compatible sluice and with the same partition count before anything is opened
 //! for writing; [`PartitionStore`] is one partition's database with the offset its
 //! state reflects; [`Transaction`] stages a batch of records' writes so that state and
-//! offset commit in one RocksDB write batch.
+//! offset commit in one RocksDB write batch, and reads committed entries through a
+//! [`Cache`] under a byte budget.
 //!
 //! Besides the partitions' databases, a state directory holds `snapshots/` (checkpoint
 //! snapshots being uploaded), `partition-NNNN.restoring` (a checkpoint being restored),
@@ -15,9 +16,11 @@
 //! It does not decide *when* to commit (the [worker](crate::worker) does) and knows
 //! nothing about operators beyond the current record's key.
 
+mod cache;
 mod partition;
 mod transaction;
 
+pub use cache::Cache;
 pub use partition::{PartitionStore, StateEntry};
 pub use transaction::Transaction;
 

@@ -23,7 +23,7 @@ pub struct StateEntry {
 }
 
 /// A partition's database. State entries live in the default column family under
-/// [`entry_key`]; the committed source offset lives in the `meta` column family and
+/// [`encode_entry_key`]; the committed source offset lives in the `meta` column family and
 /// is only ever written in the same batch as the state it reflects.
 pub struct PartitionStore {
     db: DB,
@@ -148,15 +148,14 @@ impl PartitionStore {
     }
 }
 
-/// Encodes the RocksDB key of the value `name` under record key `key`:
-/// the key's length (u32, big-endian), the key, then the name. The length prefix keeps
-/// one key's names contiguous and apart from every other key's.
-pub(super) fn entry_key(key: &[u8], name: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + key.len() + name.len());
+/// Encodes into `out` (replacing what it held) the RocksDB key of the value `name`
+/// under record key `key`: the key's length (u32, big-endian), the key, then the name.
+/// The length prefix keeps one key's names contiguous and apart from every other key's.
+pub(super) fn encode_entry_key(out: &mut Vec<u8>, key: &[u8], name: &str) {
+    out.clear();
     out.extend_from_slice(&(key.len() as u32).to_be_bytes());
     out.extend_from_slice(key);
     out.extend_from_slice(name.as_bytes());
-    out
 }
 
 fn decode_entry_key(encoded: &[u8]) -> Option<(&[u8], &[u8])> {
@@ -172,7 +171,10 @@ mod tests {
     #[test]
     fn entry_keys_of_different_keys_never_collide() {
         // Without the length prefix, key "ab" + name "c" would equal key "a" + name "bc".
-        assert_ne!(entry_key(b"ab", "c"), entry_key(b"a", "bc"));
-        assert_eq!(decode_entry_key(&entry_key(b"ab", "c")), Some((&b"ab"[..], &b"c"[..])));
+        let (mut ab_c, mut a_bc) = (Vec::new(), Vec::new());
+        encode_entry_key(&mut ab_c, b"ab", "c");
+        encode_entry_key(&mut a_bc, b"a", "bc");
+        assert_ne!(ab_c, a_bc);
+        assert_eq!(decode_entry_key(&ab_c), Some((&b"ab"[..], &b"c"[..])));
     }
 }

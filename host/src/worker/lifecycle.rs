@@ -15,7 +15,7 @@
 //! This module does not decide which partitions this host owns (the source does) and
 //! does not read records.
 
-use super::{Destinations, StopSignal};
+use super::{Cadence, Destinations, StopSignal};
 use crate::checkpoint::restore::{self, PartitionPlan};
 use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
 use crate::lock;
@@ -53,8 +53,11 @@ pub struct WorkerSetup {
     pub runtime: Handle,
     /// Batches a worker may have queued before the source holds its partition back.
     pub queued_batches: usize,
-    /// Batch processing time at which a worker warns (see [`run`](super::run)).
-    pub slow_batch: Option<Duration>,
+    /// When workers commit, and the batch time they warn at.
+    pub cadence: Cadence,
+    /// The memory for committed state entries each partition keeps (see
+    /// [`Cache`](crate::state::Cache)).
+    pub cache_bytes: usize,
 }
 
 /// The checkpoint store and how partitions use it.
@@ -345,7 +348,7 @@ fn spawn_worker(
     let partition = plan.partition;
     let store = setup.state.open_partition(partition)?;
     let offset = store.committed_offset()?;
-    let mut instance = setup.operator.instantiate(partition, Transaction::new(store)?)?;
+    let mut instance = setup.operator.instantiate(partition, Transaction::new(store, setup.cache_bytes)?)?;
     let mut checkpointer = setup.checkpoints.as_ref().map(|c| {
         Checkpointer::new(
             c.store.clone(),
@@ -365,7 +368,7 @@ fn spawn_worker(
         let (setup, stats, stop, started) = (setup.clone(), stats.clone(), stop.clone(), started.clone());
         move || -> Result<PartitionReport> {
             let to = &setup.destinations;
-            super::run(&mut instance, batches, to, &stats, checkpointer.as_mut(), &stop, setup.slow_batch)?;
+            super::run(&mut instance, batches, to, &stats, checkpointer.as_mut(), &stop, setup.cadence)?;
             Ok(PartitionReport {
                 partition,
                 resumed_at: started.offset,

@@ -2,13 +2,13 @@
 //!
 //! A worker takes batches of its partition's records, runs each through the operator
 //! inside a record scope of the partition's [`Transaction`](crate::state::Transaction),
-//! writes the batch's outputs and dead letters, and then commits the state writes
-//! together with the next offset in one RocksDB write batch. It owns that ordering —
-//! outputs before commit, commit after every batch — the partition's live counters and
-//! the tail of its batch processing times.
+//! writes the batch's outputs and dead letters, and commits the state writes since the
+//! last commit together with the next offset in one RocksDB write batch when its
+//! [`Cadence`] says so. It owns that ordering — outputs before commit, commits between
+//! batches — the partition's live counters and the tail of its batch processing times.
 //!
-//! Checkpoints happen between batches, after a commit, so a snapshot always holds
-//! whole batches and the offset committed with them.
+//! Checkpoints happen between batches, right after a commit, so a snapshot always
+//! holds whole batches and the offset committed with them.
 //!
 //! [`Workers`] owns the life of each partition on this host: started (restored,
 //! opened, instantiated) when the source assigns it, stopped when it is revoked or the
@@ -24,6 +24,7 @@ pub use lifecycle::{Checkpointing, PartitionReport, STOPPED, WorkerSetup, Worker
 pub use router::{DispatchReport, OFFSETS_JUMP, Router};
 
 use crate::checkpoint::Checkpointer;
+use crate::config::StateConfig;
 use crate::lock;
 use crate::operator::{Operator, Outcome};
 use crate::record::{SourceRecord, Stop};
@@ -124,7 +125,7 @@ impl BatchTimes {
                 partition,
                 "batch processing time p99 {:.0} ms, max {:.0} ms reaches {:.0} ms, {SLOW_BATCH}: a \
                  rebalance waits for the batch in hand, and a member whose rebalance outlasts max.poll.interval.ms \
-                 is evicted. Lower [state] commit_every, speed up the operator, or raise max.poll.interval.ms",
+                 is evicted. Lower [state] batch_records, speed up the operator, or raise max.poll.interval.ms",
                 p99.as_secs_f64() * 1e3,
                 max.as_secs_f64() * 1e3,
                 limit.as_secs_f64() * 1e3
@@ -133,11 +134,38 @@ impl BatchTimes {
     }
 }
 
-/// Processes batches from `batches` until the sender goes away or `stop` says to end,
-/// committing after each and letting `checkpointer` checkpoint after a commit when one
-/// is due; at the end (unless the partition was lost), a last checkpoint holds the
-/// final state — its failure is an error when the source ended, a warning at a
-/// handover. A batch taking `slow_batch` or longer is warned about.
+/// When a worker commits its partition's state, and which batch time it warns at.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cadence {
+    /// Commit once this long has passed since the last commit...
+    pub commit_interval: Duration,
+    /// ... or this many records were processed since ...
+    pub commit_every: usize,
+    /// ... or this many bytes of state were written since (each entry's last value).
+    pub commit_dirty_bytes: usize,
+    /// A batch taking this long or longer is warned about (see [`BatchTimes`]).
+    pub slow_batch: Option<Duration>,
+}
+
+impl Cadence {
+    /// The cadence `[state]` configures, warning at `slow_batch`.
+    pub fn of(state: &StateConfig, slow_batch: Option<Duration>) -> Self {
+        Cadence {
+            commit_interval: state.commit_interval,
+            commit_every: state.commit_every,
+            commit_dirty_bytes: state.commit_dirty_mib << 20,
+            slow_batch,
+        }
+    }
+}
+
+/// Processes batches from `batches` until the sender goes away or `stop` says to end.
+/// After each batch it writes the batch's outputs and dead letters; it commits the
+/// state writes with the next offset when `cadence` or a due checkpoint says so, when
+/// no batch came for a moment, after a deploy switched the version, and at the end.
+/// After a commit `checkpointer` checkpoints when one is due; at the end (unless the partition
+/// was lost), a last checkpoint holds the final state — its failure is an error when
+/// the source ended, a warning at a handover.
 pub fn run(
     operator: &mut dyn Operator,
     batches: Receiver<Vec<SourceRecord>>,
@@ -145,17 +173,20 @@ pub fn run(
     stats: &PartitionStats,
     mut checkpointer: Option<&mut Checkpointer>,
     stop: &StopSignal,
-    slow_batch: Option<Duration>,
+    cadence: Cadence,
 ) -> Result<()> {
     let mut dead = Vec::new();
-    let mut times = BatchTimes::new(slow_batch);
+    let mut times = BatchTimes::new(cadence.slow_batch);
+    let mut uncommitted = Uncommitted::default();
     loop {
         let batch = match batches.recv_timeout(IDLE_TICK) {
             Ok(batch) => batch,
-            // An idle partition still follows deploys and gets its due checkpoint of
-            // what it last committed.
+            // An idle partition commits what it processed, still follows deploys and
+            // gets its due checkpoint of what it last committed.
             Err(RecvTimeoutError::Timeout) => {
-                follow_deploys(operator, checkpointer.as_deref_mut(), stats)?;
+                uncommitted.commit(operator, stats)?;
+                let at = stats.committed_offset.load(Ordering::Relaxed);
+                follow_deploys(operator, checkpointer.as_deref_mut(), stats, at)?;
                 if let Some(checkpointer) = checkpointer.as_deref_mut() {
                     checkpointer.checkpoint_if_due(operator.state().store(), stats);
                 }
@@ -166,16 +197,20 @@ pub fn run(
         if matches!(stop.get(), Some(Stop::Handover | Stop::Lost)) {
             break;
         }
-        // Between two batches, after a commit: the whole batch runs on one version.
-        follow_deploys(operator, checkpointer.as_deref_mut(), stats)?;
+        let (Some(first), Some(last)) = (batch.first(), batch.last()) else { continue };
+        // Between two batches: the whole batch runs on one version, and a switch
+        // commits what the old version processed.
+        if follow_deploys(operator, checkpointer.as_deref_mut(), stats, first.offset)? {
+            uncommitted.commit(operator, stats)?;
+        }
         let started = Instant::now();
         let mut outputs = Vec::new();
-        let Some(last) = batch.last() else { continue };
         let next_offset = last.offset + 1;
         let mut dead_count = 0;
         for record in &batch {
             operator.state().begin_record(&record.key);
-            // An error stops the worker; the batch's writes are never committed.
+            // An error stops the worker; what it processed since the last commit is
+            // never committed.
             let outcome = operator.process(record)?;
             operator.state().end_record(matches!(outcome, Outcome::Emitted(_)));
             match outcome {
@@ -191,22 +226,25 @@ pub fn run(
                 }
             }
         }
-        // Outputs first, then state: a crash in between replays the batch (outputs at
-        // least once) but never leaves state ahead of what was emitted.
+        // Outputs first, then state: a crash in between replays the records since the
+        // last commit (outputs at least once) but never leaves state ahead of what was
+        // emitted.
         to.sink.write(&outputs, operator.version())?;
         to.dead_letters.write(&dead)?;
         dead.clear();
-        operator.state().commit(next_offset)?;
-
         stats.processed.fetch_add(batch.len() as u64, Ordering::Relaxed);
         stats.dead_letters.fetch_add(dead_count, Ordering::Relaxed);
-        stats.committed_offset.store(next_offset, Ordering::Relaxed);
-        stats.entries.store(operator.state().entries(), Ordering::Relaxed);
-        times.record(started.elapsed(), last.partition, stats);
-        if let Some(checkpointer) = checkpointer.as_deref_mut() {
-            checkpointer.checkpoint_if_due(operator.state().store(), stats);
+        uncommitted.add(next_offset, batch.len());
+        let checkpoint_due = checkpointer.as_deref().is_some_and(Checkpointer::is_due);
+        if checkpoint_due || uncommitted.due(&cadence, operator.state().dirty_bytes()) {
+            uncommitted.commit(operator, stats)?;
+            if let Some(checkpointer) = checkpointer.as_deref_mut() {
+                checkpointer.checkpoint_if_due(operator.state().store(), stats);
+            }
         }
+        times.record(started.elapsed(), last.partition, stats);
     }
+    uncommitted.commit(operator, stats)?;
     match (checkpointer, stop.get()) {
         (Some(_), Some(Stop::Lost)) | (None, _) => Ok(()),
         // A handover's last checkpoint only spares the next owner some replay: if it
@@ -223,15 +261,53 @@ pub fn run(
     }
 }
 
-/// Switches `operator` to a newly deployed version if there is one, and tells the
-/// checkpointer, the partition's counters and the log.
+/// What a worker processed since its last commit.
+#[derive(Default)]
+struct Uncommitted {
+    /// The offset the next commit stores; `None`: nothing to commit.
+    next_offset: Option<u64>,
+    records: usize,
+    /// When the first of them was processed.
+    since: Option<Instant>,
+}
+
+impl Uncommitted {
+    fn add(&mut self, next_offset: u64, records: usize) {
+        self.next_offset = Some(next_offset);
+        self.records += records;
+        self.since.get_or_insert_with(Instant::now);
+    }
+
+    /// Whether `cadence` asks for a commit, with `dirty_bytes` of state written.
+    fn due(&self, cadence: &Cadence, dirty_bytes: usize) -> bool {
+        self.records >= cadence.commit_every
+            || dirty_bytes >= cadence.commit_dirty_bytes
+            || self.since.is_some_and(|since| since.elapsed() >= cadence.commit_interval)
+    }
+
+    /// Commits the operator's state with the next offset, if anything waits, and
+    /// publishes the committed offset and entry count.
+    fn commit(&mut self, operator: &mut dyn Operator, stats: &PartitionStats) -> Result<()> {
+        let Some(next_offset) = self.next_offset else { return Ok(()) };
+        operator.state().commit(next_offset)?;
+        stats.committed_offset.store(next_offset, Ordering::Relaxed);
+        stats.entries.store(operator.state().entries(), Ordering::Relaxed);
+        *self = Uncommitted::default();
+        Ok(())
+    }
+}
+
+/// Switches `operator` to a newly deployed version if there is one, from offset
+/// `offset` on, and tells the checkpointer, the partition's counters and the log;
+/// returns whether it switched.
 fn follow_deploys(
     operator: &mut dyn Operator,
     checkpointer: Option<&mut Checkpointer>,
     stats: &PartitionStats,
-) -> Result<()> {
-    let Some(switch) = operator.follow_deploys()? else { return Ok(()) };
-    let (partition, offset) = (operator.state().store().partition(), stats.committed_offset.load(Ordering::Relaxed));
+    offset: u64,
+) -> Result<bool> {
+    let Some(switch) = operator.follow_deploys()? else { return Ok(false) };
+    let partition = operator.state().store().partition();
     if let Some(reason) = switch.refused {
         tracing::error!(
             partition,
@@ -240,7 +316,7 @@ fn follow_deploys(
             switch.from
         );
         *lock(&stats.refused) = Some((switch.to, reason));
-        return Ok(());
+        return Ok(false);
     }
     let stall_us = switch.stall.as_micros() as u64;
     tracing::info!(
@@ -255,5 +331,5 @@ fn follow_deploys(
     stats.switches.fetch_add(1, Ordering::Relaxed);
     stats.last_switch_stall_us.store(stall_us, Ordering::Relaxed);
     *lock(&stats.version) = switch.to;
-    Ok(())
+    Ok(true)
 }

@@ -198,7 +198,7 @@ mod tests {
     use crate::sink::{LineSink, Sink};
     use crate::source::generator::{Fleet, FleetOptions};
     use crate::state::{PartitionStore, StateDir};
-    use crate::worker::{Destinations, WorkerSetup};
+    use crate::worker::{Cadence, Destinations, WorkerSetup};
     use std::path::Path;
     use std::sync::Arc;
     use std::time::Duration;
@@ -230,7 +230,14 @@ mod tests {
             },
             runtime: runtime.handle().clone(),
             queued_batches: 1,
-            slow_batch: None,
+            // A commit after every batch, as the tests' offsets expect.
+            cadence: Cadence {
+                commit_interval: Duration::from_secs(60),
+                commit_every: 1,
+                commit_dirty_bytes: usize::MAX,
+                slow_batch: None,
+            },
+            cache_bytes: 1 << 20,
         });
         Ok(Router::new(workers, partitions, BATCH))
     }
