@@ -25,6 +25,9 @@ pub struct Transaction {
     entry: Vec<u8>,
     /// The current record's writes, in order (`None` = delete).
     record: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Entries the current record read from the database, and whether they exist
+    /// there: what a write of them needs to know when the cache did not keep them.
+    record_reads: Vec<(Vec<u8>, bool)>,
     /// Writes of completed records since the last commit.
     batch: HashMap<Vec<u8>, Dirty>,
     /// Bytes of the batch's entry keys and values.
@@ -54,6 +57,7 @@ impl Transaction {
             key: Vec::new(),
             entry: Vec::new(),
             record: Vec::new(),
+            record_reads: Vec::new(),
             batch: HashMap::new(),
             dirty_bytes: 0,
             cache: Cache::new(cache_bytes),
@@ -103,6 +107,7 @@ impl Transaction {
             return Ok(value.map(<[u8]>::to_vec));
         }
         let value = self.store.get(entry)?;
+        self.record_reads.push((entry.to_vec(), value.is_some()));
         self.cache.insert(entry.to_vec(), value.clone());
         Ok(value)
     }
@@ -123,22 +128,28 @@ impl Transaction {
     pub fn end_record(&mut self, keep: bool) {
         if !keep {
             self.record.clear();
+            self.record_reads.clear();
             return;
         }
         for (entry, value) in self.record.drain(..) {
             let size = entry.len() + value.as_ref().map_or(0, Vec::len);
-            // The first write since the last commit asks the cache whether the entry
-            // exists: it knows if the record read it, as a read-modify-write does.
+            // The first write since the last commit asks whether the entry exists:
+            // the cache knows if it holds it, the record if it read it (as a
+            // read-modify-write does); else the commit will read it.
             let existed = match self.batch.get(&entry) {
                 Some(dirty) => {
                     self.dirty_bytes -= entry.len() + dirty.value.as_ref().map_or(0, Vec::len);
                     dirty.existed
                 }
-                None => self.cache.exists(&entry),
+                None => self
+                    .cache
+                    .exists(&entry)
+                    .or_else(|| self.record_reads.iter().find(|(read, _)| *read == entry).map(|&(_, exists)| exists)),
             };
             self.dirty_bytes += size;
             self.batch.insert(entry, Dirty { value, existed });
         }
+        self.record_reads.clear();
     }
 
     /// Writes the batch and the next offset to process in one atomic write; the
