@@ -31,6 +31,9 @@ mod bindings {
         world: "operator",
         imports: { default: trappable },
         anyhow: true,
+        // The record handed to `process` borrows the host's bytes, which are copied
+        // into the guest's memory once, by the call itself.
+        ownership: Borrowing { duplicate_if_necessary: true },
     });
 }
 
@@ -220,7 +223,8 @@ impl WasmOperator {
             }
         };
         self.arm_deadline(&mut store);
-        let failure = match bindings.call_init(&mut store, &self.config) {
+        let config: Vec<(&str, &str)> = self.config.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let failure = match bindings.call_init(&mut store, &config) {
             Ok(Ok(())) => return Ok(Live { store, bindings }),
             Ok(Err(reason)) => anyhow!("operator {} refused to start: init returned an error: {reason}", self.origin),
             Err(trap) => {
@@ -307,16 +311,16 @@ impl Operator for WasmInstance {
         let live = self.live.as_mut().expect("instance is live between calls");
         self.operator.arm_deadline(&mut live.store);
         let input = InputRecord {
-            key: record.key.clone(),
-            value: record.value.clone(),
+            key: &record.key,
+            value: &record.value,
             timestamp_ms: record.timestamp_ms,
             partition: record.partition,
             offset: record.offset,
-            headers: Vec::new(),
+            headers: &[],
         };
         live.store.data_mut().forget_last_call();
         live.store.data_mut().in_record = true;
-        let result = live.bindings.call_process(&mut live.store, &input);
+        let result = live.bindings.call_process(&mut live.store, input);
         live.store.data_mut().in_record = false;
         if let Some(error) = live.store.data_mut().host_error.take() {
             return Err(error);

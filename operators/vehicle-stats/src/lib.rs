@@ -66,8 +66,10 @@ impl Operator for VehicleStats {
         if p.speed_kmh < IDLE_KMH {
             s.idle_count += 1;
         }
-        state.put("summary", &s)?;
-        Ok(vec![Output::json(record.key, &s)?])
+        // The summary is both the state and the output: serialized once for both.
+        let summary = serde_json::to_vec(&s)?;
+        state.put_bytes("summary", &summary);
+        Ok(vec![Output::new(record.key, summary)])
     }
 }
 
