@@ -5,7 +5,7 @@
 #   ./dev.sh test    set up, build, lint (rustfmt, clippy), and run the whole test suite
 #                    (what CI runs)
 #   ./dev.sh bench   set up, build, and run the benchmarks (throughput, checkpoints and restore,
-#                    Kafka, hot swap)
+#                    Kafka, hot swap), then the release binary's `sluice run` over 1M-record files
 #   ./dev.sh doctor  list each prerequisite, present or what set-up would install
 # "Set up" runs the doctor's checks, installs what is missing (Debian packages, the
 # wasm32-wasip2 target, the test servers), and checks again.
