@@ -62,6 +62,11 @@ impl PartitionStore {
         let mut options = Options::default();
         options.create_if_missing(true);
         options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        // A read of a key the partition never saw (every new entity's first record)
+        // skips the table files the filter rules out instead of searching each.
+        let mut table = rocksdb::BlockBasedOptions::default();
+        table.set_bloom_filter(10.0, false);
+        options.set_block_based_table_factory(&table);
         options
     }
 
