@@ -51,6 +51,9 @@ has_cxx() {
 has_cc() { printf 'int main(void) { return 0; }\n' | cc -x c - -o /dev/null 2>/dev/null; }
 has_make() { command -v make >/dev/null; }
 has_wasm_target() { rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; }
+# The lint step's tools: rustup's proxies fail unless the component is installed.
+has_rustfmt() { cargo fmt --version >/dev/null 2>&1; }
+has_clippy() { cargo clippy --version >/dev/null 2>&1; }
 
 # A test server counts only as cargo recorded installing it into $TOOLS: that crate, that
 # version, those features (its install record, .crates2.json, is one line of JSON).
@@ -70,6 +73,8 @@ PREREQUISITES=(
     "cc|has_cc|apt-get install gcc|build"
     "make|has_make|apt-get install make|build"
     "wasm32-wasip2|has_wasm_target|rustup target add wasm32-wasip2|build"
+    "rustfmt|has_rustfmt|rustup component add rustfmt|test"
+    "clippy|has_clippy|rustup component add clippy|test"
     "tansu|has_tansu|cargo install tansu 0.6.0 --features dynostore into $TOOLS (~12 min)|test"
     "s3s-fs|has_s3s_fs|cargo install s3s-fs 0.14.1 --features binary into $TOOLS (~2 min)|test"
 )
@@ -106,6 +111,8 @@ install_missing() {
     fi
     has_wasm_target || rustup target add wasm32-wasip2
     if [ "$SCOPE" = test ]; then
+        has_rustfmt || rustup component add rustfmt
+        has_clippy || rustup component add clippy
         # The servers the tests run on loopback ports: an S3-compatible store and a
         # Kafka-protocol broker with in-memory storage.
         has_s3s_fs || CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --force --root "$TOOLS" s3s-fs --version 0.14.1 --features binary
