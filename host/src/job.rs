@@ -180,7 +180,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     }
 
     let (started, cpu) = (Instant::now(), process_cpu());
-    let router = drive(config, source, router, &deployer, &live, &stopping)?;
+    let router = drive(config, source, router, &deployer, &live, &stopping, started)?;
     let mut reports = router.partition_reports().to_vec();
     reports.sort_by_key(|r| r.partition);
     Ok(JobReport {
@@ -213,8 +213,8 @@ fn open_checkpoints(config: &Config, runtime: &Runtime) -> Result<Option<Checkpo
 }
 
 /// Runs the source into `router` on a thread of its own and follows the operator's
-/// deployed versions on another, printing the running summary meanwhile; returns the
-/// router once the source has ended and every partition stopped.
+/// deployed versions on another, printing the running summary (timed from `started`)
+/// meanwhile; returns the router once the source has ended and every partition stopped.
 fn drive(
     config: &Config,
     source: OpenSource,
@@ -222,8 +222,8 @@ fn drive(
     deployer: &Deployer,
     live: &LiveStats,
     stopping: &AtomicBool,
+    started: Instant,
 ) -> Result<Router> {
-    let started = Instant::now();
     let source_ended = AtomicBool::new(false);
     std::thread::scope(|scope| -> Result<Router> {
         let dispatcher = std::thread::Builder::new()
