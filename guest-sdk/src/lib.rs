@@ -10,9 +10,10 @@
 //! and [`log`]. It does not own anything operational — partitions, offsets, storage,
 //! checkpoints — which all live in the host.
 //!
-//! State values are stored as JSON, which is self-describing: a later version of an
-//! operator can add a field with `#[serde(default)]` and still read what an earlier
-//! version wrote, with no migration.
+//! State values are stored as JSON by default, or in a compact binary encoding an
+//! operator opts into with [`Operator::STATE_ENCODING`] (see [`encoding`]). Both are
+//! self-describing: a later version of an operator can add a field with
+//! `#[serde(default)]` and still read what an earlier version wrote, with no migration.
 //!
 //! ```no_run
 //! use serde::{Deserialize, Serialize};
@@ -45,6 +46,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::fmt;
 
+pub mod encoding;
+pub use encoding::Encoding;
+
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)] // generated code mirrors the canonical ABI
 pub mod bindings {
@@ -64,6 +68,11 @@ use bindings::sluice::operator::{log as wit_log, types};
 
 /// What an operator implements.
 pub trait Operator {
+    /// How [`State::put`] encodes this operator's values: JSON unless overridden.
+    /// Reads accept either encoding, so changing it between versions of an operator
+    /// needs no migration.
+    const STATE_ENCODING: Encoding = Encoding::Json;
+
     /// Called once per instance before its first record, with the operator's
     /// `[operator.config]` table. The default accepts any config.
     fn init(config: Vec<(String, String)>) -> Result<()> {
@@ -190,8 +199,9 @@ impl Output {
 /// Keyed state for the record being processed.
 ///
 /// Every value lives under a name and the current record's key; another key's state
-/// is out of reach. Values are any `Serialize + DeserializeOwned` type, stored as
-/// JSON. Writes become durable only if `process` returns normally.
+/// is out of reach. Values are any `Serialize + DeserializeOwned` type, stored in the
+/// operator's [`Operator::STATE_ENCODING`]. Writes become durable only if `process`
+/// returns normally.
 ///
 /// Inside the host, calls go to the `sluice:operator/state` interface. Compiled for
 /// any other target, a `State` reads and writes a [`native::StateBackend`], so the
@@ -201,6 +211,8 @@ pub struct State<'a> {
     backend: std::marker::PhantomData<&'a ()>,
     #[cfg(not(target_arch = "wasm32"))]
     backend: &'a dyn native::StateBackend,
+    /// How `put` encodes.
+    encoding: Encoding,
 }
 
 impl State<'_> {
@@ -209,7 +221,7 @@ impl State<'_> {
     pub fn get<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>> {
         match self.get_bytes(name) {
             None => Ok(None),
-            Some(bytes) => serde_json::from_slice(&bytes)
+            Some(bytes) => encoding::decode(&bytes)
                 .map(Some)
                 .map_err(|e| Error(format!("state `{name}` does not decode as {}: {e}", std::any::type_name::<T>()))),
         }
@@ -217,7 +229,7 @@ impl State<'_> {
 
     /// Stores `value` under `name`.
     pub fn put<T: Serialize + ?Sized>(&self, name: &str, value: &T) -> Result<()> {
-        self.put_bytes(name, &serde_json::to_vec(value)?);
+        self.put_bytes(name, &encoding::encode(value, self.encoding)?);
         Ok(())
     }
 
@@ -263,9 +275,10 @@ pub mod native {
     }
 
     impl<'a> State<'a> {
-        /// A `State` over `backend`.
-        pub fn native(backend: &'a dyn StateBackend) -> Self {
-            State { backend }
+        /// A `State` over `backend` that writes values as `encoding` (pass the
+        /// operator's [`Operator::STATE_ENCODING`](crate::Operator::STATE_ENCODING)).
+        pub fn native(backend: &'a dyn StateBackend, encoding: crate::Encoding) -> Self {
+            State { backend, encoding }
         }
     }
 }
@@ -348,7 +361,7 @@ pub mod __private {
 
     #[cfg(target_arch = "wasm32")]
     pub fn process<O: Operator>(record: types::InputRecord) -> std::result::Result<Vec<types::OutputRecord>, String> {
-        let state = State { backend: std::marker::PhantomData };
+        let state = State { backend: std::marker::PhantomData, encoding: O::STATE_ENCODING };
         let outputs = O::process(record.into(), &state).map_err(|e| e.0)?;
         Ok(outputs.into_iter().map(|o| types::OutputRecord { key: o.key, value: o.value, topic: o.topic }).collect())
     }

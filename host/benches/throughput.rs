@@ -188,7 +188,7 @@ impl Operator for NativeVehicleStats {
             headers: Vec::new(),
         };
         let backend = TransactionBackend(RefCell::new(&mut self.txn));
-        let state = sluice_guest::State::native(&backend);
+        let state = sluice_guest::State::native(&backend, vehicle_stats::VehicleStats::STATE_ENCODING);
         Ok(match vehicle_stats::VehicleStats::process(input, &state) {
             Ok(outputs) => Outcome::Emitted(
                 outputs.into_iter().map(|o| Output { key: o.key, value: o.value, topic: o.topic }).collect(),

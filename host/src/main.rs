@@ -351,13 +351,24 @@ fn dump_state(state_dir: &Path) -> Result<()> {
                 "partition": partition,
                 "key": String::from_utf8_lossy(&entry.key),
                 "name": entry.name,
-                "value": Payload::of(&entry.value),
+                "value": stored_value(&entry.value),
             });
             serde_json::to_writer(&mut out, &line)?;
             out.write_all(b"\n")?;
         }
     }
     Ok(out.flush()?)
+}
+
+/// A state value as `state dump` shows it: one the SDK stored in its binary encoding
+/// as the JSON it decodes to, any other as its bytes are (embedded if JSON, else text).
+fn stored_value(bytes: &[u8]) -> serde_json::Value {
+    use sluice_guest::encoding::{self, BINARY_MARKER};
+    let decoded = match bytes.first() {
+        Some(&BINARY_MARKER) => encoding::decode(bytes).ok(),
+        _ => None,
+    };
+    decoded.unwrap_or_else(|| serde_json::to_value(Payload::of(bytes)).expect("a payload is JSON"))
 }
 
 /// What `sluice deploy` and `rollback` say after recording `deployment` in a registry.

@@ -6,10 +6,11 @@
 //!
 //! Built with `--features v2`, it is version 2, which adds a field to the state:
 //! hot-deployed over version 1, it reads the summaries version 1 wrote and carries
-//! them on (see `Summary::idle_count`). Deploying a new version never migrates state;
+//! them on (see `Summary::idle_count`), and it stores them in the SDK's binary encoding
+//! where version 1 writes JSON. Deploying a new version never migrates state;
 //! the new version reads the old one's values, so new fields need a default.
 use serde::{Deserialize, Serialize};
-use sluice_guest::{Operator, Output, Record, Result, State, export_operator};
+use sluice_guest::{Encoding, Operator, Output, Record, Result, State, export_operator};
 
 #[derive(Deserialize)]
 struct Position {
@@ -49,6 +50,12 @@ pub const IDLE_KMH: f64 = 5.0;
 pub struct VehicleStats;
 
 impl Operator for VehicleStats {
+    /// Version 2 stores its summaries in the SDK's binary encoding, version 1 as JSON:
+    /// each reads what the other wrote, so a deploy or a rollback between them needs no
+    /// migration.
+    #[cfg(feature = "v2")]
+    const STATE_ENCODING: Encoding = Encoding::Binary;
+
     fn process(record: Record, state: &State<'_>) -> Result<Vec<Output>> {
         let p: Position = record.json()?;
         let mut s: Summary = state.get("summary")?.unwrap_or_default();
@@ -66,9 +73,12 @@ impl Operator for VehicleStats {
         if p.speed_kmh < IDLE_KMH {
             s.idle_count += 1;
         }
-        // The summary is both the state and the output: serialized once for both.
         let summary = serde_json::to_vec(&s)?;
-        state.put_bytes("summary", &summary);
+        match Self::STATE_ENCODING {
+            // The summary is both the state and the output: serialized once for both.
+            Encoding::Json => state.put_bytes("summary", &summary),
+            Encoding::Binary => state.put("summary", &s)?,
+        }
         Ok(vec![Output::new(record.key, summary)])
     }
 }

@@ -1,0 +1,120 @@
+//! How typed state values become bytes and back.
+//!
+//! This module owns the two encodings a [`State`](crate::State) writes and the rule that
+//! tells them apart when reading; it does not own where the bytes are stored (the host
+//! does). JSON is the default: readable in `sluice state dump` and by any tool. The
+//! compact binary encoding is MessagePack with field names, behind one marker byte:
+//! numbers travel as machine words instead of decimal text, which saves parsing and
+//! formatting on every read and write. Both are self-describing, so both keep
+//! `#[serde(default)]` evolution: a later version of an operator adds a field with a
+//! default and still reads what an earlier version wrote. Reading detects the encoding
+//! from the first byte, so a value written one way is read by an operator configured the
+//! other way, and switching encodings across a hot swap needs no migration.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// How [`State::put`](crate::State::put) encodes values. Reading accepts either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Encoding {
+    /// JSON text (the default).
+    #[default]
+    Json,
+    /// MessagePack with field names, after the byte [`BINARY_MARKER`].
+    Binary,
+}
+
+/// The first byte of a binary-encoded value. 0xC1 is never valid UTF-8 (an overlong
+/// form), so no JSON document starts with it; MessagePack leaves it unused too.
+pub const BINARY_MARKER: u8 = 0xC1;
+
+/// Why a value could not be encoded or decoded.
+#[derive(Debug)]
+pub struct Error(String);
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// `value` encoded as `encoding` says.
+pub fn encode<T: Serialize + ?Sized>(value: &T, encoding: Encoding) -> Result<Vec<u8>, Error> {
+    match encoding {
+        Encoding::Json => serde_json::to_vec(value).map_err(|e| Error(e.to_string())),
+        Encoding::Binary => {
+            let mut bytes = vec![BINARY_MARKER];
+            rmp_serde::encode::write_named(&mut bytes, value).map_err(|e| Error(e.to_string()))?;
+            Ok(bytes)
+        }
+    }
+}
+
+/// The value in `bytes`, whichever encoding wrote it.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    match bytes.split_first() {
+        Some((&BINARY_MARKER, rest)) => rmp_serde::from_slice(rest).map_err(|e| Error(e.to_string())),
+        _ => serde_json::from_slice(bytes).map_err(|e| Error(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Before {
+        name: String,
+        count: u64,
+        mean: f64,
+    }
+
+    /// `Before` with a field added the way an operator's next version adds one.
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct After {
+        name: String,
+        count: u64,
+        mean: f64,
+        #[serde(default)]
+        idle: u64,
+    }
+
+    fn before() -> Before {
+        Before { name: "v-1".into(), count: 3, mean: 51.25 }
+    }
+
+    #[test]
+    fn each_encoding_reads_what_the_other_wrote() {
+        let json = encode(&before(), Encoding::Json).unwrap();
+        let binary = encode(&before(), Encoding::Binary).unwrap();
+        assert_eq!(json[0], b'{');
+        assert_eq!(binary[0], BINARY_MARKER);
+        assert!(binary.len() < json.len(), "binary {} bytes, JSON {}", binary.len(), json.len());
+        assert_eq!(decode::<Before>(&json).unwrap(), before());
+        assert_eq!(decode::<Before>(&binary).unwrap(), before());
+    }
+
+    #[test]
+    fn an_added_field_with_a_default_reads_values_written_without_it() {
+        for encoding in [Encoding::Json, Encoding::Binary] {
+            let old = encode(&before(), encoding).unwrap();
+            let read: After = decode(&old).unwrap();
+            assert_eq!(read, After { name: "v-1".into(), count: 3, mean: 51.25, idle: 0 }, "{encoding:?}");
+            // And the earlier version reads the later one's value, ignoring the new field.
+            let new = encode(&After { idle: 7, ..read }, encoding).unwrap();
+            assert_eq!(decode::<Before>(&new).unwrap(), before(), "{encoding:?}");
+        }
+    }
+
+    #[test]
+    fn a_value_of_another_shape_is_an_error_in_either_encoding() {
+        for encoding in [Encoding::Json, Encoding::Binary] {
+            let bytes = encode(&"just a string", encoding).unwrap();
+            assert!(decode::<Before>(&bytes).is_err(), "{encoding:?}");
+        }
+        assert!(decode::<Before>(&[BINARY_MARKER, 0xFF]).is_err());
+    }
+}
