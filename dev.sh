@@ -134,10 +134,13 @@ setup() {
 }
 
 build_operators() {
-    # Version 2 of vehicle-stats (the hot-swap tests deploy it over version 1) first:
-    # both builds write vehicle_stats.wasm, so version 2 is kept under its own name.
+    # Version 2 of vehicle-stats (the hot-swap tests deploy it over version 1) and
+    # version 1 built against WIT 0.1.0 (the compatibility test runs it) first: every
+    # build writes vehicle_stats.wasm, so those two are kept under their own names.
     cargo build --release --target wasm32-wasip2 -p vehicle-stats --features v2
     cp "$WASM_DIR/vehicle_stats.wasm" "$WASM_DIR/vehicle_stats_v2.wasm"
+    cargo build --release --target wasm32-wasip2 -p vehicle-stats --features wit-0-1-0
+    cp "$WASM_DIR/vehicle_stats.wasm" "$WASM_DIR/vehicle_stats_0_1_0.wasm"
     cargo build --release --target wasm32-wasip2 -p vehicle-stats -p probe
 }
 

@@ -2,6 +2,7 @@
 //! partition workers → vehicle-stats (WASM) → RocksDB state → JSONL sink.
 
 use anyhow::Result;
+use serde_json::Value;
 use sluice_tests::*;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -79,5 +80,58 @@ fn a_config_file_runs_the_generator_and_flags_override_it() -> Result<()> {
     let reference = Reference::fold(&input)?;
     assert_eq!(read_jsonl(&dir.path().join("out.jsonl"))?.len(), 1500);
     assert_state_matches(&dump_state(&dir.path().join("state"))?, &reference, "generator run");
+    Ok(())
+}
+
+/// The same operator built against WIT 0.1.0 (one `process` call per record) and
+/// against 0.1.1 (`process-batch`, a batch per call) gives the same outputs, dead
+/// letters and state, poison records included.
+#[test]
+fn a_0_1_0_component_and_a_batched_one_give_the_same_outputs_and_state() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    generate(&input, 40, 3000, 12)?;
+    let mut lines: Vec<String> = std::fs::read_to_string(&input)?.lines().map(String::from).collect();
+    for at in [10, 700, 1500, 2999] {
+        lines.insert(at, format!(r#"{{"vehicle_id":"veh-{:05}","ts":"poison {at}"}}"#, at % 40));
+    }
+    std::fs::write(&input, lines.join("\n") + "\n")?;
+
+    let unbatched = operator_wasm("vehicle_stats_0_1_0");
+    let batched = operator_wasm("vehicle_stats");
+    let contains = |wasm: &std::path::Path, text: &str| -> Result<bool> {
+        Ok(std::fs::read(wasm)?.windows(text.len()).any(|w| w == text.as_bytes()))
+    };
+    assert!(contains(&unbatched, "sluice:operator/state@0.1.0")? && !contains(&unbatched, "process-batch")?);
+    assert!(contains(&batched, "sluice:operator/batch@0.1.1")? && contains(&batched, "process-batch")?);
+
+    // What a run wrote, without the field that names the build, in input order (the
+    // partitions' workers interleave their lines differently from run to run).
+    let run = |wasm: &std::path::Path, name: &str| -> Result<(Vec<Value>, Vec<Value>, StateDump)> {
+        let run_dir = dir.path().join(name);
+        run_ok(&mut run_file_job(wasm, &input, &run_dir, 3))?;
+        let without_build = |mut line: Value| {
+            line.as_object_mut().expect("a JSON object").remove("operator");
+            line
+        };
+        let in_input_order = |lines: Vec<Value>| {
+            let mut lines: Vec<Value> = lines.into_iter().map(without_build).collect();
+            lines.sort_by_key(|line| (line["partition"].as_u64(), line["offset"].as_u64()));
+            lines
+        };
+        let outputs = in_input_order(read_jsonl(&run_dir.join("out.jsonl"))?);
+        let dead = in_input_order(read_jsonl(&run_dir.join("dead.jsonl"))?);
+        Ok((outputs, dead, dump_state(&run_dir.join("state"))?))
+    };
+    let (outputs, dead, state) = run(&unbatched, "0.1.0")?;
+    assert_eq!((outputs.len(), dead.len()), (3000, 4));
+    assert_state_matches(&state, &Reference::fold(&input)?, "state of the 0.1.0 build");
+    let batched_run = run(&batched, "0.1.1")?;
+    assert_eq!(batched_run.0.len(), outputs.len());
+    if let Some((batched, unbatched)) = batched_run.0.iter().zip(&outputs).find(|(a, b)| a != b) {
+        panic!("the batched build's outputs differ: {batched} where the 0.1.0 build has {unbatched}");
+    }
+    assert_eq!(batched_run.1, dead, "dead letters");
+    assert!(batched_run.2 == state, "the batched build's state differs");
     Ok(())
 }

@@ -199,7 +199,7 @@ fn a_component_that_cannot_run_is_refused_and_the_running_version_keeps_processi
     let broken: [(&str, Vec<u8>, &str); 3] = [
         ("text.wasm", b"not wasm at all".to_vec(), "is not a WebAssembly file"),
         ("core.wasm", wat::parse_str("(module)")?, "core WebAssembly module, not a component"),
-        ("empty.wasm", wat::parse_str("(component)")?, "does not implement the sluice:operator/operator@0.1 world"),
+        ("empty.wasm", wat::parse_str("(component)")?, "does not fit the sluice:operator/operator@0.1 world"),
     ];
     for (name, bytes, expected) in broken {
         let file = dir.join(name);

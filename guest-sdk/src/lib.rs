@@ -52,8 +52,21 @@ pub use encoding::Encoding;
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)] // generated code mirrors the canonical ABI
 pub mod bindings {
+    // The current package: `process` and the batched `process-batch`.
+    #[cfg(not(feature = "wit-0-1-0"))]
     wit_bindgen::generate!({
         path: "../wit",
+        world: "batched-operator",
+        pub_export_macro: true,
+        export_macro_name: "__export_operator_world",
+        default_bindings_module: "sluice_guest::bindings",
+        runtime_path: "sluice_guest::__private::wit_bindgen::rt",
+    });
+    // The package as 0.1.0 published it, for building components the way operators
+    // built then were (the host's compatibility tests run one).
+    #[cfg(feature = "wit-0-1-0")]
+    wit_bindgen::generate!({
+        path: "../wit/0.1.0",
         world: "operator",
         pub_export_macro: true,
         export_macro_name: "__export_operator_world",
@@ -334,11 +347,33 @@ macro_rules! export_operator {
             ) -> ::std::result::Result<::std::vec::Vec<$crate::bindings::OutputRecord>, ::std::string::String> {
                 $crate::__private::process::<$operator>(record)
             }
+
+            $crate::__export_process_batch!($operator);
         }
 
         #[cfg(target_arch = "wasm32")]
         $crate::bindings::__export_operator_world!(__SluiceOperatorExport with_types_in $crate::bindings);
     };
+}
+
+/// The `process-batch` export of the current package; nothing for a 0.1.0 build.
+#[doc(hidden)]
+#[macro_export]
+#[cfg(not(feature = "wit-0-1-0"))]
+macro_rules! __export_process_batch {
+    ($operator:ty) => {
+        fn process_batch(inputs: ::std::vec::Vec<$crate::bindings::InputRecord>) {
+            $crate::__private::process_batch::<$operator>(inputs)
+        }
+    };
+}
+
+/// The `process-batch` export of the current package; nothing for a 0.1.0 build.
+#[doc(hidden)]
+#[macro_export]
+#[cfg(feature = "wit-0-1-0")]
+macro_rules! __export_process_batch {
+    ($operator:ty) => {};
 }
 
 #[doc(hidden)]
@@ -364,5 +399,16 @@ pub mod __private {
         let state = State { backend: std::marker::PhantomData, encoding: O::STATE_ENCODING };
         let outputs = O::process(record.into(), &state).map_err(|e| e.0)?;
         Ok(outputs.into_iter().map(|o| types::OutputRecord { key: o.key, value: o.value, topic: o.topic }).collect())
+    }
+
+    /// Each input through [`process`], its result handed to the host before the next
+    /// starts: the host scopes state to the current input's key and keeps or discards
+    /// its writes by that result.
+    #[cfg(all(target_arch = "wasm32", not(feature = "wit-0-1-0")))]
+    pub fn process_batch<O: Operator>(inputs: Vec<types::InputRecord>) {
+        for input in inputs {
+            let outcome = process::<O>(input);
+            bindings::sluice::operator::batch::finish(outcome.as_deref().map_err(String::as_str));
+        }
     }
 }

@@ -1,12 +1,15 @@
 //! Records/s and CPU time per record of vehicle-stats over the fleet generator, with
 //! RocksDB state, three ways in one run:
 //!
-//! 1. the WASM component through the host's worker path (what `sluice run` does);
-//! 2. the same, with the state layer as it was before its cache and commits by time (no
-//!    cache, a commit every 512 records), the baseline of those two levers;
-//! 3. the same operator code compiled natively, through the same worker path and the
+//! 1. the WASM component through the host's worker path (what `sluice run` does), a
+//!    batch of records per call (`process-batch`);
+//! 2. the same operator built against WIT 0.1.0, one call per record, the baseline of
+//!    the batched call;
+//! 3. the component with the state layer as it was before its cache and commits by
+//!    time (no cache, a commit every 512 records), the baseline of those two levers;
+//! 4. the same operator code compiled natively, through the same worker path and the
 //!    same state layer (transaction, cache, commits);
-//! 4. a raw RocksDB read-modify-write loop over the same keys (get, update a
+//! 5. a raw RocksDB read-modify-write loop over the same keys (get, update a
 //!    16-byte aggregate, put), the floor of what keyed state costs without a cache.
 //!
 //! Each runs on one thread over one partition's pre-generated records, so records/s
@@ -55,7 +58,7 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// The four paths over `count` records of `vehicles` vehicles.
+/// The five paths over `count` records of `vehicles` vehicles.
 fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
     let records: Vec<SourceRecord> =
         Fleet::new(&FleetOptions { vehicles: vehicles as u32, count: Some(count), seed: 42 })
@@ -77,11 +80,18 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
 
     let wasm_path = operator_wasm("vehicle_stats");
     let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
-    let operator = ActiveVersion::new(Arc::new(WasmOperator::load(&wasm_path, limits, Vec::new())?));
+    let operator = ActiveVersion::new(Arc::new(WasmOperator::load(&wasm_path, limits.clone(), Vec::new())?));
     let store = PartitionStore::open(&dir.path().join("wasm"), 0)?;
     let mut wasm = operator.instantiate(0, Transaction::new(store, cache_bytes)?)?;
     let wasm = through_worker(&mut wasm, &records, state, &dir.path().join("wasm"))?;
     println!("wasm component, worker path    {wasm}");
+
+    let unbatched = WasmOperator::load(&operator_wasm("vehicle_stats_0_1_0"), limits.clone(), Vec::new())?;
+    let store = PartitionStore::open(&dir.path().join("unbatched"), 0)?;
+    let mut unbatched =
+        ActiveVersion::new(Arc::new(unbatched)).instantiate(0, Transaction::new(store, cache_bytes)?)?;
+    let unbatched = through_worker(&mut unbatched, &records, state, &dir.path().join("unbatched"))?;
+    println!("  0.1.0 build, call per record {unbatched}");
 
     let before = StateConfig { cache_mib: 0, commit_every: 512, ..state.clone() };
     let store = PartitionStore::open(&dir.path().join("before"), 0)?;
@@ -97,6 +107,11 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
     let raw = raw_rocksdb(&records, &dir.path().join("raw"))?;
     println!("raw RocksDB read-modify-write  {raw}");
     println!("wasm / native      {:.2} (CPU per record: {:.2})", wasm.rate / native.rate, native.cpu / wasm.cpu);
+    println!(
+        "batched calls: {:.2}x records/s, {:.2}x less CPU per record",
+        wasm.rate / unbatched.rate,
+        unbatched.cpu / wasm.cpu
+    );
     println!(
         "cache and commits by time: {:.2}x records/s, {:.2}x less CPU per record",
         wasm.rate / uncached.rate,

@@ -5,6 +5,7 @@
 //! against it.
 
 use crate::binary::{run_ok, sluice};
+use crate::stores::StateDump;
 use anyhow::{Context, Result};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -157,7 +158,7 @@ pub fn assert_last_outputs<'a>(
 }
 
 /// Fails unless the dumped state holds exactly the reference's final summaries.
-pub fn assert_state_matches(state: &BTreeMap<String, BTreeMap<String, Value>>, reference: &Reference, context: &str) {
+pub fn assert_state_matches(state: &StateDump, reference: &Reference, context: &str) {
     assert_eq!(
         state.keys().collect::<Vec<_>>(),
         reference.last.keys().collect::<Vec<_>>(),

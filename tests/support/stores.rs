@@ -54,10 +54,13 @@ pub fn manifest_objects(manifest: &Value) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
-/// `sluice state dump` of `state_dir`: key -> name -> value.
-pub fn dump_state(state_dir: &Path) -> Result<BTreeMap<String, BTreeMap<String, Value>>> {
+/// What `sluice state dump` shows: key -> name -> value.
+pub type StateDump = BTreeMap<String, BTreeMap<String, Value>>;
+
+/// `sluice state dump` of `state_dir`.
+pub fn dump_state(state_dir: &Path) -> Result<StateDump> {
     let output = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(state_dir))?;
-    let mut state: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
+    let mut state = StateDump::new();
     for line in String::from_utf8(output.stdout)?.lines() {
         let entry: Value = serde_json::from_str(line)?;
         let key = entry["key"].as_str().context("dump line without key")?.to_string();

@@ -35,13 +35,22 @@ pub enum Outcome {
 
 /// Operator logic bound to one partition's state.
 ///
-/// The worker brackets every call with [`Transaction::begin_record`] and
-/// [`Transaction::end_record`], keeping the record's writes only on
-/// [`Outcome::Emitted`].
+/// The worker hands it a batch at a time ([`Operator::process_batch`]); every record
+/// runs in its own record scope of the [`Transaction`] (between
+/// [`Transaction::begin_record`] and [`Transaction::end_record`]), which keeps the
+/// record's writes only on [`Outcome::Emitted`].
 pub trait Operator: Send {
-    /// Processes `record`, reading and writing state for its key. An `Err` is a host
-    /// failure (the state store could not be read) and stops the worker.
+    /// Processes `record`, reading and writing state for its key, inside a record scope
+    /// the caller opened. An `Err` is a host failure (the state store could not be
+    /// read) and stops the worker.
     fn process(&mut self, record: &SourceRecord) -> Result<Outcome>;
+
+    /// Processes `records` in order, each in its own record scope, and returns their
+    /// outcomes in the same order. An `Err` is a host failure, as for
+    /// [`process`](Operator::process); the records' writes are then never committed.
+    fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Vec<Outcome>> {
+        process_each(self, records)
+    }
 
     /// The partition state this operator reads and writes.
     fn state(&mut self) -> &mut Transaction;
@@ -54,6 +63,18 @@ pub trait Operator: Send {
     /// keeping the partition's state. The worker calls it only between batches, so
     /// each record is processed by exactly one version.
     fn follow_deploys(&mut self) -> Result<Option<Switch>>;
+}
+
+/// [`Operator::process_batch`] one call of [`Operator::process`] per record.
+pub fn process_each<O: Operator + ?Sized>(operator: &mut O, records: &[SourceRecord]) -> Result<Vec<Outcome>> {
+    let mut outcomes = Vec::with_capacity(records.len());
+    for record in records {
+        operator.state().begin_record(&record.key);
+        let outcome = operator.process(record)?;
+        operator.state().end_record(matches!(outcome, Outcome::Emitted(_)));
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
 }
 
 /// The version of a build of operator `name`: `name@checksum` of its component. Outputs,

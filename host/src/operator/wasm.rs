@@ -8,10 +8,15 @@
 //! imports (keyed state and logging). WASI imports that the Rust standard library
 //! links in are defined as traps, so a guest that touches the filesystem, network,
 //! clock or environment traps with the name of the function; any other import is
-//! refused when the component is loaded. Each call runs under a CPU deadline (epoch
+//! refused when the component is loaded. Each record runs under a deadline (epoch
 //! interruption) and a memory cap (a resource limiter). The host records why it
 //! stopped a call — the memory cap, a denied import — as it happens, so a trap's
 //! reason comes from that record, not from the wording of wasmtime's message.
+//!
+//! A component built against 0.1.1 or later also exports `process-batch`, which takes
+//! a whole batch per call and reports each record's result through the `batch.finish`
+//! import; the host then moves the record scope and restarts the deadline. One built
+//! against 0.1.0 gets one `process` call per record. Both give the same outcomes.
 
 use super::{Operator, Outcome, Output, Switch};
 use crate::record::SourceRecord;
@@ -22,8 +27,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use wasmtime::component::types::ComponentItem;
-use wasmtime::component::{Component, HasSelf, Linker, ResourceType};
-use wasmtime::{Engine, ResourceLimiter, Store};
+use wasmtime::component::{Component, ComponentExportIndex, Func, HasSelf, Linker, ResourceType};
+use wasmtime::{AsContextMut, Engine, ResourceLimiter, Store, StoreContextMut};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -38,12 +43,17 @@ mod bindings {
 }
 
 use bindings::sluice::operator::{log, state, types};
-use bindings::{InputRecord, Operator as Bindings, OperatorPre};
+use bindings::{InputRecord, Operator as Bindings, OperatorPre, OutputRecord};
 
 /// The WIT package operators are built against, and the version range this host serves.
 pub const WIT_PACKAGE: &str = "sluice:operator";
 /// The package's major.minor this host serves: any `0.1.x` component links.
 pub const WIT_VERSION: &str = "0.1";
+
+/// The interface a batched call reports each record's result through (0.1.1), and
+/// the export that takes a batch.
+const BATCH_INTERFACE: &str = "sluice:operator/batch@0.1.1";
+const PROCESS_BATCH: &str = "process-batch";
 
 /// How often the epoch advances; the granularity of call deadlines.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -60,6 +70,8 @@ pub struct Limits {
 /// A validated, compiled operator component, ready to instantiate per partition.
 pub struct WasmOperator {
     pre: OperatorPre<HostCtx>,
+    /// The component's `process-batch` export, when it has one.
+    process_batch: Option<ComponentExportIndex>,
     /// Where the component came from (a file, a deployed version), for errors.
     origin: String,
     name: Arc<str>,
@@ -73,6 +85,8 @@ struct HostCtx {
     txn: Transaction,
     /// The most linear memory the instance may hold, in bytes.
     memory_cap: usize,
+    /// Epoch ticks one record (or `init`) may run for.
+    deadline_ticks: u64,
     /// Why the host stopped the current call, when it did (see [`Cause`]).
     cause: Option<Cause>,
     operator: Arc<str>,
@@ -87,6 +101,39 @@ struct HostCtx {
     /// exists only there (an `init` that reached for state would see whichever key the
     /// partition's last record had).
     in_record: bool,
+    /// The running `process-batch` call's inputs and finished outcomes.
+    batch: Batch,
+}
+
+/// What the host keeps of a `process-batch` call while it runs: enough to move the
+/// record scope from one input to the next at each `batch.finish`.
+#[derive(Default)]
+struct Batch {
+    /// The inputs' keys end to end (the buffer is reused from batch to batch)...
+    keys: Vec<u8>,
+    /// ... and where each ends.
+    ends: Vec<usize>,
+    /// The outcomes of the inputs finished so far, in order.
+    outcomes: Vec<Outcome>,
+}
+
+impl Batch {
+    fn start(&mut self, records: &[SourceRecord]) {
+        self.keys.clear();
+        self.ends.clear();
+        self.outcomes.clear();
+        for record in records {
+            self.keys.extend_from_slice(&record.key);
+            self.ends.push(self.keys.len());
+        }
+    }
+
+    /// The key of input `index`, if there is one.
+    fn key(&self, index: usize) -> Option<&[u8]> {
+        let end = *self.ends.get(index)?;
+        let start = index.checked_sub(1).map_or(0, |before| self.ends[before]);
+        Some(&self.keys[start..end])
+    }
 }
 
 /// Why the host stopped a call, recorded where it stops it: the trap that unwinds
@@ -156,22 +203,26 @@ impl WasmOperator {
 
         let mut linker = Linker::<HostCtx>::new(engine);
         Bindings::add_to_linker::<HostCtx, HasSelf<HostCtx>>(&mut linker, |ctx| ctx)?;
+        linker.instance(BATCH_INTERFACE)?.func_wrap("finish", finish)?;
         deny_wasi(&mut linker, engine, &compiled)?;
-        // What is left: functions of a newer 0.1.x minor than this host serves. They
-        // trap when called (with wasmtime's "unknown import"), so such a component
-        // still runs as long as it does not call them.
-        linker.define_unknown_imports_as_traps(&compiled)?;
+        // The sluice interfaces are defined once, at this host's version: wasmtime
+        // links a component's import of any 0.1.x version to them (semver). A function
+        // of a newer minor that the component calls is missing here, and refused now,
+        // by name, rather than trapping on some later record. (Stubbing unknown imports
+        // as traps would define the 0.1.0 names too, shadowing the real functions.)
         let pre =
             linker.instantiate_pre(&compiled).and_then(OperatorPre::new).map_err(anyhow::Error::from).with_context(
                 || {
                     format!(
-                        "operator {origin} does not implement the {WIT_PACKAGE}/operator@{WIT_VERSION} world (it must \
-                     export `init` and `process` with the signatures in wit/operator.wit)"
+                        "operator {origin} does not fit the {WIT_PACKAGE}/operator@{WIT_VERSION} world this host \
+                         serves (it must export `init` and `process` with the signatures in wit/operator.wit, and \
+                         import only functions of the interfaces there)"
                     )
                 },
             )?;
+        let process_batch = compiled.get_export_index(None, PROCESS_BATCH);
         let version = super::version_of(name, component);
-        Ok(WasmOperator { pre, origin: origin.to_string(), name: name.into(), version, limits, config })
+        Ok(WasmOperator { pre, process_batch, origin: origin.to_string(), name: name.into(), version, limits, config })
     }
 
     /// The operator's name, used in logs and dead letters.
@@ -197,12 +248,14 @@ impl WasmOperator {
         HostCtx {
             txn,
             memory_cap: self.limits.memory_bytes,
+            deadline_ticks: self.limits.call_timeout.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1,
             cause: None,
             operator: self.name.clone(),
             partition,
             host_error: None,
             last_error: None,
             in_record: false,
+            batch: Batch::default(),
         }
     }
 
@@ -214,18 +267,18 @@ impl WasmOperator {
         ctx.forget_last_call();
         let mut store = Store::new(self.pre.engine(), ctx);
         store.limiter(|ctx| ctx);
-        self.arm_deadline(&mut store);
-        let bindings = match self.pre.instantiate(&mut store) {
-            Ok(bindings) => bindings,
+        arm_deadline(&mut store);
+        let (bindings, process_batch) = match self.instantiate(&mut store) {
+            Ok(instance) => instance,
             Err(e) => {
-                let e = anyhow::Error::from(e).context(format!("instantiating operator {}", self.origin));
+                let e = e.context(format!("instantiating operator {}", self.origin));
                 return Err((e, store.into_data()));
             }
         };
-        self.arm_deadline(&mut store);
+        arm_deadline(&mut store);
         let config: Vec<(&str, &str)> = self.config.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let failure = match bindings.call_init(&mut store, &config) {
-            Ok(Ok(())) => return Ok(Live { store, bindings }),
+            Ok(Ok(())) => return Ok(Live { store, bindings, process_batch }),
             Ok(Err(reason)) => anyhow!("operator {} refused to start: init returned an error: {reason}", self.origin),
             Err(trap) => {
                 anyhow!(
@@ -238,10 +291,54 @@ impl WasmOperator {
         Err((failure, store.into_data()))
     }
 
-    fn arm_deadline(&self, store: &mut Store<HostCtx>) {
-        let ticks = self.limits.call_timeout.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1;
-        store.set_epoch_deadline(ticks);
+    /// A new instance in `store`: its bindings and its `process-batch`, if exported
+    /// with the signature of the `batched-operator` world.
+    fn instantiate(&self, store: &mut Store<HostCtx>) -> Result<(Bindings, Option<Func>)> {
+        let instance = self.pre.instance_pre().instantiate(&mut *store)?;
+        let bindings = Bindings::new(&mut *store, &instance)?;
+        let Some(index) = &self.process_batch else { return Ok((bindings, None)) };
+        let func =
+            instance.get_func(&mut *store, index).with_context(|| format!("`{PROCESS_BATCH}` is not a function"))?;
+        func.typed::<(&[InputRecord<'_>],), ()>(&*store)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("`{PROCESS_BATCH}` does not have the signature of the batched-operator world"))?;
+        Ok((bindings, Some(func)))
     }
+}
+
+/// Gives the call about to run, or the record about to start, its full deadline.
+fn arm_deadline(mut store: impl AsContextMut<Data = HostCtx>) {
+    let mut store = store.as_context_mut();
+    let ticks = store.data().deadline_ticks;
+    store.set_epoch_deadline(ticks);
+}
+
+/// `batch.finish`: ends the current input of the running `process-batch` call with
+/// `outcome` and moves the record scope, and the deadline, to the next one.
+fn finish(
+    mut store: StoreContextMut<'_, HostCtx>,
+    (outcome,): (std::result::Result<Vec<OutputRecord>, String>,),
+) -> wasmtime::Result<()> {
+    let ctx = store.data_mut();
+    if !ctx.in_record {
+        wasmtime::bail!("batch.finish called outside `process-batch`");
+    }
+    let outcome = match outcome {
+        Ok(outputs) => Outcome::Emitted(outputs.into_iter().map(Output::from).collect()),
+        Err(reason) => Outcome::Rejected(reason),
+    };
+    ctx.txn.end_record(matches!(outcome, Outcome::Emitted(_)));
+    ctx.batch.outcomes.push(outcome);
+    match ctx.batch.key(ctx.batch.outcomes.len()) {
+        Some(key) => {
+            ctx.txn.begin_record(key);
+            ctx.forget_last_call();
+            arm_deadline(store);
+        }
+        // Finished every input: a further `finish` or state call traps.
+        None => ctx.in_record = false,
+    }
+    Ok(())
 }
 
 /// The version every partition of this host runs: set by a deploy, followed by each
@@ -297,11 +394,42 @@ pub struct WasmInstance {
 struct Live {
     store: Store<HostCtx>,
     bindings: Bindings,
+    /// The instance's `process-batch`, when the component exports it.
+    process_batch: Option<Func>,
 }
 
 impl WasmInstance {
     fn live(&mut self) -> &mut Live {
         self.live.as_mut().expect("instance is live between calls")
+    }
+
+    /// Says why the last call trapped and replaces the instance: a trapped instance may
+    /// hold broken invariants in its memory. An `Err` is a fresh instance that failed
+    /// to start.
+    fn replace_after(&mut self, trap: wasmtime::Error) -> Result<String> {
+        let live = self.live.take().expect("instance is live between calls");
+        let mut ctx = live.store.into_data();
+        let reason = describe_trap(trap, &self.operator.limits, &mut ctx);
+        self.live = Some(self.operator.start(ctx).map_err(|(e, _)| e)?);
+        Ok(reason)
+    }
+}
+
+/// `record` as the guest receives it, borrowing its bytes.
+fn input_record(record: &SourceRecord) -> InputRecord<'_> {
+    InputRecord {
+        key: &record.key,
+        value: &record.value,
+        timestamp_ms: record.timestamp_ms,
+        partition: record.partition,
+        offset: record.offset,
+        headers: &[],
+    }
+}
+
+impl From<OutputRecord> for Output {
+    fn from(o: OutputRecord) -> Self {
+        Output { key: o.key, value: o.value, topic: o.topic }
     }
 }
 
@@ -309,15 +437,8 @@ impl Operator for WasmInstance {
     fn process(&mut self, record: &SourceRecord) -> Result<Outcome> {
         // Fields borrowed apart, so nothing is cloned per record.
         let live = self.live.as_mut().expect("instance is live between calls");
-        self.operator.arm_deadline(&mut live.store);
-        let input = InputRecord {
-            key: &record.key,
-            value: &record.value,
-            timestamp_ms: record.timestamp_ms,
-            partition: record.partition,
-            offset: record.offset,
-            headers: &[],
-        };
+        arm_deadline(&mut live.store);
+        let input = input_record(record);
         live.store.data_mut().forget_last_call();
         live.store.data_mut().in_record = true;
         let result = live.bindings.call_process(&mut live.store, input);
@@ -326,18 +447,56 @@ impl Operator for WasmInstance {
             return Err(error);
         }
         match result {
-            Ok(Ok(outputs)) => Ok(Outcome::Emitted(
-                outputs.into_iter().map(|o| Output { key: o.key, value: o.value, topic: o.topic }).collect(),
-            )),
+            Ok(Ok(outputs)) => Ok(Outcome::Emitted(outputs.into_iter().map(Output::from).collect())),
             Ok(Err(reason)) => Ok(Outcome::Rejected(reason)),
-            Err(trap) => {
-                let reason = describe_trap(trap, &self.operator.limits, live.store.data_mut());
-                // A trapped instance may hold broken invariants in its memory: replace it.
-                let ctx = self.live.take().expect("instance is live").store.into_data();
-                self.live = Some(self.operator.start(ctx).map_err(|(e, _)| e)?);
-                Ok(Outcome::Trapped(reason))
-            }
+            Err(trap) => Ok(Outcome::Trapped(self.replace_after(trap)?)),
         }
+    }
+
+    fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Vec<Outcome>> {
+        if self.live().process_batch.is_none() {
+            return super::process_each(self, records);
+        }
+        let mut outcomes = Vec::with_capacity(records.len());
+        // One call per run of records: a trap ends a run at the record it hit, and the
+        // records after it make the next run, in a fresh instance.
+        while let Some(run) = records.get(outcomes.len()..).filter(|run| !run.is_empty()) {
+            let live = self.live.as_mut().expect("instance is live between calls");
+            let process_batch = live.process_batch.expect("checked above; a restart keeps the component");
+            let ctx = live.store.data_mut();
+            ctx.forget_last_call();
+            ctx.batch.start(run);
+            ctx.txn.begin_record(&run[0].key);
+            ctx.in_record = true;
+            arm_deadline(&mut live.store);
+            let inputs: Vec<InputRecord<'_>> = run.iter().map(input_record).collect();
+            let result = process_batch
+                .typed::<(&[InputRecord<'_>],), ()>(&live.store)
+                .and_then(|process_batch| process_batch.call(&mut live.store, (&inputs,)));
+            let ctx = live.store.data_mut();
+            let in_record = std::mem::replace(&mut ctx.in_record, false);
+            if let Some(error) = ctx.host_error.take() {
+                return Err(error);
+            }
+            outcomes.append(&mut ctx.batch.outcomes);
+            if !in_record {
+                // Every input finished; a trap after the last `finish` still poisons
+                // the instance.
+                if let Err(trap) = result {
+                    let reason = self.replace_after(trap)?;
+                    tracing::warn!("operator trapped after finishing its batch: {reason}");
+                }
+                continue;
+            }
+            // The input being processed when the call ended: its writes go.
+            ctx.txn.end_record(false);
+            let reason = match result {
+                Ok(()) => format!("`{PROCESS_BATCH}` returned before finishing this record"),
+                Err(trap) => self.replace_after(trap)?,
+            };
+            outcomes.push(Outcome::Trapped(reason));
+        }
+        Ok(outcomes)
     }
 
     fn state(&mut self) -> &mut Transaction {
@@ -556,14 +715,109 @@ mod tests {
     use super::*;
     use crate::state::PartitionStore;
 
-    /// Has the probe do `action` for the record at `offset`, as the worker would.
+    /// A record asking the probe to do `action` (a JSON object's fields) for `key`.
+    fn probe_record(offset: u64, key: &str, action: &str) -> SourceRecord {
+        let value = format!("{{{action}}}").into_bytes();
+        SourceRecord { partition: 0, offset, key: key.as_bytes().to_vec(), value, timestamp_ms: 0 }
+    }
+
+    /// Has the probe do `action` for the record at `offset`, one call per record.
     fn call(instance: &mut WasmInstance, offset: u64, action: &str) -> Result<Outcome> {
-        let value = format!(r#"{{"action":"{action}"}}"#).into_bytes();
-        let record = SourceRecord { partition: 0, offset, key: b"k".to_vec(), value, timestamp_ms: 0 };
-        instance.state().begin_record(&record.key);
-        let outcome = instance.process(&record)?;
-        instance.state().end_record(matches!(outcome, Outcome::Emitted(_)));
-        Ok(outcome)
+        let record = probe_record(offset, "k", &format!(r#""action":"{action}""#));
+        Ok(crate::operator::process_each(instance, &[record])?.remove(0))
+    }
+
+    fn probe(limits: Limits, dir: &Path) -> Result<WasmInstance> {
+        let probe = Arc::new(WasmOperator::load(&sluice_tests::operator_wasm("probe"), limits, Vec::new())?);
+        let txn = Transaction::new(PartitionStore::open(dir, 0)?, 1 << 20)?;
+        let instance = ActiveVersion::new(probe).instantiate(0, txn)?;
+        assert!(instance.operator.process_batch.is_some(), "the probe is built against 0.1.1 and takes batches");
+        Ok(instance)
+    }
+
+    /// Each outcome in one line: the output, or how the record failed and the first
+    /// line of why.
+    fn outcome_lines(outcomes: &[Outcome]) -> Vec<String> {
+        let first_line = |reason: &str| reason.lines().next().unwrap_or_default().to_string();
+        outcomes
+            .iter()
+            .map(|outcome| match outcome {
+                Outcome::Emitted(outputs) => String::from_utf8_lossy(&outputs[0].value).into_owned(),
+                Outcome::Rejected(reason) => format!("rejected: {}", first_line(reason)),
+                Outcome::Trapped(reason) => format!("trapped: {}", first_line(reason)),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batched_call_costs_a_failing_or_trapping_record_only_its_own_writes() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut instance =
+            probe(Limits { call_timeout: Duration::from_millis(300), memory_bytes: 16 << 20 }, dir.path())?;
+        let actions = [
+            ("a", "count"),
+            ("a", "count"),
+            ("a", "put-then-panic"),
+            ("b", "count"),
+            ("a", "count"),
+            ("a", "put-then-fail"),
+            ("a", "spin"),
+            ("a", "count"),
+            ("b", "count"),
+            ("a", "hog"),
+            ("a", "count"),
+        ];
+        let records: Vec<SourceRecord> = (0..)
+            .zip(actions)
+            .map(|(offset, (key, action))| probe_record(offset, key, &format!(r#""action":"{action}""#)))
+            .collect();
+        let outcomes = instance.process_batch(&records)?;
+        let lines = outcome_lines(&outcomes);
+        // Each count is one more than the last good record of its key left: no record
+        // ran twice, and no failed record's write (a count of 1,000,000) was seen.
+        let expected = [
+            r#"{"count":1}"#,
+            r#"{"count":2}"#,
+            "trapped: panicked at ",
+            r#"{"count":1}"#,
+            r#"{"count":3}"#,
+            "rejected: probe fails after a write",
+            "trapped: call exceeded its deadline of 300ms",
+            r#"{"count":4}"#,
+            r#"{"count":2}"#,
+            "trapped: operator exceeded its memory limit of 16 MiB",
+            r#"{"count":5}"#,
+        ];
+        assert_eq!(lines.len(), expected.len(), "{lines:#?}");
+        for (line, expected) in lines.iter().zip(expected) {
+            assert!(line.starts_with(expected), "{line:?} is not {expected:?} in {lines:#?}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_deadline_bounds_each_record_of_a_batched_call_not_the_call() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let timeout = Duration::from_secs(1);
+        let mut instance = probe(Limits { call_timeout: timeout, memory_bytes: 16 << 20 }, dir.path())?;
+        let work = |offset, iterations: u64| {
+            probe_record(offset, "k", &format!(r#""action":"work","iterations":{iterations}"#))
+        };
+        // How many iterations take a fifth of the deadline here.
+        let started = Instant::now();
+        instance.process_batch(&[work(0, 20_000_000)])?;
+        let iterations = (20_000_000.0 * (timeout / 5).as_secs_f64() / started.elapsed().as_secs_f64()) as u64;
+
+        let records: Vec<SourceRecord> = (1..=10).map(|offset| work(offset, iterations)).collect();
+        let started = Instant::now();
+        let lines = outcome_lines(&instance.process_batch(&records)?);
+        assert!(
+            started.elapsed() > timeout,
+            "the call must outlast one record's deadline for this test to mean anything"
+        );
+        let expected: Vec<String> = (2..=11).map(|count| format!(r#"{{"count":{count}}}"#)).collect();
+        assert_eq!(lines, expected);
+        Ok(())
     }
 
     fn count(instance: &mut WasmInstance, offset: u64) -> Result<Vec<u8>> {
@@ -576,10 +830,7 @@ mod tests {
     #[test]
     fn a_trap_is_explained_by_what_the_host_recorded_in_that_call() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let limits = Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20 };
-        let probe = Arc::new(WasmOperator::load(&sluice_tests::operator_wasm("probe"), limits, Vec::new())?);
-        let txn = Transaction::new(PartitionStore::open(dir.path(), 0)?, 1 << 20)?;
-        let mut instance = ActiveVersion::new(probe).instantiate(0, txn)?;
+        let mut instance = probe(Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20 }, dir.path())?;
         let expected = [
             ("hog", "operator exceeded its memory limit of 16 MiB"),
             // A cause explains only the call it was recorded in, not the next trap.

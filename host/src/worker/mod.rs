@@ -207,12 +207,10 @@ pub fn run(
         let mut outputs = Vec::new();
         let next_offset = last.offset + 1;
         let mut dead_count = 0;
-        for record in &batch {
-            operator.state().begin_record(&record.key);
-            // An error stops the worker; what it processed since the last commit is
-            // never committed.
-            let outcome = operator.process(record)?;
-            operator.state().end_record(matches!(outcome, Outcome::Emitted(_)));
+        // An error stops the worker; what it processed since the last commit is never
+        // committed.
+        let outcomes = operator.process_batch(&batch)?;
+        for (record, outcome) in batch.iter().zip(outcomes) {
             match outcome {
                 Outcome::Emitted(outs) => outputs.extend(outs.into_iter().map(|o| (record, o))),
                 Outcome::Rejected(reason) => {

@@ -6,6 +6,7 @@
 //! - `count`: increments a counter and emits it;
 //! - `work` with `iterations`: spins that many iterations (a slow operator), then counts;
 //! - `put-then-panic`: writes state, then panics (the write must be discarded);
+//! - `put-then-fail`: writes state, then returns an error (the write must be discarded);
 //! - `read-fs`, `read-env`: touch the filesystem / environment (must trap);
 //! - `spin`: loops forever (must hit the deadline);
 //! - `hog`: allocates without bound (must hit the memory cap).
@@ -44,6 +45,7 @@ enum Action {
     Count,
     Work { iterations: u64 },
     PutThenPanic,
+    PutThenFail,
     ReadFs,
     ReadEnv,
     Spin,
@@ -89,6 +91,10 @@ impl Operator for Probe {
             Action::PutThenPanic => {
                 state.put("count", &1_000_000u64)?;
                 panic!("probe panics after a write");
+            }
+            Action::PutThenFail => {
+                state.put("count", &1_000_000u64)?;
+                return Err(Error::msg("probe fails after a write"));
             }
             Action::ReadFs => serde_json::json!({ "read": std::fs::read_to_string("/etc/hostname")? }),
             Action::ReadEnv => serde_json::json!({ "env": std::env::vars().collect::<Vec<_>>() }),
