@@ -6,6 +6,9 @@
 #                    (what CI runs)
 #   ./dev.sh bench   set up, build, and run the benchmarks (throughput, checkpoints and restore,
 #                    Kafka, hot swap), then the release binary's `sluice run` over 1M-record files
+#   ./dev.sh install [PREFIX]
+#                    set up, build the release binary, install it as PREFIX/bin/sluice
+#                    (default PREFIX: ~/.local) with its debug info split off
 #   ./dev.sh doctor  list each prerequisite, present or what set-up would install
 # "Set up" runs the doctor's checks, installs what is missing (Debian packages, the
 # wasm32-wasip2 target, the test servers), and checks again.
@@ -183,7 +186,29 @@ bench_run() {
     rm -rf "$out"
 }
 
+# Installs the release binary as $1/bin/sluice without its debug info, which goes to
+# $1/bin/.debug/sluice.debug, named in the binary (.gnu_debuglink) so gdb and perf find
+# it: the binary shipped is a fraction of the build's size, and crash backtraces and
+# profiles keep their line numbers. SLUICE_BIN installs that binary instead of building.
+install_binary() {
+    local prefix=${1:-$HOME/.local} bin=${SLUICE_BIN:-}
+    if [ -z "$bin" ]; then
+        setup build
+        cargo build --release -p sluice --bin sluice
+        bin="$CARGO_TARGET_DIR/release/sluice"
+    fi
+    mkdir -p "$prefix/bin/.debug"
+    objcopy --only-keep-debug "$bin" "$prefix/bin/.debug/sluice.debug"
+    objcopy --strip-debug --add-gnu-debuglink="$prefix/bin/.debug/sluice.debug" "$bin" "$prefix/bin/sluice.part"
+    mv "$prefix/bin/sluice.part" "$prefix/bin/sluice"
+    echo "installed $prefix/bin/sluice ($(du -m "$prefix/bin/sluice" | cut -f1) MB; built: $(du -m "$bin" | cut -f1) MB)," \
+        "its debug info in $prefix/bin/.debug/sluice.debug"
+}
+
 case "${1:-}" in
+install)
+    install_binary "${2:-}"
+    ;;
 doctor)
     # Lists each prerequisite of the demo and the tests, present or what set-up would do;
     # exits 1 if any is missing. Changes nothing.
@@ -242,7 +267,7 @@ bench)
     bench_run 1000000
     ;;
 *)
-    echo "usage: $0 demo|test|bench|doctor" >&2
+    echo "usage: $0 demo|test|bench|install [PREFIX]|doctor" >&2
     exit 2
     ;;
 esac

@@ -1,5 +1,6 @@
 //! `./dev.sh doctor` against scratch trees: set-up installs a prerequisite exactly when
-//! what the build loads is absent, whatever look-alikes are present.
+//! what the build loads is absent, whatever look-alikes are present. And `./dev.sh
+//! install`, which ships the binary without its debug info.
 //!
 //! The file checks are rooted at `SLUICE_SETUP_ROOT` and the test servers looked up in
 //! `SLUICE_TOOLS`, so each case lays out a fake `/usr/lib/llvm-*` or tools directory.
@@ -114,5 +115,28 @@ fn the_broker_counts_only_in_the_version_and_features_the_tests_need() -> Result
     fake_install(&tools, "tansu", "tansu 0.6.0", r#""dynostore""#)?;
     let line = doctor_line("tansu", root.path(), &tools)?;
     assert!(line.ends_with(" ok"), "{line}");
+    Ok(())
+}
+
+/// `./dev.sh install` puts a binary without debug info in PREFIX/bin, and the debug info
+/// beside it, named in the binary: what is installed runs and is a fraction of the size.
+#[test]
+fn install_splits_the_debug_info_off_the_binary() -> Result<()> {
+    let prefix = tempfile::tempdir()?;
+    let built = sluice_tests::sluice_bin();
+    let dev_sh = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../dev.sh");
+    let output =
+        Command::new("bash").arg(&dev_sh).arg("install").arg(prefix.path()).env("SLUICE_BIN", &built).output()?;
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+
+    let (installed, debug) = (prefix.path().join("bin/sluice"), prefix.path().join("bin/.debug/sluice.debug"));
+    let size = |path: &Path| std::fs::metadata(path).map(|m| m.len());
+    assert!(size(&installed)? * 4 < size(&built)?, "{} of {} bytes", size(&installed)?, size(&built)?);
+    assert!(size(&debug)? > size(&installed)?);
+    let sections = Command::new("readelf").arg("--section-headers").arg(&installed).output()?;
+    let sections = String::from_utf8_lossy(&sections.stdout);
+    assert!(sections.contains(".gnu_debuglink") && !sections.contains(".debug_info"), "{sections}");
+    let help = Command::new(&installed).arg("--help").output()?;
+    assert!(help.status.success() && String::from_utf8_lossy(&help.stdout).contains("run"));
     Ok(())
 }
