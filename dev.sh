@@ -250,6 +250,8 @@ demo)
     grep -o '"operator":"[^"]*"' "$out/outputs.jsonl" | sort | uniq -c
     echo "--- three vehicles' final summaries (sluice state dump --state-dir $out/state):"
     "$sluice" state dump --state-dir "$out/state" | head -n 3
+    echo "--- the demo runs the debug build; for a host of your own, ./dev.sh install [PREFIX] builds the" \
+        "release binary and installs it without its debug info (README: Running a job)"
     ;;
 test)
     setup test

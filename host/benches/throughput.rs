@@ -10,7 +10,10 @@
 //! 4. the same operator code compiled natively, through the same worker path and the
 //!    same state layer (transaction, cache, commits);
 //! 5. a raw RocksDB read-modify-write loop over the same keys (get, update a
-//!    16-byte aggregate, put), the floor of what keyed state costs without a cache.
+//!    16-byte aggregate, put), the floor of what keyed state costs without a cache;
+//! 6. the operator alone, compiled natively, its state in a `HashMap` and its outputs
+//!    dropped: no host at all, so the ceiling of any host running this operator (its
+//!    own work is parsing the input, decoding and encoding the summary).
 //!
 //! Each runs on one thread over one partition's pre-generated records, so records/s
 //! is per core; CPU time counts every thread of the process (RocksDB's flushes and
@@ -32,6 +35,7 @@ use sluice::worker::{self, Cadence, Destinations, StopSignal};
 use sluice_guest::native::StateBackend;
 use sluice_tests::{CpuClock, bench_setting, operator_wasm};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,7 +62,7 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// The five paths over `count` records of `vehicles` vehicles.
+/// The six paths over `count` records of `vehicles` vehicles.
 fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
     let records: Vec<SourceRecord> =
         Fleet::new(&FleetOptions { vehicles: vehicles as u32, count: Some(count), seed: 42 })
@@ -106,6 +110,9 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
 
     let raw = raw_rocksdb(&records, &dir.path().join("raw"))?;
     println!("raw RocksDB read-modify-write  {raw}");
+
+    let alone = operator_alone(&records)?;
+    println!("operator alone, no host        {alone}");
     println!("wasm / native      {:.2} (CPU per record: {:.2})", wasm.rate / native.rate, native.cpu / wasm.cpu);
     println!(
         "batched calls: {:.2}x records/s, {:.2}x less CPU per record",
@@ -118,6 +125,11 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
         uncached.cpu / wasm.cpu
     );
     println!("wasm / raw RocksDB {:.2} (CPU per record: {:.2})", wasm.rate / raw.rate, raw.cpu / wasm.cpu);
+    println!(
+        "native through the host / operator alone {:.2} (CPU per record: {:.2})",
+        native.rate / alone.rate,
+        alone.cpu / native.cpu
+    );
     Ok(())
 }
 
@@ -223,6 +235,56 @@ impl Operator for NativeVehicleStats {
     fn follow_deploys(&mut self) -> Result<Option<Switch>> {
         Ok(None)
     }
+}
+
+/// A key-scoped view of a `HashMap` of every key's state.
+#[derive(Default)]
+struct MapBackend {
+    key: Vec<u8>,
+    entries: RefCell<HashMap<(Vec<u8>, String), Vec<u8>>>,
+}
+
+impl StateBackend for MapBackend {
+    fn get(&self, name: &str) -> Option<Vec<u8>> {
+        self.entries.borrow().get(&(self.key.clone(), name.to_string())).cloned()
+    }
+
+    fn put(&self, name: &str, value: &[u8]) {
+        self.entries.borrow_mut().insert((self.key.clone(), name.to_string()), value.to_vec());
+    }
+
+    fn delete(&self, name: &str) {
+        self.entries.borrow_mut().remove(&(self.key.clone(), name.to_string()));
+    }
+}
+
+/// vehicle-stats called natively per record over a [`MapBackend`], outputs dropped.
+fn operator_alone(records: &[SourceRecord]) -> Result<Measured> {
+    use sluice_guest::Operator as _;
+    let mut backend = MapBackend::default();
+    let mut output_bytes = 0;
+    let clock = CpuClock::start()?;
+    for record in records {
+        backend.key.clone_from(&record.key);
+        let input = sluice_guest::Record {
+            key: record.key.clone(),
+            value: record.value.clone(),
+            timestamp_ms: record.timestamp_ms,
+            partition: record.partition,
+            offset: record.offset,
+            headers: Vec::new(),
+        };
+        let state = sluice_guest::State::native(&backend, vehicle_stats::VehicleStats::STATE_ENCODING);
+        let outputs = vehicle_stats::VehicleStats::process(input, &state).map_err(|e| anyhow::anyhow!("{e}"))?;
+        output_bytes += outputs.iter().map(|o| o.value.len()).sum::<usize>();
+    }
+    let (wall, cpu) = clock.stop()?;
+    std::hint::black_box(output_bytes);
+    Ok(Measured {
+        rate: records.len() as f64 / wall.as_secs_f64(),
+        cpu: cpu.as_secs_f64() * 1e6 / records.len() as f64,
+        hits: None,
+    })
 }
 
 /// Get + update + put per record, straight on RocksDB.
