@@ -135,3 +135,25 @@ fn a_0_1_0_component_and_a_batched_one_give_the_same_outputs_and_state() -> Resu
     assert!(batched_run.2 == state, "the batched build's state differs");
     Ok(())
 }
+
+/// `[state] rocksdb_memory_mib` bounds RocksDB's memtables: under a small budget they
+/// are flushed to table files while the job runs; under a large one the same writes
+/// stay in memory (RocksDB's defaults would hold them too).
+#[test]
+fn the_rocksdb_memory_budget_bounds_the_memtables() -> Result<()> {
+    let table_files = |budget_mib: u32| -> Result<usize> {
+        let dir = tempfile::tempdir()?;
+        // ~126,000 vehicles' summaries, ~34 MiB, written in two commits or more (one
+        // per 100,000 records at most): the budget is checked at each.
+        run_ok(run_generator_job(dir.path(), 200_000, 200_000, 3, 1).args([
+            "--no-checkpoints",
+            "--rocksdb-memory-mib",
+            &budget_mib.to_string(),
+        ]))?;
+        let files = std::fs::read_dir(dir.path().join("state/partition-0000"))?;
+        Ok(files.filter(|f| f.as_ref().is_ok_and(|f| f.path().extension().is_some_and(|e| e == "sst"))).count())
+    };
+    assert!(table_files(8)? >= 1, "an 8 MiB budget flushes the memtables");
+    assert_eq!(table_files(1024)?, 0, "a 1 GiB budget keeps them in memory");
+    Ok(())
+}

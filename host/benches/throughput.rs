@@ -47,6 +47,8 @@ fn main() -> Result<()> {
         Err(_) => vec![10_000, 1_000_000],
     };
     let state = StateConfig::default();
+    // As `sluice run` does: RocksDB's memory bounded for the whole process.
+    sluice::state::limit_memory(state.rocksdb_memory_mib << 20)?;
     println!(
         "vehicle-stats, {count} records, one partition, one thread; default [state]: cache {} MiB, commits every {:?} \
          or {} records or {} MiB written, batches of {}",
@@ -86,26 +88,25 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
     let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
     let operator = ActiveVersion::new(Arc::new(WasmOperator::load(&wasm_path, limits.clone(), Vec::new())?));
     let store = PartitionStore::open(&dir.path().join("wasm"), 0)?;
-    let mut wasm = operator.instantiate(0, Transaction::new(store, cache_bytes)?)?;
-    let wasm = through_worker(&mut wasm, &records, state, &dir.path().join("wasm"))?;
+    let wasm = operator.instantiate(0, Transaction::new(store, cache_bytes)?)?;
+    let wasm = through_worker(wasm, &records, state, &dir.path().join("wasm"))?;
     println!("wasm component, worker path    {wasm}");
 
     let unbatched = WasmOperator::load(&operator_wasm("vehicle_stats_0_1_0"), limits.clone(), Vec::new())?;
     let store = PartitionStore::open(&dir.path().join("unbatched"), 0)?;
-    let mut unbatched =
-        ActiveVersion::new(Arc::new(unbatched)).instantiate(0, Transaction::new(store, cache_bytes)?)?;
-    let unbatched = through_worker(&mut unbatched, &records, state, &dir.path().join("unbatched"))?;
+    let unbatched = ActiveVersion::new(Arc::new(unbatched)).instantiate(0, Transaction::new(store, cache_bytes)?)?;
+    let unbatched = through_worker(unbatched, &records, state, &dir.path().join("unbatched"))?;
     println!("  0.1.0 build, call per record {unbatched}");
 
     let before = StateConfig { cache_mib: 0, commit_every: 512, ..state.clone() };
     let store = PartitionStore::open(&dir.path().join("before"), 0)?;
-    let mut uncached = operator.instantiate(0, Transaction::new(store, 0)?)?;
-    let uncached = through_worker(&mut uncached, &records, &before, &dir.path().join("before"))?;
+    let uncached = operator.instantiate(0, Transaction::new(store, 0)?)?;
+    let uncached = through_worker(uncached, &records, &before, &dir.path().join("before"))?;
     println!("  no cache, commit every 512   {uncached}");
 
     let store = PartitionStore::open(&dir.path().join("native"), 0)?;
-    let mut native = NativeVehicleStats { txn: Transaction::new(store, cache_bytes)? };
-    let native = through_worker(&mut native, &records, state, &dir.path().join("native"))?;
+    let native = NativeVehicleStats { txn: Transaction::new(store, cache_bytes)? };
+    let native = through_worker(native, &records, state, &dir.path().join("native"))?;
     println!("native Rust, worker path       {native}");
 
     let raw = raw_rocksdb(&records, &dir.path().join("raw"))?;
@@ -153,9 +154,11 @@ impl std::fmt::Display for Measured {
     }
 }
 
-/// `operator` through [`worker::run`] with every batch already queued.
+/// `operator` through [`worker::run`] with every batch already queued; its store is
+/// closed at the end, so the paths measured after it share RocksDB's memory budget
+/// with nothing left over.
 fn through_worker(
-    operator: &mut dyn Operator,
+    mut operator: impl Operator,
     records: &[SourceRecord],
     state: &StateConfig,
     dir: &Path,
@@ -172,7 +175,7 @@ fn through_worker(
     };
     let stats = PartitionStats::new(0, 0, "bench");
     let clock = CpuClock::start()?;
-    worker::run(operator, rx, &destinations, &stats, None, &StopSignal::default(), Cadence::of(state, None))?;
+    worker::run(&mut operator, rx, &destinations, &stats, None, &StopSignal::default(), Cadence::of(state, None))?;
     let (wall, cpu) = clock.stop()?;
     let (hits, misses) = operator.state().cache().hits_and_misses();
     Ok(Measured {
@@ -237,11 +240,14 @@ impl Operator for NativeVehicleStats {
     }
 }
 
-/// A key-scoped view of a `HashMap` of every key's state.
+/// Every key's state: (key, name) -> value.
+type Entries = HashMap<(Vec<u8>, String), Vec<u8>>;
+
+/// A key-scoped view of [`Entries`].
 #[derive(Default)]
 struct MapBackend {
     key: Vec<u8>,
-    entries: RefCell<HashMap<(Vec<u8>, String), Vec<u8>>>,
+    entries: RefCell<Entries>,
 }
 
 impl StateBackend for MapBackend {

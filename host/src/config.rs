@@ -35,6 +35,7 @@
 //! commit_every = 100000       # ... and after this many records
 //! commit_dirty_mib = 64       # ... or this much written
 //! cache_mib = 64              # committed entries kept in memory, per partition
+//! rocksdb_memory_mib = 256    # RocksDB's memtables and block cache, all partitions together
 //!
 //! [dead_letter]
 //! path = "out/dead-letter.jsonl"
@@ -265,6 +266,10 @@ pub struct StateConfig {
     /// RocksDB), MiB; 0 keeps none.
     #[serde(default = "default_cache_mib")]
     pub cache_mib: usize,
+    /// The memory RocksDB may use for every partition of the host together — memtables,
+    /// and data, index and filter blocks — MiB.
+    #[serde(default = "default_rocksdb_memory_mib")]
+    pub rocksdb_memory_mib: usize,
 }
 
 impl StateConfig {
@@ -302,6 +307,10 @@ fn default_cache_mib() -> usize {
     64
 }
 
+fn default_rocksdb_memory_mib() -> usize {
+    256
+}
+
 impl Default for StateConfig {
     fn default() -> Self {
         StateConfig {
@@ -312,6 +321,7 @@ impl Default for StateConfig {
             commit_every: default_commit_every(),
             commit_dirty_mib: default_commit_dirty_mib(),
             cache_mib: default_cache_mib(),
+            rocksdb_memory_mib: default_rocksdb_memory_mib(),
         }
     }
 }

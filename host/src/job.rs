@@ -20,7 +20,7 @@ use crate::source::file::JsonlFile;
 use crate::source::generator::{Fleet, FleetOptions};
 use crate::source::kafka::{self, KafkaOptions};
 use crate::source::{self, DispatchOptions};
-use crate::state::StateDir;
+use crate::state::{self, StateDir};
 use crate::stats::{LiveStats, peak_rss, process_cpu};
 use crate::worker::{
     Cadence, Checkpointing, Destinations, DispatchReport, PartitionReport, Router, WorkerSetup, Workers,
@@ -135,6 +135,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let partitions = config.state.partitions;
     let source = OpenSource::open(&config.source)?;
     let slow_batch = source.slow_batch(partitions)?;
+    state::limit_memory(config.state.rocksdb_memory_mib << 20)?;
     let state = StateDir::open(&config.state.dir, partitions)?;
     let sandbox = Sandbox::new(&config.operator, state.scratch_path());
     let runtime = checkpoint::runtime()?;

@@ -173,6 +173,9 @@ struct RunArgs {
     /// Memory for committed state entries kept per partition, MiB; 0 keeps none.
     #[arg(long)]
     cache_mib: Option<usize>,
+    /// Memory RocksDB may use for all partitions together (memtables and blocks), MiB.
+    #[arg(long)]
+    rocksdb_memory_mib: Option<usize>,
     /// Checkpoint store: a directory, file:///dir or s3://bucket/prefix.
     #[arg(long)]
     checkpoint_store: Option<String>,
@@ -586,6 +589,9 @@ impl RunArgs {
         }
         if let Some(cache) = self.cache_mib {
             config.state.cache_mib = cache;
+        }
+        if let Some(memory) = self.rocksdb_memory_mib {
+            config.state.rocksdb_memory_mib = memory;
         }
         if self.no_checkpoints {
             config.checkpoint.enabled = false;

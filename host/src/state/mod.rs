@@ -6,7 +6,8 @@
 //! for writing; [`PartitionStore`] is one partition's database with the offset its
 //! state reflects; [`Transaction`] stages a batch of records' writes so that state and
 //! offset commit in one RocksDB write batch, and reads committed entries through a
-//! [`Cache`] under a byte budget.
+//! [`Cache`] under a byte budget. [`limit_memory`] bounds RocksDB's own memory across
+//! every partition of the process.
 //!
 //! Besides the partitions' databases, a state directory holds `snapshots/` (checkpoint
 //! snapshots being uploaded), `partition-NNNN.restoring` (a checkpoint being restored),
@@ -21,7 +22,7 @@ mod partition;
 mod transaction;
 
 pub use cache::Cache;
-pub use partition::{PartitionStore, StateEntry};
+pub use partition::{PartitionStore, StateEntry, limit_memory};
 pub use transaction::Transaction;
 
 use anyhow::{Context, Result, bail};

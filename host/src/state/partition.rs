@@ -2,14 +2,44 @@
 
 use super::STATE_FORMAT;
 use anyhow::{Context, Result, bail};
-use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch};
+use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteBufferManager};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// Column family holding the partition's bookkeeping: format and committed offset.
 const META_CF: &str = "meta";
 const META_FORMAT: &[u8] = b"format";
 const META_OFFSET: &[u8] = b"offset";
 const META_ENTRIES: &[u8] = b"entries";
+
+/// RocksDB's memory for every partition store of this process: one block cache, to
+/// which a write buffer manager charges the memtables, so memtables, data blocks and
+/// index and filter blocks stay within one budget however many partitions the host
+/// owns (RocksDB's defaults give each database up to two 64 MiB memtables and a block
+/// cache of its own).
+struct Memory {
+    budget: usize,
+    cache: rocksdb::Cache,
+    write_buffers: WriteBufferManager,
+}
+
+static MEMORY: OnceLock<Memory> = OnceLock::new();
+
+/// Bounds the memory of every partition store this process opens from now on to
+/// `budget` bytes: memtables are flushed once they hold half of it, and blocks read
+/// share the rest. Set once, before the first store opens (a second call with another
+/// budget is an error); without it each store gets RocksDB's defaults.
+pub fn limit_memory(budget: usize) -> Result<()> {
+    let memory = MEMORY.get_or_init(|| {
+        let cache = rocksdb::Cache::new_lru_cache(budget);
+        let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(budget / 2, false, cache.clone());
+        Memory { budget, cache, write_buffers }
+    });
+    if memory.budget != budget {
+        bail!("RocksDB's memory is already bounded to {} bytes, not {budget}", memory.budget);
+    }
+    Ok(())
+}
 
 /// One state entry: a named value under a record key.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,6 +96,14 @@ impl PartitionStore {
         // skips the table files the filter rules out instead of searching each.
         let mut table = rocksdb::BlockBasedOptions::default();
         table.set_bloom_filter(10.0, false);
+        if let Some(memory) = MEMORY.get() {
+            table.set_block_cache(&memory.cache);
+            // Index and filter blocks count against the budget too, the newest files'
+            // kept in it (every read consults them).
+            table.set_cache_index_and_filter_blocks(true);
+            table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+            options.set_write_buffer_manager(&memory.write_buffers);
+        }
         options.set_block_based_table_factory(&table);
         options
     }
