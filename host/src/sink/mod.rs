@@ -29,15 +29,17 @@ pub enum Sink {
 impl Sink {
     /// Writes a batch's outputs, each with the input that produced it, all produced by
     /// operator `version`, and returns once they are durable enough to commit the batch's
-    /// state after them.
-    pub fn write(&self, outputs: &[(&SourceRecord, Output)], version: &str) -> Result<()> {
+    /// state after them. A line sink formats them into `scratch`, which the caller keeps
+    /// from batch to batch so its memory is reused.
+    pub fn write(&self, outputs: &[(&SourceRecord, Output)], version: &str, scratch: &mut Vec<u8>) -> Result<()> {
         match self {
             Sink::Lines(lines) => {
-                let mut buf = Vec::new();
+                scratch.clear();
+                let operator = OperatorField::new(version);
                 for (input, output) in outputs {
-                    format_output(&mut buf, input, output, version);
+                    format_output(scratch, input, output, &operator);
                 }
-                lines.write(&buf)
+                lines.write(scratch)
             }
             Sink::Kafka(kafka) => kafka.write(outputs, version),
         }
@@ -190,20 +192,39 @@ impl Serialize for Payload<'_> {
     }
 }
 
-/// Appends the output line for `output`, produced from `input` by operator `version`,
-/// to `buf`.
-fn format_output(buf: &mut Vec<u8>, input: &SourceRecord, output: &Output, version: &str) {
-    Line {
-        partition: input.partition,
-        offset: input.offset,
-        key: &String::from_utf8_lossy(&output.key),
-        topic: output.topic.as_deref(),
-        value: Payload::of(&output.value),
-        operator: version,
-        error: None,
-        reason: None,
+/// The end of every output line of a batch, `,"operator":"<version>"}` and the newline,
+/// escaped once per batch rather than once per line.
+struct OperatorField(Vec<u8>);
+
+impl OperatorField {
+    fn new(version: &str) -> Self {
+        let mut field = br#","operator":"#.to_vec();
+        serde_json::to_writer(&mut field, version).expect("serializing to memory cannot fail");
+        field.extend_from_slice(b"}\n");
+        OperatorField(field)
     }
-    .write_to(buf);
+}
+
+/// Appends the output line for `output`, produced from `input` by the operator whose
+/// field is `operator`, to `buf`: the same line as [`Line`] writes, field by field.
+fn format_output(buf: &mut Vec<u8>, input: &SourceRecord, output: &Output, operator: &OperatorField) {
+    let text = |buf: &mut Vec<u8>, text: &str| serde_json::to_writer(&mut *buf, text).expect("writing to memory");
+    buf.extend_from_slice(br#"{"partition":"#);
+    buf.extend_from_slice(itoa::Buffer::new().format(input.partition).as_bytes());
+    buf.extend_from_slice(br#","offset":"#);
+    buf.extend_from_slice(itoa::Buffer::new().format(input.offset).as_bytes());
+    buf.extend_from_slice(br#","key":"#);
+    text(buf, &String::from_utf8_lossy(&output.key));
+    if let Some(topic) = &output.topic {
+        buf.extend_from_slice(br#","topic":"#);
+        text(buf, topic);
+    }
+    buf.extend_from_slice(br#","value":"#);
+    match Payload::of(&output.value) {
+        Payload::Json(raw) => buf.extend_from_slice(raw.get().as_bytes()),
+        Payload::Text(value) => text(buf, &value),
+    }
+    buf.extend_from_slice(&operator.0);
 }
 
 /// Appends the dead-letter line for `input` to `buf`.
@@ -219,4 +240,41 @@ pub fn format_dead_letter(buf: &mut Vec<u8>, input: &SourceRecord, operator: &st
         reason: Some(reason),
     }
     .write_to(buf);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`format_output`] writes, field by field, the line serde writes for [`Line`]:
+    /// JSON values embedded, other values and keys as (lossy) strings, escapes, topics.
+    #[test]
+    fn an_output_line_is_the_line_serde_writes() {
+        let input =
+            SourceRecord { partition: 3, offset: 1_234_567, key: b"k".to_vec(), value: Vec::new(), timestamp_ms: 0 };
+        let outputs = [
+            Output { key: b"veh-1".to_vec(), value: br#"{"count":1,"name":"a\"b"}"#.to_vec(), topic: None },
+            Output { key: vec![0xff, b'x'], value: b"plain \"text\"\n".to_vec(), topic: Some("other".into()) },
+            Output { key: Vec::new(), value: vec![0xC1, 0x80], topic: None },
+            Output { key: b"k".to_vec(), value: b" [1, 2] ".to_vec(), topic: None },
+        ];
+        let version = "vehicle_stats@\"quoted\"";
+        for output in &outputs {
+            let mut fast = Vec::new();
+            format_output(&mut fast, &input, output, &OperatorField::new(version));
+            let mut reference = Vec::new();
+            Line {
+                partition: input.partition,
+                offset: input.offset,
+                key: &String::from_utf8_lossy(&output.key),
+                topic: output.topic.as_deref(),
+                value: Payload::of(&output.value),
+                operator: version,
+                error: None,
+                reason: None,
+            }
+            .write_to(&mut reference);
+            assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&reference));
+        }
+    }
 }

@@ -175,7 +175,8 @@ pub fn run(
     stop: &StopSignal,
     cadence: Cadence,
 ) -> Result<()> {
-    let mut dead = Vec::new();
+    // Line buffers reused from batch to batch.
+    let (mut lines, mut dead) = (Vec::new(), Vec::new());
     let mut times = BatchTimes::new(cadence.slow_batch);
     let mut uncommitted = Uncommitted::default();
     loop {
@@ -227,7 +228,7 @@ pub fn run(
         // Outputs first, then state: a crash in between replays the records since the
         // last commit (outputs at least once) but never leaves state ahead of what was
         // emitted.
-        to.sink.write(&outputs, operator.version())?;
+        to.sink.write(&outputs, operator.version(), &mut lines)?;
         to.dead_letters.write(&dead)?;
         dead.clear();
         stats.processed.fetch_add(batch.len() as u64, Ordering::Relaxed);
