@@ -128,6 +128,18 @@ impl Batch {
         }
     }
 
+    /// Whether a `process-batch` call is running (between [`start`](Batch::start) and
+    /// [`end`](Batch::end)).
+    fn is_running(&self) -> bool {
+        !self.ends.is_empty()
+    }
+
+    /// Ends the call: `finish` has no inputs to move to until the next starts.
+    fn end(&mut self) {
+        self.keys.clear();
+        self.ends.clear();
+    }
+
     /// The key of input `index`, if there is one.
     fn key(&self, index: usize) -> Option<&[u8]> {
         let end = *self.ends.get(index)?;
@@ -320,7 +332,9 @@ fn finish(
     (outcome,): (std::result::Result<Vec<OutputRecord>, String>,),
 ) -> wasmtime::Result<()> {
     let ctx = store.data_mut();
-    if !ctx.in_record {
+    // Inside `process` (a component may import `batch` without exporting
+    // `process-batch`) there is no next input to move to, only a past batch's keys.
+    if !ctx.in_record || !ctx.batch.is_running() {
         wasmtime::bail!("batch.finish called outside `process-batch`");
     }
     let outcome = match outcome {
@@ -479,6 +493,7 @@ impl Operator for WasmInstance {
                 return Err(error);
             }
             outcomes.append(&mut ctx.batch.outcomes);
+            ctx.batch.end();
             if !in_record {
                 // Every input finished; a trap after the last `finish` still poisons
                 // the instance.
@@ -792,6 +807,25 @@ mod tests {
         for (line, expected) in lines.iter().zip(expected) {
             assert!(line.starts_with(expected), "{line:?} is not {expected:?} in {lines:#?}");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn finish_outside_a_batched_call_traps_and_moves_nothing() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut instance = probe(Limits { call_timeout: Duration::from_secs(1), memory_bytes: 16 << 20 }, dir.path())?;
+        // A batch ran before, so stale keys would be there to move to.
+        instance.process_batch(&[
+            probe_record(0, "a", r#""action":"count""#),
+            probe_record(1, "b", r#""action":"count""#),
+        ])?;
+        let live = instance.live();
+        // As inside `process`: a record in hand, no batch running.
+        live.store.data_mut().in_record = true;
+        live.store.data_mut().txn.begin_record(b"k");
+        let trap = finish(live.store.as_context_mut(), (Ok(Vec::new()),)).unwrap_err();
+        assert!(trap.to_string().contains("batch.finish called outside `process-batch`"), "{trap}");
+        assert!(live.store.data().batch.outcomes.is_empty(), "no outcome recorded");
         Ok(())
     }
 
