@@ -165,6 +165,7 @@ lint() {
     cargo clippy --workspace --all-targets -- -D warnings
     cargo clippy --target wasm32-wasip2 -p sluice-guest -p probe -p vehicle-stats --features vehicle-stats/v2 \
         -- -D warnings
+    cargo clippy --target wasm32-wasip2 -p vehicle-stats --features wit-0-1-0 -- -D warnings
 }
 
 # What a user measures: the release binary's `sluice run` over a JSONL file of 1M vehicle

@@ -134,7 +134,7 @@ fn an_operator_whose_init_fails_stops_the_job_with_its_reason() -> Result<()> {
         ("fail_init", "init returned an error: fail_init is set"),
         ("trap_init", "trapped in init: panicked at"),
         // State belongs to a record's key; init has none.
-        ("state_in_init", "state.put called outside `process`"),
+        ("state_in_init", "state.put called outside a record"),
     ];
     for (setting, expected) in failures {
         let dir = tempfile::tempdir()?;

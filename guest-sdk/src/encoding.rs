@@ -52,11 +52,17 @@ pub fn encode<T: Serialize + ?Sized>(value: &T, encoding: Encoding) -> Result<Ve
     }
 }
 
-/// The value in `bytes`, whichever encoding wrote it.
+/// The value in `bytes`, whichever encoding wrote it. Bytes left over after the value
+/// are an error in either encoding.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
-    match bytes.split_first() {
-        Some((&BINARY_MARKER, rest)) => rmp_serde::from_slice(rest).map_err(|e| Error(e.to_string())),
-        _ => serde_json::from_slice(bytes).map_err(|e| Error(e.to_string())),
+    let Some((&BINARY_MARKER, rest)) = bytes.split_first() else {
+        return serde_json::from_slice(bytes).map_err(|e| Error(e.to_string()));
+    };
+    let mut binary = rmp_serde::Deserializer::new(std::io::Cursor::new(rest));
+    let value = T::deserialize(&mut binary).map_err(|e| Error(e.to_string()))?;
+    match rest.len() as u64 - binary.position() {
+        0 => Ok(value),
+        left => Err(Error(format!("{left} bytes left over after the value"))),
     }
 }
 
@@ -116,5 +122,8 @@ mod tests {
             assert!(decode::<Before>(&bytes).is_err(), "{encoding:?}");
         }
         assert!(decode::<Before>(&[BINARY_MARKER, 0xFF]).is_err());
+        let mut trailing = encode(&before(), Encoding::Binary).unwrap();
+        trailing.push(0);
+        assert!(decode::<Before>(&trailing).is_err(), "a value with bytes after it");
     }
 }

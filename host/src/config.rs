@@ -487,6 +487,9 @@ impl Config {
         if self.state.commit_interval.is_zero() || self.state.commit_dirty_mib == 0 {
             bail!("[state] commit_interval and commit_dirty_mib must be more than 0");
         }
+        if self.state.rocksdb_memory_mib == 0 {
+            bail!("[state] rocksdb_memory_mib must be at least 1: RocksDB needs memory for its memtables");
+        }
         if self.operator.call_timeout_ms == 0 || self.operator.memory_limit_mib == 0 {
             bail!("[operator] call_timeout_ms and memory_limit_mib must be positive");
         }
@@ -650,6 +653,9 @@ mod tests {
         }
         let zero = toml::from_str::<Config>("[operator]\npath = \"op.wasm\"\npoll_versions = 0\n").unwrap();
         assert!(zero.validate().unwrap_err().to_string().contains("poll_versions must be more than 0"));
+        let zero =
+            toml::from_str::<Config>("[operator]\npath = \"op.wasm\"\n[state]\nrocksdb_memory_mib = 0\n").unwrap();
+        assert!(zero.validate().unwrap_err().to_string().contains("rocksdb_memory_mib must be at least 1"));
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub fn process_each<O: Operator + ?Sized>(operator: &mut O, records: &[SourceRec
     let mut outcomes = Vec::with_capacity(records.len());
     for record in records {
         operator.state().begin_record(&record.key);
-        let outcome = operator.process(record)?;
+        let outcome = operator.process(record).inspect_err(|_| operator.state().end_record(false))?;
         operator.state().end_record(matches!(outcome, Outcome::Emitted(_)));
         outcomes.push(outcome);
     }

@@ -429,6 +429,17 @@ impl WasmInstance {
     }
 }
 
+/// How many of `records`, at least one, make a `process-batch` call whose inputs' keys
+/// and values take at most `bytes`.
+fn run_length(records: &[SourceRecord], bytes: usize) -> usize {
+    let mut total = 0;
+    let within = records.iter().take_while(|record| {
+        total += record.key.len() + record.value.len();
+        total <= bytes
+    });
+    within.count().max(1)
+}
+
 /// `record` as the guest receives it, borrowing its bytes.
 fn input_record(record: &SourceRecord) -> InputRecord<'_> {
     InputRecord {
@@ -472,9 +483,13 @@ impl Operator for WasmInstance {
             return super::process_each(self, records);
         }
         let mut outcomes = Vec::with_capacity(records.len());
+        // The inputs of a call are copied into the guest's memory at once: a run takes
+        // at most an eighth of the memory cap, however large a batch's records are.
+        let call_bytes = self.operator.limits.memory_bytes / 8;
         // One call per run of records: a trap ends a run at the record it hit, and the
         // records after it make the next run, in a fresh instance.
-        while let Some(run) = records.get(outcomes.len()..).filter(|run| !run.is_empty()) {
+        while let Some(rest) = records.get(outcomes.len()..).filter(|rest| !rest.is_empty()) {
+            let run = &rest[..run_length(rest, call_bytes)];
             let live = self.live.as_mut().expect("instance is live between calls");
             let process_batch = live.process_batch.expect("checked above; a restart keeps the component");
             let ctx = live.store.data_mut();
@@ -489,11 +504,13 @@ impl Operator for WasmInstance {
                 .and_then(|process_batch| process_batch.call(&mut live.store, (&inputs,)));
             let ctx = live.store.data_mut();
             let in_record = std::mem::replace(&mut ctx.in_record, false);
-            if let Some(error) = ctx.host_error.take() {
-                return Err(error);
-            }
+            let finished = ctx.batch.outcomes.len();
             outcomes.append(&mut ctx.batch.outcomes);
             ctx.batch.end();
+            if let Some(error) = ctx.host_error.take() {
+                ctx.txn.end_record(false);
+                return Err(error);
+            }
             if !in_record {
                 // Every input finished; a trap after the last `finish` still poisons
                 // the instance.
@@ -509,7 +526,15 @@ impl Operator for WasmInstance {
                 Ok(()) => format!("`{PROCESS_BATCH}` returned before finishing this record"),
                 Err(trap) => self.replace_after(trap)?,
             };
-            outcomes.push(Outcome::Trapped(reason));
+            if finished == 0 && run.len() > 1 {
+                // Trapped before its first `finish`: perhaps by the run's inputs
+                // themselves (copying them in, under the memory cap), not by this
+                // record. It gets a call of its own.
+                tracing::debug!("`{PROCESS_BATCH}` of {} records trapped before finishing one: {reason}", run.len());
+                outcomes.append(&mut super::process_each(self, &run[..1])?);
+            } else {
+                outcomes.push(Outcome::Trapped(reason));
+            }
         }
         Ok(outcomes)
     }
@@ -624,10 +649,13 @@ impl HostCtx {
         (self.cause, self.last_error, self.host_error) = (None, None, None);
     }
 
-    /// Traps a state call made outside `process`.
+    /// Traps a state call made outside a record.
     fn check_in_record(&self, call: &str) -> Result<()> {
         if !self.in_record {
-            bail!("state.{call} called outside `process`: state belongs to a record's key, so `init` cannot use it");
+            bail!(
+                "state.{call} called outside a record: state belongs to a record's key, so neither `init` nor \
+                 `process-batch` after its last `batch.finish` can use it"
+            );
         }
         Ok(())
     }
@@ -814,7 +842,7 @@ mod tests {
     fn finish_outside_a_batched_call_traps_and_moves_nothing() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let mut instance = probe(Limits { call_timeout: Duration::from_secs(1), memory_bytes: 16 << 20 }, dir.path())?;
-        // A batch ran before, so stale keys would be there to move to.
+        // A batch ran before: had its keys been kept, `finish` would move to one.
         instance.process_batch(&[
             probe_record(0, "a", r#""action":"count""#),
             probe_record(1, "b", r#""action":"count""#),
@@ -830,6 +858,22 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_larger_than_the_memory_cap_is_split_into_calls_that_fit() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut instance = probe(Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20 }, dir.path())?;
+        // 24 MiB of inputs: more than the guest's whole memory, so in one call they
+        // would trap while being copied in.
+        let padding = "x".repeat(1 << 20);
+        let records: Vec<SourceRecord> = (0..24)
+            .map(|offset| probe_record(offset, "k", &format!(r#""action":"count","padding":"{padding}""#)))
+            .collect();
+        assert_eq!(run_length(&records, 16 << 20 >> 3), 1, "a run holds what an eighth of the cap holds");
+        let expected: Vec<String> = (1..=24).map(|count| format!(r#"{{"count":{count}}}"#)).collect();
+        assert_eq!(outcome_lines(&instance.process_batch(&records)?), expected);
+        Ok(())
+    }
+
+    #[test]
     fn the_deadline_bounds_each_record_of_a_batched_call_not_the_call() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let timeout = Duration::from_secs(1);
@@ -837,19 +881,20 @@ mod tests {
         let work = |offset, iterations: u64| {
             probe_record(offset, "k", &format!(r#""action":"work","iterations":{iterations}"#))
         };
-        // How many iterations take a fifth of the deadline here.
+        // How many iterations take a tenth of the deadline here: ten times the margin
+        // for a loaded machine.
         let started = Instant::now();
         instance.process_batch(&[work(0, 20_000_000)])?;
-        let iterations = (20_000_000.0 * (timeout / 5).as_secs_f64() / started.elapsed().as_secs_f64()) as u64;
+        let iterations = (20_000_000.0 * (timeout / 10).as_secs_f64() / started.elapsed().as_secs_f64()) as u64;
 
-        let records: Vec<SourceRecord> = (1..=10).map(|offset| work(offset, iterations)).collect();
+        let records: Vec<SourceRecord> = (1..=20).map(|offset| work(offset, iterations)).collect();
         let started = Instant::now();
         let lines = outcome_lines(&instance.process_batch(&records)?);
         assert!(
             started.elapsed() > timeout,
             "the call must outlast one record's deadline for this test to mean anything"
         );
-        let expected: Vec<String> = (2..=11).map(|count| format!(r#"{{"count":{count}}}"#)).collect();
+        let expected: Vec<String> = (2..=21).map(|count| format!(r#"{{"count":{count}}}"#)).collect();
         assert_eq!(lines, expected);
         Ok(())
     }
