@@ -157,3 +157,38 @@ fn the_rocksdb_memory_budget_bounds_the_memtables() -> Result<()> {
     assert_eq!(table_files(1024)?, 0, "a 1 GiB budget keeps them in memory");
     Ok(())
 }
+
+/// Event-time TTL through the binary: the state of a vehicle that stopped reporting is
+/// removed once the partition's clock (its largest timestamp) passes the vehicle's last
+/// report plus the TTL; a vehicle still reporting keeps its state, whose expiry `state
+/// dump` shows.
+#[test]
+fn the_state_of_a_vehicle_that_stopped_reporting_expires_in_event_time() -> Result<()> {
+    const T0: i64 = 1_700_000_000_000;
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    let line = |vehicle: &str, ts: i64| {
+        format!(r#"{{"vehicle_id":"{vehicle}","ts":{ts},"lat":52.5,"lon":13.4,"speed_kmh":50.0}}"#)
+    };
+    let mut lines = vec![line("gone", T0), line("gone", T0 + 1_000)];
+    lines.extend((0..=20).map(|second| line("stays", T0 + second * 1_000)));
+    std::fs::write(&input, lines.join("\n") + "\n")?;
+    let run = run_ok(run_file_job(&operator_wasm("vehicle_stats"), &input, dir.path(), 1).args(["--ttl", "10s"]))?;
+    let report = String::from_utf8_lossy(&run.stderr);
+    assert!(report.contains("1 expired state entries removed"), "{report}");
+
+    let dump = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(dir.path().join("state")))?;
+    let entries: Vec<Value> =
+        String::from_utf8(dump.stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    assert!(entries.iter().all(|e| e["key"] == "stays"), "{entries:?}");
+    assert!(!entries.is_empty());
+    for entry in &entries {
+        assert_eq!(entry["expires_at_ms"], T0 + 30_000, "the last write plus the TTL: {entry}");
+    }
+
+    // Without a TTL the same input keeps both.
+    let again = tempfile::tempdir()?;
+    run_ok(&mut run_file_job(&operator_wasm("vehicle_stats"), &input, again.path(), 1))?;
+    assert_eq!(dump_state(&again.path().join("state"))?.len(), 2);
+    Ok(())
+}

@@ -1,17 +1,19 @@
 //! Records/s and CPU time per record of vehicle-stats over the fleet generator, with
-//! RocksDB state, three ways in one run:
+//! RocksDB state, several ways in one run:
 //!
 //! 1. the WASM component through the host's worker path (what `sluice run` does), a
 //!    batch of records per call (`process-batch`);
-//! 2. the same operator built against WIT 0.1.0, one call per record, the baseline of
+//! 2. the same with every entry under an event-time TTL of an hour (expiry stamps, the
+//!    expiry index kept with every write, a sweep per commit), against 1 for TTL's cost;
+//! 3. the same operator built against WIT 0.1.0, one call per record, the baseline of
 //!    the batched call;
-//! 3. the component with the state layer as it was before its cache and commits by
+//! 4. the component with the state layer as it was before its cache and commits by
 //!    time (no cache, a commit every 512 records), the baseline of those two levers;
-//! 4. the same operator code compiled natively, through the same worker path and the
+//! 5. the same operator code compiled natively, through the same worker path and the
 //!    same state layer (transaction, cache, commits);
-//! 5. a raw RocksDB read-modify-write loop over the same keys (get, update a
+//! 6. a raw RocksDB read-modify-write loop over the same keys (get, update a
 //!    16-byte aggregate, put), the floor of what keyed state costs without a cache;
-//! 6. the operator alone, compiled natively, its state in a `HashMap` and its outputs
+//! 7. the operator alone, compiled natively, its state in a `HashMap` and its outputs
 //!    dropped: no host at all, so the ceiling of any host running this operator (its
 //!    own work is parsing the input, decoding and encoding the summary).
 //!
@@ -23,7 +25,7 @@
 //! `SLUICE_BENCH_VEHICLES` runs one fleet size only.
 
 use anyhow::Result;
-use sluice::config::StateConfig;
+use sluice::config::{StateConfig, TtlConfig};
 use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
 use sluice::operator::{Operator, Outcome, Output, Switch};
 use sluice::record::SourceRecord;
@@ -64,7 +66,7 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// The six paths over `count` records of `vehicles` vehicles.
+/// Every path over `count` records of `vehicles` vehicles.
 fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
     let records: Vec<SourceRecord> =
         Fleet::new(&FleetOptions { vehicles: vehicles as u32, count: Some(count), seed: 42 })
@@ -91,6 +93,12 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
     let wasm = operator.instantiate(0, Transaction::new(store, cache_bytes)?)?;
     let wasm = through_worker(wasm, &records, state, &dir.path().join("wasm"))?;
     println!("wasm component, worker path    {wasm}");
+
+    let ttl = TtlConfig { default: Some(Duration::from_secs(3600)), ..TtlConfig::default() };
+    let store = PartitionStore::open(&dir.path().join("ttl"), 0)?;
+    let expiring = operator.instantiate(0, Transaction::new(store, cache_bytes)?.with_ttl(Arc::new(ttl)))?;
+    let expiring = through_worker(expiring, &records, state, &dir.path().join("ttl"))?;
+    println!("  the same, TTL 1h on entries  {expiring}");
 
     let unbatched = WasmOperator::load(&operator_wasm("vehicle_stats_0_1_0"), limits.clone(), Vec::new())?;
     let store = PartitionStore::open(&dir.path().join("unbatched"), 0)?;
@@ -124,6 +132,11 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
         "cache and commits by time: {:.2}x records/s, {:.2}x less CPU per record",
         wasm.rate / uncached.rate,
         uncached.cpu / wasm.cpu
+    );
+    println!(
+        "TTL on / off: {:.2} records/s (CPU per record: {:.2})",
+        expiring.rate / wasm.rate,
+        wasm.cpu / expiring.cpu
     );
     println!("wasm / raw RocksDB {:.2} (CPU per record: {:.2})", wasm.rate / raw.rate, raw.cpu / wasm.cpu);
     println!(

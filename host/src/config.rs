@@ -37,6 +37,14 @@
 //! cache_mib = 64              # committed entries kept in memory, per partition
 //! rocksdb_memory_mib = 256    # RocksDB's memtables and block cache, all partitions together
 //!
+//! [ttl]                       # state expiry in event time (the partition's largest timestamp)
+//! # default = "7d"            # every entry's TTL from its last write; absent: never expires
+//! lateness = "0s"             # the clock trails the largest timestamp seen by this much
+//! future_skew = "1d"          # timestamps further ahead of the wall clock do not move it
+//! sweep_limit = 50000         # the most expired entries one commit removes
+//! [ttl.names]                 # TTLs per state name, over the default
+//! # summary = "1h"
+//!
 //! [dead_letter]
 //! path = "out/dead-letter.jsonl"
 //!
@@ -75,6 +83,9 @@ pub struct Config {
     /// Where state lives.
     #[serde(default)]
     pub state: StateConfig,
+    /// When state expires.
+    #[serde(default)]
+    pub ttl: TtlConfig,
     /// Where records the operator could not process go.
     #[serde(default)]
     pub dead_letter: DeadLetterConfig,
@@ -326,6 +337,61 @@ impl Default for StateConfig {
     }
 }
 
+/// `[ttl]`: state expiry, in event time.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TtlConfig {
+    /// The TTL of every entry whose name has none in `names`, counted from its last
+    /// write; absent: such entries never expire.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub default: Option<Duration>,
+    /// TTLs by state name.
+    #[serde(default)]
+    pub names: BTreeMap<String, Ttl>,
+    /// How far the clock trails the largest timestamp seen.
+    #[serde(default, deserialize_with = "duration")]
+    pub lateness: Duration,
+    /// Timestamps further than this ahead of the wall clock do not move the clock.
+    #[serde(default = "default_future_skew", deserialize_with = "duration")]
+    pub future_skew: Duration,
+    /// The most expired entries one commit removes.
+    #[serde(default = "default_sweep_limit")]
+    pub sweep_limit: usize,
+}
+
+/// One state name's TTL in `[ttl.names]`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(transparent)]
+pub struct Ttl(#[serde(deserialize_with = "duration")] pub Duration);
+
+impl TtlConfig {
+    /// The TTL of entries named `name`: its own, else the default; `None`: they never
+    /// expire.
+    pub fn ttl(&self, name: &str) -> Option<Duration> {
+        self.names.get(name).map(|ttl| ttl.0).or(self.default)
+    }
+}
+
+fn default_future_skew() -> Duration {
+    Duration::from_secs(24 * 3600)
+}
+
+fn default_sweep_limit() -> usize {
+    50_000
+}
+
+impl Default for TtlConfig {
+    fn default() -> Self {
+        TtlConfig {
+            default: None,
+            names: BTreeMap::new(),
+            lateness: Duration::ZERO,
+            future_skew: default_future_skew(),
+            sweep_limit: default_sweep_limit(),
+        }
+    }
+}
+
 /// `[dead_letter]`
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -449,6 +515,7 @@ impl Config {
             source: SourceConfig::default(),
             sink: SinkConfig::default(),
             state: StateConfig::default(),
+            ttl: TtlConfig::default(),
             dead_letter: DeadLetterConfig::default(),
             checkpoint: CheckpointConfig::default(),
             report: ReportConfig::default(),
@@ -489,6 +556,13 @@ impl Config {
         }
         if self.state.rocksdb_memory_mib == 0 {
             bail!("[state] rocksdb_memory_mib must be at least 1: RocksDB needs memory for its memtables");
+        }
+        let ttl = &self.ttl;
+        if ttl.default.is_some_and(|ttl| ttl.is_zero()) || ttl.names.values().any(|ttl| ttl.0.is_zero()) {
+            bail!("[ttl] a TTL must be more than 0: an entry would expire as it is written");
+        }
+        if ttl.sweep_limit == 0 {
+            bail!("[ttl] sweep_limit must be at least 1, or expired entries would never be removed");
         }
         if self.operator.call_timeout_ms == 0 || self.operator.memory_limit_mib == 0 {
             bail!("[operator] call_timeout_ms and memory_limit_mib must be positive");
@@ -656,6 +730,17 @@ mod tests {
         let zero =
             toml::from_str::<Config>("[operator]\npath = \"op.wasm\"\n[state]\nrocksdb_memory_mib = 0\n").unwrap();
         assert!(zero.validate().unwrap_err().to_string().contains("rocksdb_memory_mib must be at least 1"));
+    }
+
+    #[test]
+    fn ttls_are_durations_by_name_and_zero_is_refused() {
+        let text = "[operator]\npath = \"op.wasm\"\n[ttl]\ndefault = \"7d\"\n[ttl.names]\nsummary = 90\n";
+        let config = toml::from_str::<Config>(text).unwrap();
+        assert_eq!(config.ttl.default, Some(Duration::from_secs(7 * 86_400)));
+        assert_eq!(config.ttl.names["summary"], Ttl(Duration::from_secs(90)));
+        config.validate().unwrap();
+        let zero = toml::from_str::<Config>("[operator]\npath = \"op.wasm\"\n[ttl.names]\nsummary = \"0s\"\n").unwrap();
+        assert!(zero.validate().unwrap_err().to_string().contains("[ttl] a TTL must be more than 0"));
     }
 
     #[test]

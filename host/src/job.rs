@@ -80,6 +80,15 @@ impl fmt::Display for JobReport {
             self.elapsed.as_secs_f64(),
             self.source.skipped
         )?;
+        let expired: u64 = self.partitions.iter().map(|p| p.totals.expired).sum();
+        let ignored: u64 = self.partitions.iter().map(|p| p.totals.clock_ignored).sum();
+        if expired > 0 || ignored > 0 {
+            writeln!(
+                f,
+                "{expired} expired state entries removed; {ignored} records without a usable timestamp (none, \
+                 negative or too far ahead) did not move the event-time clock"
+            )?;
+        }
         if self.source.gaps > 0 {
             writeln!(f, "{} offset gaps: records the source never delivered (see the log)", self.source.gaps)?;
         }
@@ -172,6 +181,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
         queued_batches: QUEUED_BATCHES,
         cadence: Cadence::of(&config.state, slow_batch),
         cache_bytes: config.state.cache_mib << 20,
+        ttl: Arc::new(config.ttl.clone()),
     });
     let live = workers.live();
     let router = Router::new(workers, partitions, config.state.batch_size());
@@ -360,10 +370,12 @@ fn print_summary(started: Instant, since: Mark, live: &LiveStats) -> Mark {
         .iter()
         .map(|(p, s)| {
             let lag = s.lag.load(Ordering::Relaxed);
+            let expired = s.expired.load(Ordering::Relaxed);
             format!(
-                "p{p}@{} entries={} ckpt@{} batch-p99={:.1}ms{}",
+                "p{p}@{} entries={}{} ckpt@{} batch-p99={:.1}ms{}",
                 s.committed_offset.load(Ordering::Relaxed),
                 s.entries.load(Ordering::Relaxed),
+                if expired > 0 { format!(" expired={expired}") } else { String::new() },
                 s.checkpoint_offset.load(Ordering::Relaxed),
                 s.batch_p99_us.load(Ordering::Relaxed) as f64 / 1e3,
                 if lag >= 0 { format!(" {LAG}{lag}") } else { String::new() }

@@ -176,6 +176,9 @@ struct RunArgs {
     /// Memory RocksDB may use for all partitions together (memtables and blocks), MiB.
     #[arg(long)]
     rocksdb_memory_mib: Option<usize>,
+    /// The TTL of state entries without one of their own, in event time: e.g. 10m, 7d.
+    #[arg(long, value_parser = config::parse_duration)]
+    ttl: Option<Duration>,
     /// Checkpoint store: a directory, file:///dir or s3://bucket/prefix.
     #[arg(long)]
     checkpoint_store: Option<String>,
@@ -350,12 +353,15 @@ fn dump_state(state_dir: &Path) -> Result<()> {
         let store = dir.open_partition(partition)?;
         for entry in store.entries() {
             let entry = entry?;
-            let line = serde_json::json!({
+            let mut line = serde_json::json!({
                 "partition": partition,
                 "key": String::from_utf8_lossy(&entry.key),
                 "name": entry.name,
                 "value": stored_value(&entry.value),
             });
+            if let Some(at) = entry.expires_at_ms {
+                line["expires_at_ms"] = at.into();
+            }
             serde_json::to_writer(&mut out, &line)?;
             out.write_all(b"\n")?;
         }
@@ -592,6 +598,9 @@ impl RunArgs {
         }
         if let Some(memory) = self.rocksdb_memory_mib {
             config.state.rocksdb_memory_mib = memory;
+        }
+        if let Some(ttl) = self.ttl {
+            config.ttl.default = Some(ttl);
         }
         if self.no_checkpoints {
             config.checkpoint.enabled = false;

@@ -21,8 +21,17 @@ pub struct PartitionStats {
     pub dead_letters: AtomicU64,
     /// The next offset to process, as last committed.
     pub committed_offset: AtomicU64,
-    /// State entries held, as of the last commit.
+    /// State entries held, as of the last commit (expired ones not yet removed
+    /// included).
     pub entries: AtomicU64,
+    /// Expired entries removed by this worker's commits.
+    pub expired: AtomicU64,
+    /// The partition's event-time clock as of the last commit, ms since the epoch (0:
+    /// not started).
+    pub clock_ms: AtomicU64,
+    /// Records whose timestamp did not move the clock (none, negative or too far
+    /// ahead), counted by this worker.
+    pub clock_ignored: AtomicU64,
     /// Checkpoints completed by this worker.
     pub checkpoints: AtomicU64,
     /// The offset of the newest completed checkpoint.
@@ -57,6 +66,9 @@ impl PartitionStats {
             dead_letters: AtomicU64::new(0),
             committed_offset: AtomicU64::new(committed_offset),
             entries: AtomicU64::new(entries),
+            expired: AtomicU64::new(0),
+            clock_ms: AtomicU64::new(0),
+            clock_ignored: AtomicU64::new(0),
             checkpoints: AtomicU64::new(0),
             checkpoint_offset: AtomicU64::new(0),
             uploaded_bytes: AtomicU64::new(0),
@@ -77,6 +89,8 @@ impl PartitionStats {
             committed_offset: self.committed_offset.load(Ordering::Relaxed),
             processed: self.processed.load(Ordering::Relaxed),
             dead_letters: self.dead_letters.load(Ordering::Relaxed),
+            expired: self.expired.load(Ordering::Relaxed),
+            clock_ignored: self.clock_ignored.load(Ordering::Relaxed),
             checkpoints: self.checkpoints.load(Ordering::Relaxed),
             checkpoint_offset: self.checkpoint_offset.load(Ordering::Relaxed),
             uploaded_bytes: self.uploaded_bytes.load(Ordering::Relaxed),
@@ -94,6 +108,10 @@ pub struct Totals {
     pub processed: u64,
     /// Records sent to the dead-letter file.
     pub dead_letters: u64,
+    /// Expired entries removed.
+    pub expired: u64,
+    /// Records whose timestamp did not move the clock.
+    pub clock_ignored: u64,
     /// Checkpoints completed.
     pub checkpoints: u64,
     /// The offset of the newest of them (0 if none).

@@ -69,7 +69,7 @@ pub trait Operator: Send {
 pub fn process_each<O: Operator + ?Sized>(operator: &mut O, records: &[SourceRecord]) -> Result<Vec<Outcome>> {
     let mut outcomes = Vec::with_capacity(records.len());
     for record in records {
-        operator.state().begin_record(&record.key);
+        operator.state().begin_record(&record.key, record.timestamp_ms);
         let outcome = operator.process(record).inspect_err(|_| operator.state().end_record(false))?;
         operator.state().end_record(matches!(outcome, Outcome::Emitted(_)));
         outcomes.push(outcome);

@@ -113,18 +113,20 @@ struct Batch {
     keys: Vec<u8>,
     /// ... and where each ends.
     ends: Vec<usize>,
+    /// The inputs' event times.
+    timestamps: Vec<i64>,
     /// The outcomes of the inputs finished so far, in order.
     outcomes: Vec<Outcome>,
 }
 
 impl Batch {
     fn start(&mut self, records: &[SourceRecord]) {
-        self.keys.clear();
-        self.ends.clear();
+        self.end();
         self.outcomes.clear();
         for record in records {
             self.keys.extend_from_slice(&record.key);
             self.ends.push(self.keys.len());
+            self.timestamps.push(record.timestamp_ms);
         }
     }
 
@@ -138,13 +140,14 @@ impl Batch {
     fn end(&mut self) {
         self.keys.clear();
         self.ends.clear();
+        self.timestamps.clear();
     }
 
-    /// The key of input `index`, if there is one.
-    fn key(&self, index: usize) -> Option<&[u8]> {
+    /// The key and event time of input `index`, if there is one.
+    fn input(&self, index: usize) -> Option<(&[u8], i64)> {
         let end = *self.ends.get(index)?;
         let start = index.checked_sub(1).map_or(0, |before| self.ends[before]);
-        Some(&self.keys[start..end])
+        Some((&self.keys[start..end], self.timestamps[index]))
     }
 }
 
@@ -343,9 +346,9 @@ fn finish(
     };
     ctx.txn.end_record(matches!(outcome, Outcome::Emitted(_)));
     ctx.batch.outcomes.push(outcome);
-    match ctx.batch.key(ctx.batch.outcomes.len()) {
-        Some(key) => {
-            ctx.txn.begin_record(key);
+    match ctx.batch.input(ctx.batch.outcomes.len()) {
+        Some((key, timestamp_ms)) => {
+            ctx.txn.begin_record(key, timestamp_ms);
             ctx.forget_last_call();
             arm_deadline(store);
         }
@@ -495,7 +498,7 @@ impl Operator for WasmInstance {
             let ctx = live.store.data_mut();
             ctx.forget_last_call();
             ctx.batch.start(run);
-            ctx.txn.begin_record(&run[0].key);
+            ctx.txn.begin_record(&run[0].key, run[0].timestamp_ms);
             ctx.in_record = true;
             arm_deadline(&mut live.store);
             let inputs: Vec<InputRecord<'_>> = run.iter().map(input_record).collect();
@@ -850,7 +853,7 @@ mod tests {
         let live = instance.live();
         // As inside `process`: a record in hand, no batch running.
         live.store.data_mut().in_record = true;
-        live.store.data_mut().txn.begin_record(b"k");
+        live.store.data_mut().txn.begin_record(b"k", 0);
         let trap = finish(live.store.as_context_mut(), (Ok(Vec::new()),)).unwrap_err();
         assert!(trap.to_string().contains("batch.finish called outside `process-batch`"), "{trap}");
         assert!(live.store.data().batch.outcomes.is_empty(), "no outcome recorded");

@@ -13,6 +13,7 @@
 //! [`SWEEP_TO`](Cache::SWEEP_TO) of its budget. It does not decide what is committed
 //! or when (the transaction and the worker do).
 
+use super::expiry::Prior;
 use std::collections::HashMap;
 
 /// What each cached entry costs beyond its key and value: the table slot, the two
@@ -62,9 +63,10 @@ impl Cache {
         }
     }
 
-    /// Whether the database holds `entry`, if the cache knows; counts nothing.
-    pub fn exists(&self, entry: &[u8]) -> Option<bool> {
-        self.entries.get(entry).map(|slot| slot.value.is_some())
+    /// What the database holds for `entry`, if the cache knows; counts nothing.
+    pub fn prior(&self, entry: &[u8]) -> Option<Prior> {
+        // A value that does not decode was never cached (reads check it first).
+        self.entries.get(entry).and_then(|slot| Prior::of(slot.value.as_deref()).ok())
     }
 
     /// Remembers `value` as the committed value of `entry`, then evicts if the cache

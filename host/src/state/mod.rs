@@ -6,8 +6,9 @@
 //! for writing; [`PartitionStore`] is one partition's database with the offset its
 //! state reflects; [`Transaction`] stages a batch of records' writes so that state and
 //! offset commit in one RocksDB write batch, and reads committed entries through a
-//! [`Cache`] under a byte budget. [`limit_memory`] bounds RocksDB's own memory across
-//! every partition of the process.
+//! [`Cache`] under a byte budget, and removes expired entries ([`TtlConfig`](crate::config::TtlConfig), in the
+//! partition's event time, its [`Clock`]). [`limit_memory`] bounds RocksDB's own memory
+//! across every partition of the process.
 //!
 //! Besides the partitions' databases, a state directory holds `snapshots/` (checkpoint
 //! snapshots being uploaded), `partition-NNNN.restoring` (a checkpoint being restored),
@@ -18,10 +19,12 @@
 //! nothing about operators beyond the current record's key.
 
 mod cache;
+mod expiry;
 mod partition;
 mod transaction;
 
 pub use cache::Cache;
+pub use expiry::Clock;
 pub use partition::{PartitionStore, StateEntry, limit_memory};
 pub use transaction::Transaction;
 
@@ -31,8 +34,12 @@ use std::path::{Path, PathBuf};
 
 /// The state format this build writes and reads. Bump it whenever the layout or the
 /// entry encoding changes, so an older or newer sluice refuses the directory instead
-/// of misreading it.
-pub const STATE_FORMAT: u32 = 1;
+/// of misreading it. Format 2 puts an expiry header before every value; a format-1
+/// directory (values without one) is migrated when opened.
+pub const STATE_FORMAT: u32 = 2;
+
+/// The older format a directory is migrated from when opened.
+const MIGRATED_FORMAT: u32 = 1;
 
 /// The file at the root of a state directory that records its format.
 pub const MANIFEST_FILE: &str = "sluice-state.json";
@@ -69,7 +76,17 @@ impl StateDir {
     pub fn open(root: &Path, partitions: u32) -> Result<Self> {
         let manifest_path = root.join(MANIFEST_FILE);
         let manifest = if manifest_path.exists() {
-            let manifest = Self::read_manifest(root)?;
+            let mut manifest = Self::read_manifest(root)?;
+            if manifest.format == MIGRATED_FORMAT && manifest.partitions == partitions {
+                // From now on an older sluice refuses the directory; each partition's
+                // values are migrated when it is opened.
+                tracing::info!(
+                    "state directory {} is in format {MIGRATED_FORMAT}: migrating it to {STATE_FORMAT}",
+                    root.display()
+                );
+                manifest.format = STATE_FORMAT;
+                Self::write_manifest(root, &manifest)?;
+            }
             if manifest.format != STATE_FORMAT {
                 bail!(
                     "{} says the state directory was written in state format {} (by sluice {}); this sluice {} reads \
@@ -102,9 +119,7 @@ impl StateDir {
             std::fs::create_dir_all(root).with_context(|| format!("creating state directory {}", root.display()))?;
             let manifest =
                 StateManifest { format: STATE_FORMAT, partitions, created_by: env!("CARGO_PKG_VERSION").to_string() };
-            let tmp = root.join(format!("{MANIFEST_FILE}.tmp"));
-            std::fs::write(&tmp, serde_json::to_vec_pretty(&manifest)?)?;
-            std::fs::rename(&tmp, &manifest_path)?;
+            Self::write_manifest(root, &manifest)?;
             manifest
         };
         let lock_path = root.join(LOCK_FILE);
@@ -127,6 +142,13 @@ impl StateDir {
             std::fs::remove_dir_all(&path).with_context(|| format!("removing leftover {}", path.display()))?;
         }
         Ok(())
+    }
+
+    /// Replaces the manifest of the directory at `root` with `manifest`, atomically.
+    fn write_manifest(root: &Path, manifest: &StateManifest) -> Result<()> {
+        let tmp = root.join(format!("{MANIFEST_FILE}.tmp"));
+        std::fs::write(&tmp, serde_json::to_vec_pretty(manifest)?)?;
+        std::fs::rename(&tmp, root.join(MANIFEST_FILE)).with_context(|| format!("writing {}", tmp.display()))
     }
 
     /// Reads the manifest of an existing state directory without opening anything.

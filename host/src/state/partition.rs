@@ -1,8 +1,12 @@
-//! One partition's RocksDB database: state entries and the offset they reflect.
+//! One partition's RocksDB database: state entries, their expiry index, and the offset
+//! and clock they reflect.
 
 use super::STATE_FORMAT;
+use super::expiry::{StoredValue, decode_index_key, encode_value};
 use anyhow::{Context, Result, bail};
-use rocksdb::{ColumnFamilyDescriptor, DB, IteratorMode, Options, WriteBatch, WriteBufferManager};
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch, WriteBufferManager,
+};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -11,6 +15,20 @@ const META_CF: &str = "meta";
 const META_FORMAT: &[u8] = b"format";
 const META_OFFSET: &[u8] = b"offset";
 const META_ENTRIES: &[u8] = b"entries";
+const META_CLOCK: &[u8] = b"clock";
+/// The last entry key a migration from format 1 rewrote, while it runs.
+const META_MIGRATED: &[u8] = b"migrated-to";
+
+/// Column family of the expiry index: an empty value under (expiry, entry key) for
+/// every stored value that expires, in expiry order.
+const EXPIRY_CF: &str = "expiry";
+
+/// The format whose values had no expiry header, which [`PartitionStore::open`]
+/// migrates.
+const FORMAT_WITHOUT_EXPIRY: u32 = 1;
+
+/// Entries one write batch of the migration from format 1 rewrites.
+const MIGRATION_CHUNK: usize = 10_000;
 
 /// RocksDB's memory for every partition store of this process: one block cache, to
 /// which a write buffer manager charges the memtables, so memtables, data blocks and
@@ -48,13 +66,17 @@ pub struct StateEntry {
     pub key: Vec<u8>,
     /// The name the operator stored it under.
     pub name: String,
-    /// The stored bytes.
+    /// The bytes the operator wrote.
     pub value: Vec<u8>,
+    /// When the entry expires (ms since the epoch, event time); `None`: never.
+    pub expires_at_ms: Option<u64>,
 }
 
 /// A partition's database. State entries live in the default column family under
-/// [`encode_entry_key`]; the committed source offset lives in the `meta` column family and
-/// is only ever written in the same batch as the state it reflects.
+/// [`encode_entry_key`], each value behind its expiry header
+/// ([`encode_value`](super::expiry::encode_value)); the `expiry` column family indexes
+/// the values that expire; the committed source offset and clock live in the `meta`
+/// column family and are only ever written in the same batch as the state they reflect.
 pub struct PartitionStore {
     db: DB,
     path: PathBuf,
@@ -66,7 +88,10 @@ impl PartitionStore {
     pub fn open(path: &Path, partition: u32) -> Result<Self> {
         let mut options = Self::options();
         options.create_missing_column_families(true);
-        let cfs = [ColumnFamilyDescriptor::new(META_CF, Options::default())];
+        let cfs = [
+            ColumnFamilyDescriptor::new(META_CF, Options::default()),
+            ColumnFamilyDescriptor::new(EXPIRY_CF, Options::default()),
+        ];
         let db = DB::open_cf_descriptors(&options, path, cfs)
             .with_context(|| format!("opening state of partition {partition} at {}", path.display()))?;
         let store = PartitionStore { db, path: path.to_path_buf(), partition };
@@ -77,6 +102,9 @@ impl PartitionStore {
                 store.db.write(batch)?;
             }
             Some(bytes) if bytes == STATE_FORMAT.to_be_bytes() => {}
+            Some(bytes) if bytes == FORMAT_WITHOUT_EXPIRY.to_be_bytes() => {
+                store.migrate_from_format_1(MIGRATION_CHUNK)?
+            }
             Some(bytes) => bail!(
                 "state of partition {partition} at {} has format {:?}, this sluice reads format {STATE_FORMAT}",
                 path.display(),
@@ -84,6 +112,48 @@ impl PartitionStore {
             ),
         }
         Ok(store)
+    }
+
+    /// Rewrites every value of a format-1 database (written before values carried an
+    /// expiry) with a header saying it never expires, `chunk` entries per write batch,
+    /// each recording how far it got: a crash resumes where the last batch ended.
+    fn migrate_from_format_1(&self, chunk: usize) -> Result<()> {
+        let mut migrated_to = self.get_meta(META_MIGRATED)?;
+        let mut rewritten = 0u64;
+        loop {
+            let mode = match &migrated_to {
+                Some(last) => IteratorMode::From(last, Direction::Forward),
+                None => IteratorMode::Start,
+            };
+            let mut batch = WriteBatch::default();
+            let mut last = None;
+            for item in self.db.iterator(mode) {
+                let (entry, value) = item?;
+                if migrated_to.as_deref() == Some(&entry[..]) {
+                    continue;
+                }
+                batch.put(&entry, encode_value(&value, None));
+                last = Some(entry);
+                if batch.len() == chunk {
+                    break;
+                }
+            }
+            let Some(last) = last else { break };
+            rewritten += batch.len() as u64;
+            batch.put_cf(self.meta(), META_MIGRATED, &last);
+            self.db.write(batch).with_context(|| format!("migrating state of partition {}", self.partition))?;
+            migrated_to = Some(last.into_vec());
+        }
+        let mut done = WriteBatch::default();
+        done.put_cf(self.meta(), META_FORMAT, STATE_FORMAT.to_be_bytes());
+        done.delete_cf(self.meta(), META_MIGRATED);
+        self.db.write(done)?;
+        tracing::info!(
+            partition = self.partition,
+            "state migrated from format {FORMAT_WITHOUT_EXPIRY} to {STATE_FORMAT}: {rewritten} values now carry an \
+             expiry header (none expires)"
+        );
+        Ok(())
     }
 
     /// The RocksDB options of a partition's state (public so benchmarks compare raw
@@ -133,25 +203,55 @@ impl PartitionStore {
         self.get_u64(META_ENTRIES)
     }
 
-    /// Reads the value of an encoded entry key.
+    /// The event-time clock committed with the state (ms since the epoch; 0: not started).
+    pub fn committed_clock(&self) -> Result<u64> {
+        self.get_u64(META_CLOCK)
+    }
+
+    /// Reads the stored bytes (expiry header included) of an encoded entry key.
     pub(super) fn get(&self, entry_key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.db.get(entry_key).with_context(|| format!("reading state of partition {}", self.partition))
     }
 
-    /// Writes `batch` with the new committed `offset` and entry count, atomically.
-    pub(super) fn write(&self, mut batch: WriteBatch, offset: u64, entries: u64) -> Result<()> {
+    /// Writes `batch` with the new committed `offset`, entry count and clock, atomically.
+    pub(super) fn write(&self, mut batch: WriteBatch, offset: u64, entries: u64, clock: u64) -> Result<()> {
         batch.put_cf(self.meta(), META_OFFSET, offset.to_be_bytes());
         batch.put_cf(self.meta(), META_ENTRIES, entries.to_be_bytes());
+        batch.put_cf(self.meta(), META_CLOCK, clock.to_be_bytes());
         self.db.write(batch).with_context(|| format!("committing state of partition {}", self.partition))
     }
 
-    /// Every state entry in key order.
+    /// Every stored state entry in key order, expired ones not yet removed included.
     pub fn entries(&self) -> impl Iterator<Item = Result<StateEntry>> + '_ {
         self.db.iterator(IteratorMode::Start).map(|item| {
             let (k, v) = item?;
             let (key, name) = decode_entry_key(&k).context("corrupt state entry key")?;
-            Ok(StateEntry { key: key.to_vec(), name: String::from_utf8_lossy(name).into_owned(), value: v.to_vec() })
+            let name = String::from_utf8_lossy(name).into_owned();
+            let stored = StoredValue::decode(&v).with_context(|| {
+                format!(
+                    "corrupt value of {name:?} under key {:?} in state of partition {}",
+                    String::from_utf8_lossy(key),
+                    self.partition
+                )
+            })?;
+            Ok(StateEntry { key: key.to_vec(), name, value: stored.value.to_vec(), expires_at_ms: stored.expires_at })
         })
+    }
+
+    /// The expiry index from its earliest entry: (expiry, encoded entry key) pairs in
+    /// expiry order.
+    pub(super) fn expiry_index(&self) -> impl Iterator<Item = Result<(u64, Vec<u8>)>> + '_ {
+        self.db.iterator_cf(self.expiry(), IteratorMode::Start).map(|item| {
+            let (key, _) = item?;
+            let (at, entry) = decode_index_key(&key)
+                .with_context(|| format!("corrupt expiry index key in state of partition {}", self.partition))?;
+            Ok((at, entry.to_vec()))
+        })
+    }
+
+    /// The column family of the expiry index, for a commit's write batch.
+    pub(super) fn expiry(&self) -> &ColumnFamily {
+        self.db.cf_handle(EXPIRY_CF).expect("expiry column family is created on open")
     }
 
     /// The number of distinct record keys holding state; reads every entry.
@@ -168,7 +268,7 @@ impl PartitionStore {
         Ok(count)
     }
 
-    fn meta(&self) -> &rocksdb::ColumnFamily {
+    fn meta(&self) -> &ColumnFamily {
         self.db.cf_handle(META_CF).expect("meta column family is created on open")
     }
 
@@ -219,5 +319,47 @@ mod tests {
         encode_entry_key(&mut a_bc, b"a", "bc");
         assert_ne!(ab_c, a_bc);
         assert_eq!(decode_entry_key(&ab_c), Some((&b"ab"[..], &b"c"[..])));
+    }
+
+    /// A format-1 database (values without an expiry header), as a migration killed
+    /// after its first batch left it: the first ten values rewritten and recorded.
+    #[test]
+    fn a_format_1_database_is_migrated_once_and_an_interrupted_migration_resumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let entry = |i: u32| {
+            let mut key = Vec::new();
+            encode_entry_key(&mut key, &i.to_be_bytes(), "n");
+            key
+        };
+        // A format-1 value may start with any byte, the header's included.
+        let value = |i: u32| if i == 3 || i == 17 { vec![1, 2, 3] } else { format!("{{\"v\":{i}}}").into_bytes() };
+        {
+            let mut options = Options::default();
+            options.create_if_missing(true);
+            options.create_missing_column_families(true);
+            let db = DB::open_cf(&options, dir.path(), [META_CF]).unwrap();
+            let meta = db.cf_handle(META_CF).unwrap();
+            db.put_cf(meta, META_FORMAT, FORMAT_WITHOUT_EXPIRY.to_be_bytes()).unwrap();
+            for i in 0..25 {
+                let migrated = i < 10;
+                db.put(entry(i), if migrated { encode_value(&value(i), None) } else { value(i) }).unwrap();
+            }
+            db.put_cf(meta, META_MIGRATED, entry(9)).unwrap();
+        }
+        for _ in 0..2 {
+            let store = PartitionStore::open(dir.path(), 0).unwrap();
+            let entries: Vec<StateEntry> = store.entries().map(Result::unwrap).collect();
+            let expected: Vec<StateEntry> = (0..25)
+                .map(|i: u32| StateEntry {
+                    key: i.to_be_bytes().to_vec(),
+                    name: "n".into(),
+                    value: value(i),
+                    expires_at_ms: None,
+                })
+                .collect();
+            assert_eq!(entries, expected);
+            assert_eq!(store.get_meta(META_FORMAT).unwrap(), Some(STATE_FORMAT.to_be_bytes().to_vec()));
+            assert_eq!(store.get_meta(META_MIGRATED).unwrap(), None);
+        }
     }
 }

@@ -18,6 +18,7 @@
 use super::{Cadence, Destinations, StopSignal};
 use crate::checkpoint::restore::{self, PartitionPlan};
 use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
+use crate::config::TtlConfig;
 use crate::lock;
 use crate::operator::Operator;
 use crate::operator::wasm::ActiveVersion;
@@ -58,6 +59,8 @@ pub struct WorkerSetup {
     /// The memory for committed state entries each partition keeps (see
     /// [`Cache`](crate::state::Cache)).
     pub cache_bytes: usize,
+    /// When each partition's state expires.
+    pub ttl: Arc<TtlConfig>,
 }
 
 /// The checkpoint store and how partitions use it.
@@ -348,7 +351,9 @@ fn spawn_worker(
     let partition = plan.partition;
     let store = setup.state.open_partition(partition)?;
     let offset = store.committed_offset()?;
-    let mut instance = setup.operator.instantiate(partition, Transaction::new(store, setup.cache_bytes)?)?;
+    let mut instance = setup
+        .operator
+        .instantiate(partition, Transaction::new(store, setup.cache_bytes)?.with_ttl(setup.ttl.clone()))?;
     let mut checkpointer = setup.checkpoints.as_ref().map(|c| {
         Checkpointer::new(
             c.store.clone(),

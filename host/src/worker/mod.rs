@@ -284,13 +284,22 @@ impl Uncommitted {
             || self.since.is_some_and(|since| since.elapsed() >= cadence.commit_interval)
     }
 
-    /// Commits the operator's state with the next offset, if anything waits, and
-    /// publishes the committed offset and entry count.
+    /// Commits the operator's state with the next offset, if anything waits (records,
+    /// or expired entries the last commit left), and publishes the committed offset,
+    /// entry count and clock.
     fn commit(&mut self, operator: &mut dyn Operator, stats: &PartitionStats) -> Result<()> {
-        let Some(next_offset) = self.next_offset else { return Ok(()) };
-        operator.state().commit(next_offset)?;
+        let state = operator.state();
+        let next_offset = match self.next_offset {
+            Some(next_offset) => next_offset,
+            None if state.sweep_backlog() => stats.committed_offset.load(Ordering::Relaxed),
+            None => return Ok(()),
+        };
+        state.commit(next_offset)?;
         stats.committed_offset.store(next_offset, Ordering::Relaxed);
-        stats.entries.store(operator.state().entries(), Ordering::Relaxed);
+        stats.entries.store(state.entries(), Ordering::Relaxed);
+        stats.expired.store(state.expired(), Ordering::Relaxed);
+        stats.clock_ms.store(state.clock().now_ms(), Ordering::Relaxed);
+        stats.clock_ignored.store(state.clock().ignored, Ordering::Relaxed);
         *self = Uncommitted::default();
         Ok(())
     }

@@ -238,6 +238,7 @@ mod tests {
                 slow_batch: None,
             },
             cache_bytes: 1 << 20,
+            ttl: Default::default(),
         });
         Ok(Router::new(workers, partitions, BATCH))
     }

@@ -1,0 +1,211 @@
+//! When state entries expire: each stored value's expiry stamp and a partition's
+//! event-time clock.
+//!
+//! How entries expire is configured by [`TtlConfig`]. Every stored value starts with a header saying when it expires, if ever
+//! ([`encode_value`], [`StoredValue`]); an entry whose expiry is at or below the
+//! partition's [`Clock`] is never returned, whether or not it was physically removed
+//! yet. Physical removal — the time-ordered index and the bounded sweep — happens in the
+//! [`Transaction`](super::Transaction)'s commit, which writes a value, its index entry
+//! and the clock in one RocksDB write batch.
+//!
+//! This module decides what expires and when; it does not read or write the database.
+
+use crate::config::TtlConfig;
+use anyhow::{Result, bail};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A partition's event-time clock, in milliseconds since the Unix epoch: the largest
+/// record timestamp seen, less the allowed lateness; it never goes back. It is committed
+/// with the state and the offset, so a restart or a new owner resumes it exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Clock {
+    /// The time; 0 until a record with a usable timestamp was seen.
+    now_ms: u64,
+    /// Records whose timestamp did not move the clock: none (0), negative, or too
+    /// far ahead of the wall clock. Counted since this process opened the partition.
+    pub ignored: u64,
+}
+
+impl Clock {
+    /// A clock at `now_ms`, as committed.
+    pub fn at(now_ms: u64) -> Self {
+        Clock { now_ms, ignored: 0 }
+    }
+
+    /// The current time, ms since the epoch; 0 when no usable timestamp was seen.
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// Moves the clock for a record with `timestamp_ms` (0 means the source had
+    /// none), or counts it as ignored.
+    pub fn observe(&mut self, timestamp_ms: i64, policy: &TtlConfig) {
+        let Ok(timestamp) = u64::try_from(timestamp_ms) else {
+            self.ignored += 1;
+            return;
+        };
+        let at = timestamp.saturating_sub(policy.lateness.as_millis() as u64);
+        if timestamp == 0 {
+            self.ignored += 1;
+        } else if at > self.now_ms {
+            // Only a timestamp that would move the clock costs a look at the wall clock.
+            let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+            if timestamp > (wall + policy.future_skew).as_millis() as u64 {
+                self.ignored += 1;
+            } else {
+                self.now_ms = at;
+            }
+        }
+    }
+
+    /// When a value written now under a TTL of `ttl` expires. A clock that has not
+    /// started (no usable timestamp yet) gives no expiry: event time has not begun, so
+    /// nothing can be measured against it.
+    pub fn expiry(&self, ttl: Option<Duration>) -> Option<u64> {
+        let ttl = ttl?;
+        (self.now_ms > 0).then(|| self.now_ms.saturating_add(ttl.as_millis() as u64))
+    }
+}
+
+/// The header byte of a value that never expires...
+const NEVER: u8 = 0;
+/// ... and of one followed by its expiry (u64 ms, big-endian), then the value.
+const EXPIRES: u8 = 1;
+
+/// `value` as stored: the expiry header, then the bytes.
+pub fn encode_value(value: &[u8], expires_at: Option<u64>) -> Vec<u8> {
+    let mut stored = Vec::with_capacity(9 + value.len());
+    match expires_at {
+        None => stored.push(NEVER),
+        Some(at) => {
+            stored.push(EXPIRES);
+            stored.extend_from_slice(&at.to_be_bytes());
+        }
+    }
+    stored.extend_from_slice(value);
+    stored
+}
+
+/// A stored value read back: when it expires, and the bytes the operator wrote.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StoredValue<'a> {
+    /// Ms since the epoch at (or after) which the value is gone; `None`: never.
+    pub expires_at: Option<u64>,
+    /// The operator's bytes.
+    pub value: &'a [u8],
+}
+
+impl<'a> StoredValue<'a> {
+    /// Reads the header of `stored`.
+    pub fn decode(stored: &'a [u8]) -> Result<Self> {
+        match stored.split_first() {
+            Some((&NEVER, value)) => Ok(StoredValue { expires_at: None, value }),
+            Some((&EXPIRES, rest)) if rest.len() >= 8 => {
+                let (at, value) = rest.split_at(8);
+                Ok(StoredValue { expires_at: Some(u64::from_be_bytes(at.try_into()?)), value })
+            }
+            Some((tag, _)) => bail!("its expiry header starts with {tag:#04x}, which is neither 0x00 nor 0x01"),
+            None => bail!("it is empty, without the expiry header every value starts with"),
+        }
+    }
+
+    /// Whether the value is still there at `clock`.
+    pub fn is_live(&self, clock: u64) -> bool {
+        self.expires_at.is_none_or(|at| at > clock)
+    }
+}
+
+/// What the database held for an entry at the last commit, as a write of it needs to
+/// know: whether the write adds an entry, and which index entry the old value had.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Prior {
+    /// No value.
+    Absent,
+    /// A value expiring then (`None`: never).
+    Stored(Option<u64>),
+}
+
+impl Prior {
+    /// The prior of an entry whose stored bytes are `stored`.
+    pub fn of(stored: Option<&[u8]>) -> Result<Self> {
+        Ok(match stored {
+            None => Prior::Absent,
+            Some(stored) => Prior::Stored(StoredValue::decode(stored)?.expires_at),
+        })
+    }
+}
+
+/// The key of `entry`'s index entry for an expiry at `at`: the time first, so the
+/// index iterates in expiry order.
+pub fn index_key(at: u64, entry: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(8 + entry.len());
+    key.extend_from_slice(&at.to_be_bytes());
+    key.extend_from_slice(entry);
+    key
+}
+
+/// The expiry and entry of an index key.
+pub fn decode_index_key(key: &[u8]) -> Option<(u64, &[u8])> {
+    let (at, entry) = key.split_at_checked(8)?;
+    Some((u64::from_be_bytes(at.try_into().ok()?), entry))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Ttl;
+
+    #[test]
+    fn a_value_reads_back_with_its_expiry_and_a_bad_header_is_an_error() {
+        for expires_at in [None, Some(0), Some(1_700_000_000_000)] {
+            let stored = encode_value(b"v", expires_at);
+            assert_eq!(StoredValue::decode(&stored).unwrap(), StoredValue { expires_at, value: b"v" });
+        }
+        assert!(StoredValue::decode(b"").is_err());
+        assert!(StoredValue::decode(b"{\"a\":1}").is_err());
+        assert!(StoredValue::decode(&[EXPIRES, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn an_entry_is_gone_at_its_expiry_not_before() {
+        let value = StoredValue { expires_at: Some(1000), value: b"" };
+        assert!(value.is_live(999));
+        assert!(!value.is_live(1000));
+        assert!(StoredValue { expires_at: None, value: b"" }.is_live(u64::MAX));
+    }
+
+    #[test]
+    fn timestamps_that_are_missing_negative_or_far_ahead_do_not_move_the_clock() {
+        let policy = TtlConfig { lateness: Duration::from_secs(1), ..TtlConfig::default() };
+        let mut clock = Clock::default();
+        clock.observe(1_700_000_005_000, &policy);
+        assert_eq!(clock.now_ms(), 1_700_000_004_000, "the lateness is taken off");
+        clock.observe(1_700_000_001_000, &policy);
+        assert_eq!(clock.now_ms(), 1_700_000_004_000, "never back");
+        let next_year = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64 + 365 * 86_400_000;
+        for ignored in [0, -5, next_year] {
+            clock.observe(ignored, &policy);
+        }
+        assert_eq!((clock.now_ms(), clock.ignored), (1_700_000_004_000, 3));
+    }
+
+    #[test]
+    fn the_most_specific_ttl_wins_and_no_clock_means_no_expiry() {
+        let policy = TtlConfig {
+            default: Some(Duration::from_secs(10)),
+            names: [("short".to_string(), Ttl(Duration::from_secs(1)))].into(),
+            ..TtlConfig::default()
+        };
+        assert_eq!(Clock::at(5_000).expiry(policy.ttl("short")), Some(6_000));
+        assert_eq!(Clock::at(5_000).expiry(policy.ttl("other")), Some(15_000));
+        assert_eq!(Clock::default().expiry(policy.ttl("other")), None);
+        assert_eq!(Clock::at(5_000).expiry(TtlConfig::default().ttl("other")), None);
+    }
+
+    #[test]
+    fn index_keys_sort_by_expiry() {
+        let (early, late) = (index_key(9, b"zz"), index_key(10, b"aa"));
+        assert!(early < late);
+        assert_eq!(decode_index_key(&late), Some((10, &b"aa"[..])));
+    }
+}
