@@ -91,6 +91,49 @@ fn kill_9_with_much_uncommitted_state_and_a_tiny_cache_loses_nothing() -> Result
     Ok(())
 }
 
+/// With a TTL about the generator's mean gap between two reports of a vehicle, many
+/// summaries expire and restart from nothing: two kills and a restart end with the
+/// same entries, values and expiries as an uninterrupted run — the clock, the expiry
+/// index and the removals are committed with the state, so a replay decides each
+/// expiry as the first run did.
+#[test]
+fn kill_9_with_expiring_state_then_restart_equals_an_uninterrupted_run() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("crashed.out.jsonl");
+    for min_lines in [5_000usize, 20_000] {
+        let mut child =
+            run_generator(dir.path(), "crashed", Some(8_000)).args(["--ttl", "3s"]).stderr(Stdio::null()).spawn()?;
+        let started = Instant::now();
+        while read_jsonl_lines(&out) < min_lines {
+            assert!(child.try_wait()?.is_none(), "the run ended before it could be killed");
+            assert!(started.elapsed() < Duration::from_secs(60), "the run made no progress");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.kill()?; // SIGKILL
+        child.wait()?;
+    }
+    run_ok(run_generator(dir.path(), "crashed", None).args(["--ttl", "3s"]))?;
+    let clean = run_ok(run_generator(dir.path(), "clean", None).args(["--ttl", "3s"]))?;
+    let report = String::from_utf8_lossy(&clean.stderr);
+    let expired: u64 = report
+        .lines()
+        .find_map(|line| line.split_once(" expired state entries removed").map(|(count, _)| count))
+        .and_then(|count| count.parse().ok())
+        .unwrap_or(0);
+    assert!(expired > 100, "the TTL expired entries: {report}");
+
+    let dump = |state: &str| -> Result<Vec<String>> {
+        let output = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(dir.path().join(state)))?;
+        let mut lines: Vec<String> = String::from_utf8(output.stdout)?.lines().map(str::to_string).collect();
+        lines.sort();
+        Ok(lines)
+    };
+    let crashed = dump("crashed")?;
+    assert!(crashed.iter().all(|line| line.contains("expires_at_ms")), "every entry expires");
+    assert_eq!(crashed, dump("clean")?, "entries, values and expiries after kills equal an uninterrupted run");
+    Ok(())
+}
+
 /// Lines in a file being appended to; a torn last line does not count.
 fn read_jsonl_lines(path: &Path) -> usize {
     std::fs::read(path).map(|b| b.iter().filter(|&&c| c == b'\n').count()).unwrap_or(0)
