@@ -96,7 +96,7 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
 
     let ttl = TtlConfig { default: Some(Duration::from_secs(3600)), ..TtlConfig::default() };
     let store = PartitionStore::open(&dir.path().join("ttl"), 0)?;
-    let expiring = operator.instantiate(0, Transaction::new(store, cache_bytes)?.with_ttl(Arc::new(ttl)))?;
+    let expiring = operator.instantiate(0, Transaction::new(store, cache_bytes)?.with_ttl(Arc::new(ttl))?)?;
     let expiring = through_worker(expiring, &records, state, &dir.path().join("ttl"))?;
     println!("  the same, TTL 1h on entries  {expiring}");
 

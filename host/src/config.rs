@@ -37,9 +37,10 @@
 //! cache_mib = 64              # committed entries kept in memory, per partition
 //! rocksdb_memory_mib = 256    # RocksDB's memtables and block cache, all partitions together
 //!
-//! [ttl]                       # state expiry in event time (the partition's largest timestamp)
+//! [ttl]                       # state expiry
 //! # default = "7d"            # every entry's TTL from its last write; absent: never expires
-//! lateness = "0s"             # the clock trails the largest timestamp seen by this much
+//! time = "event"              # the partition's largest timestamp; or "processing": the wall clock
+//! lateness = "0s"             # the event clock trails the largest timestamp seen by this much
 //! future_skew = "1d"          # timestamps further ahead of the wall clock do not move it
 //! sweep_limit = 50000         # the most expired entries one commit removes
 //! [ttl.names]                 # TTLs per state name, over the default
@@ -348,6 +349,9 @@ pub struct TtlConfig {
     /// TTLs by state name.
     #[serde(default)]
     pub names: BTreeMap<String, Ttl>,
+    /// Which clock TTLs count in; recorded with the state.
+    #[serde(default)]
+    pub time: TimeDomain,
     /// How far the clock trails the largest timestamp seen.
     #[serde(default, deserialize_with = "duration")]
     pub lateness: Duration,
@@ -357,6 +361,28 @@ pub struct TtlConfig {
     /// The most expired entries one commit removes.
     #[serde(default = "default_sweep_limit")]
     pub sweep_limit: usize,
+}
+
+/// The clock a partition's TTLs count in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimeDomain {
+    /// The largest record timestamp the partition has seen: a replay decides every
+    /// expiry as the first run did.
+    #[default]
+    Event,
+    /// The wall clock, moving while the partition is idle too.
+    Processing,
+}
+
+impl TimeDomain {
+    /// Its name in config and in the state.
+    pub fn name(self) -> &'static str {
+        match self {
+            TimeDomain::Event => "event",
+            TimeDomain::Processing => "processing",
+        }
+    }
 }
 
 /// One state name's TTL in `[ttl.names]`.
@@ -369,6 +395,11 @@ impl TtlConfig {
     /// expire.
     pub fn ttl(&self, name: &str) -> Option<Duration> {
         self.names.get(name).map(|ttl| ttl.0).or(self.default)
+    }
+
+    /// Whether any entry can expire.
+    pub fn expires_anything(&self) -> bool {
+        self.default.is_some() || !self.names.is_empty()
     }
 }
 
@@ -385,6 +416,7 @@ impl Default for TtlConfig {
         TtlConfig {
             default: None,
             names: BTreeMap::new(),
+            time: TimeDomain::Event,
             lateness: Duration::ZERO,
             future_skew: default_future_skew(),
             sweep_limit: default_sweep_limit(),

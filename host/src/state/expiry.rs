@@ -10,13 +10,14 @@
 //!
 //! This module decides what expires and when; it does not read or write the database.
 
-use crate::config::TtlConfig;
+use crate::config::{TimeDomain, TtlConfig};
 use anyhow::{Result, bail};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// A partition's event-time clock, in milliseconds since the Unix epoch: the largest
-/// record timestamp seen, less the allowed lateness; it never goes back. It is committed
-/// with the state and the offset, so a restart or a new owner resumes it exactly.
+/// A partition's clock, in milliseconds since the Unix epoch; it never goes back. In
+/// event time it is the largest record timestamp seen, less the allowed lateness; in
+/// processing time, the wall clock. It is committed with the state and the offset, so
+/// a restart or a new owner resumes an event clock exactly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Clock {
     /// The time; 0 until a record with a usable timestamp was seen.
@@ -38,8 +39,13 @@ impl Clock {
     }
 
     /// Moves the clock for a record with `timestamp_ms` (0 means the source had
-    /// none), or counts it as ignored.
+    /// none): in event time to the timestamp, or counts it as ignored; in processing
+    /// time to the wall clock.
     pub fn observe(&mut self, timestamp_ms: i64, policy: &TtlConfig) {
+        if policy.time == TimeDomain::Processing {
+            self.tick(policy);
+            return;
+        }
         let Ok(timestamp) = u64::try_from(timestamp_ms) else {
             self.ignored += 1;
             return;
@@ -49,12 +55,19 @@ impl Clock {
             self.ignored += 1;
         } else if at > self.now_ms {
             // Only a timestamp that would move the clock costs a look at the wall clock.
-            let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-            if timestamp > (wall + policy.future_skew).as_millis() as u64 {
+            if timestamp > wall_ms().saturating_add(policy.future_skew.as_millis() as u64) {
                 self.ignored += 1;
             } else {
                 self.now_ms = at;
             }
+        }
+    }
+
+    /// Moves a processing-time clock to the wall clock; an event-time clock moves with
+    /// records only.
+    pub fn tick(&mut self, policy: &TtlConfig) {
+        if policy.time == TimeDomain::Processing {
+            self.now_ms = self.now_ms.max(wall_ms());
         }
     }
 
@@ -65,6 +78,11 @@ impl Clock {
         let ttl = ttl?;
         (self.now_ms > 0).then(|| self.now_ms.saturating_add(ttl.as_millis() as u64))
     }
+}
+
+/// The wall clock, ms since the epoch.
+fn wall_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
 }
 
 /// The header byte of a value that never expires...
@@ -187,6 +205,23 @@ mod tests {
             clock.observe(ignored, &policy);
         }
         assert_eq!((clock.now_ms(), clock.ignored), (1_700_000_004_000, 3));
+    }
+
+    #[test]
+    fn a_processing_time_clock_follows_the_wall_clock_whatever_the_timestamps() {
+        let policy = TtlConfig { time: TimeDomain::Processing, ..TtlConfig::default() };
+        let mut clock = Clock::default();
+        let before = wall_ms();
+        clock.observe(0, &policy);
+        assert!(clock.now_ms() >= before);
+        std::thread::sleep(Duration::from_millis(5));
+        let observed = clock.now_ms();
+        clock.tick(&policy);
+        assert!(clock.now_ms() > observed, "idle ticks move it");
+        assert_eq!(clock.ignored, 0);
+        let mut event = Clock::at(1_000);
+        event.tick(&TtlConfig::default());
+        assert_eq!(event.now_ms(), 1_000, "an event clock moves with records only");
     }
 
     #[test]

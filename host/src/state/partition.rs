@@ -3,6 +3,7 @@
 
 use super::STATE_FORMAT;
 use super::expiry::{StoredValue, decode_index_key, encode_value};
+use crate::config::TimeDomain;
 use anyhow::{Context, Result, bail};
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch, WriteBufferManager,
@@ -16,6 +17,8 @@ const META_FORMAT: &[u8] = b"format";
 const META_OFFSET: &[u8] = b"offset";
 const META_ENTRIES: &[u8] = b"entries";
 const META_CLOCK: &[u8] = b"clock";
+/// The clock TTLs count in, once a job configured one: `event` or `processing`.
+const META_TIME: &[u8] = b"time";
 /// The last entry key a migration from format 1 rewrote, while it runs.
 const META_MIGRATED: &[u8] = b"migrated-to";
 
@@ -206,6 +209,29 @@ impl PartitionStore {
     /// The event-time clock committed with the state (ms since the epoch; 0: not started).
     pub fn committed_clock(&self) -> Result<u64> {
         self.get_u64(META_CLOCK)
+    }
+
+    /// Records that this partition's TTLs count in `time`, or checks that they already
+    /// do: expiries stamped by one clock mean nothing to the other.
+    pub(super) fn record_time(&self, time: TimeDomain) -> Result<()> {
+        match self.get_meta(META_TIME)? {
+            None => {
+                let mut batch = WriteBatch::default();
+                batch.put_cf(self.meta(), META_TIME, time.name());
+                self.db.write(batch).with_context(|| format!("writing state of partition {}", self.partition))
+            }
+            Some(recorded) if recorded == time.name().as_bytes() => Ok(()),
+            Some(recorded) => bail!(
+                "state of partition {} at {} counts TTLs in {} time, but [ttl] time = \"{}\": its entries' expiries \
+                 were stamped by the other clock. Set [ttl] time = \"{}\" or use a new state directory; nothing was \
+                 changed",
+                self.partition,
+                self.path.display(),
+                String::from_utf8_lossy(&recorded),
+                time.name(),
+                String::from_utf8_lossy(&recorded)
+            ),
+        }
     }
 
     /// Reads the stored bytes (expiry header included) of an encoded entry key.

@@ -53,8 +53,6 @@ pub struct Transaction {
     clock: Clock,
     /// Expired entries removed since the partition was opened here.
     expired: u64,
-    /// Whether the last commit left expired entries for the next (it hit the limit).
-    sweep_backlog: bool,
 }
 
 /// A write waiting for the next commit.
@@ -86,14 +84,17 @@ impl Transaction {
             ttl: Arc::new(TtlConfig::default()),
             clock,
             expired: 0,
-            sweep_backlog: false,
         })
     }
 
-    /// Values written from now on expire as `ttl` says.
-    pub fn with_ttl(mut self, ttl: Arc<TtlConfig>) -> Self {
+    /// Values written from now on expire as `ttl` says. Fails, changing nothing, when
+    /// `ttl` counts in another clock than the one the state's expiries were stamped by.
+    pub fn with_ttl(mut self, ttl: Arc<TtlConfig>) -> Result<Self> {
+        if ttl.expires_anything() {
+            self.store.record_time(ttl.time)?;
+        }
         self.ttl = ttl;
-        self
+        Ok(self)
     }
 
     /// State entries as of the last commit; exact, and committed with the state.
@@ -112,10 +113,13 @@ impl Transaction {
         self.expired
     }
 
-    /// Whether expired entries wait for a commit to remove them: the last one stopped
-    /// at its limit.
-    pub fn sweep_backlog(&self) -> bool {
-        self.sweep_backlog
+    /// Whether committed entries have expired and wait for a commit to remove them
+    /// (the last one stopped at its limit, or, in processing time, the clock moved on
+    /// while the partition was idle). Moves a processing-time clock first.
+    pub fn expiry_due(&mut self) -> Result<bool> {
+        self.clock.tick(&self.ttl);
+        let first = self.store.expiry_index().next().transpose()?;
+        Ok(first.is_some_and(|(at, _)| at <= self.clock.now_ms()))
     }
 
     /// Bytes written since the last commit and held until it (each entry's last
@@ -271,7 +275,6 @@ impl Transaction {
     fn sweep(&mut self, batch: &mut WriteBatch) -> Result<Vec<Vec<u8>>> {
         let clock = self.clock.now_ms();
         let mut swept = Vec::new();
-        self.sweep_backlog = false;
         for item in self.store.expiry_index() {
             let (at, entry) = item?;
             if at > clock {
@@ -281,7 +284,6 @@ impl Transaction {
                 continue;
             }
             if swept.len() == self.ttl.sweep_limit {
-                self.sweep_backlog = true;
                 break;
             }
             batch.delete_cf(self.store.expiry(), index_key(at, &entry));
@@ -445,7 +447,7 @@ mod tests {
 
     fn expiring(ttl: TtlConfig) -> (tempfile::TempDir, Transaction) {
         let (dir, txn) = open();
-        (dir, txn.with_ttl(Arc::new(ttl)))
+        (dir, txn.with_ttl(Arc::new(ttl)).unwrap())
     }
 
     fn ttl_of(seconds: u64) -> TtlConfig {
@@ -549,7 +551,8 @@ mod tests {
             };
             let mut txn = Transaction::new(PartitionStore::open(dir.path(), 0).unwrap(), cache_bytes)
                 .unwrap()
-                .with_ttl(Arc::new(ttl.clone()));
+                .with_ttl(Arc::new(ttl.clone()))
+                .unwrap();
             // (key, name) -> (value, expiry)
             let mut model: HashMap<(u8, &str), (Vec<u8>, u64)> = HashMap::new();
             let mut clock = T0;
@@ -628,5 +631,43 @@ mod tests {
             }
             assert!(txn.expired() > 100, "the test expired entries ({})", txn.expired());
         }
+    }
+
+    #[test]
+    fn in_processing_time_an_idle_partition_expires_by_the_wall_clock() {
+        let ttl = TtlConfig {
+            default: Some(std::time::Duration::from_millis(100)),
+            time: crate::config::TimeDomain::Processing,
+            ..TtlConfig::default()
+        };
+        let (_dir, mut txn) = expiring(ttl);
+        txn.begin_record(b"k", 0);
+        txn.put("n", b"v".to_vec());
+        txn.end_record(true);
+        txn.commit(1).unwrap();
+        assert!(!txn.expiry_due().unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        assert!(txn.expiry_due().unwrap(), "no record came, and the entry is due");
+        txn.commit(1).unwrap();
+        assert_eq!((txn.entries(), txn.expired()), (0, 1));
+        assert!(!txn.expiry_due().unwrap());
+    }
+
+    #[test]
+    fn a_ttl_in_another_clock_than_the_state_was_stamped_by_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = |time| {
+            let ttl = TtlConfig { default: Some(std::time::Duration::from_secs(60)), time, ..TtlConfig::default() };
+            Transaction::new(PartitionStore::open(dir.path(), 0).unwrap(), 0).unwrap().with_ttl(Arc::new(ttl))
+        };
+        drop(open(crate::config::TimeDomain::Event).unwrap());
+        let err = open(crate::config::TimeDomain::Processing).err().unwrap().to_string();
+        assert!(err.contains("counts TTLs in event time, but [ttl] time = \"processing\""), "{err}");
+        drop(open(crate::config::TimeDomain::Event).unwrap());
+        // Without a TTL nothing is checked (or recorded).
+        Transaction::new(PartitionStore::open(dir.path(), 0).unwrap(), 0)
+            .unwrap()
+            .with_ttl(Arc::new(TtlConfig { time: crate::config::TimeDomain::Processing, ..TtlConfig::default() }))
+            .unwrap();
     }
 }

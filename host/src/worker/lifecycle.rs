@@ -353,7 +353,7 @@ fn spawn_worker(
     let offset = store.committed_offset()?;
     let mut instance = setup
         .operator
-        .instantiate(partition, Transaction::new(store, setup.cache_bytes)?.with_ttl(setup.ttl.clone()))?;
+        .instantiate(partition, Transaction::new(store, setup.cache_bytes)?.with_ttl(setup.ttl.clone())?)?;
     let mut checkpointer = setup.checkpoints.as_ref().map(|c| {
         Checkpointer::new(
             c.store.clone(),

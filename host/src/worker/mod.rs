@@ -285,13 +285,14 @@ impl Uncommitted {
     }
 
     /// Commits the operator's state with the next offset, if anything waits (records,
-    /// or expired entries the last commit left), and publishes the committed offset,
-    /// entry count and clock.
+    /// or expired entries: a backlog the last commit left, or in processing time what
+    /// expired while the partition was idle), and publishes the committed offset, entry
+    /// count and clock.
     fn commit(&mut self, operator: &mut dyn Operator, stats: &PartitionStats) -> Result<()> {
         let state = operator.state();
         let next_offset = match self.next_offset {
             Some(next_offset) => next_offset,
-            None if state.sweep_backlog() => stats.committed_offset.load(Ordering::Relaxed),
+            None if state.expiry_due()? => stats.committed_offset.load(Ordering::Relaxed),
             None => return Ok(()),
         };
         state.commit(next_offset)?;
