@@ -222,14 +222,7 @@ impl StateBackend for TransactionBackend<'_> {
 impl Operator for NativeVehicleStats {
     fn process(&mut self, record: &SourceRecord) -> Result<Outcome> {
         use sluice_guest::Operator as _;
-        let input = sluice_guest::Record {
-            key: record.key.clone(),
-            value: record.value.clone(),
-            timestamp_ms: record.timestamp_ms,
-            partition: record.partition,
-            offset: record.offset,
-            headers: Vec::new(),
-        };
+        let input = guest_record(record);
         let backend = TransactionBackend(RefCell::new(&mut self.txn));
         let state = sluice_guest::State::native(&backend, vehicle_stats::VehicleStats::STATE_ENCODING);
         Ok(match vehicle_stats::VehicleStats::process(input, &state) {
@@ -277,6 +270,18 @@ impl StateBackend for MapBackend {
     }
 }
 
+/// `record` as the SDK hands it to a natively compiled operator.
+fn guest_record(record: &SourceRecord) -> sluice_guest::Record {
+    sluice_guest::Record {
+        key: record.key.clone(),
+        value: record.value.clone(),
+        timestamp_ms: record.timestamp_ms,
+        partition: record.partition,
+        offset: record.offset,
+        headers: Vec::new(),
+    }
+}
+
 /// vehicle-stats called natively per record over a [`MapBackend`], outputs dropped.
 fn operator_alone(records: &[SourceRecord]) -> Result<Measured> {
     use sluice_guest::Operator as _;
@@ -285,14 +290,7 @@ fn operator_alone(records: &[SourceRecord]) -> Result<Measured> {
     let clock = CpuClock::start()?;
     for record in records {
         backend.key.clone_from(&record.key);
-        let input = sluice_guest::Record {
-            key: record.key.clone(),
-            value: record.value.clone(),
-            timestamp_ms: record.timestamp_ms,
-            partition: record.partition,
-            offset: record.offset,
-            headers: Vec::new(),
-        };
+        let input = guest_record(record);
         let state = sluice_guest::State::native(&backend, vehicle_stats::VehicleStats::STATE_ENCODING);
         let outputs = vehicle_stats::VehicleStats::process(input, &state).map_err(|e| anyhow::anyhow!("{e}"))?;
         output_bytes += outputs.iter().map(|o| o.value.len()).sum::<usize>();
