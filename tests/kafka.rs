@@ -244,7 +244,7 @@ fn a_slow_operator_is_warned_about_and_its_host_is_not_evicted() -> Result<()> {
     // timeout and max.poll.interval.ms, yet the poll loop goes on beside them.
     let input = dir.join("work.jsonl");
     let lines: Vec<String> =
-        (0..16).map(|i| format!(r#"{{"vehicle_id":"v{}","action":"work","iterations":500000000}}"#, i % 2)).collect();
+        (0..16).map(|i| format!(r#"{{"vehicle_id":"v{}","action":"work","iterations":1000000000}}"#, i % 2)).collect();
     std::fs::write(&input, lines.join("\n") + "\n")?;
     broker.produce_lines("positions", &input)?;
     let config = dir.join("slow.toml");
