@@ -93,6 +93,66 @@ fn a_wiped_state_directory_is_restored_from_the_store() -> Result<()> {
     Ok(())
 }
 
+/// With a TTL that expires many vehicles' summaries (vehicle-stats is told of each and
+/// emits the vehicle's final summary), a job whose state is lost restores a checkpoint
+/// older than the state it lost and replays from there: its final state, expiries
+/// included, and its distinct expiry outputs equal an uninterrupted run's. The clock
+/// and the expiry index come back with the checkpoint, so the replay expires the same
+/// entries at the same records.
+#[test]
+fn a_restore_from_an_older_checkpoint_replays_expiries_as_an_uninterrupted_run() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let (restored, clean) = (dir.join("restored"), dir.join("clean"));
+    let job = |dir: &Path, count| {
+        let mut command = checkpoint_at_end(dir, 300, count, 4);
+        command.args(["--ttl", "3s"]);
+        command
+    };
+    std::fs::create_dir_all(&restored)?;
+    run_ok(&mut job(&restored, 20_000))?;
+    let older = dir.join("older.checkpoints");
+    copy_dir(&restored.join("state.checkpoints"), &older)?;
+    run_ok(&mut job(&restored, 40_000))?;
+    // The state is lost, and the store has only the checkpoints at 20,000 records.
+    std::fs::remove_dir_all(restored.join("state"))?;
+    std::fs::remove_dir_all(restored.join("state.checkpoints"))?;
+    std::fs::rename(&older, restored.join("state.checkpoints"))?;
+    let run = run_ok(&mut job(&restored, 40_000))?;
+    assert!(stderr(&run).contains("20000 records skipped") && stderr(&run).contains("processed 20000 records"));
+
+    std::fs::create_dir_all(&clean)?;
+    let report = run_ok(&mut job(&clean, 40_000))?;
+    assert!(reported_expired(&stderr(&report)) > 100, "{}", stderr(&report));
+    let state = |dir: &Path| -> Result<Vec<String>> {
+        let dump = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(dir.join("state")))?;
+        let mut lines: Vec<String> = String::from_utf8(dump.stdout)?.lines().map(str::to_string).collect();
+        lines.sort();
+        Ok(lines)
+    };
+    assert_eq!(state(&restored)?, state(&clean)?, "entries, values and expiries");
+    let expiries = |dir: &Path| -> Result<BTreeSet<String>> {
+        let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+        Ok(outputs.into_iter().filter(|o| o["cause"] == "expiry").map(|o| o.to_string()).collect())
+    };
+    assert_eq!(expiries(&restored)?, expiries(&clean)?, "the same expiries at the same records");
+    Ok(())
+}
+
+/// Copies the directory tree `from` to `to`.
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &to.join(entry.file_name()))?;
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn an_s3_store_checkpoints_and_restores_the_same_way() -> Result<()> {
     let s3 = S3Server::start()?;

@@ -5,6 +5,7 @@ use anyhow::Result;
 use serde_json::Value;
 use sluice_tests::*;
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 #[test]
 fn every_output_and_the_final_state_equal_the_reference_fold() -> Result<()> {
@@ -84,7 +85,7 @@ fn a_config_file_runs_the_generator_and_flags_override_it() -> Result<()> {
 }
 
 /// The same operator built against WIT 0.1.0 (one `process` call per record) and
-/// against 0.1.1 (`process-batch`, a batch per call) gives the same outputs, dead
+/// against 0.1.2 (`process-batch`, a batch per call) gives the same outputs, dead
 /// letters and state, poison records included.
 #[test]
 fn a_0_1_0_component_and_a_batched_one_give_the_same_outputs_and_state() -> Result<()> {
@@ -103,7 +104,7 @@ fn a_0_1_0_component_and_a_batched_one_give_the_same_outputs_and_state() -> Resu
         Ok(std::fs::read(wasm)?.windows(text.len()).any(|w| w == text.as_bytes()))
     };
     assert!(contains(&unbatched, "sluice:operator/state@0.1.0")? && !contains(&unbatched, "process-batch")?);
-    assert!(contains(&batched, "sluice:operator/batch@0.1.1")? && contains(&batched, "process-batch")?);
+    assert!(contains(&batched, "sluice:operator/batch@0.1.2")? && contains(&batched, "process-batch")?);
 
     // What a run wrote, without the field that names the build, in input order (the
     // partitions' workers interleave their lines differently from run to run).
@@ -186,9 +187,90 @@ fn the_state_of_a_vehicle_that_stopped_reporting_expires_in_event_time() -> Resu
         assert_eq!(entry["expires_at_ms"], T0 + 30_000, "the last write plus the TTL: {entry}");
     }
 
-    // Without a TTL the same input keeps both.
+    // vehicle-stats is told of the expiry: "gone" left the fleet, with its final
+    // summary, before the first record whose time reached the expiry (offset 13,
+    // "stays" at T0 + 11 s).
+    let left = |dir: &Path| -> Result<Vec<Value>> {
+        let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+        Ok(outputs.into_iter().filter(|o| o.get("cause").is_some()).collect())
+    };
+    let expected = |left: &[Value]| {
+        assert_eq!(left.len(), 1, "{left:?}");
+        let (output, value) = (&left[0], &left[0]["value"]);
+        assert_eq!(
+            (&output["cause"], &output["key"], &output["offset"]),
+            (&"expiry".into(), &"gone".into(), &13.into())
+        );
+        assert_eq!((&value["left_fleet_at"], &value["count"]), (&(T0 + 11_000).into(), &2.into()), "{output}");
+    };
+    expected(&left(dir.path())?);
+
+    // Without a TTL the same input keeps both...
     let again = tempfile::tempdir()?;
     run_ok(&mut run_file_job(&operator_wasm("vehicle_stats"), &input, again.path(), 1))?;
     assert_eq!(dump_state(&again.path().join("state"))?.len(), 2);
+    assert_eq!(left(again.path())?, Vec::<Value>::new());
+
+    // ... and vehicle-stats's own "left the fleet" TTL, from its config, does as the
+    // host's did.
+    let own = tempfile::tempdir()?;
+    let config = own.path().join("job.toml");
+    let operator = format!("[operator]\npath = {:?}\n", operator_wasm("vehicle_stats"));
+    std::fs::write(&config, operator + "[operator.config]\nleft_fleet_after_ms = \"10000\"\n")?;
+    run_ok(run_file_job(&operator_wasm("vehicle_stats"), &input, own.path(), 1).arg("--config").arg(&config))?;
+    expected(&left(own.path())?);
+    assert_eq!(dump_state(&own.path().join("state"))?.keys().collect::<Vec<_>>(), ["stays"]);
+    Ok(())
+}
+
+/// Fleet churn: a vehicle leaves for good and a new one joins every 20 records, so the
+/// vehicles seen grow without bound. One run of 20 TTLs of event time each way,
+/// checkpointing every 200 ms: with a TTL the live entries stay where they were at 10
+/// TTLs while the vehicles seen double, and the checkpoints of the second half are no
+/// larger than those of the first (their size swings as flushed files wait for
+/// compaction, so the largest of each half is compared); without one both grow with
+/// the vehicles seen. (`./dev.sh bench` runs the long version: host/benches/churn.rs.)
+#[test]
+fn state_plateaus_under_churn_with_a_ttl_and_grows_with_the_vehicles_seen_without() -> Result<()> {
+    // 60 s of event time at 10 ms per record: one TTL is 6,000 records; the 200
+    // vehicles in the fleet report every 2 s on average.
+    const RECORDS: u64 = 20 * 6_000;
+    let dir = tempfile::tempdir()?;
+    // Per checkpoint of partition 0, oldest first: (offset, entries, bytes).
+    let run = |name: &str, ttl: bool| -> Result<Vec<(u64, u64, u64)>> {
+        let home = dir.path().join(name);
+        std::fs::create_dir_all(&home)?;
+        let config = home.join("job.toml");
+        std::fs::write(&config, "[operator]\npath = \"set-by-flag.wasm\"\n[checkpoint]\nretain = 10000\n")?;
+        let mut command = run_generator_job(&home, 200, RECORDS, 9, 2);
+        command.arg("--config").arg(&config).args(["--churn", "20", "--checkpoint-interval", "200ms"]);
+        command.args(["--rate", "20000"]);
+        if ttl {
+            command.args(["--ttl", "60s"]);
+        }
+        run_ok(&mut command)?;
+        let manifests = checkpoint_manifests(&home.join("state.checkpoints"), 0)?;
+        let bytes = |m: &Value| m["files"].as_array().map_or(0, |f| f.iter().filter_map(|f| f["size"].as_u64()).sum());
+        Ok(manifests
+            .iter()
+            .map(|m| (m["offset"].as_u64().unwrap(), m["entries"].as_u64().unwrap(), bytes(m)))
+            .collect())
+    };
+    // The checkpoint at about half the partition's records, the last one, and the
+    // largest checkpoint of each half.
+    let halves = |checkpoints: &[(u64, u64, u64)]| {
+        let end = checkpoints.last().expect("a checkpoint at the end").0;
+        let (first, second): (Vec<&(u64, u64, u64)>, Vec<_>) = checkpoints.iter().partition(|c| c.0 <= end / 2);
+        assert!(first.len() >= 5 && second.len() >= 5, "checkpoints all along: {checkpoints:?}");
+        let largest = |half: &[&(u64, u64, u64)]| half.iter().map(|c| c.2).max().unwrap();
+        (*first[first.len() - 1], checkpoints[checkpoints.len() - 1], largest(&first), largest(&second))
+    };
+    let (ttl_mid, ttl_end, ttl_first, ttl_second) = halves(&run("ttl", true)?);
+    let (none_mid, none_end, none_first, none_second) = halves(&run("none", false)?);
+    let summary = format!("with a TTL {ttl_mid:?} {ttl_end:?}, without {none_mid:?} {none_end:?}");
+    assert!((ttl_end.1 as f64) < 1.15 * ttl_mid.1 as f64, "entries plateau: {summary}");
+    assert!((ttl_second as f64) < 1.25 * ttl_first as f64, "checkpoints plateau: {ttl_first} then {ttl_second}");
+    assert!((none_end.1 as f64) > 1.8 * none_mid.1 as f64, "entries grow: {summary}");
+    assert!((none_second as f64) > 1.6 * none_first as f64, "checkpoints grow: {none_first} then {none_second}");
     Ok(())
 }

@@ -17,9 +17,9 @@ const SEED: u64 = 21;
 /// vehicle-stats version 2 counts positions below this speed (`IDLE_KMH`).
 const IDLE_KMH: f64 = 5.0;
 
-/// A running job over `count` generated positions of `vehicles` vehicles, read at `rate`
-/// records/s into `dir/out.jsonl`, its admin API on a free port, looking at the registry
-/// every 200 ms.
+/// A running job of `operator` over `count` generated positions of `vehicles`
+/// vehicles, read at `rate` records/s into `dir/out.jsonl`, its admin API on a free
+/// port, looking at the registry every 200 ms; `more` is TOML added to its config.
 struct PacedJob {
     /// The generated input.
     input: PathBuf,
@@ -32,10 +32,10 @@ struct PacedJob {
 }
 
 impl PacedJob {
-    fn start(dir: &Path, (vehicles, count): (u32, u64), rate: u32, operator_config: &str) -> Result<Self> {
+    fn start(dir: &Path, (vehicles, count): (u32, u64), rate: u32, operator: &Path, more: &str) -> Result<Self> {
         let input = dir.join("input.jsonl");
         generate(&input, vehicles, count, SEED)?;
-        let config = paced_job(dir, &input, rate, operator_config)?;
+        let config = paced_job(dir, &input, rate, operator, more)?;
         let mut host = Host::spawn("host", sluice().arg("run").arg("--config").arg(&config), &dir.join("host.log"))?;
         let admin = host.admin_url()?;
         Ok(PacedJob { input, config, host, admin })
@@ -43,16 +43,15 @@ impl PacedJob {
 }
 
 /// The config of a [`PacedJob`].
-fn paced_job(dir: &Path, input: &Path, rate: u32, operator_config: &str) -> Result<PathBuf> {
+fn paced_job(dir: &Path, input: &Path, rate: u32, operator: &Path, more: &str) -> Result<PathBuf> {
     let config = dir.join("job.toml");
     std::fs::write(
         &config,
         format!(
-            "[operator]\npath = {:?}\npoll_versions_s = 0.2\n[operator.config]\n{operator_config}\n\
+            "[operator]\npath = {operator:?}\npoll_versions_s = 0.2\n\
              [source]\nkind = \"file\"\npath = {input:?}\nrate = {rate}\n\
              [sink]\nkind = \"file\"\npath = {:?}\n[state]\ndir = {:?}\npartitions = 4\ncommit_every = 64\n\
-             [dead_letter]\npath = {:?}\n[report]\ninterval_s = 0\n[admin]\nlisten = \"127.0.0.1:0\"\n",
-            operator_wasm("vehicle_stats"),
+             [dead_letter]\npath = {:?}\n[report]\ninterval_s = 0\n[admin]\nlisten = \"127.0.0.1:0\"\n{more}",
             dir.join("out.jsonl"),
             dir.join("state"),
             dir.join("dead.jsonl"),
@@ -125,7 +124,8 @@ fn assert_outputs(outputs: &[Value], input: &Path, v2: &str) -> Result<()> {
 fn a_deploy_under_load_switches_each_partition_once_and_carries_the_state_on() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    let PacedJob { input, config, mut host, admin } = PacedJob::start(dir, (100, 96_000), 8_000, "")?;
+    let PacedJob { input, config, mut host, admin } =
+        PacedJob::start(dir, (100, 96_000), 8_000, &operator_wasm("vehicle_stats"), "")?;
     let first = run_ok(sluice().arg("versions").arg("vehicle_stats").arg("--admin").arg(&admin))?;
     let v1 = named_version(&String::from_utf8_lossy(&first.stdout));
     std::thread::sleep(Duration::from_secs(1));
@@ -185,6 +185,59 @@ fn a_deploy_under_load_switches_each_partition_once_and_carries_the_state_on() -
     Ok(())
 }
 
+/// With a TTL from the host's config, version 1 built against WIT 0.1.0 (which has no
+/// `expired`) runs, version 2 (which exports it) is deployed, then version 1 is rolled
+/// back to. Entries expire throughout; callbacks fire for exactly the expiries that came
+/// while version 2 ran, each at a record version 2 processed, as a run of version 2
+/// alone fires them there.
+#[test]
+fn expiry_callbacks_fire_exactly_while_a_version_that_exports_them_runs() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    // Under the name of the job's operator, which the file's stem gives.
+    let v1_file = dir.join("vehicle_stats.wasm");
+    std::fs::copy(operator_wasm("vehicle_stats_0_1_0"), &v1_file)?;
+    let ttl = "[ttl]\ndefault = \"3s\"\n";
+    let PacedJob { input, mut host, admin, .. } = PacedJob::start(dir, (100, 48_000), 8_000, &v1_file, ttl)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let v2_file = operator_wasm("vehicle_stats_v2");
+    let deployed = run_ok(sluice().arg("deploy").arg("vehicle_stats").arg(&v2_file).arg("--admin").arg(&admin))?;
+    let v2 = named_version(&String::from_utf8_lossy(&deployed.stdout));
+    std::thread::sleep(Duration::from_millis(1500));
+    run_ok(sluice().arg("rollback").arg("vehicle_stats").arg("--admin").arg(&admin))?;
+    host.wait_for("processed 48000 records", 1, Duration::from_secs(60))?;
+
+    let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+    let (records, callbacks): (Vec<Value>, Vec<Value>) = outputs.into_iter().partition(|o| o.get("cause").is_none());
+    for (partition, runs) in version_runs(&records) {
+        assert_eq!(runs.len(), 3, "partition {partition}: v1, v2, v1 again: {runs:?}");
+        assert_eq!(runs[1], v2, "partition {partition}");
+    }
+    let processed_by: BTreeMap<(u64, u64), &str> = records
+        .iter()
+        .map(|o| ((o["partition"].as_u64().unwrap(), o["offset"].as_u64().unwrap()), o["operator"].as_str().unwrap()))
+        .collect();
+    let expiry = |o: &Value| (o["partition"].as_u64().unwrap(), o["offset"].as_u64().unwrap(), o["key"].to_string());
+    assert!(callbacks.iter().all(|o| o["operator"] == v2.as_str()), "only version 2 is told");
+    let fired: std::collections::BTreeSet<_> = callbacks.iter().map(expiry).collect();
+    assert_eq!(fired.len(), callbacks.len(), "each expiry once");
+
+    // Every expiry of the input, from a run of version 2 alone: it expires the same
+    // entries at the same records, whatever ran and whenever it committed.
+    let alone = dir.join("alone");
+    std::fs::create_dir(&alone)?;
+    let report = run_ok(run_file_job(&v2_file, &input, &alone, 4).args(["--ttl", "3s"]))?;
+    let every: Vec<_> =
+        read_jsonl(&alone.join("out.jsonl"))?.iter().filter(|o| o["cause"] == "expiry").map(expiry).collect();
+    assert_eq!(every.len() as u64, reported_expired(&String::from_utf8_lossy(&report.stderr)));
+    assert!(host.log().contains(&format!("{}{}", every.len(), sluice::job::EXPIRED_REMOVED)), "{}", host.log());
+    let expected: std::collections::BTreeSet<_> =
+        every.iter().filter(|(partition, offset, _)| processed_by[&(*partition, *offset)] == v2).cloned().collect();
+    assert!(!expected.is_empty() && expected.len() < every.len(), "{} of {}", expected.len(), every.len());
+    assert_eq!(fired, expected, "callbacks for exactly the expiries at records version 2 processed");
+    Ok(())
+}
+
 #[test]
 fn a_component_that_cannot_run_is_refused_and_the_running_version_keeps_processing() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -192,7 +245,13 @@ fn a_component_that_cannot_run_is_refused_and_the_running_version_keeps_processi
     // Version 1 ignores its config; the probe, deployed in its place, traps in `init`.
     // Eight seconds of records: the job must outlast every deploy below, each of which
     // compiles a component, on two cores shared with the other tests.
-    let job = PacedJob::start(dir, (50, 12_000), 1_500, "trap_init = \"true\"")?;
+    let job = PacedJob::start(
+        dir,
+        (50, 12_000),
+        1_500,
+        &operator_wasm("vehicle_stats"),
+        "[operator.config]\ntrap_init = \"true\"\n",
+    )?;
     let PacedJob { input, config, mut host, admin } = job;
     let outputs_before = read_jsonl(&dir.join("out.jsonl"))?.len();
 

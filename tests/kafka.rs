@@ -4,7 +4,7 @@
 //! three hosts share a group and a checkpoint store through `kill -9` and a graceful
 //! stop; a slow operator is warned about and not evicted; a static member's restart
 //! moves no partitions; a broker that stops answering is reconnected to; a deploy
-//! reaches both hosts of a group.
+//! reaches both hosts of a group; expiries across handovers equal an uninterrupted run.
 
 use anyhow::{Context, Result};
 use sluice::job::LAG;
@@ -14,6 +14,7 @@ use sluice::worker::{OFFSETS_JUMP, SLOW_BATCH, STOPPED};
 use sluice_tests::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const SEED: u64 = 5;
@@ -231,6 +232,77 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
     let from_store = report.lines().filter(|l| l.split_whitespace().nth(1) == Some("checkpoint")).count();
     assert_eq!(from_store, 6, "every partition came from the store:\n{report}");
     assert_state_matches(&dump_state(&check.join("state"))?, &reference, "restored from the shared store");
+    Ok(())
+}
+
+/// With a TTL in event time (the records' Kafka timestamps), partitions move from one
+/// host to another twice (a second host joins; the first stops gracefully and hands
+/// over) while vehicle-stats expires summaries and emits each vehicle's final one: the
+/// state both hosts left in the shared store, expiries included, and the distinct
+/// expiry outputs equal those of one host reading the same topic uninterrupted.
+#[test]
+fn expiries_across_kafka_handovers_equal_an_uninterrupted_run() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 4)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let all = dir.join("all.jsonl");
+    generate(&all, 200, 12_000, SEED)?;
+    let chunks = split_lines(&all, 3)?;
+    let store = dir.join("store");
+    let host = |name: &str, config: &Path, store: Option<&Path>| -> Command {
+        let mut command = run_job(&operator_wasm("vehicle_stats"), &dir.join(name), 4);
+        command.arg("--config").arg(config).args(["--ttl", "2s"]);
+        match store {
+            Some(store) => command.arg("--checkpoint-store").arg(store).args(["--checkpoint-interval", "1"]),
+            None => command.arg("--no-checkpoints"),
+        };
+        command
+    };
+    let shared = positions_source(dir, &broker.bootstrap, "group = \"handover\"\n")?;
+    let minute = Duration::from_secs(60);
+    for name in ["a", "b", "alone", "check"] {
+        std::fs::create_dir_all(dir.join(name))?;
+    }
+
+    broker.produce_lines("positions", &chunks[0])?;
+    let mut a = Host::spawn("a", &mut host("a", &shared, Some(&store)), &dir.join("a/log"))?;
+    a.wait_for(RESUMED, 4, minute)?;
+    let mut b = Host::spawn("b", &mut host("b", &shared, Some(&store)), &dir.join("b/log"))?;
+    b.wait_for(RESUMED, 1, minute)?;
+    broker.produce_lines("positions", &chunks[1])?;
+    std::thread::sleep(Duration::from_millis(500));
+    a.terminate()?;
+    assert!(a.log().contains(&handed_over()), "a handed its partitions over:\n{}", a.log());
+    broker.produce_lines("positions", &chunks[2])?;
+    broker.wait_committed("handover", "positions", 12_000, Duration::from_secs(120))?;
+    b.terminate()?;
+
+    // One host over the whole topic, in a group of its own, with nothing to restore.
+    let idle = "stop_when_idle_s = 2\n";
+    let alone = positions_source(dir, &broker.bootstrap, &format!("group = \"alone\"\n{idle}"))?;
+    let report = run_ok(&mut host("alone", &alone, None))?;
+    assert!(reported_expired(&String::from_utf8_lossy(&report.stderr)) > 50, "the TTL expired summaries");
+    // What the two hosts left in the store, restored by a host that processes nothing.
+    let check = positions_source(dir, &broker.bootstrap, &format!("group = \"check\"\n{idle}"))?;
+    let report = run_ok(&mut host("check", &check, Some(&store)))?;
+    assert!(String::from_utf8_lossy(&report.stderr).contains("processed 0 records"));
+    let state = |name: &str| -> Result<Vec<String>> {
+        let dump = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(dir.join(name).join("state")))?;
+        let mut lines: Vec<String> = String::from_utf8(dump.stdout)?.lines().map(str::to_string).collect();
+        lines.sort();
+        Ok(lines)
+    };
+    assert_eq!(state("check")?, state("alone")?, "entries, values and expiries after two handovers");
+    let expiries = |names: &[&str]| -> Result<BTreeSet<String>> {
+        let mut expiries = BTreeSet::new();
+        for name in names {
+            let outputs = read_jsonl(&dir.join(name).join("out.jsonl"))?;
+            expiries.extend(outputs.into_iter().filter(|o| o["cause"] == "expiry").map(|o| o.to_string()));
+        }
+        Ok(expiries)
+    };
+    assert_eq!(expiries(&["a", "b"])?, expiries(&["alone"])?, "the same expiries at the same records");
     Ok(())
 }
 

@@ -6,8 +6,8 @@
 //!
 //! This crate owns the operator author's view of the `sluice:operator` WIT world:
 //! [`Record`] and [`Output`] instead of raw bindings, [`State`] for typed keyed state
-//! (any `Serialize + DeserializeOwned` value under a name, scoped to the record's key),
-//! and [`log`]. It does not own anything operational — partitions, offsets, storage,
+//! (any `Serialize + DeserializeOwned` value under a name, scoped to the record's key,
+//! optionally with a TTL), [`Expired`] for the entries the host expires, and [`log`]. It does not own anything operational — partitions, offsets, storage,
 //! checkpoints — which all live in the host.
 //!
 //! State values are stored as JSON by default, or in a compact binary encoding an
@@ -52,11 +52,11 @@ pub use encoding::Encoding;
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)] // generated code mirrors the canonical ABI
 pub mod bindings {
-    // The current package: `process` and the batched `process-batch`.
+    // The current package: `process`, the batched `process-batch` and `expired`.
     #[cfg(not(feature = "wit-0-1-0"))]
     wit_bindgen::generate!({
         path: "../wit",
-        world: "batched-operator",
+        world: "expiring-operator",
         pub_export_macro: true,
         export_macro_name: "__export_operator_world",
         default_bindings_module: "sluice_guest::bindings",
@@ -97,6 +97,40 @@ pub trait Operator {
     /// outputs. An `Err` sends the record to the dead-letter destination with the
     /// error as its reason and discards the record's state writes.
     fn process(record: Record, state: &State<'_>) -> Result<Vec<Output>>;
+
+    /// Called when a state entry of this operator expired (a TTL from
+    /// [`State::put_with_ttl`] or the host's `[ttl]` config), after the host removed
+    /// it and before the next record of its key: `state` is scoped to the entry's key.
+    /// The outputs are emitted marked as the expiry's; the removal, the writes and the
+    /// outputs are committed together, so each expiry is handled once. An `Err` sends
+    /// the entry to the dead-letter destination and discards the writes; the entry
+    /// stays removed. The default emits nothing.
+    fn expired(entry: Expired, state: &State<'_>) -> Result<Vec<Output>> {
+        let _ = (entry, state);
+        Ok(Vec::new())
+    }
+}
+
+/// A state entry that expired.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expired {
+    /// The record key it belonged to.
+    pub key: Vec<u8>,
+    /// Its state name.
+    pub name: String,
+    /// The bytes it held, as [`State::put`] stored them.
+    pub value: Vec<u8>,
+    /// When it expired on the partition's clock, ms since the Unix epoch.
+    pub expired_at_ms: u64,
+}
+
+impl Expired {
+    /// The value it held, decoded as [`State::get`] would have.
+    pub fn value<T: DeserializeOwned>(&self) -> Result<T> {
+        encoding::decode(&self.value).map_err(|e| {
+            Error(format!("expired state `{}` does not decode as {}: {e}", self.name, std::any::type_name::<T>()))
+        })
+    }
 }
 
 /// An operator's error: a message for the dead-letter record or the host's log.
@@ -246,6 +280,16 @@ impl State<'_> {
         Ok(())
     }
 
+    /// Stores `value` under `name`, to expire `ttl` after the partition's clock now
+    /// (event time unless the host counts TTLs in processing time), whatever the host's
+    /// config says for `name`; [`Operator::expired`] is then called with it. Every put
+    /// sets the expiry anew; reads do not extend it.
+    #[cfg(not(feature = "wit-0-1-0"))]
+    pub fn put_with_ttl<T: Serialize + ?Sized>(&self, name: &str, value: &T, ttl: std::time::Duration) -> Result<()> {
+        self.put_bytes_with_ttl(name, &encoding::encode(value, self.encoding)?, ttl);
+        Ok(())
+    }
+
     /// Removes the value under `name`.
     pub fn delete(&self, name: &str) {
         #[cfg(target_arch = "wasm32")]
@@ -267,7 +311,16 @@ impl State<'_> {
         #[cfg(target_arch = "wasm32")]
         wit_state::put(name, value);
         #[cfg(not(target_arch = "wasm32"))]
-        self.backend.put(name, value);
+        self.backend.put(name, value, None);
+    }
+
+    /// Stores raw bytes under `name`, expiring as [`put_with_ttl`](Self::put_with_ttl) says.
+    #[cfg(not(feature = "wit-0-1-0"))]
+    pub fn put_bytes_with_ttl(&self, name: &str, value: &[u8], ttl: std::time::Duration) {
+        #[cfg(target_arch = "wasm32")]
+        wit_state::put_with_ttl(name, value, ttl.as_millis().try_into().unwrap_or(u64::MAX));
+        #[cfg(not(target_arch = "wasm32"))]
+        self.backend.put(name, value, Some(ttl));
     }
 }
 
@@ -281,8 +334,9 @@ pub mod native {
     pub trait StateBackend {
         /// The value under `name`.
         fn get(&self, name: &str) -> Option<Vec<u8>>;
-        /// Stores `value` under `name`.
-        fn put(&self, name: &str, value: &[u8]);
+        /// Stores `value` under `name`, expiring `ttl` from now if given (else as
+        /// the backend's own policy says).
+        fn put(&self, name: &str, value: &[u8], ttl: Option<std::time::Duration>);
         /// Removes `name`.
         fn delete(&self, name: &str);
     }
@@ -348,7 +402,7 @@ macro_rules! export_operator {
                 $crate::__private::process::<$operator>(record)
             }
 
-            $crate::__export_process_batch!($operator);
+            $crate::__export_since_0_1_1!($operator);
         }
 
         #[cfg(target_arch = "wasm32")]
@@ -356,23 +410,33 @@ macro_rules! export_operator {
     };
 }
 
-/// The `process-batch` export of the current package; nothing for a 0.1.0 build.
+/// The exports the current package added since 0.1.0 (`process-batch`, `expired`);
+/// nothing for a 0.1.0 build.
 #[doc(hidden)]
 #[macro_export]
 #[cfg(not(feature = "wit-0-1-0"))]
-macro_rules! __export_process_batch {
+macro_rules! __export_since_0_1_1 {
     ($operator:ty) => {
         fn process_batch(inputs: ::std::vec::Vec<$crate::bindings::InputRecord>) {
             $crate::__private::process_batch::<$operator>(inputs)
         }
+
+        fn expired(
+            key: ::std::vec::Vec<u8>,
+            name: ::std::string::String,
+            value: ::std::vec::Vec<u8>,
+            expired_at_ms: u64,
+        ) -> ::std::result::Result<::std::vec::Vec<$crate::bindings::OutputRecord>, ::std::string::String> {
+            $crate::__private::expired::<$operator>($crate::Expired { key, name, value, expired_at_ms })
+        }
     };
 }
 
-/// The `process-batch` export of the current package; nothing for a 0.1.0 build.
+/// The exports the current package added since 0.1.0; nothing for a 0.1.0 build.
 #[doc(hidden)]
 #[macro_export]
 #[cfg(feature = "wit-0-1-0")]
-macro_rules! __export_process_batch {
+macro_rules! __export_since_0_1_1 {
     ($operator:ty) => {};
 }
 
@@ -397,7 +461,19 @@ pub mod __private {
     #[cfg(target_arch = "wasm32")]
     pub fn process<O: Operator>(record: types::InputRecord) -> std::result::Result<Vec<types::OutputRecord>, String> {
         let state = State { backend: std::marker::PhantomData, encoding: O::STATE_ENCODING };
-        let outputs = O::process(record.into(), &state).map_err(|e| e.0)?;
+        outputs(O::process(record.into(), &state))
+    }
+
+    #[cfg(all(target_arch = "wasm32", not(feature = "wit-0-1-0")))]
+    pub fn expired<O: Operator>(entry: Expired) -> std::result::Result<Vec<types::OutputRecord>, String> {
+        let state = State { backend: std::marker::PhantomData, encoding: O::STATE_ENCODING };
+        outputs(O::expired(entry, &state))
+    }
+
+    /// What the host gets of an operator's result.
+    #[cfg(target_arch = "wasm32")]
+    fn outputs(result: Result<Vec<Output>>) -> std::result::Result<Vec<types::OutputRecord>, String> {
+        let outputs = result.map_err(|e| e.0)?;
         Ok(outputs.into_iter().map(|o| types::OutputRecord { key: o.key, value: o.value, topic: o.topic }).collect())
     }
 

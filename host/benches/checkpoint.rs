@@ -107,6 +107,7 @@ fn steady_updates(runtime: &tokio::runtime::Runtime, dir: &Path) -> Result<()> {
         duration: None,
         rate: Some(5_000.0),
         seed: 42,
+        churn: None,
     };
     config.checkpoint.interval = Duration::from_secs(1);
     sluice::job::run(&config)?;
@@ -134,7 +135,8 @@ fn steady_updates(runtime: &tokio::runtime::Runtime, dir: &Path) -> Result<()> {
 /// [`common::job_config`] over `count` generator records of `vehicles` vehicles,
 /// `partitions` partitions.
 fn generator_job(dir: &Path, vehicles: u32, count: u64, partitions: u32) -> Config {
-    let source = SourceConfig::Generator { vehicles, count: Some(count), duration: None, rate: None, seed: 42 };
+    let source =
+        SourceConfig::Generator { vehicles, count: Some(count), duration: None, rate: None, seed: 42, churn: None };
     let mut config = common::job_config(dir, source);
     config.state.partitions = partitions;
     config
@@ -150,7 +152,7 @@ fn fill_and_checkpoint(runtime: &tokio::runtime::Runtime, dir: &Path, size: u64)
     let mut value = vec![0u8; VALUE];
     let keys = size / VALUE as u64;
     for key in 0..keys {
-        txn.begin_record(format!("vehicle-{key:09}").as_bytes(), 0);
+        txn.begin_record(format!("vehicle-{key:09}").as_bytes(), 0)?;
         for chunk in value.chunks_mut(8) {
             seed ^= seed << 13;
             seed ^= seed >> 7;

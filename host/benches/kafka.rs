@@ -93,7 +93,7 @@ fn through_sluice(broker: &KafkaBroker, records: u64, batch: Option<usize>) -> R
 /// mis-serves fetches that start inside a batch, which every pause/resume of a backed-up
 /// partition does; see the README).
 fn produce(broker: &KafkaBroker, records: u64) -> Result<()> {
-    let fleet = Fleet::new(&FleetOptions { vehicles: 10_000, count: Some(records), seed: 42 });
+    let fleet = Fleet::new(&FleetOptions { vehicles: 10_000, count: Some(records), seed: 42, churn: None });
     broker.produce("positions", fleet.map(|record| record.map(|r| (r.key, r.value))))?;
     Ok(())
 }

@@ -49,8 +49,14 @@ fn main() -> Result<()> {
     let port = free_port()?;
     // Long enough for every swap, whatever compiling takes here; the job ends by itself.
     let duration = Duration::from_secs(10) + (DWELL + Duration::from_secs(1)) * swaps as u32;
-    let source =
-        SourceConfig::Generator { vehicles: 10_000, count: None, duration: Some(duration), rate: Some(RATE), seed: 1 };
+    let source = SourceConfig::Generator {
+        vehicles: 10_000,
+        count: None,
+        duration: Some(duration),
+        rate: Some(RATE),
+        seed: 1,
+        churn: None,
+    };
     let mut config = common::job_config(dir.path(), source);
     config.admin.listen = Some(format!("127.0.0.1:{port}"));
     let job = std::thread::spawn(move || sluice::job::run(&config));

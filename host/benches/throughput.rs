@@ -69,7 +69,7 @@ fn main() -> Result<()> {
 /// Every path over `count` records of `vehicles` vehicles.
 fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
     let records: Vec<SourceRecord> =
-        Fleet::new(&FleetOptions { vehicles: vehicles as u32, count: Some(count), seed: 42 })
+        Fleet::new(&FleetOptions { vehicles: vehicles as u32, count: Some(count), seed: 42, churn: None })
             .enumerate()
             .map(|(offset, raw)| {
                 let raw = raw.expect("the generator does not fail");
@@ -210,8 +210,11 @@ impl StateBackend for TransactionBackend<'_> {
         self.0.borrow_mut().get(name).expect("reading state")
     }
 
-    fn put(&self, name: &str, value: &[u8]) {
-        self.0.borrow_mut().put(name, value.to_vec())
+    fn put(&self, name: &str, value: &[u8], ttl: Option<std::time::Duration>) {
+        match ttl {
+            Some(ttl) => self.0.borrow_mut().put_with_ttl(name, value.to_vec(), ttl),
+            None => self.0.borrow_mut().put(name, value.to_vec()),
+        }
     }
 
     fn delete(&self, name: &str) {
@@ -261,7 +264,8 @@ impl StateBackend for MapBackend {
         self.entries.borrow().get(&(self.key.clone(), name.to_string())).cloned()
     }
 
-    fn put(&self, name: &str, value: &[u8]) {
+    /// Without a clock, nothing expires.
+    fn put(&self, name: &str, value: &[u8], _ttl: Option<std::time::Duration>) {
         self.entries.borrow_mut().insert((self.key.clone(), name.to_string()), value.to_vec());
     }
 

@@ -21,6 +21,7 @@
 //! vehicles = 10000
 //! count = 1000000             # or duration = "1m"; neither = unbounded
 //! seed = 42
+//! # churn = 100               # every 100 records a vehicle leaves for good, a new one joins
 //! # rate = 5000               # records/s; absent = as fast as possible
 //!
 //! [sink]                      # or: kind = "stdout"; or kind = "kafka",
@@ -42,7 +43,7 @@
 //! time = "event"              # the partition's largest timestamp; or "processing": the wall clock
 //! lateness = "0s"             # the event clock trails the largest timestamp seen by this much
 //! future_skew = "1d"          # timestamps further ahead of the wall clock do not move it
-//! sweep_limit = 50000         # the most expired entries one commit removes
+//! sweep_limit = 50000         # the most committed entries that expire at one record
 //! [ttl.names]                 # TTLs per state name, over the default
 //! # summary = "1h"
 //!
@@ -164,6 +165,8 @@ pub enum SourceConfig {
         /// Seed: the same seed gives the same records.
         #[serde(default)]
         seed: u64,
+        /// Every this many records a vehicle leaves for good and a new one joins.
+        churn: Option<u64>,
     },
     /// A JSONL file, one record per line.
     File {
@@ -222,6 +225,7 @@ impl Default for SourceConfig {
             duration: None,
             rate: None,
             seed: 0,
+            churn: None,
         }
     }
 }
@@ -358,7 +362,8 @@ pub struct TtlConfig {
     /// Timestamps further than this ahead of the wall clock do not move the clock.
     #[serde(default = "default_future_skew", deserialize_with = "duration")]
     pub future_skew: Duration,
-    /// The most expired entries one commit removes.
+    /// The most committed entries that expire at one record (or idle tick); the
+    /// next record's key's own expire past it.
     #[serde(default = "default_sweep_limit")]
     pub sweep_limit: usize,
 }

@@ -36,6 +36,9 @@ use tokio::runtime::Runtime;
 /// knows its end (Kafka).
 pub const LAG: &str = "lag=";
 
+/// What follows the count of expired state entries in the final report.
+pub const EXPIRED_REMOVED: &str = " expired state entries removed";
+
 /// Batches a worker may have queued before the source holds its partition back (an
 /// embedded source waits; the Kafka source pauses the partition).
 const QUEUED_BATCHES: usize = 4;
@@ -85,8 +88,8 @@ impl fmt::Display for JobReport {
         if expired > 0 || ignored > 0 {
             writeln!(
                 f,
-                "{expired} expired state entries removed; {ignored} records without a usable timestamp (none, \
-                 negative or too far ahead) did not move the event-time clock"
+                "{expired}{EXPIRED_REMOVED}; {ignored} records without a usable timestamp (none, negative or too \
+                 far ahead) did not move the event-time clock"
             )?;
         }
         if self.source.gaps > 0 {
@@ -113,13 +116,14 @@ impl fmt::Display for JobReport {
         )?;
         writeln!(
             f,
-            "partition  restored-from           resumed-at  committed  processed  dead-letters  keys  checkpoints  \
-             checkpointed-at  uploaded  stopped"
+            "partition  restored-from           resumed-at  committed  processed  dead-letters  keys  entries  \
+             expired  backlog  clock                 checkpoints  checkpointed-at  uploaded  stopped"
         )?;
         for p in &self.partitions {
             writeln!(
                 f,
-                "{:>9}  {:<22}  {:>10}  {:>9}  {:>9}  {:>12}  {:>4}  {:>11}  {:>15}  {:>8}  {:?}",
+                "{:>9}  {:<22}  {:>10}  {:>9}  {:>9}  {:>12}  {:>4}  {:>7}  {:>7}  {:>7}  {:<20}  {:>11}  {:>15}  {:>8}  \
+                 {:?}",
                 p.partition,
                 p.restored_from.to_string(),
                 p.resumed_at,
@@ -127,6 +131,10 @@ impl fmt::Display for JobReport {
                 p.totals.processed,
                 p.totals.dead_letters,
                 p.keys.map_or("-".to_string(), |k| k.to_string()),
+                p.totals.entries,
+                p.totals.expired,
+                p.totals.backlog,
+                clock_time(p.totals.clock_ms),
                 p.totals.checkpoints,
                 p.totals.checkpoint_offset,
                 checkpoint::bytes(p.totals.uploaded_bytes),
@@ -289,8 +297,8 @@ impl OpenSource {
     /// Opens `source`.
     fn open(source: &SourceConfig) -> Result<Self> {
         Ok(match source {
-            SourceConfig::Generator { vehicles, count, duration, rate, seed } => OpenSource::Embedded(
-                Box::new(Fleet::new(&FleetOptions { vehicles: *vehicles, count: *count, seed: *seed })),
+            SourceConfig::Generator { vehicles, count, duration, rate, seed, churn } => OpenSource::Embedded(
+                Box::new(Fleet::new(&FleetOptions { vehicles: *vehicles, count: *count, seed: *seed, churn: *churn })),
                 DispatchOptions { rate: *rate, duration: *duration },
             ),
             SourceConfig::File { path, key_field, timestamp_field, rate } => OpenSource::Embedded(
@@ -339,6 +347,15 @@ impl OpenSource {
     }
 }
 
+/// A partition's clock as a time of day (RFC 3339, to the second), or `-` before it
+/// started.
+fn clock_time(ms: u64) -> String {
+    match ms {
+        0 => "-".to_string(),
+        ms => humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string(),
+    }
+}
+
 /// Where the previous running-summary line left off.
 struct Mark {
     at: Instant,
@@ -370,12 +387,18 @@ fn print_summary(started: Instant, since: Mark, live: &LiveStats) -> Mark {
         .iter()
         .map(|(p, s)| {
             let lag = s.lag.load(Ordering::Relaxed);
-            let expired = s.expired.load(Ordering::Relaxed);
+            let ttl = match s.expired.load(Ordering::Relaxed) {
+                0 => String::new(),
+                expired => format!(
+                    " expired={expired} backlog={} clock={}",
+                    s.backlog.load(Ordering::Relaxed),
+                    clock_time(s.clock_ms.load(Ordering::Relaxed))
+                ),
+            };
             format!(
-                "p{p}@{} entries={}{} ckpt@{} batch-p99={:.1}ms{}",
+                "p{p}@{} entries={}{ttl} ckpt@{} batch-p99={:.1}ms{}",
                 s.committed_offset.load(Ordering::Relaxed),
                 s.entries.load(Ordering::Relaxed),
-                if expired > 0 { format!(" expired={expired}") } else { String::new() },
                 s.checkpoint_offset.load(Ordering::Relaxed),
                 s.batch_p99_us.load(Ordering::Relaxed) as f64 / 1e3,
                 if lag >= 0 { format!(" {LAG}{lag}") } else { String::new() }

@@ -143,7 +143,7 @@ struct RunArgs {
     #[arg(long)]
     operator: Option<PathBuf>,
     /// Read records from this JSONL file instead of the configured source.
-    #[arg(long, conflicts_with_all = ["vehicles", "count", "seed"])]
+    #[arg(long, conflicts_with_all = ["vehicles", "count", "seed", "churn"])]
     input: Option<PathBuf>,
     #[command(flatten)]
     fleet: FleetOverrides,
@@ -205,6 +205,16 @@ struct FleetOverrides {
     /// Generator seed.
     #[arg(long)]
     seed: Option<u64>,
+    /// Every this many records a generated vehicle leaves for good and a new one joins.
+    #[arg(long)]
+    churn: Option<u64>,
+}
+
+impl FleetOverrides {
+    /// Whether any generator setting is given.
+    fn any(&self) -> bool {
+        self.vehicles.is_some() || self.count.is_some() || self.seed.is_some() || self.churn.is_some()
+    }
 }
 
 /// `sluice generate`
@@ -219,6 +229,9 @@ struct FleetArgs {
     /// Seed: the same seed gives the same records.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Every this many records a vehicle leaves for good and a new one joins.
+    #[arg(long)]
+    churn: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -271,7 +284,8 @@ fn run_job(args: RunArgs) -> Result<()> {
 
 /// `sluice generate`
 fn generate(args: &FleetArgs) -> Result<()> {
-    let fleet = Fleet::new(&FleetOptions { vehicles: args.vehicles, count: Some(args.count), seed: args.seed });
+    let options = FleetOptions { vehicles: args.vehicles, count: Some(args.count), seed: args.seed, churn: args.churn };
+    let fleet = Fleet::new(&options);
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for record in fleet {
         out.write_all(&record?.value)?;
@@ -538,21 +552,22 @@ impl RunArgs {
                 SourceConfig::File { path, key_field: "vehicle_id".into(), timestamp_field: "ts".into(), rate: None };
         }
         match &mut config.source {
-            SourceConfig::Generator { vehicles, count, seed, rate, .. } => {
+            SourceConfig::Generator { vehicles, count, seed, rate, churn, .. } => {
                 *vehicles = self.fleet.vehicles.unwrap_or(*vehicles);
                 *count = self.fleet.count.or(*count);
                 *seed = self.fleet.seed.unwrap_or(*seed);
+                *churn = self.fleet.churn.or(*churn);
                 *rate = self.rate.or(*rate);
             }
             SourceConfig::File { rate, .. } => {
-                if self.fleet.vehicles.is_some() || self.fleet.count.is_some() || self.fleet.seed.is_some() {
-                    bail!("--vehicles, --count and --seed apply to the generator, but the source is a file");
+                if self.fleet.any() {
+                    bail!("--vehicles, --count, --seed and --churn apply to the generator, but the source is a file");
                 }
                 *rate = self.rate.or(*rate);
             }
             SourceConfig::Kafka { .. } => {
-                if self.fleet.vehicles.is_some() || self.fleet.count.is_some() || self.fleet.seed.is_some() {
-                    bail!("--vehicles, --count and --seed apply to the generator, but the source is Kafka");
+                if self.fleet.any() {
+                    bail!("--vehicles, --count, --seed and --churn apply to the generator, but the source is Kafka");
                 }
                 if self.rate.is_some() {
                     bail!("--rate paces the embedded sources; a Kafka source runs at the topic's pace");

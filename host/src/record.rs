@@ -1,6 +1,7 @@
 //! The data every layer shares: a record as a source reads it ([`RawRecord`]) and at
 //! its place in the partitioned log ([`SourceRecord`]), what an operator emits for it
-//! ([`Output`]), and how a partition's run ends ([`Stop`]).
+//! ([`Output`]) and what caused that ([`Origin`]), and how a partition's run ends
+//! ([`Stop`]).
 //!
 //! This module is a leaf: it imports nothing of the host, and every layer may import
 //! it. It holds data only; what is done with a record belongs to the layer doing it.
@@ -40,6 +41,35 @@ pub struct Output {
     pub value: Vec<u8>,
     /// Destination topic; `None` is the job's sink.
     pub topic: Option<String>,
+}
+
+/// What made an operator emit an output: where in the partitioned log, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    /// The partition.
+    pub partition: u32,
+    /// The input record's offset; for an expiry, the offset of the record the
+    /// partition processes next (the expiry happened between it and the one before), so
+    /// a replay gives the same.
+    pub offset: u64,
+    /// Whether the output answers an input record or an expired state entry.
+    pub cause: Cause,
+}
+
+/// Why an operator emitted an output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// It processed the input record at the origin's offset.
+    Record,
+    /// A state entry expired (the operator's `expired` callback).
+    Expiry,
+}
+
+impl Origin {
+    /// The origin of outputs for `record`.
+    pub fn of(record: &SourceRecord) -> Self {
+        Origin { partition: record.partition, offset: record.offset, cause: Cause::Record }
+    }
 }
 
 /// How a partition's run on this host ends.

@@ -26,6 +26,9 @@ pub struct PartitionStats {
     pub entries: AtomicU64,
     /// Expired entries removed by this worker's commits.
     pub expired: AtomicU64,
+    /// Entries due but not yet expired as of the last commit (more came due at once
+    /// than `[ttl] sweep_limit`), counted up to the limit.
+    pub backlog: AtomicU64,
     /// The partition's event-time clock as of the last commit, ms since the epoch (0:
     /// not started).
     pub clock_ms: AtomicU64,
@@ -67,6 +70,7 @@ impl PartitionStats {
             committed_offset: AtomicU64::new(committed_offset),
             entries: AtomicU64::new(entries),
             expired: AtomicU64::new(0),
+            backlog: AtomicU64::new(0),
             clock_ms: AtomicU64::new(0),
             clock_ignored: AtomicU64::new(0),
             checkpoints: AtomicU64::new(0),
@@ -89,7 +93,10 @@ impl PartitionStats {
             committed_offset: self.committed_offset.load(Ordering::Relaxed),
             processed: self.processed.load(Ordering::Relaxed),
             dead_letters: self.dead_letters.load(Ordering::Relaxed),
+            entries: self.entries.load(Ordering::Relaxed),
             expired: self.expired.load(Ordering::Relaxed),
+            backlog: self.backlog.load(Ordering::Relaxed),
+            clock_ms: self.clock_ms.load(Ordering::Relaxed),
             clock_ignored: self.clock_ignored.load(Ordering::Relaxed),
             checkpoints: self.checkpoints.load(Ordering::Relaxed),
             checkpoint_offset: self.checkpoint_offset.load(Ordering::Relaxed),
@@ -108,8 +115,14 @@ pub struct Totals {
     pub processed: u64,
     /// Records sent to the dead-letter file.
     pub dead_letters: u64,
+    /// State entries stored, as of the last commit.
+    pub entries: u64,
     /// Expired entries removed.
     pub expired: u64,
+    /// Entries due but not yet expired (counted up to `[ttl] sweep_limit`).
+    pub backlog: u64,
+    /// The partition's clock, ms since the epoch (0: not started).
+    pub clock_ms: u64,
     /// Records whose timestamp did not move the clock.
     pub clock_ignored: u64,
     /// Checkpoints completed.

@@ -8,6 +8,7 @@
 
 use anyhow::{Context, Result, bail};
 use sluice::admin::LISTENING;
+use sluice::job::EXPIRED_REMOVED;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -96,6 +97,13 @@ pub fn run_err(command: &mut Command) -> Result<String> {
         bail!("{command:?} succeeded but should have failed:\n{}", String::from_utf8_lossy(&output.stderr));
     }
     Ok(String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// The count of expired state entries a run's final report (its stderr) gives; 0 if it
+/// gives none.
+pub fn reported_expired(report: &str) -> u64 {
+    let count = report.lines().find_map(|line| line.split_once(EXPIRED_REMOVED).map(|(count, _)| count));
+    count.and_then(|count| count.parse().ok()).unwrap_or(0)
 }
 
 /// Sends `signal` (a name such as `TERM`) to process `pid`.

@@ -2,7 +2,8 @@
 //!
 //! This module owns the boundary between the host and operator logic: the
 //! [`Operator`] trait the [worker](crate::worker) drives, the [`Outcome`] of one
-//! record, and the versions an operator goes through:
+//! record or [`Expiration`] of one state entry, and the versions an operator goes
+//! through:
 //!
 //! - [`wasm`]: the sandboxed WebAssembly runtime, and the active version each
 //!   partition's instance follows.
@@ -17,7 +18,7 @@ pub mod wasm;
 
 pub use crate::record::Output;
 use crate::record::SourceRecord;
-use crate::state::Transaction;
+use crate::state::{Expired, Transaction};
 use anyhow::Result;
 use std::time::Duration;
 
@@ -33,6 +34,29 @@ pub enum Outcome {
     Trapped(String),
 }
 
+/// What an operator made of a state entry that expired. The entry is removed whatever
+/// the outcome; an operator not told of expiries makes none.
+#[derive(Debug)]
+pub struct Expiration {
+    /// The entry, as it was.
+    pub entry: Expired,
+    /// The offset of the record the partition processes next: the expiry came between
+    /// it and the one before.
+    pub offset: u64,
+    /// What the operator's `expired` returned; `Emitted` outputs are marked as an
+    /// expiry's.
+    pub outcome: Outcome,
+}
+
+/// What became of a batch of records, and of the entries that expired meanwhile.
+#[derive(Debug, Default)]
+pub struct Processed {
+    /// One per record, in order.
+    pub outcomes: Vec<Outcome>,
+    /// In the order they expired; each before the record at its offset.
+    pub expirations: Vec<Expiration>,
+}
+
 /// Operator logic bound to one partition's state.
 ///
 /// The worker hands it a batch at a time ([`Operator::process_batch`]); every record
@@ -46,10 +70,19 @@ pub trait Operator: Send {
     fn process(&mut self, record: &SourceRecord) -> Result<Outcome>;
 
     /// Processes `records` in order, each in its own record scope, and returns their
-    /// outcomes in the same order. An `Err` is a host failure, as for
-    /// [`process`](Operator::process); the records' writes are then never committed.
-    fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Vec<Outcome>> {
-        process_each(self, records)
+    /// outcomes in the same order, with the expirations their clock brought. An `Err`
+    /// is a host failure, as for [`process`](Operator::process); the records' writes
+    /// are then never committed.
+    fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
+        Ok(Processed { outcomes: process_each(self, records)?, expirations: Vec::new() })
+    }
+
+    /// Expires the entries due at the partition's clock without a record (an idle
+    /// partition in processing time, or a backlog): `offset` is the next record's.
+    fn expire(&mut self, offset: u64) -> Result<Vec<Expiration>> {
+        let _ = offset;
+        self.state().expire_due(None)?;
+        Ok(Vec::new())
     }
 
     /// The partition state this operator reads and writes.
@@ -69,12 +102,18 @@ pub trait Operator: Send {
 pub fn process_each<O: Operator + ?Sized>(operator: &mut O, records: &[SourceRecord]) -> Result<Vec<Outcome>> {
     let mut outcomes = Vec::with_capacity(records.len());
     for record in records {
-        operator.state().begin_record(&record.key, record.timestamp_ms);
-        let outcome = operator.process(record).inspect_err(|_| operator.state().end_record(false))?;
-        operator.state().end_record(matches!(outcome, Outcome::Emitted(_)));
-        outcomes.push(outcome);
+        operator.state().begin_record(&record.key, record.timestamp_ms)?;
+        outcomes.push(process_scoped(operator, record)?);
     }
     Ok(outcomes)
+}
+
+/// [`Operator::process`] of `record` in the record scope the caller opened, which it
+/// closes: the record's writes are kept only if it emitted.
+pub fn process_scoped<O: Operator + ?Sized>(operator: &mut O, record: &SourceRecord) -> Result<Outcome> {
+    let outcome = operator.process(record).inspect_err(|_| operator.state().end_record(false))?;
+    operator.state().end_record(matches!(outcome, Outcome::Emitted(_)));
+    Ok(outcome)
 }
 
 /// The version of a build of operator `name`: `name@checksum` of its component. Outputs,

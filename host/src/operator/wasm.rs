@@ -17,10 +17,15 @@
 //! a whole batch per call and reports each record's result through the `batch.finish`
 //! import; the host then moves the record scope and restarts the deadline. One built
 //! against 0.1.0 gets one `process` call per record. Both give the same outcomes.
+//!
+//! A component built against 0.1.2 or later may export `expired`: the host then calls
+//! it for each state entry that expires, scoped to the entry's key, before the record
+//! whose clock reached the expiry (a batched call is cut there, since a component
+//! cannot be called while it is in a call).
 
-use super::{Operator, Outcome, Output, Switch};
+use super::{Expiration, Operator, Outcome, Output, Processed, Switch};
 use crate::record::SourceRecord;
-use crate::state::Transaction;
+use crate::state::{Expired, Transaction};
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,10 +55,14 @@ pub const WIT_PACKAGE: &str = "sluice:operator";
 /// The package's major.minor this host serves: any `0.1.x` component links.
 pub const WIT_VERSION: &str = "0.1";
 
-/// The interface a batched call reports each record's result through (0.1.1), and
-/// the export that takes a batch.
-const BATCH_INTERFACE: &str = "sluice:operator/batch@0.1.1";
+/// The interface a batched call reports each record's result through (0.1.1, defined
+/// at this host's version), and the export that takes a batch.
+const BATCH_INTERFACE: &str = "sluice:operator/batch@0.1.2";
 const PROCESS_BATCH: &str = "process-batch";
+/// The export told of each expired state entry (0.1.2), and its signature.
+const EXPIRED: &str = "expired";
+type ExpiredParams<'a> = (&'a [u8], &'a str, &'a [u8], u64);
+type ExpiredResults = (std::result::Result<Vec<OutputRecord>, String>,);
 
 /// How often the epoch advances; the granularity of call deadlines.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -72,6 +81,8 @@ pub struct WasmOperator {
     pre: OperatorPre<HostCtx>,
     /// The component's `process-batch` export, when it has one.
     process_batch: Option<ComponentExportIndex>,
+    /// The component's `expired` export, when it has one.
+    expired: Option<ComponentExportIndex>,
     /// Where the component came from (a file, a deployed version), for errors.
     origin: String,
     name: Arc<str>,
@@ -117,12 +128,23 @@ struct Batch {
     timestamps: Vec<i64>,
     /// The outcomes of the inputs finished so far, in order.
     outcomes: Vec<Outcome>,
+    /// Whether the operator is told of expiries: a call is then cut before an input
+    /// that makes entries due.
+    told: bool,
+    /// How many inputs moved the partition's clock: the first before the call, each
+    /// next at the `finish` before it.
+    observed: usize,
+    /// Whether `finish` cut the call short, before an input that makes expiries due
+    /// (the call's own writes brought them): the host expires them and goes on.
+    cut: bool,
 }
 
 impl Batch {
-    fn start(&mut self, records: &[SourceRecord]) {
+    /// A call of `records` starts, their first's time observed.
+    fn start(&mut self, records: &[SourceRecord], told: bool) {
         self.end();
         self.outcomes.clear();
+        (self.told, self.observed, self.cut) = (told, 1, false);
         for record in records {
             self.keys.extend_from_slice(&record.key);
             self.ends.push(self.keys.len());
@@ -236,8 +258,10 @@ impl WasmOperator {
                 },
             )?;
         let process_batch = compiled.get_export_index(None, PROCESS_BATCH);
+        let expired = compiled.get_export_index(None, EXPIRED);
         let version = super::version_of(name, component);
-        Ok(WasmOperator { pre, process_batch, origin: origin.to_string(), name: name.into(), version, limits, config })
+        let origin = origin.to_string();
+        Ok(WasmOperator { pre, process_batch, expired, origin, name: name.into(), version, limits, config })
     }
 
     /// The operator's name, used in logs and dead letters.
@@ -283,7 +307,7 @@ impl WasmOperator {
         let mut store = Store::new(self.pre.engine(), ctx);
         store.limiter(|ctx| ctx);
         arm_deadline(&mut store);
-        let (bindings, process_batch) = match self.instantiate(&mut store) {
+        let (bindings, process_batch, expired) = match self.instantiate(&mut store) {
             Ok(instance) => instance,
             Err(e) => {
                 let e = e.context(format!("instantiating operator {}", self.origin));
@@ -293,7 +317,7 @@ impl WasmOperator {
         arm_deadline(&mut store);
         let config: Vec<(&str, &str)> = self.config.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let failure = match bindings.call_init(&mut store, &config) {
-            Ok(Ok(())) => return Ok(Live { store, bindings, process_batch }),
+            Ok(Ok(())) => return Ok(Live { store, bindings, process_batch, expired }),
             Ok(Err(reason)) => anyhow!("operator {} refused to start: init returned an error: {reason}", self.origin),
             Err(trap) => {
                 anyhow!(
@@ -306,18 +330,31 @@ impl WasmOperator {
         Err((failure, store.into_data()))
     }
 
-    /// A new instance in `store`: its bindings and its `process-batch`, if exported
-    /// with the signature of the `batched-operator` world.
-    fn instantiate(&self, store: &mut Store<HostCtx>) -> Result<(Bindings, Option<Func>)> {
+    /// A new instance in `store`: its bindings, its `process-batch` and its `expired`,
+    /// each if exported with the signature of its world.
+    fn instantiate(&self, store: &mut Store<HostCtx>) -> Result<(Bindings, Option<Func>, Option<Func>)> {
         let instance = self.pre.instance_pre().instantiate(&mut *store)?;
         let bindings = Bindings::new(&mut *store, &instance)?;
-        let Some(index) = &self.process_batch else { return Ok((bindings, None)) };
-        let func =
-            instance.get_func(&mut *store, index).with_context(|| format!("`{PROCESS_BATCH}` is not a function"))?;
-        func.typed::<(&[InputRecord<'_>],), ()>(&*store)
-            .map_err(anyhow::Error::from)
-            .with_context(|| format!("`{PROCESS_BATCH}` does not have the signature of the batched-operator world"))?;
-        Ok((bindings, Some(func)))
+        let mut export = |index: Option<&ComponentExportIndex>, name: &str| {
+            index
+                .map(|index| {
+                    instance.get_func(&mut *store, index).with_context(|| format!("`{name}` is not a function"))
+                })
+                .transpose()
+        };
+        let process_batch = export(self.process_batch.as_ref(), PROCESS_BATCH)?;
+        let expired = export(self.expired.as_ref(), EXPIRED)?;
+        if let Some(func) = process_batch {
+            func.typed::<(&[InputRecord<'_>],), ()>(&*store).map_err(anyhow::Error::from).with_context(|| {
+                format!("`{PROCESS_BATCH}` does not have the signature of the batched-operator world")
+            })?;
+        }
+        if let Some(func) = expired {
+            func.typed::<ExpiredParams<'_>, ExpiredResults>(&*store)
+                .map_err(anyhow::Error::from)
+                .with_context(|| format!("`{EXPIRED}` does not have the signature of the expiring-operator world"))?;
+        }
+        Ok((bindings, process_batch, expired))
     }
 }
 
@@ -346,15 +383,28 @@ fn finish(
     };
     ctx.txn.end_record(matches!(outcome, Outcome::Emitted(_)));
     ctx.batch.outcomes.push(outcome);
-    match ctx.batch.input(ctx.batch.outcomes.len()) {
-        Some((key, timestamp_ms)) => {
-            ctx.txn.begin_record(key, timestamp_ms);
-            ctx.forget_last_call();
-            arm_deadline(store);
-        }
+    let next = ctx.batch.outcomes.len();
+    let Some((key, timestamp_ms)) = ctx.batch.input(next) else {
         // Finished every input: a further `finish` or state call traps.
-        None => ctx.in_record = false,
+        ctx.in_record = false;
+        return Ok(());
+    };
+    let due = ctx.txn.observe(timestamp_ms);
+    if due && ctx.batch.told {
+        // An operator told of expiries is told before the record that makes them due,
+        // which a call cannot be interrupted for: it ends here, by a trap that the
+        // host knows for a cut (the instance is replaced). Calls are cut ahead where
+        // stored entries come due; this is for the call's own writes.
+        (ctx.batch.observed, ctx.batch.cut, ctx.in_record) = (next + 1, true, false);
+        wasmtime::bail!("`{PROCESS_BATCH}` cut before a record that makes state entries expire");
     }
+    if due && let Err(error) = ctx.txn.expire_due(Some(key)) {
+        return Err(wasmtime::Error::from_anyhow(ctx.fail(error)));
+    }
+    ctx.txn.scope(key);
+    ctx.batch.observed = next + 1;
+    ctx.forget_last_call();
+    arm_deadline(store);
     Ok(())
 }
 
@@ -413,6 +463,8 @@ struct Live {
     bindings: Bindings,
     /// The instance's `process-batch`, when the component exports it.
     process_batch: Option<Func>,
+    /// The instance's `expired`, when the component exports it.
+    expired: Option<Func>,
 }
 
 impl WasmInstance {
@@ -429,6 +481,51 @@ impl WasmInstance {
         let reason = describe_trap(trap, &self.operator.limits, &mut ctx);
         self.live = Some(self.operator.start(ctx).map_err(|(e, _)| e)?);
         Ok(reason)
+    }
+}
+
+impl WasmInstance {
+    /// Expires the entries due at the clock (`key`'s all, when there are more than a
+    /// sweep takes: the next record is of `key`) and calls the component's `expired`
+    /// for each, appending what it made of them, at `offset`, to `expirations`.
+    fn expire_told(&mut self, key: Option<&[u8]>, offset: u64, expirations: &mut Vec<Expiration>) -> Result<()> {
+        for entry in self.state().expire_due(key)? {
+            let outcome = self.call_expired(&entry)?;
+            expirations.push(Expiration { entry, offset, outcome });
+        }
+        Ok(())
+    }
+
+    /// Calls the component's `expired` for `entry`, in a record scope of its key: the
+    /// call's writes stand only if it returns outputs. An `Err` is a host failure.
+    fn call_expired(&mut self, entry: &Expired) -> Result<Outcome> {
+        let live = self.live.as_mut().expect("instance is live between calls");
+        let expired = live.expired.expect("called only when the component exports it");
+        let ctx = live.store.data_mut();
+        ctx.forget_last_call();
+        ctx.txn.scope(&entry.key);
+        ctx.in_record = true;
+        arm_deadline(&mut live.store);
+        let params = (entry.key.as_slice(), entry.name.as_str(), entry.value.as_slice(), entry.expired_at_ms);
+        let result = expired
+            .typed::<ExpiredParams<'_>, ExpiredResults>(&live.store)
+            .and_then(|expired| expired.call(&mut live.store, params));
+        let ctx = live.store.data_mut();
+        ctx.in_record = false;
+        if let Some(error) = ctx.host_error.take() {
+            ctx.txn.end_record(false);
+            return Err(error);
+        }
+        let outcome = match result {
+            Ok((Ok(outputs),)) => Outcome::Emitted(outputs.into_iter().map(Output::from).collect()),
+            Ok((Err(reason),)) => Outcome::Rejected(reason),
+            Err(trap) => {
+                ctx.txn.end_record(false);
+                return Ok(Outcome::Trapped(self.replace_after(trap)?));
+            }
+        };
+        ctx.txn.end_record(matches!(outcome, Outcome::Emitted(_)));
+        Ok(outcome)
     }
 }
 
@@ -481,24 +578,53 @@ impl Operator for WasmInstance {
         }
     }
 
-    fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Vec<Outcome>> {
-        if self.live().process_batch.is_none() {
-            return super::process_each(self, records);
+    fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
+        let told = self.live().expired.is_some();
+        let batched = self.live().process_batch.is_some();
+        if !told && !batched {
+            return Ok(Processed { outcomes: super::process_each(self, records)?, expirations: Vec::new() });
         }
-        let mut outcomes = Vec::with_capacity(records.len());
+        let mut processed = Processed::default();
         // The inputs of a call are copied into the guest's memory at once: a run takes
         // at most an eighth of the memory cap, however large a batch's records are.
         let call_bytes = self.operator.limits.memory_bytes / 8;
+        // Whether the next record runs alone: its run trapped before finishing one.
+        let mut alone = false;
+        // How many of `records` moved the clock: each moves it once, though one whose
+        // call was cut before it, or trapped before finishing any, runs again.
+        let mut observed = 0;
         // One call per run of records: a trap ends a run at the record it hit, and the
-        // records after it make the next run, in a fresh instance.
-        while let Some(rest) = records.get(outcomes.len()..).filter(|rest| !rest.is_empty()) {
-            let run = &rest[..run_length(rest, call_bytes)];
+        // records after it make the next run, in a fresh instance; for an operator told
+        // of expiries, an expiry ends a run before the record that makes it due.
+        while let Some(rest) = records.get(processed.outcomes.len()..).filter(|rest| !rest.is_empty()) {
+            let start = processed.outcomes.len();
+            let first = &rest[0];
+            if observed == start {
+                self.state().observe(first.timestamp_ms);
+                observed += 1;
+            }
+            if self.state().due() {
+                if told {
+                    self.expire_told(Some(&first.key), first.offset, &mut processed.expirations)?;
+                } else {
+                    self.state().expire_due(Some(&first.key))?;
+                }
+            }
+            self.state().scope(&first.key);
+            if !batched {
+                processed.outcomes.push(super::process_scoped(self, first)?);
+                continue;
+            }
+            let mut len = if std::mem::take(&mut alone) { 1 } else { run_length(rest, call_bytes) };
+            if told {
+                len = 1 + self.state().records_before_due(rest[1..len].iter().map(|record| record.timestamp_ms));
+            }
+            let run = &rest[..len];
             let live = self.live.as_mut().expect("instance is live between calls");
             let process_batch = live.process_batch.expect("checked above; a restart keeps the component");
             let ctx = live.store.data_mut();
             ctx.forget_last_call();
-            ctx.batch.start(run);
-            ctx.txn.begin_record(&run[0].key, run[0].timestamp_ms);
+            ctx.batch.start(run, told);
             ctx.in_record = true;
             arm_deadline(&mut live.store);
             let inputs: Vec<InputRecord<'_>> = run.iter().map(input_record).collect();
@@ -508,7 +634,9 @@ impl Operator for WasmInstance {
             let ctx = live.store.data_mut();
             let in_record = std::mem::replace(&mut ctx.in_record, false);
             let finished = ctx.batch.outcomes.len();
-            outcomes.append(&mut ctx.batch.outcomes);
+            processed.outcomes.append(&mut ctx.batch.outcomes);
+            let cut = ctx.batch.cut;
+            observed = start + ctx.batch.observed;
             ctx.batch.end();
             if let Some(error) = ctx.host_error.take() {
                 ctx.txn.end_record(false);
@@ -519,7 +647,9 @@ impl Operator for WasmInstance {
                 // the instance.
                 if let Err(trap) = result {
                     let reason = self.replace_after(trap)?;
-                    tracing::warn!("operator trapped after finishing its batch: {reason}");
+                    if !cut {
+                        tracing::warn!("operator trapped after finishing its batch: {reason}");
+                    }
                 }
                 continue;
             }
@@ -534,12 +664,21 @@ impl Operator for WasmInstance {
                 // themselves (copying them in, under the memory cap), not by this
                 // record. It gets a call of its own.
                 tracing::debug!("`{PROCESS_BATCH}` of {} records trapped before finishing one: {reason}", run.len());
-                outcomes.append(&mut super::process_each(self, &run[..1])?);
+                alone = true;
             } else {
-                outcomes.push(Outcome::Trapped(reason));
+                processed.outcomes.push(Outcome::Trapped(reason));
             }
         }
-        Ok(outcomes)
+        Ok(processed)
+    }
+
+    fn expire(&mut self, offset: u64) -> Result<Vec<Expiration>> {
+        let mut expirations = Vec::new();
+        match self.live().expired {
+            Some(_) => self.expire_told(None, offset, &mut expirations)?,
+            None => drop(self.state().expire_due(None)?),
+        }
+        Ok(expirations)
     }
 
     fn state(&mut self) -> &mut Transaction {
@@ -588,6 +727,16 @@ impl state::Host for HostCtx {
     fn put(&mut self, name: String, value: Vec<u8>) -> Result<()> {
         self.check_in_record("put")?;
         self.txn.put(&name, value);
+        Ok(())
+    }
+
+    fn put_with_ttl(&mut self, name: String, value: Vec<u8>, ttl_ms: u64) -> Result<()> {
+        self.check_in_record("put-with-ttl")?;
+        if ttl_ms == 0 {
+            // It would be due at once: an `expired` that puts it again would never end.
+            bail!("put-with-ttl of {name:?} with a TTL of 0 ms: a TTL must be at least 1 ms");
+        }
+        self.txn.put_with_ttl(&name, value, Duration::from_millis(ttl_ms));
         Ok(())
     }
 
@@ -817,7 +966,7 @@ mod tests {
             .zip(actions)
             .map(|(offset, (key, action))| probe_record(offset, key, &format!(r#""action":"{action}""#)))
             .collect();
-        let outcomes = instance.process_batch(&records)?;
+        let outcomes = instance.process_batch(&records)?.outcomes;
         let lines = outcome_lines(&outcomes);
         // Each count is one more than the last good record of its key left: no record
         // ran twice, and no failed record's write (a count of 1,000,000) was seen.
@@ -841,6 +990,61 @@ mod tests {
         Ok(())
     }
 
+    /// A record at event time `timestamp_ms` asking the probe to do `action`.
+    fn timed(offset: u64, key: &str, timestamp_ms: i64, action: &str) -> SourceRecord {
+        SourceRecord { timestamp_ms, ..probe_record(offset, key, action) }
+    }
+
+    #[test]
+    fn expired_runs_before_the_record_that_reaches_the_expiry_scoped_to_its_key() -> Result<()> {
+        const T0: i64 = 1_700_000_000_000;
+        let dir = tempfile::tempdir()?;
+        let mut instance = probe(Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20 }, dir.path())?;
+        let remember = |name: &str| format!(r#""action":"remember","name":"{name}","value":"v-{name}","ttl_ms":1000"#);
+        let records = [
+            timed(0, "a", T0, &remember("n")),
+            timed(1, "b", T0, &remember("fail-n")),
+            timed(2, "c", T0, &remember("trap-n")),
+            timed(3, "z", T0 + 999, r#""action":"count""#),
+            // Reaches T0 + 1000: the three expire before it, in one batched call.
+            timed(4, "z", T0 + 1_000, r#""action":"count""#),
+            timed(5, "a", T0 + 1_000, r#""action":"peek","name":"expiries""#),
+            timed(6, "b", T0 + 1_000, r#""action":"peek","name":"expiries""#),
+            timed(7, "a", T0 + 1_000, r#""action":"peek","name":"n""#),
+        ];
+        let processed = instance.process_batch(&records)?;
+        assert_eq!(processed.outcomes.len(), records.len());
+        let expirations: Vec<(String, u64, u64, String)> = processed
+            .expirations
+            .iter()
+            .map(|e| {
+                let key = String::from_utf8_lossy(&e.entry.key).into_owned();
+                (key, e.offset, e.entry.expired_at_ms, outcome_lines(std::slice::from_ref(&e.outcome)).remove(0))
+            })
+            .collect();
+        let at = (T0 + 1_000) as u64;
+        assert_eq!(expirations.len(), 3, "{expirations:#?}");
+        assert_eq!(
+            expirations[0],
+            ("a".into(), 4, at, format!(r#"{{"at":{at},"expired":"n","expiries":1,"value":"v-n"}}"#))
+        );
+        assert_eq!(expirations[1], ("b".into(), 4, at, "rejected: probe fails on the expiry of fail-n".to_string()));
+        assert!(expirations[2].3.starts_with("trapped: panicked at "), "{expirations:#?}");
+        match &processed.expirations[2].outcome {
+            Outcome::Trapped(why) => assert!(why.contains("probe panics on the expiry of trap-n"), "{why}"),
+            other => bail!("{other:?}"),
+        }
+        // The handler's write stands for `a` and is gone for `b`; the entries are gone.
+        let lines = outcome_lines(&processed.outcomes[5..]);
+        assert_eq!(
+            lines,
+            [r#"{"name":"expiries","value":1}"#, r#"{"name":"expiries","value":null}"#, r#"{"name":"n","value":null}"#]
+        );
+        instance.state().commit(8)?;
+        assert_eq!(instance.state().expired(), 3);
+        Ok(())
+    }
+
     #[test]
     fn finish_outside_a_batched_call_traps_and_moves_nothing() -> Result<()> {
         let dir = tempfile::tempdir()?;
@@ -853,7 +1057,7 @@ mod tests {
         let live = instance.live();
         // As inside `process`: a record in hand, no batch running.
         live.store.data_mut().in_record = true;
-        live.store.data_mut().txn.begin_record(b"k", 0);
+        live.store.data_mut().txn.begin_record(b"k", 0)?;
         let trap = finish(live.store.as_context_mut(), (Ok(Vec::new()),)).unwrap_err();
         assert!(trap.to_string().contains("batch.finish called outside `process-batch`"), "{trap}");
         assert!(live.store.data().batch.outcomes.is_empty(), "no outcome recorded");
@@ -872,7 +1076,7 @@ mod tests {
             .collect();
         assert_eq!(run_length(&records, 16 << 20 >> 3), 1, "a run holds what an eighth of the cap holds");
         let expected: Vec<String> = (1..=24).map(|count| format!(r#"{{"count":{count}}}"#)).collect();
-        assert_eq!(outcome_lines(&instance.process_batch(&records)?), expected);
+        assert_eq!(outcome_lines(&instance.process_batch(&records)?.outcomes), expected);
         Ok(())
     }
 
@@ -892,7 +1096,7 @@ mod tests {
 
         let records: Vec<SourceRecord> = (1..=20).map(|offset| work(offset, iterations)).collect();
         let started = Instant::now();
-        let lines = outcome_lines(&instance.process_batch(&records)?);
+        let lines = outcome_lines(&instance.process_batch(&records)?.outcomes);
         assert!(
             started.elapsed() > timeout,
             "the call must outlast one record's deadline for this test to mean anything"

@@ -4,7 +4,8 @@
 //! configured topic, keyed by the output key (so Kafka's partitioner keeps a key's
 //! outputs in order) and with the input's partition and offset as headers
 //! (`sluice-partition`, `sluice-offset`) and the operator build that made it
-//! (`sluice-operator`). [`KafkaSink::write`] returns only once the
+//! (`sluice-operator`); outputs of an expiry also carry `sluice-cause: expiry`.
+//! [`KafkaSink::write`] returns only once the
 //! broker acknowledged every record of the batch, because the worker commits state
 //! right after: an output is never lost, and a crash before the commit replays the
 //! batch (at least once, like the file sink). Each batch waits for its own records'
@@ -12,9 +13,10 @@
 //! others' records too, and under load never return. This module does not read from
 //! Kafka.
 
+use super::EXPIRY_CAUSE;
 use crate::config::kafka_client;
 use crate::lock;
-use crate::record::{Output, SourceRecord};
+use crate::record::{Cause, Origin, Output};
 use anyhow::{Context, Result, anyhow, bail};
 use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -117,17 +119,20 @@ impl KafkaSink {
 
     /// Produces `outputs` (made by operator `version`, which goes in a header) and waits
     /// until the broker has acknowledged all of them.
-    pub fn write(&self, outputs: &[(&SourceRecord, Output)], version: &str) -> Result<()> {
+    pub fn write(&self, outputs: &[(Origin, Output)], version: &str) -> Result<()> {
         if outputs.is_empty() {
             return Ok(());
         }
         let acks = Arc::new(BatchAcks::new(outputs.len()));
-        for (input, output) in outputs {
-            let (partition, offset) = (input.partition.to_string(), input.offset.to_string());
-            let headers = OwnedHeaders::new()
+        for (origin, output) in outputs {
+            let (partition, offset) = (origin.partition.to_string(), origin.offset.to_string());
+            let mut headers = OwnedHeaders::new()
                 .insert(Header { key: "sluice-partition", value: Some(&partition) })
                 .insert(Header { key: "sluice-offset", value: Some(&offset) })
                 .insert(Header { key: "sluice-operator", value: Some(version) });
+            if origin.cause == Cause::Expiry {
+                headers = headers.insert(Header { key: "sluice-cause", value: Some(EXPIRY_CAUSE) });
+            }
             let mut record = BaseRecord::with_opaque_to(output.topic.as_deref().unwrap_or(&self.topic), acks.clone())
                 .key(&output.key)
                 .payload(&output.value)

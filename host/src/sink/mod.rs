@@ -10,7 +10,7 @@
 pub mod kafka;
 
 use crate::config::SinkConfig;
-use crate::record::{Output, SourceRecord};
+use crate::record::{Cause, Origin, Output};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::fs::{File, OpenOptions};
@@ -27,17 +27,17 @@ pub enum Sink {
 }
 
 impl Sink {
-    /// Writes a batch's outputs, each with the input that produced it, all produced by
-    /// operator `version`, and returns once they are durable enough to commit the batch's
-    /// state after them. A line sink formats them into `scratch`, which the caller keeps
-    /// from batch to batch so its memory is reused.
-    pub fn write(&self, outputs: &[(&SourceRecord, Output)], version: &str, scratch: &mut Vec<u8>) -> Result<()> {
+    /// Writes a batch's outputs, each with its origin, all produced by operator
+    /// `version`, and returns once they are durable enough to commit the batch's state
+    /// after them. A line sink formats them into `scratch`, which the caller keeps from
+    /// batch to batch so its memory is reused.
+    pub fn write(&self, outputs: &[(Origin, Output)], version: &str, scratch: &mut Vec<u8>) -> Result<()> {
         match self {
             Sink::Lines(lines) => {
                 scratch.clear();
                 let operator = OperatorField::new(version);
-                for (input, output) in outputs {
-                    format_output(scratch, input, output, &operator);
+                for (origin, output) in outputs {
+                    format_output(scratch, origin, output, &operator);
                 }
                 lines.write(scratch)
             }
@@ -137,6 +137,10 @@ impl Sink {
     }
 }
 
+/// What the `cause` field of an output or dead letter that an expiry caused says (an
+/// input record's have none).
+pub const EXPIRY_CAUSE: &str = "expiry";
+
 /// One line of the outputs or the dead letters: where the input record was, the
 /// output (or the input, for a dead letter), the operator build, and for a dead letter
 /// why it was not processed.
@@ -144,6 +148,9 @@ impl Sink {
 struct Line<'a> {
     partition: u32,
     offset: u64,
+    /// [`EXPIRY_CAUSE`] for an expiry's output or dead letter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cause: Option<&'a str>,
     key: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     topic: Option<&'a str>,
@@ -205,14 +212,18 @@ impl OperatorField {
     }
 }
 
-/// Appends the output line for `output`, produced from `input` by the operator whose
-/// field is `operator`, to `buf`: the same line as [`Line`] writes, field by field.
-fn format_output(buf: &mut Vec<u8>, input: &SourceRecord, output: &Output, operator: &OperatorField) {
+/// Appends the output line for `output`, of `origin`, by the operator whose field is
+/// `operator`, to `buf`: the same line as [`Line`] writes, field by field.
+fn format_output(buf: &mut Vec<u8>, origin: &Origin, output: &Output, operator: &OperatorField) {
     let text = |buf: &mut Vec<u8>, text: &str| serde_json::to_writer(&mut *buf, text).expect("writing to memory");
     buf.extend_from_slice(br#"{"partition":"#);
-    buf.extend_from_slice(itoa::Buffer::new().format(input.partition).as_bytes());
+    buf.extend_from_slice(itoa::Buffer::new().format(origin.partition).as_bytes());
     buf.extend_from_slice(br#","offset":"#);
-    buf.extend_from_slice(itoa::Buffer::new().format(input.offset).as_bytes());
+    buf.extend_from_slice(itoa::Buffer::new().format(origin.offset).as_bytes());
+    if origin.cause == Cause::Expiry {
+        buf.extend_from_slice(br#","cause":"#);
+        text(buf, EXPIRY_CAUSE);
+    }
     buf.extend_from_slice(br#","key":"#);
     text(buf, &String::from_utf8_lossy(&output.key));
     if let Some(topic) = &output.topic {
@@ -227,14 +238,24 @@ fn format_output(buf: &mut Vec<u8>, input: &SourceRecord, output: &Output, opera
     buf.extend_from_slice(&operator.0);
 }
 
-/// Appends the dead-letter line for `input` to `buf`.
-pub fn format_dead_letter(buf: &mut Vec<u8>, input: &SourceRecord, operator: &str, error: &str, reason: &str) {
+/// Appends to `buf` the dead-letter line for what the operator failed on at `origin`:
+/// an input record's `key` and `value`, or an expired entry's.
+pub fn format_dead_letter(
+    buf: &mut Vec<u8>,
+    origin: &Origin,
+    key: &[u8],
+    value: &[u8],
+    operator: &str,
+    error: &str,
+    reason: &str,
+) {
     Line {
-        partition: input.partition,
-        offset: input.offset,
-        key: &String::from_utf8_lossy(&input.key),
+        partition: origin.partition,
+        offset: origin.offset,
+        cause: (origin.cause == Cause::Expiry).then_some(EXPIRY_CAUSE),
+        key: &String::from_utf8_lossy(key),
         topic: None,
-        value: Payload::of(&input.value),
+        value: Payload::of(value),
         operator,
         error: Some(error),
         reason: Some(reason),
@@ -250,8 +271,8 @@ mod tests {
     /// JSON values embedded, other values and keys as (lossy) strings, escapes, topics.
     #[test]
     fn an_output_line_is_the_line_serde_writes() {
-        let input =
-            SourceRecord { partition: 3, offset: 1_234_567, key: b"k".to_vec(), value: Vec::new(), timestamp_ms: 0 };
+        let record = Origin { partition: 3, offset: 1_234_567, cause: Cause::Record };
+        let expiry = Origin { cause: Cause::Expiry, ..record };
         let outputs = [
             Output { key: b"veh-1".to_vec(), value: br#"{"count":1,"name":"a\"b"}"#.to_vec(), topic: None },
             Output { key: vec![0xff, b'x'], value: b"plain \"text\"\n".to_vec(), topic: Some("other".into()) },
@@ -259,13 +280,14 @@ mod tests {
             Output { key: b"k".to_vec(), value: b" [1, 2] ".to_vec(), topic: None },
         ];
         let version = "vehicle_stats@\"quoted\"";
-        for output in &outputs {
+        for (output, origin) in outputs.iter().zip([record, expiry].iter().cycle()) {
             let mut fast = Vec::new();
-            format_output(&mut fast, &input, output, &OperatorField::new(version));
+            format_output(&mut fast, origin, output, &OperatorField::new(version));
             let mut reference = Vec::new();
             Line {
-                partition: input.partition,
-                offset: input.offset,
+                partition: origin.partition,
+                offset: origin.offset,
+                cause: (origin.cause == Cause::Expiry).then_some(EXPIRY_CAUSE),
                 key: &String::from_utf8_lossy(&output.key),
                 topic: output.topic.as_deref(),
                 value: Payload::of(&output.value),

@@ -3,6 +3,10 @@
 //! The same [`FleetOptions`] always produce the same records in the same order, so a
 //! restarted job regenerates the log and resumes each partition at the offset stored
 //! with its state, exactly as it would re-read a Kafka topic.
+//!
+//! With churn, vehicles leave the fleet and new ones join in their place, so the
+//! number of distinct vehicles seen grows without bound while the fleet's size stays:
+//! the workload whose state must expire.
 
 use crate::record::RawRecord;
 use anyhow::Result;
@@ -21,6 +25,9 @@ pub struct FleetOptions {
     pub count: Option<u64>,
     /// Seed of the pseudo-random sequence.
     pub seed: u64,
+    /// Every this many records one vehicle, at random, leaves the fleet for good and
+    /// a new one joins; `None`: the fleet never changes.
+    pub churn: Option<u64>,
 }
 
 /// An iterator over the fleet's position reports: JSON
@@ -30,6 +37,9 @@ pub struct Fleet {
     vehicles: Vec<Vehicle>,
     produced: u64,
     count: Option<u64>,
+    churn: Option<u64>,
+    /// Vehicles that ever joined: the next one's number.
+    joined: u64,
 }
 
 struct Vehicle {
@@ -45,17 +55,29 @@ impl Fleet {
     /// A fleet whose vehicles start spread around Amsterdam.
     pub fn new(options: &FleetOptions) -> Self {
         let mut rng = SplitMix64(options.seed);
-        let vehicles = (0..options.vehicles.max(1))
-            .map(|i| Vehicle {
-                id: format!("veh-{i:05}"),
-                lat: 52.37 + (rng.unit() - 0.5),
-                lon: 4.90 + (rng.unit() - 0.5),
-                heading_rad: rng.unit() * std::f64::consts::TAU,
-                speed_kmh: rng.unit() * 90.0,
-                last_ms: START_MS,
-            })
-            .collect();
-        Fleet { rng, vehicles, produced: 0, count: options.count }
+        let vehicles = (0..options.vehicles.max(1)).map(|i| Vehicle::new(u64::from(i), START_MS, &mut rng)).collect();
+        let (count, churn) = (options.count, options.churn.filter(|&every| every > 0));
+        Fleet { rng, vehicles, produced: 0, count, churn, joined: u64::from(options.vehicles.max(1)) }
+    }
+
+    /// Vehicles that ever reported or will first report next: the fleet's size plus
+    /// those that left.
+    pub fn distinct_vehicles(&self) -> u64 {
+        self.joined
+    }
+}
+
+impl Vehicle {
+    /// Vehicle number `number`, joining at `now_ms` somewhere around Amsterdam.
+    fn new(number: u64, now_ms: i64, rng: &mut SplitMix64) -> Self {
+        Vehicle {
+            id: format!("veh-{number:05}"),
+            lat: 52.37 + (rng.unit() - 0.5),
+            lon: 4.90 + (rng.unit() - 0.5),
+            heading_rad: rng.unit() * std::f64::consts::TAU,
+            speed_kmh: rng.unit() * 90.0,
+            last_ms: now_ms,
+        }
     }
 }
 
@@ -67,6 +89,11 @@ impl Iterator for Fleet {
             return None;
         }
         let ts = START_MS + self.produced as i64 * STEP_MS;
+        if self.churn.is_some_and(|every| self.produced > 0 && self.produced.is_multiple_of(every)) {
+            let leaving = (self.rng.next_u64() % self.vehicles.len() as u64) as usize;
+            self.vehicles[leaving] = Vehicle::new(self.joined, ts, &mut self.rng);
+            self.joined += 1;
+        }
         self.produced += 1;
         let index = (self.rng.next_u64() % self.vehicles.len() as u64) as usize;
         let (turn, accel) = (self.rng.unit() - 0.5, self.rng.unit() - 0.5);
@@ -110,7 +137,24 @@ mod tests {
     use super::*;
 
     fn values(seed: u64) -> Vec<Vec<u8>> {
-        Fleet::new(&FleetOptions { vehicles: 10, count: Some(50), seed }).map(|r| r.unwrap().value).collect()
+        Fleet::new(&FleetOptions { vehicles: 10, count: Some(50), seed, churn: None })
+            .map(|r| r.unwrap().value)
+            .collect()
+    }
+
+    #[test]
+    fn with_churn_vehicles_leave_and_new_ones_join_while_the_fleet_keeps_its_size() {
+        let mut fleet = Fleet::new(&FleetOptions { vehicles: 10, count: Some(10_000), seed: 1, churn: Some(100) });
+        let keys: Vec<Vec<u8>> = fleet.by_ref().map(|r| r.unwrap().key).collect();
+        assert_eq!(fleet.distinct_vehicles(), 10 + 99, "one joins every 100 records after the first");
+        let distinct: std::collections::HashSet<&Vec<u8>> = keys.iter().collect();
+        assert!(distinct.len() > 100, "{}", distinct.len());
+        // The last 1,000 records come from at most the 10 vehicles of the fleet then.
+        let recent: std::collections::HashSet<&Vec<u8>> = keys[9_000..].iter().collect();
+        assert!(recent.len() <= 10 + 10, "{}", recent.len());
+        // Without churn, the records are what they always were.
+        let plain = Fleet::new(&FleetOptions { vehicles: 10, count: Some(50), seed: 7, churn: None });
+        assert_eq!(plain.map(|r| r.unwrap().value).collect::<Vec<_>>(), values(7));
     }
 
     #[test]

@@ -39,11 +39,10 @@ impl Clock {
     }
 
     /// Moves the clock for a record with `timestamp_ms` (0 means the source had
-    /// none): in event time to the timestamp, or counts it as ignored; in processing
-    /// time to the wall clock.
+    /// none): in event time to the timestamp, or counts it as ignored. A
+    /// processing-time clock moves only by [`tick`](Clock::tick).
     pub fn observe(&mut self, timestamp_ms: i64, policy: &TtlConfig) {
         if policy.time == TimeDomain::Processing {
-            self.tick(policy);
             return;
         }
         let Ok(timestamp) = u64::try_from(timestamp_ms) else {
@@ -162,6 +161,17 @@ pub fn index_key(at: u64, entry: &[u8]) -> Vec<u8> {
     key
 }
 
+/// The expiry of an index key that [`index_key`] made or [`decode_index_key`] checked.
+pub fn index_at(key: &[u8]) -> u64 {
+    u64::from_be_bytes(key[..8].try_into().expect("an index key starts with its expiry"))
+}
+
+/// The encoded entry key of an index key that [`index_key`] made or
+/// [`decode_index_key`] checked.
+pub fn index_entry(key: &[u8]) -> &[u8] {
+    &key[8..]
+}
+
 /// The expiry and entry of an index key.
 pub fn decode_index_key(key: &[u8]) -> Option<(u64, &[u8])> {
     let (at, entry) = key.split_at_checked(8)?;
@@ -212,13 +222,15 @@ mod tests {
         let policy = TtlConfig { time: TimeDomain::Processing, ..TtlConfig::default() };
         let mut clock = Clock::default();
         let before = wall_ms();
-        clock.observe(0, &policy);
+        clock.tick(&policy);
         assert!(clock.now_ms() >= before);
         std::thread::sleep(Duration::from_millis(5));
-        let observed = clock.now_ms();
+        let ticked = clock.now_ms();
+        clock.observe(0, &policy);
+        clock.observe(1_700_000_000_000, &policy);
+        assert_eq!((clock.now_ms(), clock.ignored), (ticked, 0), "records do not move it, nor count as ignored");
         clock.tick(&policy);
-        assert!(clock.now_ms() > observed, "idle ticks move it");
-        assert_eq!(clock.ignored, 0);
+        assert!(clock.now_ms() > ticked, "ticks move it");
         let mut event = Clock::at(1_000);
         event.tick(&TtlConfig::default());
         assert_eq!(event.now_ms(), 1_000, "an event clock moves with records only");

@@ -26,7 +26,7 @@ mod transaction;
 pub use cache::Cache;
 pub use expiry::Clock;
 pub use partition::{PartitionStore, StateEntry, limit_memory};
-pub use transaction::Transaction;
+pub use transaction::{Expired, Transaction};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};

@@ -190,6 +190,21 @@ impl PartitionStore {
             .with_context(|| format!("snapshotting state of partition {} into {}", self.partition, dir.display()))
     }
 
+    /// RocksDB's estimate of the live data in the partition's table files, every column
+    /// family (values, expiry index, metadata) together, in bytes: what compaction
+    /// would leave. Memtables are not counted.
+    pub fn live_data_bytes(&self) -> Result<u64> {
+        let families = [self.db.cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME), Some(self.expiry()), Some(self.meta())];
+        let mut total = 0;
+        for family in families.into_iter().flatten() {
+            let live = self.db.property_int_value_cf(family, rocksdb::properties::ESTIMATE_LIVE_DATA_SIZE);
+            total += live
+                .with_context(|| format!("reading the live data size of partition {}", self.partition))?
+                .unwrap_or(0);
+        }
+        Ok(total)
+    }
+
     /// The partition this store belongs to.
     pub fn partition(&self) -> u32 {
         self.partition
@@ -264,14 +279,25 @@ impl PartitionStore {
         })
     }
 
-    /// The expiry index from its earliest entry: (expiry, encoded entry key) pairs in
-    /// expiry order.
-    pub(super) fn expiry_index(&self) -> impl Iterator<Item = Result<(u64, Vec<u8>)>> + '_ {
-        self.db.iterator_cf(self.expiry(), IteratorMode::Start).map(|item| {
+    /// The stored entries whose encoded entry keys start with `prefix`, as (encoded
+    /// entry key, stored bytes) pairs: one record key's entries, for a prefix of
+    /// [`encode_entry_key`] with an empty name.
+    pub(super) fn entries_with_prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = Result<RawEntry>> + 'a {
+        self.db
+            .iterator(IteratorMode::From(prefix, rocksdb::Direction::Forward))
+            .take_while(move |item| item.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
+            .map(|item| item.map(|(key, value)| (key.into_vec(), value.into_vec())).map_err(Into::into))
+    }
+
+    /// The expiry index's keys ([`index_key`](super::expiry::index_key)s: expiry,
+    /// then encoded entry key) in expiry order, from `from` (inclusive) or the earliest.
+    pub(super) fn expiry_index<'a>(&'a self, from: Option<&[u8]>) -> impl Iterator<Item = Result<Vec<u8>>> + use<'a> {
+        let mode = from.map_or(IteratorMode::Start, |from| IteratorMode::From(from, rocksdb::Direction::Forward));
+        self.db.iterator_cf(self.expiry(), mode).map(|item| {
             let (key, _) = item?;
-            let (at, entry) = decode_index_key(&key)
+            decode_index_key(&key)
                 .with_context(|| format!("corrupt expiry index key in state of partition {}", self.partition))?;
-            Ok((at, entry.to_vec()))
+            Ok(key.into_vec())
         })
     }
 
@@ -327,7 +353,10 @@ pub(super) fn encode_entry_key(out: &mut Vec<u8>, key: &[u8], name: &str) {
     out.extend_from_slice(name.as_bytes());
 }
 
-fn decode_entry_key(encoded: &[u8]) -> Option<(&[u8], &[u8])> {
+/// An encoded entry key and its stored bytes (expiry header included).
+pub(super) type RawEntry = (Vec<u8>, Vec<u8>);
+
+pub(super) fn decode_entry_key(encoded: &[u8]) -> Option<(&[u8], &[u8])> {
     let len = u32::from_be_bytes(encoded.get(..4)?.try_into().ok()?) as usize;
     let key = encoded.get(4..4 + len)?;
     Some((key, &encoded[4 + len..]))

@@ -26,8 +26,8 @@ pub use router::{DispatchReport, OFFSETS_JUMP, Router};
 use crate::checkpoint::Checkpointer;
 use crate::config::StateConfig;
 use crate::lock;
-use crate::operator::{Operator, Outcome};
-use crate::record::{SourceRecord, Stop};
+use crate::operator::{Expiration, Operator, Outcome, Output, Processed};
+use crate::record::{Cause, Origin, SourceRecord, Stop};
 use crate::sink::{self, LineSink, Sink};
 use crate::stats::PartitionStats;
 use anyhow::Result;
@@ -175,16 +175,24 @@ pub fn run(
     stop: &StopSignal,
     cadence: Cadence,
 ) -> Result<()> {
-    // Line buffers reused from batch to batch.
-    let (mut lines, mut dead) = (Vec::new(), Vec::new());
+    // Its buffers are reused from batch to batch.
+    let mut emitted = Emitted::default();
     let mut times = BatchTimes::new(cadence.slow_batch);
     let mut uncommitted = Uncommitted::default();
     loop {
         let batch = match batches.recv_timeout(IDLE_TICK) {
             Ok(batch) => batch,
-            // An idle partition commits what it processed, still follows deploys and
-            // gets its due checkpoint of what it last committed.
+            // An idle partition expires what its clock (in processing time, the
+            // wall clock) made due, commits what it processed, still follows deploys
+            // and gets its due checkpoint of what it last committed.
             Err(RecvTimeoutError::Timeout) => {
+                if operator.state().tick() {
+                    let next = uncommitted.next_offset.unwrap_or(stats.committed_offset.load(Ordering::Relaxed));
+                    let expirations = operator.expire(next)?;
+                    let partition = operator.state().store().partition();
+                    emitted.expirations(partition, expirations, operator.version());
+                    emitted.write(to, operator.version(), stats)?;
+                }
                 uncommitted.commit(operator, stats)?;
                 let at = stats.committed_offset.load(Ordering::Relaxed);
                 follow_deploys(operator, checkpointer.as_deref_mut(), stats, at)?;
@@ -205,34 +213,28 @@ pub fn run(
             uncommitted.commit(operator, stats)?;
         }
         let started = Instant::now();
-        let mut outputs = Vec::new();
         let next_offset = last.offset + 1;
-        let mut dead_count = 0;
+        // A processing-time clock reads the wall clock once a batch: the batch's
+        // expiries are decided at one time.
+        operator.state().tick();
         // An error stops the worker; what it processed since the last commit is never
         // committed.
-        let outcomes = operator.process_batch(&batch)?;
+        let Processed { outcomes, expirations } = operator.process_batch(&batch)?;
+        let version = operator.version();
+        // Each expiry's outputs come before those of the record it preceded.
+        let mut expirations = expirations.into_iter().peekable();
         for (record, outcome) in batch.iter().zip(outcomes) {
-            match outcome {
-                Outcome::Emitted(outs) => outputs.extend(outs.into_iter().map(|o| (record, o))),
-                Outcome::Rejected(reason) => {
-                    sink::format_dead_letter(&mut dead, record, operator.version(), "rejected", &reason);
-                    dead_count += 1;
-                }
-                Outcome::Trapped(reason) => {
-                    tracing::warn!(partition = record.partition, offset = record.offset, "operator trapped: {reason}");
-                    sink::format_dead_letter(&mut dead, record, operator.version(), "trapped", &reason);
-                    dead_count += 1;
-                }
-            }
+            let before = std::iter::from_fn(|| expirations.next_if(|e| e.offset <= record.offset));
+            emitted.expirations(record.partition, before, version);
+            emitted.outcome(Origin::of(record), &record.key, &record.value, outcome, version);
         }
+        // None in practice: every expiry comes before a record of the batch.
+        emitted.expirations(first.partition, expirations, version);
         // Outputs first, then state: a crash in between replays the records since the
         // last commit (outputs at least once) but never leaves state ahead of what was
         // emitted.
-        to.sink.write(&outputs, operator.version(), &mut lines)?;
-        to.dead_letters.write(&dead)?;
-        dead.clear();
+        emitted.write(to, version, stats)?;
         stats.processed.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        stats.dead_letters.fetch_add(dead_count, Ordering::Relaxed);
         uncommitted.add(next_offset, batch.len());
         let checkpoint_due = checkpointer.as_deref().is_some_and(Checkpointer::is_due);
         if checkpoint_due || uncommitted.due(&cadence, operator.state().dirty_bytes()) {
@@ -257,6 +259,54 @@ pub fn run(
             Ok(())
         }
         (Some(checkpointer), _) => checkpointer.finish(operator.state().store(), stats),
+    }
+}
+
+/// What a batch (or an idle partition's expiries) emits, gathered to be written at
+/// once: outputs, and dead-letter lines.
+#[derive(Default)]
+struct Emitted {
+    outputs: Vec<(Origin, Output)>,
+    dead: Vec<u8>,
+    dead_count: u64,
+    /// The line sink's buffer.
+    lines: Vec<u8>,
+}
+
+impl Emitted {
+    /// Adds what became of the input (or expired entry) with `key` and `value` at
+    /// `origin`, by operator `version`.
+    fn outcome(&mut self, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome, version: &str) {
+        let (error, reason) = match outcome {
+            Outcome::Emitted(outputs) => return self.outputs.extend(outputs.into_iter().map(|o| (origin, o))),
+            Outcome::Rejected(reason) => ("rejected", reason),
+            Outcome::Trapped(reason) => {
+                let (partition, offset) = (origin.partition, origin.offset);
+                tracing::warn!(partition, offset, cause = ?origin.cause, "operator trapped: {reason}");
+                ("trapped", reason)
+            }
+        };
+        sink::format_dead_letter(&mut self.dead, &origin, key, value, version, error, &reason);
+        self.dead_count += 1;
+    }
+
+    /// Adds what became of `expirations` of `partition`.
+    fn expirations(&mut self, partition: u32, expirations: impl IntoIterator<Item = Expiration>, version: &str) {
+        for Expiration { entry, offset, outcome } in expirations {
+            let origin = Origin { partition, offset, cause: Cause::Expiry };
+            self.outcome(origin, &entry.key, &entry.value, outcome, version);
+        }
+    }
+
+    /// Writes the outputs, then the dead letters, and empties itself.
+    fn write(&mut self, to: &Destinations, version: &str, stats: &PartitionStats) -> Result<()> {
+        to.sink.write(&self.outputs, version, &mut self.lines)?;
+        to.dead_letters.write(&self.dead)?;
+        stats.dead_letters.fetch_add(self.dead_count, Ordering::Relaxed);
+        self.outputs.clear();
+        self.dead.clear();
+        self.dead_count = 0;
+        Ok(())
     }
 }
 
@@ -285,20 +335,20 @@ impl Uncommitted {
     }
 
     /// Commits the operator's state with the next offset, if anything waits (records,
-    /// or expired entries: a backlog the last commit left, or in processing time what
-    /// expired while the partition was idle), and publishes the committed offset, entry
+    /// or expiries of an idle partition), and publishes the committed offset, entry
     /// count and clock.
     fn commit(&mut self, operator: &mut dyn Operator, stats: &PartitionStats) -> Result<()> {
         let state = operator.state();
         let next_offset = match self.next_offset {
             Some(next_offset) => next_offset,
-            None if state.expiry_due()? => stats.committed_offset.load(Ordering::Relaxed),
+            None if state.has_writes() => stats.committed_offset.load(Ordering::Relaxed),
             None => return Ok(()),
         };
         state.commit(next_offset)?;
         stats.committed_offset.store(next_offset, Ordering::Relaxed);
         stats.entries.store(state.entries(), Ordering::Relaxed);
         stats.expired.store(state.expired(), Ordering::Relaxed);
+        stats.backlog.store(state.backlog(), Ordering::Relaxed);
         stats.clock_ms.store(state.clock().now_ms(), Ordering::Relaxed);
         stats.clock_ignored.store(state.clock().ignored, Ordering::Relaxed);
         *self = Uncommitted::default();

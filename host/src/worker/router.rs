@@ -245,7 +245,7 @@ mod tests {
 
     /// The first `count` records of partition 0 (one vehicle, so all in one partition).
     fn records(count: u64) -> Vec<SourceRecord> {
-        let fleet = Fleet::new(&FleetOptions { vehicles: 1, count: Some(count), seed: 7 });
+        let fleet = Fleet::new(&FleetOptions { vehicles: 1, count: Some(count), seed: 7, churn: None });
         let records = fleet.map(|raw| raw.expect("the generator does not fail"));
         let at = |(offset, raw): (usize, crate::record::RawRecord)| SourceRecord {
             partition: 0,

@@ -9,7 +9,15 @@
 //! - `put-then-fail`: writes state, then returns an error (the write must be discarded);
 //! - `read-fs`, `read-env`: touch the filesystem / environment (must trap);
 //! - `spin`: loops forever (must hit the deadline);
-//! - `hog`: allocates without bound (must hit the memory cap).
+//! - `hog`: allocates without bound (must hit the memory cap);
+//! - `remember` with `name`, `value` and `ttl_ms`: stores the value under the name with
+//!   that TTL, emits `{"remembered": name}`;
+//! - `peek` with `name`: emits `{"name": name, "value": <the value or null>}`.
+//!
+//! When an entry expires, `expired` counts it in the key's `expiries` state and emits
+//! `{"expired": name, "value": <value>, "at": <expiry>, "expiries": <count>}`; for a
+//! name starting with `fail` it returns an error instead, for one starting with `trap`
+//! it panics, each after writing `expiries` (a write that must be discarded).
 //!
 //! With `fail_init = "true"` in its config, `init` returns an error; with
 //! `trap_init = "true"`, it panics (a trap); with `state_in_init = "true"`, it writes
@@ -50,6 +58,8 @@ enum Action {
     ReadEnv,
     Spin,
     Hog,
+    Remember { name: String, value: serde_json::Value, ttl_ms: u64 },
+    Peek { name: String },
 }
 
 /// The probe operator.
@@ -111,8 +121,30 @@ impl Operator for Probe {
                     std::hint::black_box(&hoard);
                 }
             }
+            Action::Remember { name, value, ttl_ms } => {
+                state.put_with_ttl(&name, &value, std::time::Duration::from_millis(ttl_ms))?;
+                serde_json::json!({ "remembered": name })
+            }
+            Action::Peek { name } => {
+                let value: Option<serde_json::Value> = state.get(&name)?;
+                serde_json::json!({ "name": name, "value": value })
+            }
         };
         Ok(vec![Output::json(key, &emitted)?])
+    }
+
+    fn expired(entry: sluice_guest::Expired, state: &State<'_>) -> Result<Vec<Output>> {
+        let expiries = state.get::<u64>("expiries")?.unwrap_or(0) + 1;
+        state.put("expiries", &expiries)?;
+        if entry.name.starts_with("fail") {
+            return Err(Error::msg(format!("probe fails on the expiry of {}", entry.name)));
+        }
+        if entry.name.starts_with("trap") {
+            panic!("probe panics on the expiry of {}", entry.name);
+        }
+        let value: serde_json::Value = entry.value()?;
+        let emitted = serde_json::json!({ "expired": entry.name, "value": value, "at": entry.expired_at_ms, "expiries": expiries });
+        Ok(vec![Output::json(entry.key, &emitted)?])
     }
 }
 

@@ -4,13 +4,34 @@
 //! Input: JSON `{"vehicle_id","ts","lat","lon","speed_kmh"}` keyed by vehicle id.
 //! Output: the vehicle's updated summary as JSON, one per input.
 //!
+//! With `left_fleet_after_ms` in its `[operator.config]`, a vehicle's summary expires
+//! that long (in the host's clock, event time by default) after the vehicle's last
+//! position, and the operator then emits the final summary with `left_fleet_at` set:
+//! the vehicle left the fleet, and its state is gone.
+//!
 //! Built with `--features v2`, it is version 2, which adds a field to the state:
 //! hot-deployed over version 1, it reads the summaries version 1 wrote and carries
 //! them on (see `Summary::idle_count`), and it stores them in the SDK's binary encoding
 //! where version 1 writes JSON. Deploying a new version never migrates state;
 //! the new version reads the old one's values, so new fields need a default.
 use serde::{Deserialize, Serialize};
-use sluice_guest::{Encoding, Operator, Output, Record, Result, State, export_operator};
+use sluice_guest::{Encoding, Error, Operator, Output, Record, Result, State, export_operator};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The config key of the "left the fleet" expiry, in milliseconds.
+pub const LEFT_FLEET_AFTER_MS: &str = "left_fleet_after_ms";
+
+/// How long after its last position a vehicle has left the fleet, in ms; 0: never.
+/// Set by `init`, once per instance.
+static LEFT_FLEET_AFTER: AtomicU64 = AtomicU64::new(0);
+
+/// What is emitted when a vehicle's summary expires: the final summary, and when.
+#[derive(Serialize)]
+struct LeftFleet {
+    left_fleet_at: u64,
+    #[serde(flatten)]
+    summary: Summary,
+}
 
 #[derive(Deserialize)]
 struct Position {
@@ -56,6 +77,19 @@ impl Operator for VehicleStats {
     #[cfg(feature = "v2")]
     const STATE_ENCODING: Encoding = Encoding::Binary;
 
+    fn init(config: Vec<(String, String)>) -> Result<()> {
+        // Other keys are ignored: one `[operator.config]` may serve several operators.
+        let Some((_, value)) = config.iter().find(|(name, _)| name == LEFT_FLEET_AFTER_MS) else { return Ok(()) };
+        let ms: u64 = value.parse().map_err(|e| {
+            Error::msg(format!("{LEFT_FLEET_AFTER_MS} = {value:?} is not a number of milliseconds: {e}"))
+        })?;
+        if cfg!(feature = "wit-0-1-0") {
+            return Err(Error::msg(format!("{LEFT_FLEET_AFTER_MS} needs a build against WIT 0.1.2")));
+        }
+        LEFT_FLEET_AFTER.store(ms, Ordering::Relaxed);
+        Ok(())
+    }
+
     fn process(record: Record, state: &State<'_>) -> Result<Vec<Output>> {
         let p: Position = record.json()?;
         let mut s: Summary = state.get("summary")?.unwrap_or_default();
@@ -74,12 +108,27 @@ impl Operator for VehicleStats {
             s.idle_count += 1;
         }
         let summary = serde_json::to_vec(&s)?;
-        match Self::STATE_ENCODING {
+        let left_fleet_after = LEFT_FLEET_AFTER.load(Ordering::Relaxed);
+        match (Self::STATE_ENCODING, left_fleet_after) {
             // The summary is both the state and the output: serialized once for both.
-            Encoding::Json => state.put_bytes("summary", &summary),
-            Encoding::Binary => state.put("summary", &s)?,
+            (Encoding::Json, 0) => state.put_bytes("summary", &summary),
+            (Encoding::Binary, 0) => state.put("summary", &s)?,
+            #[cfg(not(feature = "wit-0-1-0"))]
+            (Encoding::Json, ms) => state.put_bytes_with_ttl("summary", &summary, std::time::Duration::from_millis(ms)),
+            #[cfg(not(feature = "wit-0-1-0"))]
+            (Encoding::Binary, ms) => state.put_with_ttl("summary", &s, std::time::Duration::from_millis(ms))?,
+            #[cfg(feature = "wit-0-1-0")]
+            (_, _) => unreachable!("init refuses {LEFT_FLEET_AFTER_MS} in a 0.1.0 build"),
         }
         Ok(vec![Output::new(record.key, summary)])
+    }
+
+    /// The vehicle left the fleet (or the host's `[ttl]` expired its summary): its
+    /// final summary.
+    fn expired(entry: sluice_guest::Expired, _state: &State<'_>) -> Result<Vec<Output>> {
+        let summary: Summary = entry.value()?;
+        let left = LeftFleet { left_fleet_at: entry.expired_at_ms, summary };
+        Ok(vec![Output::json(entry.key, &left)?])
     }
 }
 
