@@ -4,7 +4,8 @@
 //! three hosts share a group and a checkpoint store through `kill -9` and a graceful
 //! stop; a slow operator is warned about and not evicted; a static member's restart
 //! moves no partitions; a broker that stops answering is reconnected to; a deploy
-//! reaches both hosts of a group; expiries across handovers equal an uninterrupted run.
+//! reaches both hosts of a group; expiries across handovers equal an uninterrupted run; an idle
+//! partition expires by the wall clock in processing time.
 
 use anyhow::{Context, Result};
 use sluice::job::LAG;
@@ -303,6 +304,32 @@ fn expiries_across_kafka_handovers_equal_an_uninterrupted_run() -> Result<()> {
         Ok(expiries)
     };
     assert_eq!(expiries(&["a", "b"])?, expiries(&["alone"])?, "the same expiries at the same records");
+    Ok(())
+}
+
+/// In processing time the clock follows the wall clock on an idle partition too: five
+/// vehicles report, then nothing arrives, and their summaries (TTL 1 s) expire, each
+/// with vehicle-stats's final summary, before the job stops 2.5 s after the last
+/// record: within the TTL and the idle ticks, with no record to move the clock.
+#[test]
+fn in_processing_time_an_idle_partition_expires_its_state_by_the_wall_clock() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 1)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let input = dir.join("positions.jsonl");
+    generate(&input, 5, 50, SEED)?;
+    broker.produce_lines("positions", &input)?;
+    let more = "stop_when_idle_s = 2.5\n[ttl]\ntime = \"processing\"\ndefault = \"1s\"\n";
+    let config = positions_source(dir, &broker.bootstrap, &format!("group = \"idle\"\n{more}"))?;
+    let run = run_ok(run_job(&operator_wasm("vehicle_stats"), dir, 1).arg("--config").arg(&config))?;
+    let report = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(reported_expired(&report), 5, "{report}");
+    assert!(dump_state(&dir.join("state"))?.is_empty(), "every summary expired");
+    let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+    let left: BTreeSet<&str> =
+        outputs.iter().filter(|o| o["cause"] == "expiry").map(|o| o["key"].as_str().unwrap()).collect();
+    assert_eq!(left.len(), 5, "each vehicle's final summary: {outputs:?}");
     Ok(())
 }
 

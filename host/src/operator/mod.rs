@@ -78,7 +78,7 @@ pub trait Operator: Send {
     }
 
     /// Expires the entries due at the partition's clock without a record (an idle
-    /// partition in processing time, or a backlog): `offset` is the next record's.
+    /// partition in processing time): `offset` is the next record's.
     fn expire(&mut self, offset: u64) -> Result<Vec<Expiration>> {
         let _ = offset;
         self.state().expire_due(None)?;

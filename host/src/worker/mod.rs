@@ -182,9 +182,9 @@ pub fn run(
     loop {
         let batch = match batches.recv_timeout(IDLE_TICK) {
             Ok(batch) => batch,
-            // An idle partition expires what its clock (in processing time, the
-            // wall clock) made due, commits what it processed, still follows deploys
-            // and gets its due checkpoint of what it last committed.
+            // An idle partition expires what its processing-time clock (the wall
+            // clock) made due, commits what it processed, still follows deploys and
+            // gets its due checkpoint of what it last committed.
             Err(RecvTimeoutError::Timeout) => {
                 if operator.state().tick() {
                     let next = uncommitted.next_offset.unwrap_or(stats.committed_offset.load(Ordering::Relaxed));
