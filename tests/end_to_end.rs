@@ -274,3 +274,56 @@ fn state_plateaus_under_churn_with_a_ttl_and_grows_with_the_vehicles_seen_withou
     assert!((none_second as f64) > 1.6 * none_first as f64, "checkpoints grow: {none_first} then {none_second}");
     Ok(())
 }
+
+/// A job's state written before values carried an expiry (state format 1) is migrated
+/// when a TTL-aware sluice opens it, and kept: continued with a TTL, it ends exactly as
+/// the same job whose state was never in format 1 (values, and expiries only on what
+/// was written since).
+#[test]
+fn state_of_format_1_is_migrated_and_kept_when_a_ttl_comes() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let job = |name: &str, count: u64| run_generator_job(&dir.path().join(name), 300, count, 13, 2);
+    for name in ["migrated", "never"] {
+        run_ok(&mut job(name, 20_000))?;
+    }
+    downgrade_to_format_1(&dir.path().join("migrated/state"), 2)?;
+    let log = run_ok(job("migrated", 40_000).args(["--ttl", "3s"]).env("SLUICE_LOG", "info"))?;
+    let log = String::from_utf8_lossy(&log.stderr);
+    assert!(log.contains("is in format 1: migrating it to 2") && log.contains("20000 records skipped"), "{log}");
+    run_ok(job("never", 40_000).args(["--ttl", "3s"]))?;
+    let state = |name: &str| -> Result<Vec<String>> {
+        let state_dir = dir.path().join(name).join("state");
+        let dump = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(state_dir))?;
+        let mut lines: Vec<String> = String::from_utf8(dump.stdout)?.lines().map(str::to_string).collect();
+        lines.sort();
+        Ok(lines)
+    };
+    let migrated = state("migrated")?;
+    assert!(migrated.iter().any(|line| line.contains("expires_at_ms")), "what was written since expires");
+    assert_eq!(migrated, state("never")?);
+    Ok(())
+}
+
+/// Rewrites the state directory `state` (written by this sluice without a TTL) as sluice
+/// wrote it before values carried an expiry: each value without its header byte, no
+/// expiry index and no clock, format 1 recorded in the directory and in each database.
+fn downgrade_to_format_1(state: &Path, partitions: u32) -> Result<()> {
+    let manifest = state.join("sluice-state.json");
+    let mut recorded: Value = serde_json::from_slice(&std::fs::read(&manifest)?)?;
+    recorded["format"] = 1.into();
+    std::fs::write(&manifest, serde_json::to_vec(&recorded)?)?;
+    for partition in 0..partitions {
+        let path = state.join(format!("partition-{partition:04}"));
+        let mut db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, ["meta", "expiry"])?;
+        let values = db.iterator(rocksdb::IteratorMode::Start).collect::<Result<Vec<_>, _>>()?;
+        for (key, value) in values {
+            anyhow::ensure!(value.first() == Some(&0), "a value that expires: the job had no TTL");
+            db.put(key, &value[1..])?;
+        }
+        let meta = db.cf_handle("meta").expect("opened with it");
+        db.put_cf(meta, b"format", 1u32.to_be_bytes())?;
+        db.delete_cf(meta, b"clock")?;
+        db.drop_cf("expiry")?;
+    }
+    Ok(())
+}
