@@ -124,12 +124,7 @@ fn a_restore_from_an_older_checkpoint_replays_expiries_as_an_uninterrupted_run()
     std::fs::create_dir_all(&clean)?;
     let report = run_ok(&mut job(&clean, 40_000))?;
     assert!(reported_expired(&stderr(&report)) > 100, "{}", stderr(&report));
-    let state = |dir: &Path| -> Result<Vec<String>> {
-        let dump = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(dir.join("state")))?;
-        let mut lines: Vec<String> = String::from_utf8(dump.stdout)?.lines().map(str::to_string).collect();
-        lines.sort();
-        Ok(lines)
-    };
+    let state = |dir: &Path| dump_state_lines(&dir.join("state"));
     assert_eq!(state(&restored)?, state(&clean)?, "entries, values and expiries");
     let expiries = |dir: &Path| -> Result<BTreeSet<String>> {
         let outputs = read_jsonl(&dir.join("out.jsonl"))?;

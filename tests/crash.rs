@@ -5,7 +5,7 @@
 use anyhow::Result;
 use sluice_tests::*;
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const VEHICLES: u32 = 300;
@@ -13,7 +13,7 @@ const COUNT: u64 = 40_000;
 const SEED: u64 = 3;
 
 /// A generator job over a state directory named `state` whose outputs go to `<state>.out.jsonl`.
-fn run_generator(dir: &Path, state: &str, rate: Option<u32>) -> std::process::Command {
+fn run_generator(dir: &Path, state: &str, rate: Option<u32>) -> Command {
     let mut command = run_generator_job(dir, VEHICLES, COUNT, SEED, 4);
     command.arg("--output").arg(dir.join(format!("{state}.out.jsonl"))).arg("--state-dir").arg(dir.join(state));
     if let Some(rate) = rate {
@@ -28,16 +28,8 @@ fn kill_9_mid_run_then_restart_equals_an_uninterrupted_run() -> Result<()> {
     let out = dir.path().join("crashed.out.jsonl");
 
     // Three kills at growing amounts of progress, each while records are flowing.
-    for (kill, min_lines) in [(1, 2_000usize), (2, 12_000), (3, 24_000)] {
-        let mut child = run_generator(dir.path(), "crashed", Some(8_000)).stderr(Stdio::null()).spawn()?;
-        let started = Instant::now();
-        while read_jsonl_lines(&out) < min_lines {
-            assert!(child.try_wait()?.is_none(), "run {kill} ended before it could be killed");
-            assert!(started.elapsed() < Duration::from_secs(60), "run {kill} made no progress");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child.kill()?; // SIGKILL
-        child.wait()?;
+    for min_lines in [2_000, 12_000, 24_000] {
+        kill_9_once_written(&mut run_generator(dir.path(), "crashed", Some(8_000)), &out, min_lines)?;
     }
     run_ok(&mut run_generator(dir.path(), "crashed", None))?;
     run_ok(&mut run_generator(dir.path(), "clean", None))?;
@@ -67,18 +59,8 @@ fn kill_9_mid_run_then_restart_equals_an_uninterrupted_run() -> Result<()> {
 fn kill_9_with_much_uncommitted_state_and_a_tiny_cache_loses_nothing() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let out = dir.path().join("crashed.out.jsonl");
-    let mut child = run_generator(dir.path(), "crashed", Some(20_000))
-        .args(["--commit-interval", "1h", "--cache-mib", "1"])
-        .stderr(Stdio::null())
-        .spawn()?;
-    let started = Instant::now();
-    while read_jsonl_lines(&out) < 25_000 {
-        assert!(child.try_wait()?.is_none(), "the run ended before it could be killed");
-        assert!(started.elapsed() < Duration::from_secs(60), "the run made no progress");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill()?; // SIGKILL
-    child.wait()?;
+    let mut crashing = run_generator(dir.path(), "crashed", Some(20_000));
+    kill_9_once_written(crashing.args(["--commit-interval", "1h", "--cache-mib", "1"]), &out, 25_000)?;
     run_ok(run_generator(dir.path(), "crashed", None).args(["--cache-mib", "1"]))?;
 
     let input = dir.path().join("input.jsonl");
@@ -100,17 +82,8 @@ fn kill_9_with_much_uncommitted_state_and_a_tiny_cache_loses_nothing() -> Result
 fn kill_9_with_expiring_state_then_restart_equals_an_uninterrupted_run() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let out = dir.path().join("crashed.out.jsonl");
-    for min_lines in [5_000usize, 20_000] {
-        let mut child =
-            run_generator(dir.path(), "crashed", Some(8_000)).args(["--ttl", "3s"]).stderr(Stdio::null()).spawn()?;
-        let started = Instant::now();
-        while read_jsonl_lines(&out) < min_lines {
-            assert!(child.try_wait()?.is_none(), "the run ended before it could be killed");
-            assert!(started.elapsed() < Duration::from_secs(60), "the run made no progress");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child.kill()?; // SIGKILL
-        child.wait()?;
+    for min_lines in [5_000, 20_000] {
+        kill_9_once_written(run_generator(dir.path(), "crashed", Some(8_000)).args(["--ttl", "3s"]), &out, min_lines)?;
     }
     run_ok(run_generator(dir.path(), "crashed", None).args(["--ttl", "3s"]))?;
     let clean = run_ok(run_generator(dir.path(), "clean", None).args(["--ttl", "3s"]))?;
@@ -119,12 +92,7 @@ fn kill_9_with_expiring_state_then_restart_equals_an_uninterrupted_run() -> Resu
     let expired = reported_expired(&report);
     assert!(expired > 100, "the TTL expired entries: {report}");
 
-    let dump = |state: &str| -> Result<Vec<String>> {
-        let output = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(dir.path().join(state)))?;
-        let mut lines: Vec<String> = String::from_utf8(output.stdout)?.lines().map(str::to_string).collect();
-        lines.sort();
-        Ok(lines)
-    };
+    let dump = |state: &str| dump_state_lines(&dir.path().join(state));
     let crashed = dump("crashed")?;
     assert!(crashed.iter().all(|line| line.contains("expires_at_ms")), "every entry expires");
     assert_eq!(crashed, dump("clean")?, "entries, values and expiries after kills equal an uninterrupted run");
@@ -179,16 +147,8 @@ fn kill_9_with_an_expiry_callback_that_writes_state_handles_each_expiry_once() -
         command
     };
     let out = dir.path().join("crashed.out.jsonl");
-    for min_lines in [4_000usize, 15_000] {
-        let mut child = job("crashed").args(["--rate", "3000"]).stderr(Stdio::null()).spawn()?;
-        let started = Instant::now();
-        while read_jsonl_lines(&out) < min_lines {
-            assert!(child.try_wait()?.is_none(), "the run ended before it could be killed");
-            assert!(started.elapsed() < Duration::from_secs(60), "the run made no progress");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child.kill()?; // SIGKILL
-        child.wait()?;
+    for min_lines in [4_000, 15_000] {
+        kill_9_once_written(job("crashed").args(["--rate", "3000"]), &out, min_lines)?;
     }
     run_ok(&mut job("crashed"))?;
     run_ok(&mut job("clean"))?;
@@ -203,6 +163,21 @@ fn kill_9_with_an_expiry_callback_that_writes_state_handles_each_expiry_once() -
     // 30,000 / 97 rounds, a third of them with the short TTL: about 100 per key.
     assert!(clean_expiries.len() > 9_000, "{}", clean_expiries.len());
     assert_eq!(expiries("crashed")?, clean_expiries, "the same expiries, each once, after kills");
+    Ok(())
+}
+
+/// Starts `command` (a job writing its outputs to `out`), and kills it with SIGKILL
+/// once `out` holds `min_lines` lines, while records are flowing.
+fn kill_9_once_written(command: &mut Command, out: &Path, min_lines: usize) -> Result<()> {
+    let mut child = command.stderr(Stdio::null()).spawn()?;
+    let started = Instant::now();
+    while read_jsonl_lines(out) < min_lines {
+        assert!(child.try_wait()?.is_none(), "the run ended before it could be killed at {min_lines} lines");
+        assert!(started.elapsed() < Duration::from_secs(60), "the run made no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill()?; // SIGKILL
+    child.wait()?;
     Ok(())
 }
 

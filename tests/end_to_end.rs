@@ -291,13 +291,7 @@ fn state_of_format_1_is_migrated_and_kept_when_a_ttl_comes() -> Result<()> {
     let log = String::from_utf8_lossy(&log.stderr);
     assert!(log.contains("is in format 1: migrating it to 2") && log.contains("20000 records skipped"), "{log}");
     run_ok(job("never", 40_000).args(["--ttl", "3s"]))?;
-    let state = |name: &str| -> Result<Vec<String>> {
-        let state_dir = dir.path().join(name).join("state");
-        let dump = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(state_dir))?;
-        let mut lines: Vec<String> = String::from_utf8(dump.stdout)?.lines().map(str::to_string).collect();
-        lines.sort();
-        Ok(lines)
-    };
+    let state = |name: &str| dump_state_lines(&dir.path().join(name).join("state"));
     let migrated = state("migrated")?;
     assert!(migrated.iter().any(|line| line.contains("expires_at_ms")), "what was written since expires");
     assert_eq!(migrated, state("never")?);

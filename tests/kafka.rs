@@ -288,12 +288,7 @@ fn expiries_across_kafka_handovers_equal_an_uninterrupted_run() -> Result<()> {
     let check = positions_source(dir, &broker.bootstrap, &format!("group = \"check\"\n{idle}"))?;
     let report = run_ok(&mut host("check", &check, Some(&store)))?;
     assert!(String::from_utf8_lossy(&report.stderr).contains("processed 0 records"));
-    let state = |name: &str| -> Result<Vec<String>> {
-        let dump = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(dir.join(name).join("state")))?;
-        let mut lines: Vec<String> = String::from_utf8(dump.stdout)?.lines().map(str::to_string).collect();
-        lines.sort();
-        Ok(lines)
-    };
+    let state = |name: &str| dump_state_lines(&dir.join(name).join("state"));
     assert_eq!(state("check")?, state("alone")?, "entries, values and expiries after two handovers");
     let expiries = |names: &[&str]| -> Result<BTreeSet<String>> {
         let mut expiries = BTreeSet::new();

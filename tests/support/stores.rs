@@ -54,6 +54,15 @@ pub fn manifest_objects(manifest: &Value) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// The lines of `sluice state dump` of `state_dir` (entry, value and expiry each),
+/// sorted: equal for two directories holding the same state.
+pub fn dump_state_lines(state_dir: &Path) -> Result<Vec<String>> {
+    let output = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(state_dir))?;
+    let mut lines: Vec<String> = String::from_utf8(output.stdout)?.lines().map(str::to_string).collect();
+    lines.sort();
+    Ok(lines)
+}
+
 /// What `sluice state dump` shows: key -> name -> value.
 pub type StateDump = BTreeMap<String, BTreeMap<String, Value>>;
 
