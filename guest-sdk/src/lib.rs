@@ -7,8 +7,9 @@
 //! This crate owns the operator author's view of the `sluice:operator` WIT world:
 //! [`Record`] and [`Output`] instead of raw bindings, [`State`] for typed keyed state
 //! (any `Serialize + DeserializeOwned` value under a name, scoped to the record's key,
-//! optionally with a TTL), [`Expired`] for the entries the host expires, and [`log`]. It does not own anything operational — partitions, offsets, storage,
-//! checkpoints — which all live in the host.
+//! optionally with a TTL), [`Expired`] for the entries the host expires, and [`log`].
+//! It does not own anything operational — partitions, offsets, storage, checkpoints —
+//! which all live in the host.
 //!
 //! State values are stored as JSON by default, or in a compact binary encoding an
 //! operator opts into with [`Operator::STATE_ENCODING`] (see [`encoding`]). Both are
@@ -283,7 +284,8 @@ impl State<'_> {
     /// Stores `value` under `name`, to expire `ttl` after the partition's clock now
     /// (event time unless the host counts TTLs in processing time), whatever the host's
     /// config says for `name`; [`Operator::expired`] is then called with it. Every put
-    /// sets the expiry anew; reads do not extend it.
+    /// sets the expiry anew; reads do not extend it. A TTL under 1 ms (whole
+    /// milliseconds count) traps: it would be due at once.
     #[cfg(not(feature = "wit-0-1-0"))]
     pub fn put_with_ttl<T: Serialize + ?Sized>(&self, name: &str, value: &T, ttl: std::time::Duration) -> Result<()> {
         self.put_bytes_with_ttl(name, &encoding::encode(value, self.encoding)?, ttl);

@@ -43,7 +43,7 @@
 //! time = "event"              # the partition's largest timestamp; or "processing": the wall clock
 //! lateness = "0s"             # the event clock trails the largest timestamp seen by this much
 //! future_skew = "1d"          # timestamps further ahead of the wall clock do not move it
-//! sweep_limit = 50000         # the most committed entries that expire at one record
+//! sweep_limit = 50000         # the most entries that expire at one record (a key's all expire together)
 //! [ttl.names]                 # TTLs per state name, over the default
 //! # summary = "1h"
 //!
@@ -362,8 +362,9 @@ pub struct TtlConfig {
     /// Timestamps further than this ahead of the wall clock do not move the clock.
     #[serde(default = "default_future_skew", deserialize_with = "duration")]
     pub future_skew: Duration,
-    /// The most committed entries that expire at one record (or idle tick); the
-    /// next record's key's own expire past it.
+    /// The most entries that expire at one record (or idle tick), earliest first;
+    /// past it, the other due entries of the keys taken and of the next record's key
+    /// expire too, so a key's expiries come together and before its next record.
     #[serde(default = "default_sweep_limit")]
     pub sweep_limit: usize,
 }

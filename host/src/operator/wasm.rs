@@ -482,9 +482,7 @@ impl WasmInstance {
         self.live = Some(self.operator.start(ctx).map_err(|(e, _)| e)?);
         Ok(reason)
     }
-}
 
-impl WasmInstance {
     /// Expires the entries due at the clock (`key`'s all, when there are more than a
     /// sweep takes: the next record is of `key`) and calls the component's `expired`
     /// for each, appending what it made of them, at `offset`, to `expirations`.

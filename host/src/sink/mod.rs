@@ -141,6 +141,11 @@ impl Sink {
 /// input record's have none).
 pub const EXPIRY_CAUSE: &str = "expiry";
 
+/// The `cause` field of an output or dead letter of `origin`: none for an input record's.
+fn cause(origin: &Origin) -> Option<&'static str> {
+    (origin.cause == Cause::Expiry).then_some(EXPIRY_CAUSE)
+}
+
 /// One line of the outputs or the dead letters: where the input record was, the
 /// output (or the input, for a dead letter), the operator build, and for a dead letter
 /// why it was not processed.
@@ -220,9 +225,9 @@ fn format_output(buf: &mut Vec<u8>, origin: &Origin, output: &Output, operator: 
     buf.extend_from_slice(itoa::Buffer::new().format(origin.partition).as_bytes());
     buf.extend_from_slice(br#","offset":"#);
     buf.extend_from_slice(itoa::Buffer::new().format(origin.offset).as_bytes());
-    if origin.cause == Cause::Expiry {
+    if let Some(cause) = cause(origin) {
         buf.extend_from_slice(br#","cause":"#);
-        text(buf, EXPIRY_CAUSE);
+        text(buf, cause);
     }
     buf.extend_from_slice(br#","key":"#);
     text(buf, &String::from_utf8_lossy(&output.key));
@@ -252,7 +257,7 @@ pub fn format_dead_letter(
     Line {
         partition: origin.partition,
         offset: origin.offset,
-        cause: (origin.cause == Cause::Expiry).then_some(EXPIRY_CAUSE),
+        cause: cause(origin),
         key: &String::from_utf8_lossy(key),
         topic: None,
         value: Payload::of(value),
@@ -287,7 +292,7 @@ mod tests {
             Line {
                 partition: origin.partition,
                 offset: origin.offset,
-                cause: (origin.cause == Cause::Expiry).then_some(EXPIRY_CAUSE),
+                cause: cause(origin),
                 key: &String::from_utf8_lossy(&output.key),
                 topic: output.topic.as_deref(),
                 value: Payload::of(&output.value),

@@ -326,10 +326,7 @@ impl Transaction {
             if from_batch {
                 due.push((batch.next().expect("peeked").clone(), true));
             } else {
-                let key = next_committed.take().expect("matched");
-                // The next look starts here: this one is the batch's from now on.
-                self.index_cursor = Some(key.clone());
-                due.push((key, false));
+                due.push((next_committed.take().expect("matched"), false));
                 next_committed = committed.next().transpose()?;
             }
         };
@@ -346,8 +343,11 @@ impl Transaction {
             left = Some(count);
         }
         self.index_next = next_committed.as_deref().map_or(u64::MAX, index_at);
-        if let Some(next) = next_committed {
-            self.index_cursor = Some(next);
+        // The next look starts at the first committed entry not taken, or at the last
+        // taken (the batch's from now on, so skipped) when the index ran out.
+        let last_taken = || due.iter().rev().find(|(_, from_batch)| !from_batch).map(|(key, _)| key.clone());
+        if let Some(cursor) = next_committed.or_else(last_taken) {
+            self.index_cursor = Some(cursor);
         }
         Ok((due, left))
     }
@@ -479,6 +479,10 @@ impl Transaction {
             let prior = match self.batch.get(&entry) {
                 Some(dirty) => {
                     self.dirty_bytes -= entry.len() + dirty.value.as_ref().map_or(0, Vec::len);
+                    // The batch index follows the entry's value.
+                    if let Some(at) = expires_at(dirty.value.as_deref()) {
+                        self.batch_index.remove(&index_key(at, &entry));
+                    }
                     dirty.prior
                 }
                 None => self
@@ -487,10 +491,6 @@ impl Transaction {
                     .or_else(|| self.record_reads.iter().find(|(read, _)| *read == entry).map(|&(_, prior)| prior)),
             };
             self.dirty_bytes += size;
-            // The batch index follows the entry's value.
-            if let Some(at) = self.batch.get(&entry).and_then(|dirty| expires_at(dirty.value.as_deref())) {
-                self.batch_index.remove(&index_key(at, &entry));
-            }
             if let Some(at) = expires_at(value.as_deref()) {
                 self.batch_index.insert(index_key(at, &entry));
             }
