@@ -60,13 +60,18 @@ has_clippy() { cargo clippy --version >/dev/null 2>&1; }
 
 # A test server counts only as cargo recorded installing it into $TOOLS: that crate, that
 # version, those features (its install record, .crates2.json, is one line of JSON).
-has_tool() { # crate version feature
-    local bin="$TOOLS/bin/$1" record
+has_tool() { # crate version feature...
+    local bin="$TOOLS/bin/$1" record feature
     [ -x "$bin" ] || return 1
     record=$(grep -o "\"$1 $2 ([^\"]*)\":{[^}]*}" "$TOOLS/.crates2.json" 2>/dev/null) || return 1
-    grep -q "\"features\":\[[^]]*\"$3\"" <<<"$record"
+    for feature in "${@:3}"; do
+        grep -q "\"features\":\[[^]]*\"$feature\"" <<<"$record" || return 1
+    done
 }
-has_tansu() { has_tool tansu 0.6.0 dynostore; }
+# tansu's SQLite storage (libsql) serves a fetch that starts inside a multi-record batch
+# from that offset on, which its in-memory storage (dynostore) does not.
+TANSU_FEATURES=dynostore,libsql
+has_tansu() { has_tool tansu 0.6.0 ${TANSU_FEATURES//,/ }; }
 has_s3s_fs() { has_tool s3s-fs 0.14.1 binary; }
 
 # name | check | what set-up does when it fails | needed for (build: demo and tests; test: tests)
@@ -78,7 +83,7 @@ PREREQUISITES=(
     "wasm32-wasip2|has_wasm_target|rustup target add wasm32-wasip2|build"
     "rustfmt|has_rustfmt|rustup component add rustfmt|test"
     "clippy|has_clippy|rustup component add clippy|test"
-    "tansu|has_tansu|cargo install tansu 0.6.0 --features dynostore into $TOOLS (~12 min)|test"
+    "tansu|has_tansu|cargo install tansu 0.6.0 --features $TANSU_FEATURES into $TOOLS (~30 min)|test"
     "s3s-fs|has_s3s_fs|cargo install s3s-fs 0.14.1 --features binary into $TOOLS (~2 min)|test"
 )
 
@@ -117,9 +122,9 @@ install_missing() {
         has_rustfmt || rustup component add rustfmt
         has_clippy || rustup component add clippy
         # The servers the tests run on loopback ports: an S3-compatible store and a
-        # Kafka-protocol broker with in-memory storage.
+        # Kafka-protocol broker.
         has_s3s_fs || CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --force --root "$TOOLS" s3s-fs --version 0.14.1 --features binary
-        has_tansu || CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --force --root "$TOOLS" tansu --version 0.6.0 --features dynostore
+        has_tansu || CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --force --root "$TOOLS" tansu --version 0.6.0 --features "$TANSU_FEATURES"
     fi
 }
 

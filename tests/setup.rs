@@ -103,16 +103,18 @@ fn fake_install(tools: &Path, bin: &str, crate_id: &str, features: &str) -> Resu
 
 #[test]
 fn the_broker_counts_only_in_the_version_and_features_the_tests_need() -> Result<()> {
-    let install = "missing: set-up will cargo install tansu 0.6.0 --features dynostore";
+    let install = "missing: set-up will cargo install tansu 0.6.0 --features dynostore,libsql";
     let root = tempfile::tempdir()?;
     let tools = root.path().join("tools");
     assert!(doctor_line("tansu", root.path(), &tools)?.contains(install));
 
     fake_install(&tools, "tansu", "tansu 0.6.0", "")?;
-    assert!(doctor_line("tansu", root.path(), &tools)?.contains(install), "without dynostore");
-    fake_install(&tools, "tansu", "tansu 0.5.9", r#""dynostore""#)?;
-    assert!(doctor_line("tansu", root.path(), &tools)?.contains(install), "another version");
+    assert!(doctor_line("tansu", root.path(), &tools)?.contains(install), "without features");
     fake_install(&tools, "tansu", "tansu 0.6.0", r#""dynostore""#)?;
+    assert!(doctor_line("tansu", root.path(), &tools)?.contains(install), "without libsql (SQLite storage)");
+    fake_install(&tools, "tansu", "tansu 0.5.9", r#""dynostore","libsql""#)?;
+    assert!(doctor_line("tansu", root.path(), &tools)?.contains(install), "another version");
+    fake_install(&tools, "tansu", "tansu 0.6.0", r#""libsql","dynostore""#)?;
     let line = doctor_line("tansu", root.path(), &tools)?;
     assert!(line.ends_with(" ok"), "{line}");
     Ok(())

@@ -151,7 +151,7 @@ struct RunArgs {
     #[arg(long)]
     rate: Option<f64>,
     /// Write outputs to this JSONL file; `-` is stdout; `kafka://host:port/topic` is a
-    /// Kafka topic.
+    /// Kafka topic (with the config's `[sink.properties]`, if it names a Kafka sink).
     #[arg(long)]
     output: Option<PathBuf>,
     /// State directory.
@@ -581,7 +581,12 @@ impl RunArgs {
                     else {
                         bail!("--output {kafka:?}: expected kafka://host:port[,host:port]/topic");
                     };
-                    SinkConfig::Kafka { brokers: brokers.into(), topic: topic.into(), properties: Default::default() }
+                    // The config's producer properties stay: the flag names where, not how.
+                    let properties = match &mut config.sink {
+                        SinkConfig::Kafka { properties, .. } => std::mem::take(properties),
+                        _ => Default::default(),
+                    };
+                    SinkConfig::Kafka { brokers: brokers.into(), topic: topic.into(), properties }
                 }
                 None if output.as_os_str() == "-" => SinkConfig::Stdout,
                 None => SinkConfig::File { path: output },

@@ -168,6 +168,22 @@ impl Host {
         Ok(rest.split_whitespace().next().unwrap_or_default().to_string())
     }
 
+    /// Waits until it exits by itself and returns how; fails after `timeout`.
+    pub fn wait_exit(&mut self, timeout: std::time::Duration) -> Result<std::process::ExitStatus> {
+        let child = self.child.as_mut().context("host already stopped")?;
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                return Ok(status);
+            }
+            if started.elapsed() > timeout {
+                bail!("host {} still runs after {timeout:?}:\n{}", self.name, self.log());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Kills it with SIGKILL: no handover, no last checkpoint.
     pub fn kill_9(&mut self) -> Result<()> {
         let mut child = self.child.take().context("host already stopped")?;

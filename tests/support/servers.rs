@@ -1,8 +1,8 @@
 //! The servers the tests start on free loopback ports: an S3-compatible store
 //! ([`S3Server`], `s3s-fs`) and a Kafka-protocol broker ([`KafkaBroker`], tansu with
-//! in-memory storage), each stopped when dropped, and the Kafka client calls the tests
-//! make against the broker (creating topics, producing, reading back, committed
-//! offsets). `./dev.sh test` and `./dev.sh bench` install both servers.
+//! SQLite storage in a temporary directory), each stopped when dropped, and the Kafka
+//! client calls the tests make against the broker (creating topics, producing, reading
+//! back, committed offsets). `./dev.sh test` and `./dev.sh bench` install both servers.
 
 use crate::binary::signal;
 use anyhow::{Context, Result, bail};
@@ -98,25 +98,49 @@ impl Drop for S3Server {
     }
 }
 
-/// A Kafka-protocol broker (tansu with in-memory storage, installed by `./dev.sh test`)
-/// on a free loopback port; stopped when dropped.
+/// A Kafka-protocol broker (tansu, installed by `./dev.sh test`) on a free loopback
+/// port, its log in a SQLite database in a temporary directory; stopped when dropped.
+///
+/// SQLite storage, not tansu's in-memory one: it keeps a row per record and serves a
+/// fetch from the offset asked for, where the in-memory storage answers a fetch that
+/// starts inside a multi-record batch from the next batch on, skipping the rest of the
+/// batch (`tests/kafka.rs` checks the broker with a plain consumer).
 pub struct KafkaBroker {
     child: std::process::Child,
     /// `127.0.0.1:PORT`.
     pub bootstrap: String,
+    /// Whether [`produce`](Self::produce) writes one record per batch (in-memory storage).
+    one_record_batches: bool,
+    _data: tempfile::TempDir,
 }
 
 impl KafkaBroker {
     /// Starts the broker and waits until it accepts connections.
     pub fn start() -> Result<Self> {
+        // tansu resolves a sqlite:// path against its working directory.
+        Self::start_tansu("sqlite://tansu.db", false)
+    }
+
+    /// Starts the broker on tansu's in-memory storage, for the one test whose group
+    /// changes tansu's SQLite storage cannot serve: a member joining a group while
+    /// another member was just killed gets the survivors' heartbeats left unanswered
+    /// until their sessions time out. [`produce`](Self::produce) then writes one record
+    /// per batch, so that no fetch starts inside a batch.
+    pub fn start_in_memory() -> Result<Self> {
+        Self::start_tansu("memory://tansu/", true)
+    }
+
+    fn start_tansu(storage: &str, one_record_batches: bool) -> Result<Self> {
+        let data = tempfile::tempdir()?;
         let port = free_port()?;
         let url = format!("tcp://127.0.0.1:{port}");
         let mut command = Command::new("tansu");
         command
-            .args(["broker", "--storage-engine", "memory://tansu/", "--listener-url", &url])
+            .current_dir(data.path())
+            .args(["broker", "--storage-engine", storage, "--listener-url", &url])
             .args(["--advertised-listener-url", &url]);
         let child = spawn_listening(command, port)?;
-        Ok(KafkaBroker { child, bootstrap: format!("127.0.0.1:{port}") })
+        Ok(KafkaBroker { child, bootstrap: format!("127.0.0.1:{port}"), one_record_batches, _data: data })
     }
 
     /// A librdkafka client configuration pointing at this broker.
@@ -148,24 +172,33 @@ impl KafkaBroker {
     /// Produces `records` (key and value each) to `topic` and waits until the broker has
     /// them all; returns how many there were. They are partitioned as Kafka's Java
     /// producer does (murmur2), by an idempotent producer (a retried send is neither
-    /// duplicated nor reordered, so the topic holds exactly these records), one record per
-    /// batch: tansu 0.6 answers a fetch that starts inside a multi-record batch with
-    /// records from elsewhere in the partition, and consumers that resume mid-batch
-    /// (after a restore, a pause or a rebalance) would skip records.
+    /// duplicated nor reordered, so the topic holds exactly these records), in batches as
+    /// librdkafka makes them (hundreds of records per produce request when records come
+    /// faster than its `linger.ms`).
     pub fn produce<K: AsRef<[u8]>, V: AsRef<[u8]>>(
         &self,
+        topic: &str,
+        records: impl IntoIterator<Item = Result<(K, V)>>,
+    ) -> Result<usize> {
+        let mut config = self.client_config();
+        if self.one_record_batches {
+            config.set("batch.num.messages", "1");
+        }
+        self.produce_with(config, topic, records)
+    }
+
+    /// [`produce`](Self::produce) with the producer settings of `config`.
+    pub fn produce_with<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &self,
+        mut config: ClientConfig,
         topic: &str,
         records: impl IntoIterator<Item = Result<(K, V)>>,
     ) -> Result<usize> {
         use rdkafka::error::KafkaError;
         use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
         use rdkafka::types::RDKafkaErrorCode;
-        let producer: ThreadedProducer<DefaultProducerContext> = self
-            .client_config()
-            .set("partitioner", "murmur2_random")
-            .set("enable.idempotence", "true")
-            .set("batch.num.messages", "1")
-            .create()?;
+        let producer: ThreadedProducer<DefaultProducerContext> =
+            config.set("partitioner", "murmur2_random").set("enable.idempotence", "true").create()?;
         let mut produced = 0;
         for record in records {
             let (key, value) = record?;
@@ -198,41 +231,83 @@ impl KafkaBroker {
         )
     }
 
-    /// Reads `topic` from the beginning of every partition until nothing more arrives
-    /// for 2 s: key, value and headers of each, in partition order. (tansu's high
-    /// watermarks trail the last batch, so "the end" is found by waiting.)
+    /// Reads `topic` from the beginning of every partition up to its end (its high
+    /// watermark as it stands when the read starts): key, value and headers of each, in
+    /// partition order, of committed transactions only (`read_committed`, librdkafka's
+    /// default, whose position moves past transaction markers and aborted records).
     pub fn read_topic(&self, topic: &str) -> Result<Vec<KafkaRecord>> {
         use rdkafka::Message;
         use rdkafka::consumer::{BaseConsumer, Consumer};
         use rdkafka::message::Headers;
+        let timeout = std::time::Duration::from_secs(10);
         let consumer: BaseConsumer = self.consumer_config("sluice-tests-reader").create()?;
-        let metadata = consumer.fetch_metadata(Some(topic), std::time::Duration::from_secs(10))?;
+        let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
         let mut assignment = rdkafka::TopicPartitionList::new();
+        let mut ends = BTreeMap::new();
         for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
             assignment.add_partition_offset(topic, partition.id(), rdkafka::Offset::Beginning)?;
+            ends.insert(partition.id(), consumer.fetch_watermarks(topic, partition.id(), timeout)?.1);
         }
         consumer.assign(&assignment)?;
-        let mut last = std::time::Instant::now();
+        let started = std::time::Instant::now();
         let mut by_partition: BTreeMap<i32, Vec<KafkaRecord>> = BTreeMap::new();
-        while last.elapsed() < std::time::Duration::from_secs(2) {
+        loop {
+            if let Some(message) = consumer.poll(std::time::Duration::from_millis(100)) {
+                let message = message?;
+                let headers = message
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| {
+                                (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                by_partition.entry(message.partition()).or_default().push(KafkaRecord {
+                    key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
+                    value: serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or(Value::Null),
+                    headers,
+                });
+                continue;
+            }
+            let positions = consumer.position()?;
+            let behind: Vec<(i32, i64, i64)> = ends
+                .iter()
+                .map(|(&p, &end)| {
+                    let at = positions.find_partition(topic, p).and_then(|e| e.offset().to_raw()).unwrap_or(0);
+                    (p, at.max(0), end)
+                })
+                .filter(|&(_, at, end)| at < end)
+                .collect();
+            if behind.is_empty() {
+                return Ok(by_partition.into_values().flatten().collect());
+            }
+            if started.elapsed() > std::time::Duration::from_secs(120) {
+                bail!("reading {topic}: partitions (partition, position, end) not read to their end: {behind:?}");
+            }
+        }
+    }
+
+    /// Reads `count` records of `topic`'s `partition` from `offset` on with a plain
+    /// consumer assigned there (no group): the offset and value (as text) of each, or
+    /// fewer if no more arrive for 5 s.
+    pub fn read_from(&self, topic: &str, partition: i32, offset: i64, count: usize) -> Result<Vec<(i64, String)>> {
+        use rdkafka::Message;
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = self.consumer_config("sluice-tests-reader").create()?;
+        let mut assignment = rdkafka::TopicPartitionList::new();
+        assignment.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset))?;
+        consumer.assign(&assignment)?;
+        let mut read = Vec::new();
+        let mut last = std::time::Instant::now();
+        while read.len() < count && last.elapsed() < std::time::Duration::from_secs(5) {
             let Some(message) = consumer.poll(std::time::Duration::from_millis(100)) else { continue };
             let message = message?;
             last = std::time::Instant::now();
-            let headers = message
-                .headers()
-                .map(|h| {
-                    h.iter()
-                        .map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            by_partition.entry(message.partition()).or_default().push(KafkaRecord {
-                key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
-                value: serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or(Value::Null),
-                headers,
-            });
+            read.push((message.offset(), String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned()));
         }
-        Ok(by_partition.into_values().flatten().collect())
+        Ok(read)
     }
 
     /// The offsets consumer group `group` committed for `topic`, by partition (-1: none).

@@ -5,40 +5,42 @@
 //! outputs in order) and with the input's partition and offset as headers
 //! (`sluice-partition`, `sluice-offset`) and the operator build that made it
 //! (`sluice-operator`); outputs of an expiry also carry `sluice-cause: expiry`.
-//! [`KafkaSink::write`] returns only once the
-//! broker acknowledged every record of the batch, because the worker commits state
-//! right after: an output is never lost, and a crash before the commit replays the
-//! batch (at least once, like the file sink). Each batch waits for its own records'
-//! acknowledgements only — a producer-wide flush would make every worker wait for the
-//! others' records too, and under load never return. This module does not read from
-//! Kafka.
+//!
+//! [`KafkaSink::send`] queues a batch's records and returns at once: a worker goes on
+//! with its next batches while the broker acknowledges, and its next commit waits (in
+//! [`Pending::wait`](super::Pending::wait)) until every output of the batches it
+//! covers is acknowledged, because state must never be ahead of its outputs. Each
+//! partition waits for its own records' acknowledgements only — a producer-wide flush
+//! would make every worker wait for the others' records too, and under load never
+//! return. This module does not read from Kafka.
 
 use super::EXPIRY_CAUSE;
 use crate::config::kafka_client;
 use crate::lock;
 use crate::record::{Cause, Origin, Output};
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use rdkafka::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-/// How long a batch may wait for the broker's acknowledgements.
-const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a commit may wait for the broker's acknowledgements of the outputs it covers.
+pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A producer shared by all workers.
 pub struct KafkaSink {
     /// Its own thread serves delivery reports as they arrive, so each worker waits for
-    /// its batch's acknowledgements only, never for other workers' records.
+    /// its own records' acknowledgements only, never for other workers' records.
     producer: ThreadedProducer<DeliveryReports>,
     topic: String,
     name: String,
 }
 
-/// Routes each delivery report to the batch its record belongs to.
+/// Routes each delivery report to the acknowledgements its record counts in.
 struct DeliveryReports;
 
 impl ClientContext for DeliveryReports {
@@ -49,47 +51,69 @@ impl ClientContext for DeliveryReports {
 }
 
 impl ProducerContext for DeliveryReports {
-    type DeliveryOpaque = Arc<BatchAcks>;
+    type DeliveryOpaque = Arc<Acks>;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, batch: Arc<BatchAcks>) {
-        let failure = result
-            .as_ref()
-            .err()
-            .map(|(error, message)| format!("delivering to topic {}: {error}", rdkafka::Message::topic(message)));
-        batch.acknowledge(failure);
+    fn delivery(&self, result: &DeliveryResult<'_>, acks: Arc<Acks>) {
+        match result {
+            Ok(_) => acks.acknowledge(),
+            Err((error, message)) => {
+                acks.fail(format!("delivering to topic {}: {error}", rdkafka::Message::topic(message)))
+            }
+        }
     }
 }
 
-/// The acknowledgements one batch still waits for, and its first failure.
-struct BatchAcks {
-    state: Mutex<(usize, Option<String>)>,
+/// The acknowledgements one partition's outputs since its last commit still wait for,
+/// and the first failure among them.
+///
+/// A delivery report costs one atomic decrement; the lock is taken only by a failure,
+/// by the last acknowledgement a waiter may be waiting for, and by the waiter.
+#[derive(Default)]
+pub struct Acks {
+    /// Records sent and not yet acknowledged.
+    left: AtomicUsize,
+    failed: AtomicBool,
+    /// The first failure; also the mutex a waiter sleeps under.
+    failure: Mutex<Option<String>>,
     done: Condvar,
 }
 
-impl BatchAcks {
-    fn new(records: usize) -> Self {
-        BatchAcks { state: Mutex::new((records, None)), done: Condvar::new() }
-    }
-
-    fn acknowledge(&self, failure: Option<String>) {
-        let mut state = lock(&self.state);
-        state.0 -= 1;
-        if state.1.is_none() {
-            state.1 = failure;
-        }
-        if state.0 == 0 {
+impl Acks {
+    fn acknowledge(&self) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Taken after the decrement, so a waiter either sees zero or is already
+            // asleep and gets this notification.
+            let _waiter = lock(&self.failure);
             self.done.notify_all();
         }
     }
 
-    /// Waits until every record was acknowledged; the first failure, if any, is the error.
-    fn wait(&self, timeout: Duration) -> std::result::Result<(), String> {
-        let state = lock(&self.state);
-        let (state, waited) =
-            self.done.wait_timeout_while(state, timeout, |(left, _)| *left > 0).expect("no panics under this lock");
-        match &state.1 {
+    fn fail(&self, failure: String) {
+        self.left.fetch_sub(1, Ordering::AcqRel);
+        let mut first = lock(&self.failure);
+        first.get_or_insert(failure);
+        self.failed.store(true, Ordering::Release);
+        self.done.notify_all();
+    }
+
+    /// The first failure reported so far, without waiting.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.load(Ordering::Acquire).then(|| lock(&self.failure).clone()).flatten()
+    }
+
+    /// Waits until every record sent was acknowledged or one failed; the first failure,
+    /// or the records left after `timeout`, is the error.
+    pub fn wait(&self, timeout: Duration) -> std::result::Result<(), String> {
+        let first = lock(&self.failure);
+        let (first, waited) = self
+            .done
+            .wait_timeout_while(first, timeout, |first| first.is_none() && self.left.load(Ordering::Acquire) > 0)
+            .expect("no panics under this lock");
+        match &*first {
             Some(failure) => Err(failure.clone()),
-            None if waited.timed_out() => Err(format!("{} records unacknowledged after {timeout:?}", state.0)),
+            None if waited.timed_out() => {
+                Err(format!("{} records unacknowledged after {timeout:?}", self.left.load(Ordering::Acquire)))
+            }
             None => Ok(()),
         }
     }
@@ -117,13 +141,9 @@ impl KafkaSink {
         &self.name
     }
 
-    /// Produces `outputs` (made by operator `version`, which goes in a header) and waits
-    /// until the broker has acknowledged all of them.
-    pub fn write(&self, outputs: &[(Origin, Output)], version: &str) -> Result<()> {
-        if outputs.is_empty() {
-            return Ok(());
-        }
-        let acks = Arc::new(BatchAcks::new(outputs.len()));
+    /// Queues `outputs` (made by operator `version`, which goes in a header) for the
+    /// broker, each counted in `acks` until the broker acknowledges it.
+    pub fn send(&self, outputs: &[(Origin, Output)], version: &str, acks: &Arc<Acks>) -> Result<()> {
         for (origin, output) in outputs {
             let (partition, offset) = (origin.partition.to_string(), origin.offset.to_string());
             let mut headers = OwnedHeaders::new()
@@ -137,6 +157,8 @@ impl KafkaSink {
                 .key(&output.key)
                 .payload(&output.value)
                 .headers(headers);
+            // Counted before it can be acknowledged.
+            acks.left.fetch_add(1, Ordering::AcqRel);
             loop {
                 match self.producer.send(record) {
                     Ok(()) => break,
@@ -146,12 +168,70 @@ impl KafkaSink {
                         std::thread::sleep(Duration::from_millis(1));
                     }
                     Err((error, _)) => {
-                        // The records already queued still report to `acks`; nobody waits.
+                        // Never queued, so never reported: it is the caller's error.
+                        acks.left.fetch_sub(1, Ordering::AcqRel);
                         bail!("producing to {}: {error}", self.name)
                     }
                 }
             }
         }
-        acks.wait(DELIVERY_TIMEOUT).map_err(|failure| anyhow!("{}: {failure}", self.name))
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(acks: &Acks, records: usize) {
+        acks.left.fetch_add(records, Ordering::AcqRel);
+    }
+
+    /// A wait ends when the last record sent is acknowledged, not before; records sent
+    /// after that are waited for again.
+    #[test]
+    fn a_wait_ends_at_the_last_acknowledgement() {
+        let acks = Arc::new(Acks::default());
+        assert_eq!(acks.wait(Duration::ZERO), Ok(()), "nothing sent, nothing to wait for");
+        sent(&acks, 3);
+        let reporter = {
+            let acks = acks.clone();
+            std::thread::spawn(move || {
+                for _ in 0..3 {
+                    std::thread::sleep(Duration::from_millis(20));
+                    acks.acknowledge();
+                }
+            })
+        };
+        assert_eq!(acks.wait(Duration::from_secs(10)), Ok(()));
+        assert_eq!(acks.left.load(Ordering::Acquire), 0, "woken only by the last acknowledgement");
+        reporter.join().unwrap();
+        sent(&acks, 2);
+        acks.acknowledge();
+        assert_eq!(acks.wait(Duration::from_millis(50)), Err("1 records unacknowledged after 50ms".into()));
+        assert_eq!(acks.failure(), None, "a timeout is not a delivery failure");
+    }
+
+    /// The first failure ends a wait at once, with records still unacknowledged, and
+    /// stays the error whatever is reported after it.
+    #[test]
+    fn the_first_failure_ends_a_wait() {
+        let acks = Arc::new(Acks::default());
+        sent(&acks, 4);
+        acks.acknowledge();
+        assert_eq!(acks.failure(), None);
+        let reporter = {
+            let acks = acks.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                acks.fail("first".into());
+                acks.fail("second".into());
+            })
+        };
+        assert_eq!(acks.wait(Duration::from_secs(10)), Err("first".into()));
+        reporter.join().unwrap();
+        acks.acknowledge();
+        assert_eq!(acks.failure(), Some("first".into()));
+        assert_eq!(acks.wait(Duration::ZERO), Err("first".into()));
     }
 }

@@ -2,9 +2,11 @@
 //! Kafka topics ([`kafka`]).
 //!
 //! This module owns the line formats and the choice of sink. A worker hands a whole
-//! batch's outputs to [`Sink::write`] (and its dead letters to a [`LineSink`]) before
-//! it commits state, so an output is never lost: after a crash, the batch that was
-//! written but not committed is processed and written again (outputs are
+//! batch's outputs to [`Sink::send`] (and its dead letters to a [`LineSink`]) and
+//! goes on with its next batch; before it commits state it waits, through the
+//! [`Pending`] acknowledgements, until every output of the batches the commit covers
+//! is where it was sent. So an output is never lost: after a crash, the batches
+//! processed since the last commit are processed and sent again (outputs are
 //! at-least-once; state is exactly-once).
 
 pub mod kafka;
@@ -16,7 +18,7 @@ use serde::Serialize;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Where the job's outputs go, shared by all workers.
 pub enum Sink {
@@ -27,11 +29,21 @@ pub enum Sink {
 }
 
 impl Sink {
-    /// Writes a batch's outputs, each with its origin, all produced by operator
-    /// `version`, and returns once they are durable enough to commit the batch's state
-    /// after them. A line sink formats them into `scratch`, which the caller keeps from
-    /// batch to batch so its memory is reused.
-    pub fn write(&self, outputs: &[(Origin, Output)], version: &str, scratch: &mut Vec<u8>) -> Result<()> {
+    /// Sends a batch's outputs, each with its origin, all produced by operator
+    /// `version`. A line sink has written them when it returns (formatted into
+    /// `scratch`, which the caller keeps from batch to batch so its memory is reused);
+    /// a Kafka sink has queued them and counts them in `pending` until the broker
+    /// acknowledges them.
+    pub fn send(
+        &self,
+        outputs: &[(Origin, Output)],
+        version: &str,
+        scratch: &mut Vec<u8>,
+        pending: &mut Pending,
+    ) -> Result<()> {
+        if outputs.is_empty() {
+            return Ok(());
+        }
         match self {
             Sink::Lines(lines) => {
                 scratch.clear();
@@ -41,7 +53,7 @@ impl Sink {
                 }
                 lines.write(scratch)
             }
-            Sink::Kafka(kafka) => kafka.write(outputs, version),
+            Sink::Kafka(kafka) => kafka.send(outputs, version, pending.0.get_or_insert_with(Default::default)),
         }
     }
 
@@ -51,6 +63,33 @@ impl Sink {
             Sink::Lines(lines) => lines.name(),
             Sink::Kafka(kafka) => kafka.name(),
         }
+    }
+}
+
+/// The outputs one partition sent since its last commit that their destination has
+/// not acknowledged yet: what its next commit waits for. Empty for a line sink, whose
+/// writes are done when [`Sink::send`] returns.
+#[derive(Default)]
+pub struct Pending(Option<Arc<kafka::Acks>>);
+
+impl Pending {
+    /// The first delivery that failed so far, as an error, without waiting.
+    pub fn check(&self) -> Result<()> {
+        match self.0.as_deref().and_then(kafka::Acks::failure) {
+            Some(failure) => Err(anyhow::anyhow!("{failure}")),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until every output sent is acknowledged, then starts afresh; a failed
+    /// delivery, or outputs still unacknowledged after [`kafka::DELIVERY_TIMEOUT`], is
+    /// the error, and then nothing sent since the last commit may be taken as delivered.
+    pub fn wait(&mut self) -> Result<()> {
+        if let Some(acks) = &self.0 {
+            acks.wait(kafka::DELIVERY_TIMEOUT).map_err(|failure| anyhow::anyhow!("{failure}"))?;
+        }
+        self.0 = None;
+        Ok(())
     }
 }
 

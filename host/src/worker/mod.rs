@@ -2,10 +2,20 @@
 //!
 //! A worker takes batches of its partition's records, runs each through the operator
 //! inside a record scope of the partition's [`Transaction`](crate::state::Transaction),
-//! writes the batch's outputs and dead letters, and commits the state writes since the
-//! last commit together with the next offset in one RocksDB write batch when its
-//! [`Cadence`] says so. It owns that ordering — outputs before commit, commits between
-//! batches — the partition's live counters and the tail of its batch processing times.
+//! sends the batch's outputs and writes its dead letters, and commits the state writes
+//! since the last commit together with the next offset in one RocksDB write batch when
+//! its [`Cadence`] says so. It owns that ordering — outputs acknowledged before the
+//! commit that covers them, commits between batches — the partition's live counters
+//! and the tail of its batch processing times.
+//!
+//! Batches are pipelined: a worker does not wait for a batch's outputs to be
+//! acknowledged (by a Kafka broker) before it processes the next; the batches since
+//! the last commit are all in flight at once, their writes visible to later records
+//! through the uncommitted transaction. A commit first waits for every one of their
+//! acknowledgements, so a delivery that failed stops the partition before anything
+//! after its last commit is committed, and a crash replays those batches. Whatever
+//! ends a run of batches — a deploy switching the version, a handover, the end of the
+//! source — commits, so it drains what is in flight first.
 //!
 //! Checkpoints happen between batches, right after a commit, so a snapshot always
 //! holds whole batches and the offset committed with them.
@@ -28,9 +38,9 @@ use crate::config::StateConfig;
 use crate::lock;
 use crate::operator::{Expiration, Operator, Outcome, Output, Processed};
 use crate::record::{Cause, Origin, SourceRecord, Stop};
-use crate::sink::{self, LineSink, Sink};
+use crate::sink::{self, LineSink, Pending, Sink};
 use crate::stats::PartitionStats;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -191,9 +201,9 @@ pub fn run(
                     let expirations = operator.expire(next)?;
                     let partition = operator.state().store().partition();
                     emitted.expirations(partition, expirations, operator.version());
-                    emitted.write(to, operator.version(), stats)?;
+                    emitted.send(to, operator.version(), stats, &mut uncommitted.pending)?;
                 }
-                uncommitted.commit(operator, stats)?;
+                uncommitted.commit(operator, stats, to)?;
                 let at = stats.committed_offset.load(Ordering::Relaxed);
                 follow_deploys(operator, checkpointer.as_deref_mut(), stats, at)?;
                 if let Some(checkpointer) = checkpointer.as_deref_mut() {
@@ -210,7 +220,7 @@ pub fn run(
         // Between two batches: the whole batch runs on one version, and a switch
         // commits what the old version processed.
         if follow_deploys(operator, checkpointer.as_deref_mut(), stats, first.offset)? {
-            uncommitted.commit(operator, stats)?;
+            uncommitted.commit(operator, stats, to)?;
         }
         let started = Instant::now();
         let next_offset = last.offset + 1;
@@ -230,22 +240,24 @@ pub fn run(
         }
         // None in practice: every expiry comes before a record of the batch.
         emitted.expirations(first.partition, expirations, version);
-        // Outputs first, then state: a crash in between replays the records since the
-        // last commit (outputs at least once) but never leaves state ahead of what was
-        // emitted.
-        emitted.write(to, version, stats)?;
+        // Outputs first, then state: the commit waits until they are acknowledged, so a
+        // crash in between replays the records since the last commit (outputs at least
+        // once) but never leaves state ahead of what was emitted.
+        emitted.send(to, version, stats, &mut uncommitted.pending)?;
+        // A delivery already refused stops the partition now rather than at the commit.
+        uncommitted.pending.check().with_context(|| format!("sending outputs to {}", to.sink.name()))?;
         stats.processed.fetch_add(batch.len() as u64, Ordering::Relaxed);
         uncommitted.add(next_offset, batch.len());
         let checkpoint_due = checkpointer.as_deref().is_some_and(Checkpointer::is_due);
         if checkpoint_due || uncommitted.due(&cadence, operator.state().dirty_bytes()) {
-            uncommitted.commit(operator, stats)?;
+            uncommitted.commit(operator, stats, to)?;
             if let Some(checkpointer) = checkpointer.as_deref_mut() {
                 checkpointer.checkpoint_if_due(operator.state().store(), stats);
             }
         }
         times.record(started.elapsed(), last.partition, stats);
     }
-    uncommitted.commit(operator, stats)?;
+    uncommitted.commit(operator, stats, to)?;
     match (checkpointer, stop.get()) {
         (Some(_), Some(Stop::Lost)) | (None, _) => Ok(()),
         // A handover's last checkpoint only spares the next owner some replay: if it
@@ -298,9 +310,10 @@ impl Emitted {
         }
     }
 
-    /// Writes the outputs, then the dead letters, and empties itself.
-    fn write(&mut self, to: &Destinations, version: &str, stats: &PartitionStats) -> Result<()> {
-        to.sink.write(&self.outputs, version, &mut self.lines)?;
+    /// Sends the outputs (counted in `pending` until acknowledged), writes the dead
+    /// letters, and empties itself.
+    fn send(&mut self, to: &Destinations, version: &str, stats: &PartitionStats, pending: &mut Pending) -> Result<()> {
+        to.sink.send(&self.outputs, version, &mut self.lines, pending)?;
         to.dead_letters.write(&self.dead)?;
         stats.dead_letters.fetch_add(self.dead_count, Ordering::Relaxed);
         self.outputs.clear();
@@ -318,6 +331,8 @@ struct Uncommitted {
     records: usize,
     /// When the first of them was processed.
     since: Option<Instant>,
+    /// Their outputs not yet acknowledged.
+    pending: Pending,
 }
 
 impl Uncommitted {
@@ -334,10 +349,12 @@ impl Uncommitted {
             || self.since.is_some_and(|since| since.elapsed() >= cadence.commit_interval)
     }
 
-    /// Commits the operator's state with the next offset, if anything waits (records,
+    /// Waits until every output sent since the last commit is acknowledged, then
+    /// commits the operator's state with the next offset, if anything waits (records,
     /// or expiries of an idle partition), and publishes the committed offset, entry
-    /// count and clock.
-    fn commit(&mut self, operator: &mut dyn Operator, stats: &PartitionStats) -> Result<()> {
+    /// count and clock. A delivery that failed is the error, and nothing is committed.
+    fn commit(&mut self, operator: &mut dyn Operator, stats: &PartitionStats, to: &Destinations) -> Result<()> {
+        self.pending.wait().with_context(|| format!("sending outputs to {}", to.sink.name()))?;
         let state = operator.state();
         let next_offset = match self.next_offset {
             Some(next_offset) => next_offset,
