@@ -73,6 +73,16 @@ has_tool() { # crate version feature...
 TANSU_FEATURES=dynostore,libsql
 has_tansu() { has_tool tansu 0.6.0 ${TANSU_FEATURES//,/ }; }
 has_s3s_fs() { has_tool s3s-fs 0.14.1 binary; }
+# The broker of the exactly-once tests (tansu 0.6 has no transactions): PyPI's noida-db,
+# in a virtual environment of its own, counts only as pip recorded installing it there
+# in that version, with the command linked into $TOOLS/bin.
+NOIDA_VERSION=0.2.3
+# (grep reads all of pip's output: with -q it would close the pipe early, and pipefail
+# would count pip's broken pipe.)
+has_noida_db() {
+    [ -x "$TOOLS/bin/noida-db" ] &&
+        "$TOOLS/noida-db/bin/python" -m pip show noida-db 2>/dev/null | grep -x "Version: $NOIDA_VERSION" >/dev/null
+}
 
 # name | check | what set-up does when it fails | needed for (build: demo and tests; test: tests)
 PREREQUISITES=(
@@ -85,6 +95,7 @@ PREREQUISITES=(
     "clippy|has_clippy|rustup component add clippy|test"
     "tansu|has_tansu|cargo install tansu 0.6.0 --features $TANSU_FEATURES into $TOOLS (~30 min)|test"
     "s3s-fs|has_s3s_fs|cargo install s3s-fs 0.14.1 --features binary into $TOOLS (~2 min)|test"
+    "noida-db|has_noida_db|pip install noida-db $NOIDA_VERSION into a virtual environment in $TOOLS|test"
 )
 
 # Prints each prerequisite needed for $1 (build or test), whether it is present, and what
@@ -121,10 +132,20 @@ install_missing() {
     if [ "$SCOPE" = test ]; then
         has_rustfmt || rustup component add rustfmt
         has_clippy || rustup component add clippy
-        # The servers the tests run on loopback ports: an S3-compatible store and a
-        # Kafka-protocol broker.
+        # The servers the tests run on loopback ports: an S3-compatible store and two
+        # Kafka-protocol brokers.
         has_s3s_fs || CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --force --root "$TOOLS" s3s-fs --version 0.14.1 --features binary
         has_tansu || CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --force --root "$TOOLS" tansu --version 0.6.0 --features "$TANSU_FEATURES"
+        if ! has_noida_db; then
+            python3 -m venv "$TOOLS/noida-db"
+            "$TOOLS/noida-db/bin/python" -m pip install --quiet "noida-db==$NOIDA_VERSION"
+            mkdir -p "$TOOLS/bin"
+            # The package's binary itself, not its Python wrapper, which runs it as a
+            # child: a test that stops the broker must stop the process that listens.
+            ln -sf "$("$TOOLS/noida-db/bin/python" -c \
+                'from importlib.resources import files; print(files("noida_db").joinpath("noida-db"))')" \
+                "$TOOLS/bin/noida-db"
+        fi
     fi
 }
 

@@ -10,8 +10,9 @@
 use anyhow::{Context, Result};
 use sluice::job::LAG;
 use sluice::record::Stop;
+use sluice::sink::transaction::{FENCED, REPLAYED_SILENTLY};
 use sluice::source::kafka::{ASSIGNED, RESUMED, REVOKED};
-use sluice::worker::{OFFSETS_JUMP, SLOW_BATCH, STOPPED};
+use sluice::worker::{AFTER_SEND, BEFORE_SEND, OFFSETS_JUMP, OUTPUTS_COMMITTED, SLOW_BATCH, STATE_COMMITTED, STOPPED};
 use sluice_tests::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -575,7 +576,6 @@ fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result
     Ok(())
 }
 
-/// Splits the lines of `path` into `n` files of (nearly) equal length beside it.
 /// Batches are pipelined: a worker sends a batch's outputs and goes on with the next
 /// before the broker acknowledges them, and a commit waits until every output it covers
 /// is acknowledged. Outputs linger in the producer longer than a commit interval, so
@@ -586,17 +586,9 @@ fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result
 #[test]
 fn kill_9_with_batches_in_flight_loses_no_output_and_applies_no_record_twice() -> Result<()> {
     let broker = KafkaBroker::start()?;
-    broker.create_topic("summaries", 2)?;
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    let (vehicles, count) = (100, 10_000);
-    let config = summaries_sink(dir, "\"linger.ms\" = \"1500\"\n")?;
-    let job = |rate: &str| {
-        let mut command = run_generator_job(dir, vehicles, count, SEED, 2);
-        command.arg("--config").arg(&config).args(["--rate", rate, "--no-checkpoints", "--report-interval", "1"]);
-        command.arg("--output").arg(format!("kafka://{}/summaries", broker.bootstrap));
-        command
-    };
+    let job = generator_to_summaries(dir, &broker, "\"linger.ms\" = \"1500\"\n")?;
     let mut host = Host::spawn("host", &mut job("1000"), &dir.join("log"))?;
     // Four seconds of processing: commits (each waiting out the linger) came before.
     host.wait_for(" records/s", 4, Duration::from_secs(60))?;
@@ -604,13 +596,7 @@ fn kill_9_with_batches_in_flight_loses_no_output_and_applies_no_record_twice() -
     let state = dump_state(&dir.join("state"))?;
     assert!(!state.is_empty(), "the first run committed state before the kill:\n{}", host.log());
     assert_outputs_cover_state(&state, &broker.read_topic("summaries")?, "after kill -9");
-
-    run_ok(&mut job("100000"))?;
-    let input = dir.join("input.jsonl");
-    generate(&input, vehicles, count, SEED)?;
-    let reference = Reference::fold(&input)?;
-    assert_state_matches(&dump_state(&dir.join("state"))?, &reference, "after the restart");
-    assert_every_input_has_an_output(&broker.read_topic("summaries")?, count, &reference)
+    assert_a_restart_completes(dir, &broker, job)
 }
 
 /// A delivery that fails while batches are in flight (the broker stops answering past
@@ -620,17 +606,9 @@ fn kill_9_with_batches_in_flight_loses_no_output_and_applies_no_record_twice() -
 #[test]
 fn a_failed_delivery_commits_nothing_after_the_failed_batch() -> Result<()> {
     let broker = KafkaBroker::start()?;
-    broker.create_topic("summaries", 2)?;
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    let (vehicles, count) = (100, 10_000);
-    let config = summaries_sink(dir, "\"message.timeout.ms\" = \"5000\"\n\"linger.ms\" = \"20\"\n")?;
-    let job = |rate: &str| {
-        let mut command = run_generator_job(dir, vehicles, count, SEED, 2);
-        command.arg("--config").arg(&config).args(["--rate", rate, "--no-checkpoints", "--report-interval", "1"]);
-        command.arg("--output").arg(format!("kafka://{}/summaries", broker.bootstrap));
-        command
-    };
+    let job = generator_to_summaries(dir, &broker, "\"message.timeout.ms\" = \"5000\"\n\"linger.ms\" = \"20\"\n")?;
     let mut host = Host::spawn("host", &mut job("1000"), &dir.join("log"))?;
     // Three seconds of processing: commits came before.
     host.wait_for(" records/s", 3, Duration::from_secs(60))?;
@@ -646,8 +624,45 @@ fn a_failed_delivery_commits_nothing_after_the_failed_batch() -> Result<()> {
     let state = dump_state(&dir.join("state"))?;
     assert!(!state.is_empty(), "state was committed before the broker froze:\n{}", host.log());
     assert_outputs_cover_state(&state, &broker.read_topic("summaries")?, "after the failed delivery");
+    assert_a_restart_completes(dir, &broker, job)
+}
 
+/// The generator records of the pipelining tests: vehicles, and how many.
+const PIPELINED: (u32, u64) = (100, 10_000);
+
+/// Creates topic `summaries` (2 partitions) on `broker`, and returns a `sluice run` of
+/// vehicle-stats in `dir` over the [`PIPELINED`] generator records at a given rate, 2
+/// partitions, its outputs to `summaries` with the librdkafka producer `properties`
+/// (TOML lines), a running summary every second.
+fn generator_to_summaries<'a>(
+    dir: &'a Path,
+    broker: &'a KafkaBroker,
+    properties: &str,
+) -> Result<impl Fn(&str) -> Command + 'a> {
+    broker.create_topic("summaries", 2)?;
+    let config = dir.join("kafka-sink.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = \"set-by-flag.wasm\"\n[sink]\nkind = \"kafka\"\nbrokers = \"set-by-flag:9092\"\n\
+             topic = \"set-by-flag\"\n[sink.properties]\n{properties}"
+        ),
+    )?;
+    Ok(move |rate: &str| {
+        let (vehicles, count) = PIPELINED;
+        let mut command = run_generator_job(dir, vehicles, count, SEED, 2);
+        command.arg("--config").arg(&config).args(["--rate", rate, "--no-checkpoints", "--report-interval", "1"]);
+        // Names the broker and topic; the config's producer properties stay.
+        command.arg("--output").arg(format!("kafka://{}/summaries", broker.bootstrap));
+        command
+    })
+}
+
+/// Runs `job` again at full speed to its end: the state is the reference fold of every
+/// record, and every input has an output on `summaries`.
+fn assert_a_restart_completes(dir: &Path, broker: &KafkaBroker, job: impl Fn(&str) -> Command) -> Result<()> {
     run_ok(&mut job("100000"))?;
+    let (vehicles, count) = PIPELINED;
     let input = dir.join("input.jsonl");
     generate(&input, vehicles, count, SEED)?;
     let reference = Reference::fold(&input)?;
@@ -681,20 +696,171 @@ fn assert_every_input_has_an_output(outputs: &[KafkaRecord], count: u64, referen
     Ok(())
 }
 
-/// Writes `dir/kafka-sink.toml`: a Kafka sink with the librdkafka producer `properties`
-/// (TOML lines); `--output kafka://…` names the broker and topic.
-fn summaries_sink(dir: &Path, properties: &str) -> Result<PathBuf> {
-    let config = dir.join("kafka-sink.toml");
+/// The broker the exactly-once tests run on does what they rely on (checked with plain
+/// librdkafka clients, no sluice involved): a `read_committed` consumer sees the records
+/// of committed transactions only, and a producer whose `transactional.id` another
+/// producer took over can no longer commit.
+#[test]
+fn the_transactional_test_broker_hides_aborted_records_and_fences_zombies() -> Result<()> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let broker = KafkaBroker::start_transactional()?;
+    broker.create_topic("transactions", 1)?;
+    let timeout = Duration::from_secs(30);
+    let producer = || -> Result<BaseProducer> {
+        let producer: BaseProducer = broker.client_config().set("transactional.id", "check").create()?;
+        producer.init_transactions(timeout)?;
+        Ok(producer)
+    };
+    let send = |producer: &BaseProducer, value: &str| -> Result<()> {
+        producer.begin_transaction()?;
+        producer.send(BaseRecord::<str, str>::to("transactions").payload(value)).map_err(|(e, _)| e)?;
+        producer.flush(timeout)?;
+        Ok(())
+    };
+    let first = producer()?;
+    send(&first, "committed")?;
+    first.commit_transaction(timeout)?;
+    send(&first, "aborted")?;
+    first.abort_transaction(timeout)?;
+    send(&first, "fenced")?;
+    let successor = producer()?;
+    assert!(first.commit_transaction(timeout).is_err(), "a producer whose id was taken over committed");
+    send(&successor, "committed too")?;
+    successor.commit_transaction(timeout)?;
+    let values: Vec<String> = broker.read_from("transactions", 0, 0, 10)?.into_iter().map(|(_, v)| v).collect();
+    assert_eq!(values, ["committed", "committed too"], "what a read_committed consumer sees");
+    Ok(())
+}
+
+/// Exactly-once outputs (`[sink] guarantee = "exactly-once"`), on a broker with
+/// transactions (noida-db: tansu 0.6 has none): the host is killed with `kill -9` at each
+/// step of a commit — a batch processed but not sent; sent but not committed; its
+/// transaction committed but not its state; its state committed — then restarted. A
+/// `read_committed` consumer sees exactly one output per input, each vehicle's last
+/// one its final summary, and the state is the reference fold.
+#[test]
+fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() -> Result<()> {
+    use std::os::unix::process::ExitStatusExt;
+    let broker = KafkaBroker::start_transactional()?;
+    let dir = tempfile::tempdir()?;
+    let (vehicles, count) = (100, 3_000);
+    let input = dir.path().join("input.jsonl");
+    generate(&input, vehicles, count, SEED)?;
+    let reference = Reference::fold(&input)?;
+    for point in [BEFORE_SEND, AFTER_SEND, OUTPUTS_COMMITTED, STATE_COMMITTED] {
+        let home = dir.path().join(point);
+        let (positions, summaries) = (format!("positions-{point}"), format!("summaries-{point}"));
+        broker.create_topic(&positions, 2)?;
+        broker.create_topic(&summaries, 2)?;
+        broker.produce_lines(&positions, &input)?;
+        // A static member: noida-db never expires the session of a member killed
+        // without leaving, so a new member would wait for it forever; the same
+        // `instance_id` replaces it at once (as on real Kafka).
+        let settings = "stop_when_idle = \"2s\"\ninstance_id = \"eos-host\"";
+        let job = exactly_once_job(&home, &broker, &positions, &summaries, settings)?;
+        // The third pass: records and commits came before it, more come after.
+        let killed = job().env("SLUICE_KILL_AT", format!("{point}:3")).output()?;
+        let log = String::from_utf8_lossy(&killed.stderr);
+        assert_eq!(killed.status.signal(), Some(9), "killed at {point}:\n{log}");
+        let restarted = run_ok(job().env("SLUICE_LOG", "info"))?;
+        let log = String::from_utf8_lossy(&restarted.stderr);
+        let context = format!("killed at {point}, restarted");
+        assert_each_input_has_one_output(&broker.read_topic(&summaries)?, count, &reference, &context);
+        assert_state_matches(&dump_state(&home.join("state"))?, &reference, &context);
+        // Only a kill between the transaction's commit and the state's leaves records
+        // whose outputs are committed and whose state is not.
+        assert_eq!(log.contains(REPLAYED_SILENTLY), point == OUTPUTS_COMMITTED, "killed at {point}:\n{log}");
+    }
+    Ok(())
+}
+
+/// A zombie owner is fenced: while a host runs, a producer takes over its partition's
+/// transactions, as the partition's next owner does when it starts. The host's next
+/// commit fails naming the fencing, nothing it produced after that becomes visible, and
+/// the job stops; restarted, it gives every input exactly one output.
+#[test]
+fn a_zombie_owner_of_exactly_once_outputs_is_fenced() -> Result<()> {
+    use rdkafka::producer::{BaseProducer, Producer};
+    let broker = KafkaBroker::start_transactional()?;
+    broker.create_topic("positions", 2)?;
+    broker.create_topic("summaries", 2)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let (vehicles, count) = (50, 2_000);
+    let all = dir.join("all.jsonl");
+    generate(&all, vehicles, count, SEED)?;
+    let halves = split_lines(&all, 2)?;
+    broker.produce_lines("positions", &halves[0])?;
+    let job = exactly_once_job(dir, &broker, "positions", "summaries", "")?;
+    let mut zombie = Host::spawn("zombie", &mut job(), &dir.join("log"))?;
+    broker.wait_committed("eos-positions", "positions", count as i64 / 2, Duration::from_secs(60))?;
+
+    let mut successors = Vec::new();
+    for partition in 0..2 {
+        let id = format!("sluice-eos-positions-positions-{partition}");
+        let successor: BaseProducer = broker.client_config().set("transactional.id", &id).create()?;
+        successor.init_transactions(Duration::from_secs(30))?;
+        successors.push(successor);
+    }
+    broker.produce_lines("positions", &halves[1])?;
+    let status = zombie.wait_exit(Duration::from_secs(60))?;
+    assert!(!status.success(), "the fenced host stopped with an error:\n{}", zombie.log());
+    assert!(zombie.log().contains(FENCED), "the error names the fencing:\n{}", zombie.log());
+    let visible = broker.read_topic("summaries")?;
+    let first = Reference::fold(&halves[0])?;
+    assert_each_input_has_one_output(&visible, count / 2, &first, "outputs of the fenced host");
+
+    drop(successors);
+    let restart = exactly_once_job(dir, &broker, "positions", "summaries", "stop_when_idle = \"2s\"")?;
+    run_ok(&mut restart())?;
+    let reference = Reference::fold(&all)?;
+    assert_each_input_has_one_output(&broker.read_topic("summaries")?, count, &reference, "after the restart");
+    Ok(())
+}
+
+/// A `sluice run` of vehicle-stats in `dir` from `positions` to `summaries` on `broker`,
+/// exactly once, in group `eos-<positions>`, with `more` `[source]` settings; small batches
+/// and frequent commits, so a run passes many of each.
+fn exactly_once_job<'a>(
+    dir: &'a Path,
+    broker: &'a KafkaBroker,
+    positions: &str,
+    summaries: &'a str,
+    more: &str,
+) -> Result<impl Fn() -> Command + 'a> {
+    std::fs::create_dir_all(dir)?;
+    let config = dir.join("exactly-once.toml");
+    let brokers = &broker.bootstrap;
     std::fs::write(
         &config,
         format!(
-            "[operator]\npath = \"set-by-flag.wasm\"\n[sink]\nkind = \"kafka\"\nbrokers = \"set-by-flag:9092\"\n\
-             topic = \"set-by-flag\"\n[sink.properties]\n{properties}"
+            "[operator]\npath = \"set-by-flag.wasm\"\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
+             topic = \"{positions}\"\ngroup = \"eos-{positions}\"\n{more}\n[source.properties]\n\
+             \"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n[sink]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
+             topic = \"{summaries}\"\nguarantee = \"exactly-once\"\n[state]\nbatch_records = 100\ncommit_every = 500\n"
         ),
     )?;
-    Ok(config)
+    Ok(move || {
+        let mut command = run_job(&operator_wasm("vehicle_stats"), dir, 2);
+        command.arg("--config").arg(&config).arg("--output").arg(format!("kafka://{}/{summaries}", broker.bootstrap));
+        command
+    })
 }
 
+/// Fails unless `outputs` hold exactly one output for each of `count` inputs (by the
+/// headers naming the input) and each vehicle's last output is its final summary.
+fn assert_each_input_has_one_output(outputs: &[KafkaRecord], count: u64, reference: &Reference, context: &str) {
+    let mut seen: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for r in outputs {
+        *seen.entry((r.headers["sluice-partition"].as_str(), r.headers["sluice-offset"].as_str())).or_default() += 1;
+    }
+    let repeated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
+    assert!(repeated.is_empty(), "{context}: inputs with more than one output, e.g. {repeated:?}");
+    assert_eq!(seen.len() as u64, count, "{context}: inputs with an output");
+    assert_last_outputs(outputs.iter().map(|r| (r.key.as_str(), &r.value)), reference, context);
+}
+
+/// Splits the lines of `path` into `n` files of (nearly) equal length beside it.
 fn split_lines(path: &Path, n: usize) -> Result<Vec<PathBuf>> {
     let text = std::fs::read_to_string(path)?;
     let lines: Vec<&str> = text.lines().collect();

@@ -120,6 +120,43 @@ fn the_broker_counts_only_in_the_version_and_features_the_tests_need() -> Result
     Ok(())
 }
 
+/// noida-db (the exactly-once tests' broker) counts only as pip recorded it in the
+/// tools' virtual environment, in the version the tests need, with its command linked
+/// where the tests look for it.
+#[test]
+fn the_transactional_broker_counts_only_in_the_version_the_tests_need() -> Result<()> {
+    let install = "missing: set-up will pip install noida-db 0.2.3";
+    let root = tempfile::tempdir()?;
+    let tools = root.path().join("tools");
+    let executable = |path: &Path, text: &str| -> Result<()> {
+        touch(path)?;
+        std::fs::write(path, text)?;
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        Ok(())
+    };
+    // What `python -m pip show noida-db` prints in a virtual environment holding it.
+    let pip_records = |version: &str| {
+        executable(
+            &tools.join("noida-db/bin/python"),
+            &format!(
+                "#!/bin/sh\n[ \"$*\" = \"-m pip show noida-db\" ] && printf 'Name: noida-db\\nVersion: {version}\\n'\n"
+            ),
+        )
+    };
+    assert!(doctor_line("noida-db", root.path(), &tools)?.contains(install));
+    pip_records("0.2.3")?;
+    assert!(doctor_line("noida-db", root.path(), &tools)?.contains(install), "installed but not linked");
+    executable(&tools.join("noida-db/bin/noida-db"), "")?;
+    std::fs::create_dir_all(tools.join("bin"))?;
+    symlink("../noida-db/bin/noida-db", tools.join("bin/noida-db"))?;
+    pip_records("0.2.2")?;
+    assert!(doctor_line("noida-db", root.path(), &tools)?.contains(install), "another version");
+    pip_records("0.2.3")?;
+    let line = doctor_line("noida-db", root.path(), &tools)?;
+    assert!(line.ends_with(" ok"), "{line}");
+    Ok(())
+}
+
 /// `./dev.sh install` puts a binary without debug info in PREFIX/bin, and the debug info
 /// beside it, named in the binary: what is installed runs and is a fraction of the size.
 #[test]

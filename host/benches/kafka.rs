@@ -2,19 +2,21 @@
 //! its outputs to another topic (consume-process-produce), next to a bare rdkafka
 //! consumer reading the same topic in the same run.
 //!
-//! Needs `tansu` on the PATH (`./dev.sh bench` installs it, as for the tests); the
-//! benchmark starts it through the tests' `KafkaBroker` (SQLite storage) on a free
-//! loopback port, produces `SLUICE_BENCH_KAFKA_RECORDS` (default 200,000) generator
+//! Needs `noida-db` on the PATH (`./dev.sh bench` installs it, as for the tests); the
+//! benchmark starts it through the tests' `KafkaBroker` on a free loopback port. Not
+//! tansu: its in-memory storage mis-serves fetches inside multi-record batches, and on
+//! its SQLite storage a second consumer group's first fetches take longer than a job's
+//! idle stop. It produces `SLUICE_BENCH_KAFKA_RECORDS` (default 200,000) generator
 //! records to a topic of four partitions in batches as librdkafka makes them (hundreds
-//! of records per produce request), then times, each in a consumer group of its own:
-//! a bare rdkafka consumer; one sluice job with the default `[state]`; the same with
-//! batches of 20,000 records; and two sluice jobs sharing the group (two hosts, each
-//! with its own state, one checkpoint store), whose aggregate rate is reported. The
+//! of records per produce request), then times, each in a consumer group of its own, a
+//! bare rdkafka consumer and sluice jobs: one with the default `[state]`, one with
+//! batches of 20,000 records, two sharing the group (two hosts, each with its own state,
+//! one checkpoint store; their aggregate rate), and one with exactly-once outputs. The
 //! jobs' times exclude their idle stop.
 
 use anyhow::{Result, bail};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use sluice::config::{Config, SinkConfig, SourceConfig};
+use sluice::config::{Config, Guarantee, SinkConfig, SourceConfig};
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice_tests::{KafkaBroker, bench_setting};
 use std::path::Path;
@@ -26,9 +28,31 @@ const PARTITIONS: i32 = 4;
 /// How long a job waits for more records before it stops.
 const IDLE_STOP: Duration = Duration::from_secs(5);
 
+/// One sluice row: records per batch (and the most per commit; `None`: the defaults),
+/// hosts sharing the group, and the outputs' guarantee.
+#[derive(Clone, Copy)]
+struct Setting {
+    label: &'static str,
+    batch: Option<usize>,
+    hosts: usize,
+    guarantee: Guarantee,
+}
+
 fn main() -> Result<()> {
     let records: u64 = bench_setting("SLUICE_BENCH_KAFKA_RECORDS", 200_000)?;
-    let broker = KafkaBroker::start()?;
+    let default = Setting {
+        label: "one host, defaults (batches of 512)",
+        batch: None,
+        hosts: 1,
+        guarantee: Guarantee::AtLeastOnce,
+    };
+    let settings = [
+        default,
+        Setting { label: "one host, batches of 20,000 records", batch: Some(20_000), ..default },
+        Setting { label: "two hosts, defaults (aggregate)", hosts: 2, ..default },
+        Setting { label: "one host, exactly once", guarantee: Guarantee::ExactlyOnce, ..default },
+    ];
+    let broker = KafkaBroker::start_transactional()?;
     for topic in ["positions", "summaries"] {
         broker.create_topic(topic, PARTITIONS)?;
     }
@@ -39,28 +63,23 @@ fn main() -> Result<()> {
         "produced {records} records of 10000 vehicles to a topic of {PARTITIONS} partitions in {:.1}s",
         started.elapsed().as_secs_f64()
     );
-
     let bare = records as f64 / bare_consumer(&broker, records)?.as_secs_f64();
-    println!("bare rdkafka consumer                                  {bare:>10.0} records/s");
-    for (label, batch, hosts) in [
-        ("one host, default batches (512 records)", None, 1),
-        ("one host, batches of 20,000 records", Some(20_000), 1),
-        ("two hosts, default batches", None, 2),
-    ] {
-        let rate = through_sluice(&broker, records, batch, hosts)?;
-        println!("sluice, {label:<41}  {rate:>10.0} records/s  ({:.2} of the bare consumer)", rate / bare);
+    println!("bare rdkafka consumer                                {bare:>10.0} records/s");
+    for setting in &settings {
+        let rate = through_sluice(&broker, records, setting)?;
+        println!("sluice, {:<37}  {rate:>10.0} records/s  ({:.2} of the bare consumer)", setting.label, rate / bare);
     }
     Ok(())
 }
 
-/// Records/s of vehicle-stats from `positions` to `summaries` on `hosts` jobs sharing a
-/// group of their own (and a checkpoint store, which a partition moving between them
-/// needs); `batch`: records per batch and the most per commit, `None`: the defaults.
-fn through_sluice(broker: &KafkaBroker, records: u64, batch: Option<usize>, hosts: usize) -> Result<f64> {
+/// Records/s of vehicle-stats from `positions` to `summaries` as `setting` says, the
+/// jobs sharing a group of their own (and a checkpoint store, which a partition moving
+/// between them needs).
+fn through_sluice(broker: &KafkaBroker, records: u64, setting: &Setting) -> Result<f64> {
     let dir = tempfile::tempdir()?;
-    let group = format!("bench-sluice-{}-{hosts}", batch.unwrap_or_default());
+    let group = format!("bench-{}", setting.label.replace([' ', ',', '(', ')'], "-"));
     let configs: Vec<Config> =
-        (0..hosts).map(|host| job(broker, &dir.path().join(format!("host-{host}")), &group, batch)).collect();
+        (0..setting.hosts).map(|host| job(broker, &dir.path().join(format!("host-{host}")), &group, setting)).collect();
     let reports = std::thread::scope(|scope| {
         let jobs: Vec<_> = configs.iter().map(|config| scope.spawn(|| sluice::job::run(config))).collect();
         jobs.into_iter().map(|job| job.join().expect("a job thread panicked")).collect::<Result<Vec<_>>>()
@@ -76,7 +95,7 @@ fn through_sluice(broker: &KafkaBroker, records: u64, batch: Option<usize>, host
 /// A job of vehicle-stats reading `positions` in `group` and writing to `summaries`,
 /// everything under `dir`, its checkpoint store shared with the jobs in sibling
 /// directories.
-fn job(broker: &KafkaBroker, dir: &Path, group: &str, batch: Option<usize>) -> Config {
+fn job(broker: &KafkaBroker, dir: &Path, group: &str, setting: &Setting) -> Config {
     let source = SourceConfig::Kafka {
         brokers: broker.bootstrap.clone(),
         topic: "positions".into(),
@@ -90,9 +109,10 @@ fn job(broker: &KafkaBroker, dir: &Path, group: &str, batch: Option<usize>) -> C
         brokers: broker.bootstrap.clone(),
         topic: "summaries".into(),
         properties: Default::default(),
+        guarantee: setting.guarantee,
     };
     config.state.partitions = PARTITIONS as u32;
-    if let Some(batch) = batch {
+    if let Some(batch) = setting.batch {
         (config.state.batch_records, config.state.commit_every) = (batch, batch);
     }
     let store = dir.parent().expect("a job's directory has a parent").join("store");

@@ -206,7 +206,9 @@ fn through_worker(
     };
     let stats = PartitionStats::new(0, 0, "bench");
     let clock = CpuClock::start()?;
-    worker::run(&mut operator, rx, &destinations, &stats, None, &StopSignal::default(), Cadence::of(state, None))?;
+    let outputs = destinations.sink.partition(0, 0)?;
+    let stop = StopSignal::default();
+    worker::run(&mut operator, rx, &destinations, outputs, &stats, None, &stop, Cadence::of(state, None))?;
     let (wall, cpu) = clock.stop()?;
     let (hits, misses) = operator.state().cache().hits_and_misses();
     Ok(Measured {

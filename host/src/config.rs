@@ -251,7 +251,23 @@ pub enum SinkConfig {
         /// librdkafka producer properties, passed through (they win over sluice's).
         #[serde(default)]
         properties: BTreeMap<String, String>,
+        /// Whether a crash may repeat outputs.
+        #[serde(default)]
+        guarantee: Guarantee,
     },
+}
+
+/// `[sink] guarantee`: what a consumer of the outputs sees after a crash.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Guarantee {
+    /// The outputs of records processed since the last commit are sent again.
+    #[default]
+    AtLeastOnce,
+    /// Outputs go out in Kafka transactions tied to the state's commits: a consumer
+    /// reading `read_committed` sees each exactly once. Needs a Kafka source, whose
+    /// consumer group records the input offset each transaction covers.
+    ExactlyOnce,
 }
 
 /// `[state]`
@@ -628,6 +644,33 @@ impl Config {
         if rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
             bail!("[source] rate must be a positive number of records per second");
         }
+        if let SinkConfig::Kafka { brokers, properties, guarantee: Guarantee::ExactlyOnce, .. } = &self.sink {
+            let SourceConfig::Kafka { brokers: source_brokers, .. } = &self.source else {
+                bail!(
+                    "[sink] guarantee = \"exactly-once\" needs a Kafka source: each transaction records the input \
+                     offset it covers in the source's consumer group"
+                );
+            };
+            if brokers != source_brokers {
+                bail!(
+                    "[sink] guarantee = \"exactly-once\" needs the sink on the source's cluster: [sink] brokers \
+                     {brokers:?} differ from [source] brokers {source_brokers:?} (a transaction commits the input \
+                     offsets to the source's consumer group through the sink's brokers)"
+                );
+            }
+            let timeout_ms = properties.get("transaction.timeout.ms").map_or(Ok(60_000), |ms| {
+                ms.parse::<u64>()
+                    .with_context(|| format!("[sink.properties] transaction.timeout.ms = {ms:?} is not a number"))
+            })?;
+            if self.state.commit_interval.as_millis() * 2 > timeout_ms as u128 {
+                bail!(
+                    "[state] commit_interval ({:?}) must be under half of the sink's transaction.timeout.ms \
+                     ({timeout_ms} ms): a transaction stays open a commit interval and more, and the broker aborts \
+                     one open longer",
+                    self.state.commit_interval
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -712,6 +755,36 @@ mod tests {
         assert_eq!(config.state.partitions, 4);
         assert_eq!(config.sink, SinkConfig::Stdout);
         config.validate().unwrap();
+    }
+
+    /// Exactly-once outputs need a Kafka source, whose group records the offsets
+    /// their transactions cover; a misspelt guarantee names the choices.
+    #[test]
+    fn exactly_once_outputs_need_a_kafka_source() {
+        let sink = "[sink]\nkind = \"kafka\"\nbrokers = \"b:9092\"\ntopic = \"out\"\nguarantee = \"exactly-once\"\n";
+        let generator: Config = toml::from_str(&format!("[operator]\npath = \"op.wasm\"\n{sink}")).unwrap();
+        let err = generator.validate().unwrap_err().to_string();
+        assert!(err.contains("needs a Kafka source"), "{err}");
+        let kafka: Config = toml::from_str(&format!(
+            "[operator]\npath = \"op.wasm\"\n{sink}[source]\nkind = \"kafka\"\nbrokers = \"b:9092\"\ntopic = \"in\"\n"
+        ))
+        .unwrap();
+        kafka.validate().unwrap();
+        let mut elsewhere = kafka.clone();
+        let SourceConfig::Kafka { brokers, .. } = &mut elsewhere.source else { unreachable!() };
+        *brokers = "other:9092".into();
+        let err = elsewhere.validate().unwrap_err().to_string();
+        assert!(err.contains("needs the sink on the source's cluster"), "{err}");
+        let mut slow = kafka.clone();
+        slow.state.commit_interval = Duration::from_secs(31);
+        let err = slow.validate().unwrap_err().to_string();
+        assert!(err.contains("under half of the sink's transaction.timeout.ms (60000 ms)"), "{err}");
+        let misspelt = toml::from_str::<Config>(&format!(
+            "[operator]\npath = \"op.wasm\"\n{}",
+            sink.replace("exactly-once", "exactly_once")
+        ));
+        let err = misspelt.unwrap_err().to_string();
+        assert!(err.contains("at-least-once") && err.contains("exactly-once"), "{err}");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 
 use crate::admin;
 use crate::checkpoint::{self, CheckpointSettings, CheckpointStore};
-use crate::config::{Config, SourceConfig};
+use crate::config::{Config, Guarantee, SinkConfig, SourceConfig};
 use crate::lock;
 use crate::operator::deploy::{Deployer, Sandbox};
 use crate::operator::wasm::ActiveVersion;
@@ -150,7 +150,7 @@ impl fmt::Display for JobReport {
 pub fn run(config: &Config) -> Result<JobReport> {
     config.validate()?;
     let partitions = config.state.partitions;
-    let source = OpenSource::open(&config.source)?;
+    let source = OpenSource::open(&config.source, &config.sink)?;
     let slow_batch = source.slow_batch(partitions)?;
     state::limit_memory(config.state.rocksdb_memory_mib << 20)?;
     let state = StateDir::open(&config.state.dir, partitions)?;
@@ -167,7 +167,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let active = ActiveVersion::new(operator);
     let checkpoints = open_checkpoints(config, &runtime)?;
     // Sinks open last, so a job that cannot start leaves no files behind.
-    let sink = Sink::open(&config.sink)?;
+    let sink = Sink::open(&config.sink, &config.source)?;
     let dead_letters = LineSink::file(&config.dead_letter.path)?;
     tracing::info!(
         operator = version,
@@ -294,8 +294,8 @@ enum OpenSource {
 }
 
 impl OpenSource {
-    /// Opens `source`.
-    fn open(source: &SourceConfig) -> Result<Self> {
+    /// Opens `source` for a job writing to `sink`.
+    fn open(source: &SourceConfig, sink: &SinkConfig) -> Result<Self> {
         Ok(match source {
             SourceConfig::Generator { vehicles, count, duration, rate, seed, churn } => OpenSource::Embedded(
                 Box::new(Fleet::new(&FleetOptions { vehicles: *vehicles, count: *count, seed: *seed, churn: *churn })),
@@ -313,6 +313,8 @@ impl OpenSource {
                     instance_id: instance_id.clone(),
                     properties: properties.clone(),
                     stop_when_idle: *stop_when_idle,
+                    // Exactly-once outputs commit the group's offsets in their transactions.
+                    commits_group_offsets: !matches!(sink, SinkConfig::Kafka { guarantee: Guarantee::ExactlyOnce, .. }),
                 })
             }
         })

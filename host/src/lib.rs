@@ -35,6 +35,31 @@ pub mod worker;
 #[cfg(test)]
 mod layers;
 
+/// A crash for tests: with `SLUICE_KILL_AT=<point>:<n>` in its environment, the
+/// process kills itself with SIGKILL, as `kill -9` would, the n-th time it passes
+/// `point` (n = 1 when left out), so a test can crash it at an exact step of a protocol
+/// (the worker's points: [`worker::BEFORE_SEND`] and the constants after it). Without
+/// the variable a pass costs a load and a branch.
+pub fn kill_point(point: &str) {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static AT: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    static PASSED: AtomicU64 = AtomicU64::new(0);
+    let at = AT.get_or_init(|| {
+        let at = std::env::var("SLUICE_KILL_AT").ok()?;
+        let (name, n) = at.split_once(':').unwrap_or((&at, "1"));
+        Some((name.to_string(), n.parse().unwrap_or(1)))
+    });
+    if let Some((name, n)) = at
+        && name == point
+        && PASSED.fetch_add(1, Ordering::Relaxed) + 1 == *n
+    {
+        tracing::warn!("SLUICE_KILL_AT: killed at {point} ({n})");
+        let killed = std::process::Command::new("kill").args(["-9", &std::process::id().to_string()]).status();
+        panic!("SLUICE_KILL_AT: kill -9 of this process failed: {killed:?}");
+    }
+}
+
 /// Locks `mutex`. The host's locks guard plain data and no code panics while holding
 /// one, so a poisoned lock is a bug to surface, not a condition to handle.
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

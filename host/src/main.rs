@@ -151,7 +151,8 @@ struct RunArgs {
     #[arg(long)]
     rate: Option<f64>,
     /// Write outputs to this JSONL file; `-` is stdout; `kafka://host:port/topic` is a
-    /// Kafka topic (with the config's `[sink.properties]`, if it names a Kafka sink).
+    /// Kafka topic (with the config's `[sink.properties]` and `guarantee`, if it names a
+    /// Kafka sink).
     #[arg(long)]
     output: Option<PathBuf>,
     /// State directory.
@@ -581,12 +582,13 @@ impl RunArgs {
                     else {
                         bail!("--output {kafka:?}: expected kafka://host:port[,host:port]/topic");
                     };
-                    // The config's producer properties stay: the flag names where, not how.
-                    let properties = match &mut config.sink {
-                        SinkConfig::Kafka { properties, .. } => std::mem::take(properties),
+                    // The config's producer properties and guarantee stay: the flag names
+                    // where, not how.
+                    let (properties, guarantee) = match &mut config.sink {
+                        SinkConfig::Kafka { properties, guarantee, .. } => (std::mem::take(properties), *guarantee),
                         _ => Default::default(),
                     };
-                    SinkConfig::Kafka { brokers: brokers.into(), topic: topic.into(), properties }
+                    SinkConfig::Kafka { brokers: brokers.into(), topic: topic.into(), properties, guarantee }
                 }
                 None if output.as_os_str() == "-" => SinkConfig::Stdout,
                 None => SinkConfig::File { path: output },

@@ -143,6 +143,22 @@ impl KafkaBroker {
         Ok(KafkaBroker { child, bootstrap: format!("127.0.0.1:{port}"), one_record_batches, _data: data })
     }
 
+    /// Starts a broker that supports Kafka transactions — noida-db's Kafka service
+    /// (installed by `./dev.sh test`), its data in a temporary directory — and waits
+    /// until it accepts connections. tansu 0.6 cannot commit a transaction: it has no
+    /// EndTxn, and its fetches ignore aborted transactions.
+    pub fn start_transactional() -> Result<Self> {
+        let data = tempfile::tempdir()?;
+        let port = free_port()?;
+        let mut command = Command::new("noida-db");
+        command
+            .args(["start", "--only", "kafka", "--host", "127.0.0.1", "--kafka-port", &port.to_string()])
+            .arg("--data-dir")
+            .arg(data.path());
+        let child = spawn_listening(command, port)?;
+        Ok(KafkaBroker { child, bootstrap: format!("127.0.0.1:{port}"), one_record_batches: false, _data: data })
+    }
+
     /// A librdkafka client configuration pointing at this broker.
     pub fn client_config(&self) -> ClientConfig {
         let mut config = ClientConfig::new();

@@ -8,7 +8,7 @@
 //!
 //! [`KafkaSink::send`] queues a batch's records and returns at once: a worker goes on
 //! with its next batches while the broker acknowledges, and its next commit waits (in
-//! [`Pending::wait`](super::Pending::wait)) until every output of the batches it
+//! [`PartitionOutputs::commit`](super::PartitionOutputs::commit)) until every output of the batches it
 //! covers is acknowledged, because state must never be ahead of its outputs. Each
 //! partition waits for its own records' acknowledgements only — a producer-wide flush
 //! would make every worker wait for the others' records too, and under load never
@@ -20,6 +20,7 @@ use crate::lock;
 use crate::record::{Cause, Origin, Output};
 use anyhow::{Context, Result, bail};
 use rdkafka::ClientContext;
+use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
@@ -119,18 +120,51 @@ impl Acks {
     }
 }
 
+/// The producer settings of every output producer, before the user's properties: an
+/// idempotent producer (a retried send is neither duplicated nor reordered) that
+/// partitions like Java clients, so a key lands where Kafka Streams would put it.
+pub(super) fn producer_config(brokers: &str, properties: &BTreeMap<String, String>) -> ClientConfig {
+    let defaults =
+        [("enable.idempotence", "true"), ("acks", "all"), ("linger.ms", "5"), ("partitioner", "murmur2_random")];
+    kafka_client(brokers, &defaults, properties)
+}
+
+/// The headers of the output record of `origin` made by operator `version`.
+pub(super) fn headers(origin: &Origin, version: &str) -> OwnedHeaders {
+    let (partition, offset) = (origin.partition.to_string(), origin.offset.to_string());
+    let headers = OwnedHeaders::new()
+        .insert(Header { key: "sluice-partition", value: Some(&partition) })
+        .insert(Header { key: "sluice-offset", value: Some(&offset) })
+        .insert(Header { key: "sluice-operator", value: Some(version) });
+    match origin.cause {
+        Cause::Expiry => headers.insert(Header { key: "sluice-cause", value: Some(EXPIRY_CAUSE) }),
+        Cause::Record => headers,
+    }
+}
+
+/// Queues `record` on `producer`, waiting while its queue is full (it empties as the
+/// broker acknowledges); any other refusal is the error.
+pub(super) fn send_waiting<C: ProducerContext + 'static>(
+    producer: &ThreadedProducer<C>,
+    mut record: BaseRecord<'_, [u8], [u8], C::DeliveryOpaque>,
+) -> std::result::Result<(), KafkaError> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                record = returned;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((error, _)) => return Err(error),
+        }
+    }
+}
+
 impl KafkaSink {
     /// Connects an idempotent producer to `brokers`; outputs without a topic go to
     /// `topic`. `properties` are librdkafka settings passed through, and win.
     pub fn open(brokers: &str, topic: &str, properties: &BTreeMap<String, String>) -> Result<Self> {
-        let defaults = [
-            ("enable.idempotence", "true"),
-            ("acks", "all"),
-            ("linger.ms", "5"),
-            // Java clients' partitioner, so a key lands where Kafka Streams would put it.
-            ("partitioner", "murmur2_random"),
-        ];
-        let producer = kafka_client(brokers, &defaults, properties)
+        let producer = producer_config(brokers, properties)
             .create_with_context(DeliveryReports)
             .with_context(|| format!("creating a Kafka producer for {brokers}"))?;
         Ok(KafkaSink { producer, topic: topic.to_string(), name: format!("kafka {brokers} topic {topic}") })
@@ -145,34 +179,16 @@ impl KafkaSink {
     /// broker, each counted in `acks` until the broker acknowledges it.
     pub fn send(&self, outputs: &[(Origin, Output)], version: &str, acks: &Arc<Acks>) -> Result<()> {
         for (origin, output) in outputs {
-            let (partition, offset) = (origin.partition.to_string(), origin.offset.to_string());
-            let mut headers = OwnedHeaders::new()
-                .insert(Header { key: "sluice-partition", value: Some(&partition) })
-                .insert(Header { key: "sluice-offset", value: Some(&offset) })
-                .insert(Header { key: "sluice-operator", value: Some(version) });
-            if origin.cause == Cause::Expiry {
-                headers = headers.insert(Header { key: "sluice-cause", value: Some(EXPIRY_CAUSE) });
-            }
-            let mut record = BaseRecord::with_opaque_to(output.topic.as_deref().unwrap_or(&self.topic), acks.clone())
-                .key(&output.key)
-                .payload(&output.value)
-                .headers(headers);
+            let record = BaseRecord::with_opaque_to(output.topic.as_deref().unwrap_or(&self.topic), acks.clone())
+                .key(&output.key[..])
+                .payload(&output.value[..])
+                .headers(headers(origin, version));
             // Counted before it can be acknowledged.
             acks.left.fetch_add(1, Ordering::AcqRel);
-            loop {
-                match self.producer.send(record) {
-                    Ok(()) => break,
-                    // The local queue is full: wait for acknowledgements to make room.
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
-                        record = returned;
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    Err((error, _)) => {
-                        // Never queued, so never reported: it is the caller's error.
-                        acks.left.fetch_sub(1, Ordering::AcqRel);
-                        bail!("producing to {}: {error}", self.name)
-                    }
-                }
+            if let Err(error) = send_waiting(&self.producer, record) {
+                // Never queued, so never reported: it is the caller's error.
+                acks.left.fetch_sub(1, Ordering::AcqRel);
+                bail!("producing to {}: {error}", self.name)
             }
         }
         Ok(())

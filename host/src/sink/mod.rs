@@ -3,15 +3,17 @@
 //!
 //! This module owns the line formats and the choice of sink. A worker hands a whole
 //! batch's outputs to [`Sink::send`] (and its dead letters to a [`LineSink`]) and
-//! goes on with its next batch; before it commits state it waits, through the
-//! [`Pending`] acknowledgements, until every output of the batches the commit covers
-//! is where it was sent. So an output is never lost: after a crash, the batches
-//! processed since the last commit are processed and sent again (outputs are
-//! at-least-once; state is exactly-once).
+//! goes on with its next batch; before it commits state it makes them final through
+//! its [`PartitionOutputs`]: it waits until every output of the batches the commit
+//! covers is where it was sent, or, with exactly-once outputs, commits their Kafka
+//! [transaction]. So an output is never lost: after a crash, the batches processed
+//! since the last commit are processed again, and sent again (at-least-once) or,
+//! where a committed transaction holds their outputs already, not (exactly-once).
 
 pub mod kafka;
+pub mod transaction;
 
-use crate::config::SinkConfig;
+use crate::config::{Guarantee, SinkConfig, SourceConfig};
 use crate::record::{Cause, Origin, Output};
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -24,28 +26,42 @@ use std::sync::{Arc, Mutex};
 pub enum Sink {
     /// JSONL lines to a file or stdout.
     Lines(LineSink),
-    /// Records on Kafka topics.
+    /// Records on Kafka topics, at least once.
     Kafka(kafka::KafkaSink),
+    /// Records on Kafka topics, exactly once: each partition through its own
+    /// transactions.
+    Transactional(transaction::TransactionalSink),
 }
 
 impl Sink {
+    /// `partition`'s side of this sink, made when its worker starts with state at
+    /// `state_offset`: for exactly-once outputs it takes over the partition's
+    /// transactions, fencing earlier owners.
+    pub fn partition(&self, partition: u32, state_offset: u64) -> Result<PartitionOutputs> {
+        Ok(match self {
+            Sink::Transactional(sink) => PartitionOutputs::Transaction(sink.begin(partition, state_offset)?),
+            Sink::Lines(_) | Sink::Kafka(_) => PartitionOutputs::Acknowledged(None),
+        })
+    }
+
     /// Sends a batch's outputs, each with its origin, all produced by operator
-    /// `version`. A line sink has written them when it returns (formatted into
-    /// `scratch`, which the caller keeps from batch to batch so its memory is reused);
-    /// a Kafka sink has queued them and counts them in `pending` until the broker
-    /// acknowledges them.
+    /// `version`, as part of `into`, the sending partition's outputs. A line sink has
+    /// written them when it returns (formatted into `scratch`, which the caller keeps
+    /// from batch to batch so its memory is reused); a Kafka sink has queued them,
+    /// counted in `into` until the broker acknowledges them, or in `into`'s open
+    /// transaction.
     pub fn send(
         &self,
         outputs: &[(Origin, Output)],
         version: &str,
         scratch: &mut Vec<u8>,
-        pending: &mut Pending,
+        into: &mut PartitionOutputs,
     ) -> Result<()> {
         if outputs.is_empty() {
             return Ok(());
         }
-        match self {
-            Sink::Lines(lines) => {
+        match (self, into) {
+            (Sink::Lines(lines), _) => {
                 scratch.clear();
                 let operator = OperatorField::new(version);
                 for (origin, output) in outputs {
@@ -53,7 +69,11 @@ impl Sink {
                 }
                 lines.write(scratch)
             }
-            Sink::Kafka(kafka) => kafka.send(outputs, version, pending.0.get_or_insert_with(Default::default)),
+            (Sink::Kafka(kafka), PartitionOutputs::Acknowledged(acks)) => {
+                kafka.send(outputs, version, acks.get_or_insert_with(Default::default))
+            }
+            (Sink::Transactional(_), PartitionOutputs::Transaction(transaction)) => transaction.send(outputs, version),
+            _ => unreachable!("a partition's outputs come from Sink::partition of the same sink"),
         }
     }
 
@@ -62,34 +82,50 @@ impl Sink {
         match self {
             Sink::Lines(lines) => lines.name(),
             Sink::Kafka(kafka) => kafka.name(),
+            Sink::Transactional(sink) => sink.name(),
         }
     }
 }
 
-/// The outputs one partition sent since its last commit that their destination has
-/// not acknowledged yet: what its next commit waits for. Empty for a line sink, whose
-/// writes are done when [`Sink::send`] returns.
-#[derive(Default)]
-pub struct Pending(Option<Arc<kafka::Acks>>);
+/// One partition's outputs since its last commit, as its sink keeps them until the
+/// commit makes them final.
+pub enum PartitionOutputs {
+    /// Sent through a shared sink: the acknowledgements a Kafka broker still owes (a
+    /// line sink's writes are done when [`Sink::send`] returns).
+    Acknowledged(Option<Arc<kafka::Acks>>),
+    /// The partition's own Kafka transaction.
+    Transaction(transaction::PartitionTransaction),
+}
 
-impl Pending {
-    /// The first delivery that failed so far, as an error, without waiting.
+impl PartitionOutputs {
+    /// The first delivery that failed so far, or a transactional producer's fatal
+    /// error (fenced, above all), as an error, without waiting.
     pub fn check(&self) -> Result<()> {
-        match self.0.as_deref().and_then(kafka::Acks::failure) {
-            Some(failure) => Err(anyhow::anyhow!("{failure}")),
-            None => Ok(()),
+        match self {
+            PartitionOutputs::Acknowledged(acks) => match acks.as_deref().and_then(kafka::Acks::failure) {
+                Some(failure) => Err(anyhow::anyhow!("{failure}")),
+                None => Ok(()),
+            },
+            PartitionOutputs::Transaction(transaction) => transaction.check(),
         }
     }
 
-    /// Waits until every output sent is acknowledged, then starts afresh; a failed
-    /// delivery, or outputs still unacknowledged after [`kafka::DELIVERY_TIMEOUT`], is
-    /// the error, and then nothing sent since the last commit may be taken as delivered.
-    pub fn wait(&mut self) -> Result<()> {
-        if let Some(acks) = &self.0 {
-            acks.wait(kafka::DELIVERY_TIMEOUT).map_err(|failure| anyhow::anyhow!("{failure}"))?;
+    /// Makes every output sent since the last commit final, before the state of the
+    /// inputs below `next_offset` commits: waits until each is acknowledged, or commits
+    /// the transaction with `next_offset` as the group's offset. A failed delivery or
+    /// transaction, or outputs still unacknowledged after [`kafka::DELIVERY_TIMEOUT`],
+    /// is the error, and then nothing sent since the last commit may be taken as
+    /// delivered.
+    pub fn commit(&mut self, next_offset: u64) -> Result<()> {
+        match self {
+            PartitionOutputs::Acknowledged(acks) => {
+                if let Some(acks) = acks.take() {
+                    acks.wait(kafka::DELIVERY_TIMEOUT).map_err(|failure| anyhow::anyhow!("{failure}"))?;
+                }
+                Ok(())
+            }
+            PartitionOutputs::Transaction(transaction) => transaction.commit(next_offset),
         }
-        self.0 = None;
-        Ok(())
     }
 }
 
@@ -164,13 +200,31 @@ fn cut_torn_line(file: &File) -> std::io::Result<()> {
 }
 
 impl Sink {
-    /// Opens the sink `config` describes.
-    pub fn open(config: &SinkConfig) -> Result<Self> {
-        Ok(match config {
-            SinkConfig::File { path } => Sink::Lines(LineSink::file(path)?),
-            SinkConfig::Stdout => Sink::Lines(LineSink::stdout()),
-            SinkConfig::Kafka { brokers, topic, properties } => {
+    /// Opens the sink `config` describes, for a job reading `source` (whose consumer
+    /// group exactly-once outputs commit input offsets to).
+    pub fn open(config: &SinkConfig, source: &SourceConfig) -> Result<Self> {
+        Ok(match (config, source) {
+            (SinkConfig::File { path }, _) => Sink::Lines(LineSink::file(path)?),
+            (SinkConfig::Stdout, _) => Sink::Lines(LineSink::stdout()),
+            (SinkConfig::Kafka { brokers, topic, properties, guarantee: Guarantee::AtLeastOnce }, _) => {
                 Sink::Kafka(kafka::KafkaSink::open(brokers, topic, properties)?)
+            }
+            (
+                SinkConfig::Kafka { brokers, topic, properties, guarantee: Guarantee::ExactlyOnce },
+                SourceConfig::Kafka {
+                    brokers: source_brokers, topic: input, group, properties: source_properties, ..
+                },
+            ) => {
+                let input = transaction::InputGroup {
+                    brokers: source_brokers.clone(),
+                    topic: input.clone(),
+                    group: group.clone(),
+                    properties: source_properties.clone(),
+                };
+                Sink::Transactional(transaction::TransactionalSink::new(brokers, topic, properties, input))
+            }
+            (SinkConfig::Kafka { .. }, _) => {
+                anyhow::bail!("[sink] guarantee = \"exactly-once\" needs a Kafka source")
             }
         })
     }

@@ -68,6 +68,10 @@ pub struct KafkaOptions {
     /// Stop once partitions were assigned, every worker processed all it was handed,
     /// and no record arrived for this long; `None` runs until stopped.
     pub stop_when_idle: Option<Duration>,
+    /// Whether this member commits the offsets the partitions' states reached to the
+    /// group; not when exactly-once outputs commit them in their transactions, which
+    /// a commit of their own could move back.
+    pub commits_group_offsets: bool,
 }
 
 impl KafkaOptions {
@@ -121,6 +125,8 @@ struct Membership<P> {
     /// When partitions were last assigned: an idle topic only counts from then.
     assigned_at: Mutex<Option<Instant>>,
     rebalances: AtomicU64,
+    /// [`KafkaOptions::commits_group_offsets`].
+    commits_group_offsets: bool,
     /// The first failure inside a callback; the poll loop returns it.
     failure: Mutex<Option<anyhow::Error>>,
 }
@@ -170,7 +176,7 @@ impl<P: Partitions + Send> ConsumerContext for Membership<P> {
                     Some(owner) => revoke(owner, &partitions, lost),
                     None => (Vec::new(), Ok(())),
                 };
-                if !lost {
+                if !lost && self.commits_group_offsets {
                     commit(consumer, &self.topic, &offsets, CommitMode::Sync);
                 }
                 let unassigned = if cooperative { consumer.incremental_unassign(tpl) } else { consumer.unassign() };
@@ -276,6 +282,7 @@ pub fn dispatch<P: Partitions + Send>(options: &KafkaOptions, partitions: P, sto
         partitions: Mutex::new(Some(partitions)),
         assigned_at: Mutex::default(),
         rebalances: AtomicU64::new(0),
+        commits_group_offsets: options.commits_group_offsets,
         failure: Mutex::default(),
     };
     let consumer: BaseConsumer<Membership<P>> =
@@ -290,7 +297,7 @@ pub fn dispatch<P: Partitions + Send>(options: &KafkaOptions, partitions: P, sto
     let lost = matches!(outcome, Ok(Stop::Lost));
     let offsets = partitions.finish(outcome)?;
     // The offsets the final state holds, for lag tooling, before the member leaves.
-    if !lost {
+    if !lost && options.commits_group_offsets {
         commit(&consumer, &options.topic, &offsets, CommitMode::Sync);
     }
     Ok(partitions)
@@ -371,7 +378,7 @@ fn poll<P: Partitions + Send>(
         }
         resume_drained(consumer, &options.topic, partitions, &mut state.backed_up)?;
         state.starting = partitions.starting();
-        if state.last_commit.elapsed() >= GROUP_COMMIT_INTERVAL {
+        if options.commits_group_offsets && state.last_commit.elapsed() >= GROUP_COMMIT_INTERVAL {
             state.commit_group_offsets(consumer, &options.topic, partitions);
         }
     }
@@ -539,6 +546,7 @@ mod tests {
             instance_id: None,
             properties: BTreeMap::new(),
             stop_when_idle: None,
+            commits_group_offsets: true,
         }
     }
 
@@ -548,6 +556,7 @@ mod tests {
             partitions: Mutex::new(Some(owner)),
             assigned_at: Mutex::default(),
             rebalances: AtomicU64::new(0),
+            commits_group_offsets: true,
             failure: Mutex::default(),
         };
         options().client_config().create_with_context(membership).expect("a consumer needs no broker to exist")

@@ -365,6 +365,7 @@ fn spawn_worker(
             instance.version().to_string(),
         )
     });
+    let outputs = setup.destinations.sink.partition(partition, offset)?;
     let stats = Arc::new(PartitionStats::new(offset, instance.state().entries(), instance.version()));
     let (sender, batches) = std::sync::mpsc::sync_channel(setup.queued_batches);
     let stop = Arc::new(StopSignal::default());
@@ -373,7 +374,8 @@ fn spawn_worker(
         let (setup, stats, stop, started) = (setup.clone(), stats.clone(), stop.clone(), started.clone());
         move || -> Result<PartitionReport> {
             let to = &setup.destinations;
-            super::run(&mut instance, batches, to, &stats, checkpointer.as_mut(), &stop, setup.cadence)?;
+            let checkpointer = checkpointer.as_mut();
+            super::run(&mut instance, batches, to, outputs, &stats, checkpointer, &stop, setup.cadence)?;
             Ok(PartitionReport {
                 partition,
                 resumed_at: started.offset,

@@ -11,11 +11,16 @@
 //! Batches are pipelined: a worker does not wait for a batch's outputs to be
 //! acknowledged (by a Kafka broker) before it processes the next; the batches since
 //! the last commit are all in flight at once, their writes visible to later records
-//! through the uncommitted transaction. A commit first waits for every one of their
-//! acknowledgements, so a delivery that failed stops the partition before anything
-//! after its last commit is committed, and a crash replays those batches. Whatever
-//! ends a run of batches — a deploy switching the version, a handover, the end of the
-//! source — commits, so it drains what is in flight first.
+//! through the uncommitted transaction. A commit first makes their outputs final —
+//! waits for every acknowledgement, or commits the partition's Kafka transaction — so a
+//! delivery that failed stops the partition before anything after its last commit is
+//! committed, and a crash replays those batches. Whatever ends a run of batches — a
+//! deploy switching the version, a handover, the end of the source — commits, so it
+//! drains what is in flight first.
+//!
+//! The steps of that protocol are [kill points](crate::kill_point) a test can crash
+//! the host at: [`BEFORE_SEND`], [`AFTER_SEND`], [`OUTPUTS_COMMITTED`],
+//! [`STATE_COMMITTED`].
 //!
 //! Checkpoints happen between batches, right after a commit, so a snapshot always
 //! holds whole batches and the offset committed with them.
@@ -38,7 +43,7 @@ use crate::config::StateConfig;
 use crate::lock;
 use crate::operator::{Expiration, Operator, Outcome, Output, Processed};
 use crate::record::{Cause, Origin, SourceRecord, Stop};
-use crate::sink::{self, LineSink, Pending, Sink};
+use crate::sink::{self, LineSink, PartitionOutputs, Sink};
 use crate::stats::PartitionStats;
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
@@ -87,6 +92,16 @@ impl StopSignal {
 pub const SLOW_BATCH: &str = "half of max.poll.interval.ms";
 
 const IDLE_TICK: Duration = Duration::from_millis(50);
+
+/// Kill point: a batch processed, its outputs not sent yet.
+pub const BEFORE_SEND: &str = "before-send";
+/// Kill point: a batch's outputs sent (queued, or produced in the open transaction).
+pub const AFTER_SEND: &str = "after-send";
+/// Kill point: a commit's outputs final (acknowledged, or their transaction committed),
+/// its state not committed yet.
+pub const OUTPUTS_COMMITTED: &str = "outputs-committed";
+/// Kill point: a commit's state committed with its offset.
+pub const STATE_COMMITTED: &str = "state-committed";
 
 /// Batches whose processing times make up the published tail.
 const BATCH_TIMES: usize = 1000;
@@ -170,16 +185,19 @@ impl Cadence {
 }
 
 /// Processes batches from `batches` until the sender goes away or `stop` says to end.
-/// After each batch it writes the batch's outputs and dead letters; it commits the
-/// state writes with the next offset when `cadence` or a due checkpoint says so, when
-/// no batch came for a moment, after a deploy switched the version, and at the end.
+/// After each batch it sends the batch's outputs, as part of the partition's
+/// `outputs`, and writes its dead letters; it commits the state writes with the next
+/// offset when `cadence` or a due checkpoint says so, when no batch came for a moment,
+/// after a deploy switched the version, and at the end (unless the partition was lost).
 /// After a commit `checkpointer` checkpoints when one is due; at the end (unless the partition
 /// was lost), a last checkpoint holds the final state — its failure is an error when
 /// the source ended, a warning at a handover.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     operator: &mut dyn Operator,
     batches: Receiver<Vec<SourceRecord>>,
     to: &Destinations,
+    outputs: PartitionOutputs,
     stats: &PartitionStats,
     mut checkpointer: Option<&mut Checkpointer>,
     stop: &StopSignal,
@@ -188,7 +206,7 @@ pub fn run(
     // Its buffers are reused from batch to batch.
     let mut emitted = Emitted::default();
     let mut times = BatchTimes::new(cadence.slow_batch);
-    let mut uncommitted = Uncommitted::default();
+    let mut uncommitted = Uncommitted::new(outputs);
     loop {
         let batch = match batches.recv_timeout(IDLE_TICK) {
             Ok(batch) => batch,
@@ -201,7 +219,7 @@ pub fn run(
                     let expirations = operator.expire(next)?;
                     let partition = operator.state().store().partition();
                     emitted.expirations(partition, expirations, operator.version());
-                    emitted.send(to, operator.version(), stats, &mut uncommitted.pending)?;
+                    emitted.send(to, operator.version(), stats, &mut uncommitted.outputs)?;
                 }
                 uncommitted.commit(operator, stats, to)?;
                 let at = stats.committed_offset.load(Ordering::Relaxed);
@@ -240,12 +258,14 @@ pub fn run(
         }
         // None in practice: every expiry comes before a record of the batch.
         emitted.expirations(first.partition, expirations, version);
-        // Outputs first, then state: the commit waits until they are acknowledged, so a
-        // crash in between replays the records since the last commit (outputs at least
-        // once) but never leaves state ahead of what was emitted.
-        emitted.send(to, version, stats, &mut uncommitted.pending)?;
+        // Outputs first, then state: the commit makes them final first, so a crash in
+        // between replays the records since the last commit but never leaves state
+        // ahead of what was emitted.
+        crate::kill_point(BEFORE_SEND);
+        emitted.send(to, version, stats, &mut uncommitted.outputs)?;
+        crate::kill_point(AFTER_SEND);
         // A delivery already refused stops the partition now rather than at the commit.
-        uncommitted.pending.check().with_context(|| format!("sending outputs to {}", to.sink.name()))?;
+        uncommitted.outputs.check().with_context(|| format!("sending outputs to {}", to.sink.name()))?;
         stats.processed.fetch_add(batch.len() as u64, Ordering::Relaxed);
         uncommitted.add(next_offset, batch.len());
         let checkpoint_due = checkpointer.as_deref().is_some_and(Checkpointer::is_due);
@@ -257,7 +277,11 @@ pub fn run(
         }
         times.record(started.elapsed(), last.partition, stats);
     }
-    uncommitted.commit(operator, stats, to)?;
+    // A lost partition is another host's already: what it processed since its last
+    // commit is left to the new owner, whose start fenced its transactions anyway.
+    if !matches!(stop.get(), Some(Stop::Lost)) {
+        uncommitted.commit(operator, stats, to)?;
+    }
     match (checkpointer, stop.get()) {
         (Some(_), Some(Stop::Lost)) | (None, _) => Ok(()),
         // A handover's last checkpoint only spares the next owner some replay: if it
@@ -310,10 +334,16 @@ impl Emitted {
         }
     }
 
-    /// Sends the outputs (counted in `pending` until acknowledged), writes the dead
-    /// letters, and empties itself.
-    fn send(&mut self, to: &Destinations, version: &str, stats: &PartitionStats, pending: &mut Pending) -> Result<()> {
-        to.sink.send(&self.outputs, version, &mut self.lines, pending)?;
+    /// Sends the outputs as part of the partition's `outputs`, writes the dead letters,
+    /// and empties itself.
+    fn send(
+        &mut self,
+        to: &Destinations,
+        version: &str,
+        stats: &PartitionStats,
+        outputs: &mut PartitionOutputs,
+    ) -> Result<()> {
+        to.sink.send(&self.outputs, version, &mut self.lines, outputs)?;
         to.dead_letters.write(&self.dead)?;
         stats.dead_letters.fetch_add(self.dead_count, Ordering::Relaxed);
         self.outputs.clear();
@@ -324,18 +354,21 @@ impl Emitted {
 }
 
 /// What a worker processed since its last commit.
-#[derive(Default)]
 struct Uncommitted {
     /// The offset the next commit stores; `None`: nothing to commit.
     next_offset: Option<u64>,
     records: usize,
     /// When the first of them was processed.
     since: Option<Instant>,
-    /// Their outputs not yet acknowledged.
-    pending: Pending,
+    /// Their outputs, until the commit makes them final.
+    outputs: PartitionOutputs,
 }
 
 impl Uncommitted {
+    fn new(outputs: PartitionOutputs) -> Self {
+        Uncommitted { next_offset: None, records: 0, since: None, outputs }
+    }
+
     fn add(&mut self, next_offset: u64, records: usize) {
         self.next_offset = Some(next_offset);
         self.records += records;
@@ -349,26 +382,28 @@ impl Uncommitted {
             || self.since.is_some_and(|since| since.elapsed() >= cadence.commit_interval)
     }
 
-    /// Waits until every output sent since the last commit is acknowledged, then
-    /// commits the operator's state with the next offset, if anything waits (records,
-    /// or expiries of an idle partition), and publishes the committed offset, entry
-    /// count and clock. A delivery that failed is the error, and nothing is committed.
+    /// Commits the operator's state with the next offset, if anything waits (records,
+    /// or expiries of an idle partition), once the outputs sent since the last commit
+    /// are final, and publishes the committed offset, entry count and clock. A delivery
+    /// or transaction that failed is the error, and the state is not committed.
     fn commit(&mut self, operator: &mut dyn Operator, stats: &PartitionStats, to: &Destinations) -> Result<()> {
-        self.pending.wait().with_context(|| format!("sending outputs to {}", to.sink.name()))?;
         let state = operator.state();
         let next_offset = match self.next_offset {
             Some(next_offset) => next_offset,
             None if state.has_writes() => stats.committed_offset.load(Ordering::Relaxed),
             None => return Ok(()),
         };
+        self.outputs.commit(next_offset).with_context(|| format!("sending outputs to {}", to.sink.name()))?;
+        crate::kill_point(OUTPUTS_COMMITTED);
         state.commit(next_offset)?;
+        crate::kill_point(STATE_COMMITTED);
         stats.committed_offset.store(next_offset, Ordering::Relaxed);
         stats.entries.store(state.entries(), Ordering::Relaxed);
         stats.expired.store(state.expired(), Ordering::Relaxed);
         stats.backlog.store(state.backlog(), Ordering::Relaxed);
         stats.clock_ms.store(state.clock().now_ms(), Ordering::Relaxed);
         stats.clock_ignored.store(state.clock().ignored, Ordering::Relaxed);
-        *self = Uncommitted::default();
+        (self.next_offset, self.records, self.since) = (None, 0, None);
         Ok(())
     }
 }

@@ -1,0 +1,249 @@
+//! Exactly-once outputs to Kafka (`[sink] guarantee = "exactly-once"`): each
+//! partition's outputs go through a transactional producer of its own, one transaction
+//! per state commit, and each transaction also commits, to the source's consumer group,
+//! the input offset it covers.
+//!
+//! The protocol of one partition (the README's *Exactly-once outputs* argues it):
+//! 1. At start, the producer's `init_transactions` under the partition's
+//!    `transactional.id` fences every earlier producer of that id — an owner that was
+//!    revoked or evicted can no longer commit — and aborts its open transaction. Then
+//!    the group's committed offset C of the partition is read: every input below C has
+//!    its outputs in a committed transaction.
+//! 2. Outputs of inputs below C are dropped: the state, which its restore placed at an
+//!    offset S ≤ C, is rebuilt by processing S..C again without emitting anything. The
+//!    rest are produced in the open transaction.
+//! 3. A commit of the state at offset N first commits the transaction together with the
+//!    group offset N, then the state (the [worker](crate::worker) does), and the next
+//!    transaction begins.
+//!
+//! This module does not decide when to commit, and does not consume.
+
+use super::kafka::{headers, producer_config, send_waiting};
+use crate::config::kafka_client;
+use crate::record::{Origin, Output};
+use anyhow::{Context, Result, anyhow};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// How long fencing, reading the group's offset, and committing a transaction may take.
+const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where exactly-once outputs go, and the consumer group that records which inputs
+/// they cover.
+pub struct TransactionalSink {
+    brokers: String,
+    topic: String,
+    properties: BTreeMap<String, String>,
+    input: InputGroup,
+    name: String,
+}
+
+/// The source's topic and consumer group, as the transactions commit offsets to it.
+pub struct InputGroup {
+    /// Bootstrap servers of the source.
+    pub brokers: String,
+    /// The input topic.
+    pub topic: String,
+    /// The consumer group.
+    pub group: String,
+    /// The source's librdkafka properties (security settings, say).
+    pub properties: BTreeMap<String, String>,
+}
+
+impl TransactionalSink {
+    /// Outputs to `topic` of `brokers` (producer `properties` passed through), in
+    /// transactions that commit input offsets to `input`'s group.
+    pub fn new(brokers: &str, topic: &str, properties: &BTreeMap<String, String>, input: InputGroup) -> Self {
+        TransactionalSink {
+            brokers: brokers.into(),
+            topic: topic.into(),
+            properties: properties.clone(),
+            name: format!("kafka {brokers} topic {topic} (exactly-once)"),
+            input,
+        }
+    }
+
+    /// Where this sink writes, for messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The `transactional.id` of `partition`'s producer: the same on every host of the
+    /// job, so a new owner fences the old one.
+    pub fn transactional_id(&self, partition: u32) -> String {
+        format!("sluice-{}-{}-{partition}", self.input.group, self.input.topic)
+    }
+
+    /// Takes over `partition`, whose state is at `state_offset`: fences every earlier
+    /// producer of its transactions, learns which inputs' outputs are committed
+    /// already, and opens a transaction.
+    pub fn begin(&self, partition: u32, state_offset: u64) -> Result<PartitionTransaction> {
+        let id = self.transactional_id(partition);
+        let producer: ThreadedProducer<TransactionReports> = producer_config(&self.brokers, &self.properties)
+            .set("transactional.id", &id)
+            .create_with_context(TransactionReports)
+            .with_context(|| format!("creating a transactional Kafka producer for {}", self.brokers))?;
+        producer
+            .init_transactions(TRANSACTION_TIMEOUT)
+            .with_context(|| format!("taking over the transactions of {id} (fencing earlier owners)"))?;
+        let input = &self.input;
+        // Not subscribed: it only reads the group's offset and names the group to the
+        // transactions. Read committed, whatever the source's properties say: an offset
+        // of a transaction still open is not a transaction's yet.
+        let consumer: BaseConsumer = kafka_client(&input.brokers, &[("group.id", &input.group)], &input.properties)
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            .create()
+            .context("creating a Kafka consumer")?;
+        let group = consumer.group_metadata().context("the consumer has no group metadata")?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&input.topic, partition as i32);
+        let committed = consumer.committed_offsets(tpl, TRANSACTION_TIMEOUT).with_context(|| {
+            format!("reading group {}'s offset of {} partition {partition}", input.group, input.topic)
+        })?;
+        let element = committed.elements().into_iter().next().context("the group's answer lacks the partition")?;
+        element.error().with_context(|| format!("reading group {}'s offset of partition {partition}", input.group))?;
+        let covered = match element.offset() {
+            Offset::Offset(offset) if offset > 0 => offset as u64,
+            _ => 0,
+        };
+        producer.begin_transaction().with_context(|| format!("beginning a transaction of {id}"))?;
+        if covered > state_offset {
+            tracing::info!(
+                partition,
+                "{COVERED} {covered}, state at {state_offset}: records {state_offset}..{covered} are \
+                 {REPLAYED_SILENTLY} (transactional.id {id})"
+            );
+        } else {
+            tracing::info!(partition, "{COVERED} {covered} (transactional.id {id})");
+        }
+        Ok(PartitionTransaction {
+            producer,
+            group,
+            input: (input.topic.clone(), partition),
+            topic: self.topic.clone(),
+            name: format!("{} as {id}", self.name),
+            covered,
+            open: false,
+        })
+    }
+}
+
+/// Logged when a partition's transactions are taken over: `outputs committed up to
+/// offset N`.
+pub const COVERED: &str = "outputs committed up to offset";
+/// Logged when records whose outputs a committed transaction holds are processed again
+/// to rebuild state whose commit a crash prevented.
+pub const REPLAYED_SILENTLY: &str = "processed again without outputs";
+
+/// One partition's transactional producer and its open transaction.
+pub struct PartitionTransaction {
+    producer: ThreadedProducer<TransactionReports>,
+    group: ConsumerGroupMetadata,
+    /// The input topic and partition whose offsets the transactions commit.
+    input: (String, u32),
+    topic: String,
+    name: String,
+    /// Inputs below this offset have their outputs in a committed transaction.
+    covered: u64,
+    /// Whether the open transaction holds outputs.
+    open: bool,
+}
+
+impl PartitionTransaction {
+    /// Produces `outputs` (made by operator `version`) in the open transaction, but for
+    /// those of inputs whose outputs a committed transaction already holds.
+    pub fn send(&mut self, outputs: &[(Origin, Output)], version: &str) -> Result<()> {
+        for (origin, output) in outputs.iter().filter(|(origin, _)| origin.offset >= self.covered) {
+            let record = BaseRecord::to(output.topic.as_deref().unwrap_or(&self.topic))
+                .key(&output.key[..])
+                .payload(&output.value[..])
+                .headers(headers(origin, version));
+            send_waiting(&self.producer, record).map_err(|e| self.failure("producing to", &e))?;
+            self.open = true;
+        }
+        Ok(())
+    }
+
+    /// The producer's fatal error, if it had one (fenced, above all), without waiting.
+    pub fn check(&self) -> Result<()> {
+        match self.producer.client().fatal_error() {
+            Some((code, reason)) => Err(self.described("producing to", Some(code), reason)),
+            None => Ok(()),
+        }
+    }
+
+    /// Commits the open transaction with `next_offset` as the group's offset of the
+    /// input partition, and opens the next; nothing when it holds no outputs and the
+    /// group has that offset already. A failure (this producer fenced by a newer owner
+    /// above all) is the error; the transaction is aborted where it still can be, and
+    /// where a commit timed out without an answer it may have committed: the next start
+    /// reads which.
+    pub fn commit(&mut self, next_offset: u64) -> Result<()> {
+        if !self.open && next_offset <= self.covered {
+            return Ok(());
+        }
+        let next_offset = next_offset.max(self.covered);
+        let mut offsets = TopicPartitionList::new();
+        offsets.add_partition_offset(&self.input.0, self.input.1 as i32, Offset::Offset(next_offset as i64))?;
+        let committed = self
+            .producer
+            .send_offsets_to_transaction(&offsets, &self.group, TRANSACTION_TIMEOUT)
+            .and_then(|()| self.producer.commit_transaction(TRANSACTION_TIMEOUT));
+        if let Err(e) = committed {
+            let failure = self.failure("committing the transaction of", &e);
+            if self.producer.client().fatal_error().is_none() {
+                // Else it holds back what read_committed consumers of the output
+                // partitions see until the next owner starts.
+                self.producer.abort_transaction(TRANSACTION_TIMEOUT).ok();
+            }
+            return Err(failure);
+        }
+        self.covered = next_offset;
+        self.open = false;
+        self.producer.begin_transaction().with_context(|| format!("beginning a transaction of {}", self.name))
+    }
+}
+
+impl PartitionTransaction {
+    /// The error of `doing` on this producer that failed with `error`: the producer's
+    /// fatal error instead where it had one (after one librdkafka fails every call
+    /// alike), and what a fenced producer means.
+    fn failure(&self, doing: &str, error: &KafkaError) -> anyhow::Error {
+        match self.producer.client().fatal_error() {
+            Some((code, reason)) => self.described(doing, Some(code), reason),
+            None => self.described(doing, error.rdkafka_error_code(), error.to_string()),
+        }
+    }
+
+    /// The error of `doing` on this producer for `reason` with librdkafka's `code`.
+    fn described(&self, doing: &str, code: Option<RDKafkaErrorCode>, reason: String) -> anyhow::Error {
+        use RDKafkaErrorCode::{Fenced, InvalidProducerEpoch, ProducerFenced};
+        let fenced = matches!(code, Some(Fenced | ProducerFenced | InvalidProducerEpoch));
+        anyhow!("{doing} {}: {reason}{}", self.name, if fenced { format!(": {FENCED}") } else { String::new() })
+    }
+}
+
+/// Why a fenced producer stops: `fenced: another owner of this partition took over its
+/// transactions`.
+pub const FENCED: &str = "fenced: another owner of this partition took over its transactions";
+
+/// Logs the transactional producer's client errors; deliveries are settled by the
+/// transaction's commit.
+struct TransactionReports;
+
+impl ClientContext for TransactionReports {
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!("Kafka producer: {error}: {reason}");
+    }
+}
+
+impl ProducerContext for TransactionReports {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+}
