@@ -775,9 +775,10 @@ fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() ->
 }
 
 /// A zombie owner is fenced: while a host runs, a producer takes over its partition's
-/// transactions, as the partition's next owner does when it starts. The host's next
-/// commit fails naming the fencing, nothing it produced after that becomes visible, and
-/// the job stops; restarted, it gives every input exactly one output.
+/// transactions, as the partition's next owner does when it starts. Ten more records
+/// come, less than a batch: the host's next commit fails naming the fencing, nothing it
+/// produced after that becomes visible, and the job stops although no record follows
+/// the failure; restarted, it gives every input exactly one output.
 #[test]
 fn a_zombie_owner_of_exactly_once_outputs_is_fenced() -> Result<()> {
     use rdkafka::producer::{BaseProducer, Producer};
@@ -786,14 +787,18 @@ fn a_zombie_owner_of_exactly_once_outputs_is_fenced() -> Result<()> {
     broker.create_topic("summaries", 2)?;
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    let (vehicles, count) = (50, 2_000);
+    let (vehicles, count, last) = (50, 1_010, 10);
     let all = dir.join("all.jsonl");
     generate(&all, vehicles, count, SEED)?;
-    let halves = split_lines(&all, 2)?;
-    broker.produce_lines("positions", &halves[0])?;
+    let text = std::fs::read_to_string(&all)?;
+    let lines: Vec<&str> = text.lines().collect();
+    let (first, rest) = (dir.join("first.jsonl"), dir.join("rest.jsonl"));
+    std::fs::write(&first, lines[..(count - last) as usize].join("\n") + "\n")?;
+    std::fs::write(&rest, lines[(count - last) as usize..].join("\n") + "\n")?;
+    broker.produce_lines("positions", &first)?;
     let job = exactly_once_job(dir, &broker, "positions", "summaries", "")?;
     let mut zombie = Host::spawn("zombie", &mut job(), &dir.join("log"))?;
-    broker.wait_committed("eos-positions", "positions", count as i64 / 2, Duration::from_secs(60))?;
+    broker.wait_committed("eos-positions", "positions", (count - last) as i64, Duration::from_secs(60))?;
 
     let mut successors = Vec::new();
     for partition in 0..2 {
@@ -802,13 +807,13 @@ fn a_zombie_owner_of_exactly_once_outputs_is_fenced() -> Result<()> {
         successor.init_transactions(Duration::from_secs(30))?;
         successors.push(successor);
     }
-    broker.produce_lines("positions", &halves[1])?;
+    broker.produce_lines("positions", &rest)?;
     let status = zombie.wait_exit(Duration::from_secs(60))?;
     assert!(!status.success(), "the fenced host stopped with an error:\n{}", zombie.log());
     assert!(zombie.log().contains(FENCED), "the error names the fencing:\n{}", zombie.log());
     let visible = broker.read_topic("summaries")?;
-    let first = Reference::fold(&halves[0])?;
-    assert_each_input_has_one_output(&visible, count / 2, &first, "outputs of the fenced host");
+    let reference = Reference::fold(&first)?;
+    assert_each_input_has_one_output(&visible, count - last, &reference, "outputs of the fenced host");
 
     drop(successors);
     let restart = exactly_once_job(dir, &broker, "positions", "summaries", "stop_when_idle = \"2s\"")?;

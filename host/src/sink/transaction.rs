@@ -187,6 +187,8 @@ impl PartitionTransaction {
         if !self.open && next_offset <= self.covered {
             return Ok(());
         }
+        // A producer already fenced fails now, not after the commit's timeout.
+        self.check()?;
         let next_offset = next_offset.max(self.covered);
         let mut offsets = TopicPartitionList::new();
         offsets.add_partition_offset(&self.input.0, self.input.1 as i32, Offset::Offset(next_offset as i64))?;

@@ -189,10 +189,16 @@ impl Workers {
     }
 
     /// The partitions whose start completed since the last call, each running from
-    /// its `offset`. A start that failed is an error (once).
+    /// its `offset`. A start that failed is an error (once), and so is a worker that
+    /// stopped by itself — a running worker ends only when stopped, so it failed — which
+    /// a source polling this learns at once, not at its partition's next record (its own
+    /// error surfaces when it is stopped).
     pub fn started(&mut self) -> Result<Vec<Started>> {
         while let Ok((partition, result)) = self.started_rx.try_recv() {
             self.register(partition, result);
+        }
+        if let Some(partition) = self.running.iter().find(|(_, r)| r.thread.is_finished()).map(|(p, _)| *p) {
+            bail!("the worker of partition {partition} has stopped");
         }
         self.take_started()
     }
