@@ -5,7 +5,11 @@
 //! stop; a slow operator is warned about and not evicted; a static member's restart
 //! moves no partitions; a broker that stops answering is reconnected to; a deploy
 //! reaches both hosts of a group; expiries across handovers equal an uninterrupted run; an idle
-//! partition expires by the wall clock in processing time.
+//! partition expires by the wall clock in processing time; pipelined batches lose no output
+//! through `kill -9` or a failed delivery; exactly-once outputs (on noida-db, which has
+//! transactions) survive `kill -9` at every step of a commit and fence a zombie. The test
+//! brokers themselves are checked first: tansu serves a fetch from inside a batch, noida-db
+//! hides aborted records and fences zombies.
 
 use anyhow::{Context, Result};
 use sluice::job::LAG;
@@ -767,9 +771,12 @@ fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() ->
         let context = format!("killed at {point}, restarted");
         assert_each_input_has_one_output(&broker.read_topic(&summaries)?, count, &reference, &context);
         assert_state_matches(&dump_state(&home.join("state"))?, &reference, &context);
-        // Only a kill between the transaction's commit and the state's leaves records
-        // whose outputs are committed and whose state is not.
-        assert_eq!(log.contains(REPLAYED_SILENTLY), point == OUTPUTS_COMMITTED, "killed at {point}:\n{log}");
+        // A kill between a transaction's commit and its state's leaves records whose
+        // outputs are committed and whose state is not. (A kill at another point may too:
+        // the other partition's worker can be between the two at that moment.)
+        if point == OUTPUTS_COMMITTED {
+            assert!(log.contains(REPLAYED_SILENTLY), "killed at {point}:\n{log}");
+        }
     }
     Ok(())
 }

@@ -1,8 +1,9 @@
 //! The servers the tests start on free loopback ports: an S3-compatible store
-//! ([`S3Server`], `s3s-fs`) and a Kafka-protocol broker ([`KafkaBroker`], tansu with
-//! SQLite storage in a temporary directory), each stopped when dropped, and the Kafka
-//! client calls the tests make against the broker (creating topics, producing, reading
-//! back, committed offsets). `./dev.sh test` and `./dev.sh bench` install both servers.
+//! ([`S3Server`], `s3s-fs`) and a Kafka-protocol broker ([`KafkaBroker`]: tansu with
+//! SQLite storage in a temporary directory, or noida-db where a test needs
+//! transactions), each stopped when dropped, and the Kafka client calls the tests make
+//! against the broker (creating topics, producing, reading back, committed offsets).
+//! `./dev.sh test` and `./dev.sh bench` install all three servers.
 
 use crate::binary::signal;
 use anyhow::{Context, Result, bail};

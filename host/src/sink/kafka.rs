@@ -178,16 +178,17 @@ impl KafkaSink {
     /// Queues `outputs` (made by operator `version`, which goes in a header) for the
     /// broker, each counted in `acks` until the broker acknowledges it.
     pub fn send(&self, outputs: &[(Origin, Output)], version: &str, acks: &Arc<Acks>) -> Result<()> {
-        for (origin, output) in outputs {
+        // Counted at once, before any can be acknowledged: one atomic add per batch.
+        acks.left.fetch_add(outputs.len(), Ordering::AcqRel);
+        for (sent, (origin, output)) in outputs.iter().enumerate() {
             let record = BaseRecord::with_opaque_to(output.topic.as_deref().unwrap_or(&self.topic), acks.clone())
                 .key(&output.key[..])
                 .payload(&output.value[..])
                 .headers(headers(origin, version));
-            // Counted before it can be acknowledged.
-            acks.left.fetch_add(1, Ordering::AcqRel);
             if let Err(error) = send_waiting(&self.producer, record) {
-                // Never queued, so never reported: it is the caller's error.
-                acks.left.fetch_sub(1, Ordering::AcqRel);
+                // This one and the rest were never queued, so never reported: they are
+                // the caller's error.
+                acks.left.fetch_sub(outputs.len() - sent, Ordering::AcqRel);
                 bail!("producing to {}: {error}", self.name)
             }
         }

@@ -74,7 +74,7 @@ impl TransactionalSink {
 
     /// The `transactional.id` of `partition`'s producer: the same on every host of the
     /// job, so a new owner fences the old one.
-    pub fn transactional_id(&self, partition: u32) -> String {
+    fn transactional_id(&self, partition: u32) -> String {
         format!("sluice-{}-{}-{partition}", self.input.group, self.input.topic)
     }
 
@@ -209,9 +209,7 @@ impl PartitionTransaction {
         self.open = false;
         self.producer.begin_transaction().with_context(|| format!("beginning a transaction of {}", self.name))
     }
-}
 
-impl PartitionTransaction {
     /// The error of `doing` on this producer that failed with `error`: the producer's
     /// fatal error instead where it had one (after one librdkafka fails every call
     /// alike), and what a fenced producer means.
