@@ -6,14 +6,16 @@
 //! moves no partitions; a broker that stops answering is reconnected to; a deploy
 //! reaches both hosts of a group; expiries across handovers equal an uninterrupted run; an idle
 //! partition expires by the wall clock in processing time; pipelined batches lose no output
-//! through `kill -9` or a failed delivery; exactly-once outputs (on noida-db, which has
+//! through `kill -9`, a frozen broker or a deleted topic; exactly-once outputs (on noida-db, which has
 //! transactions) survive `kill -9` at every step of a commit and fence a zombie. The test
 //! brokers themselves are checked first: tansu serves a fetch from inside a batch, noida-db
 //! hides aborted records and fences zombies.
 
 use anyhow::{Context, Result};
+use serde_json::{Value, json};
 use sluice::job::LAG;
 use sluice::record::Stop;
+use sluice::sink::REFUSED;
 use sluice::sink::transaction::{FENCED, REPLAYED_SILENTLY};
 use sluice::source::kafka::{ASSIGNED, RESUMED, REVOKED};
 use sluice::worker::{AFTER_SEND, BEFORE_SEND, OFFSETS_JUMP, OUTPUTS_COMMITTED, SLOW_BATCH, STATE_COMMITTED, STOPPED};
@@ -631,6 +633,88 @@ fn a_failed_delivery_commits_nothing_after_the_failed_batch() -> Result<()> {
     assert_a_restart_completes(dir, &broker, job)
 }
 
+/// The output topic deleted while batches are in flight: the deliveries that follow
+/// fail, the job stops with an error naming the input whose output failed, and no
+/// state commits past that input (its batch and every later one stay uncommitted).
+#[test]
+fn a_deleted_output_topic_commits_nothing_after_the_failed_batch() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let job = generator_to_summaries(dir, &broker, "\"message.timeout.ms\" = \"5000\"\n\"linger.ms\" = \"20\"\n")?;
+    let mut host = Host::spawn("host", &mut job("1000"), &dir.join("log"))?;
+    host.wait_for(" records/s", 3, Duration::from_secs(60))?;
+    broker.delete_topic("summaries")?;
+    let status = host.wait_exit(Duration::from_secs(90))?;
+    assert!(!status.success(), "a failed delivery fails the job:\n{}", host.log());
+    let log = host.log();
+    let failed = log
+        .split("output of input ")
+        .nth(1)
+        .and_then(|rest| rest.split_once(' '))
+        .and_then(|(input, _)| input.split_once('/'))
+        .with_context(|| format!("the error names the input whose output failed:\n{log}"))?;
+    let (partition, offset): (usize, u64) = (failed.0.parse()?, failed.1.parse()?);
+    let stored = stored_offsets(&dir.join("state"), 2)?;
+    assert!(stored[partition] > 0, "state was committed before the topic went:\n{log}");
+    assert!(
+        stored[partition] <= offset,
+        "partition {partition} stored offset {} past the failed input {offset}:\n{log}",
+        stored[partition]
+    );
+    Ok(())
+}
+
+/// An output over the producer's `message.max.bytes` costs only itself: it goes to the
+/// dead letters (the output itself, marked `refused`, with Kafka's reason), and the
+/// outputs of the records before and after it reach the topic; the job ends well.
+#[test]
+fn an_output_kafka_refuses_is_dead_lettered_and_the_partition_goes_on() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("out", 1)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let input = dir.join("input.jsonl");
+    let records = [
+        json!({"vehicle_id": "k", "action": "count"}),
+        json!({"vehicle_id": "k", "action": "outputs", "count": 1, "bytes": 5_000}),
+        json!({"vehicle_id": "k", "action": "count"}),
+    ];
+    std::fs::write(&input, records.iter().map(|r| format!("{r}\n")).collect::<String>())?;
+    let config = dir.join("job.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = {:?}\n[sink]\nkind = \"kafka\"\nbrokers = {:?}\ntopic = \"out\"\n\
+             [sink.properties]\n\"message.max.bytes\" = \"2000\"\n[state]\ndir = {:?}\npartitions = 1\n",
+            operator_wasm("probe"),
+            broker.bootstrap,
+            dir.join("state")
+        ),
+    )?;
+    let dead = dir.join("dead.jsonl");
+    run_ok(
+        sluice()
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .arg("--input")
+            .arg(&input)
+            .arg("--dead-letter")
+            .arg(&dead)
+            .arg("--no-checkpoints"),
+    )?;
+    let outputs: Vec<Value> = broker.read_topic("out")?.into_iter().map(|r| r.value).collect();
+    assert_eq!(outputs, [json!({"count": 1}), json!({"count": 2})]);
+    let dead = read_jsonl(&dead)?;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let reason = dead[0]["reason"].as_str().unwrap_or_default();
+    assert!(dead[0]["error"] == REFUSED && dead[0]["offset"] == 1, "{}", dead[0]);
+    assert!(reason.contains("Kafka refused this output") && reason.contains("MessageSizeTooLarge"), "{reason}");
+    assert_eq!(dead[0]["value"].as_str().map(str::len), Some(5_000), "the dead letter holds the output");
+    Ok(())
+}
+
 /// The generator records of the pipelining tests: vehicles, and how many.
 const PIPELINED: (u32, u64) = (100, 10_000);
 
@@ -702,8 +786,9 @@ fn assert_every_input_has_an_output(outputs: &[KafkaRecord], count: u64, referen
 
 /// The broker the exactly-once tests run on does what they rely on (checked with plain
 /// librdkafka clients, no sluice involved): a `read_committed` consumer sees the records
-/// of committed transactions only, and a producer whose `transactional.id` another
-/// producer took over can no longer commit.
+/// of committed transactions only, with gaps in their offsets where markers and aborted
+/// records are, and a producer whose `transactional.id` another producer took over can
+/// no longer commit.
 #[test]
 fn the_transactional_test_broker_hides_aborted_records_and_fences_zombies() -> Result<()> {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -731,8 +816,12 @@ fn the_transactional_test_broker_hides_aborted_records_and_fences_zombies() -> R
     assert!(first.commit_transaction(timeout).is_err(), "a producer whose id was taken over committed");
     send(&successor, "committed too")?;
     successor.commit_transaction(timeout)?;
-    let values: Vec<String> = broker.read_from("transactions", 0, 0, 10)?.into_iter().map(|(_, v)| v).collect();
-    assert_eq!(values, ["committed", "committed too"], "what a read_committed consumer sees");
+    // What a `read_committed` consumer sees, and at which offsets: the offsets between
+    // (a commit marker, the aborted and fenced records and their abort markers) are
+    // never delivered, the evidence that a jump in offsets is legitimate on a topic
+    // written in transactions.
+    let read = broker.read_from("transactions", 0, 0, 10)?;
+    assert_eq!(read, [(0, "committed".to_string()), (6, "committed too".to_string())]);
     Ok(())
 }
 

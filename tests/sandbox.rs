@@ -1,15 +1,33 @@
 //! The sandbox and the guest SDK, through the real binary with the `probe` operator:
 //! typed state round-trips, a trapped record's writes are discarded, operators get no
-//! filesystem or environment, and CPU and memory are capped.
+//! filesystem or environment, CPU and memory are capped, and what a record may make
+//! the host hold (outputs, state writes and reads, log lines) is bounded.
 
 use anyhow::Result;
 use serde_json::{Value, json};
+use sluice::operator::wasm::LOG_LINES_DROPPED;
 use sluice_tests::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// Runs the probe over the log `records` (JSON values, all under key `k` unless they
 /// carry `vehicle_id`) and returns this run's (outputs, dead letters).
 fn run_probe(dir: &Path, records: &[Value]) -> Result<(Vec<Value>, Vec<Value>)> {
+    run_probe_with(dir, records, "").map(|(outputs, dead, _)| (outputs, dead))
+}
+
+/// [`run_probe`] with `config` (TOML lines) added to the job's, also returning what the
+/// host logged.
+fn run_probe_with(dir: &Path, records: &[Value], config: &str) -> Result<(Vec<Value>, Vec<Value>, String)> {
+    let run = run_ok(&mut sandbox_job(dir, &operator_wasm("probe"), records, config)?)?;
+    let outputs = read_jsonl(&dir.join("out.jsonl"))?.into_iter().map(|o| o["value"].clone()).collect();
+    Ok((outputs, read_jsonl(&dir.join("dead.jsonl"))?, String::from_utf8(run.stderr)?))
+}
+
+/// A `sluice run` of `operator` in `dir` over the log `records` (as [`run_probe`] takes
+/// them), one partition, a deadline of 300 ms and a memory cap of 16 MiB per call, with
+/// `config` (TOML lines) added; outputs to `out.jsonl`, dead letters to `dead.jsonl`.
+fn sandbox_job(dir: &Path, operator: &Path, records: &[Value], config: &str) -> Result<Command> {
     let input = dir.join("input.jsonl");
     let lines: Vec<String> = records
         .iter()
@@ -22,29 +40,57 @@ fn run_probe(dir: &Path, records: &[Value]) -> Result<(Vec<Value>, Vec<Value>)> 
     std::fs::write(&input, lines.join("\n") + "\n")?;
     let (out, dead) = (dir.join("out.jsonl"), dir.join("dead.jsonl"));
     let _ = (std::fs::remove_file(&out), std::fs::remove_file(&dead));
-    let config = dir.join("probe.toml");
+    let config_file = dir.join("sandbox.toml");
     std::fs::write(
-        &config,
+        &config_file,
         format!(
-            "[operator]\npath = {:?}\ncall_timeout_ms = 300\nmemory_limit_mib = 16\n\
-             [state]\ndir = {:?}\npartitions = 1\n[report]\ninterval_s = 0\n",
-            operator_wasm("probe"),
+            "[operator]\npath = {operator:?}\ncall_timeout_ms = 300\nmemory_limit_mib = 16\n\
+             [state]\ndir = {:?}\npartitions = 1\n[report]\ninterval_s = 0\n{config}",
             dir.join("state")
         ),
     )?;
-    run_ok(
-        sluice()
-            .arg("run")
-            .arg("--config")
-            .arg(&config)
-            .arg("--input")
-            .arg(&input)
-            .arg("--output")
-            .arg(&out)
-            .arg("--dead-letter")
-            .arg(&dead),
-    )?;
-    Ok((read_jsonl(&out)?.into_iter().map(|o| o["value"].clone()).collect(), read_jsonl(&dead)?))
+    let mut command = sluice();
+    command.arg("run").arg("--config").arg(&config_file).arg("--input").arg(&input);
+    command.arg("--output").arg(&out).arg("--dead-letter").arg(&dead);
+    Ok(command)
+}
+
+/// A component of the `operator` world written by hand in WebAssembly text, for what a
+/// Rust operator cannot do: `memories` linear memories of `pages` 64 KiB pages each,
+/// and a `process` that grows a table by `grow_slots` for each record whose value is
+/// longer than 40 bytes. It emits nothing. Written to `dir/<name>.wasm`.
+fn handmade_operator(dir: &Path, name: &str, memories: usize, pages: u32, grow_slots: u32) -> Result<PathBuf> {
+    let more_memories: String = (1..memories).map(|_| format!("(memory {pages})")).collect();
+    // `init` and `process` answer with the zeroed bytes at 16: `ok`, an empty list.
+    // Lists the host passes in are bump-allocated from 4096, and freed after each call.
+    let wat = format!(
+        r#"(module
+          (memory (export "memory") {pages})
+          {more_memories}
+          (table $slots 1 funcref)
+          (global $next (mut i32) (i32.const 4096))
+          (func (export "cabi_realloc") (param i32 i32) (param $align i32) (param $size i32) (result i32)
+            (local $at i32)
+            (local.set $at (i32.and (i32.add (global.get $next) (i32.sub (local.get $align) (i32.const 1)))
+                                    (i32.sub (i32.const 0) (local.get $align))))
+            (global.set $next (i32.add (local.get $at) (local.get $size)))
+            (local.get $at))
+          (func (export "init") (param i32 i32) (result i32) (i32.const 16))
+          (func (export "process") (param i32 i32 i32) (param $value_len i32) (param i64 i32 i64 i32 i32) (result i32)
+            (if (i32.gt_u (local.get $value_len) (i32.const 40))
+              (then (drop (table.grow $slots (ref.null func) (i32.const {grow_slots})))))
+            (global.set $next (i32.const 4096))
+            (i32.const 16)))"#
+    );
+    let mut module = wat::parse_str(&wat)?;
+    let mut resolve = wit_parser::Resolve::default();
+    let package = resolve.push_file(Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/operator.wit"))?;
+    let world = resolve.select_world(&[package], Some("operator"))?;
+    wit_component::embed_component_metadata(&mut module, &resolve, world, wit_component::StringEncoding::UTF8)?;
+    let component = wit_component::ComponentEncoder::default().module(&module)?.validate(true).encode()?;
+    let path = dir.join(format!("{name}.wasm"));
+    std::fs::write(&path, component)?;
+    Ok(path)
 }
 
 fn sample(i: u32) -> Value {
@@ -101,6 +147,22 @@ fn a_trapped_record_loses_its_writes_and_processing_continues_in_a_fresh_instanc
     Ok(())
 }
 
+/// A float that overflowed to infinity cannot be stored as JSON (it would read back as
+/// `null` and break the key for good): the SDK refuses it, naming the entry, and the
+/// record is rejected with the key's state as before.
+#[test]
+fn a_non_finite_float_is_refused_by_the_sdk_not_stored_broken() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let records = [json!({"action": "count"}), json!({"action": "overflow"}), json!({"action": "count"})];
+    let (outputs, dead) = run_probe(dir.path(), &records)?;
+    assert_eq!(outputs, [json!({"count": 1}), json!({"count": 2})]);
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let reason = dead[0]["reason"].as_str().unwrap_or_default();
+    assert_eq!(dead[0]["error"], "rejected");
+    assert!(reason.contains("state `mean` cannot be stored") && reason.contains("NaN or infinite"), "{reason}");
+    Ok(())
+}
+
 #[test]
 fn operators_get_no_filesystem_or_environment() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -125,6 +187,80 @@ fn cpu_deadline_and_memory_cap_stop_runaway_calls() -> Result<()> {
     assert_eq!(dead.len(), 2, "{dead:?}");
     assert!(dead[0]["reason"].as_str().unwrap().contains("exceeded its deadline of 300ms"), "{}", dead[0]);
     assert!(dead[1]["reason"].as_str().unwrap().contains("memory limit of 16 MiB"), "{}", dead[1]);
+    Ok(())
+}
+
+/// A record that tries to make the host hold without bound — many or large outputs,
+/// many or large state writes, a long name, many reads, an output to a topic not
+/// allowed — costs that record only: it
+/// goes to the dead letters naming the `[operator.limits]` setting it passed (the
+/// defaults, but for the reads), its key's state stays as the record before left it, and
+/// the records after it are processed. A flood of log lines is cut to the rate, with a
+/// warning; a huge line is cut to its length.
+#[test]
+fn a_record_that_passes_a_limit_costs_that_record_only() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let attacks = [
+        (json!({"action": "outputs", "count": 5_000, "bytes": 0}), "outputs_per_record = 1000 (reached 5000)"),
+        (json!({"action": "outputs", "count": 1, "bytes": 2_000_000}), "output_bytes_per_record = 1048576"),
+        (json!({"action": "writes", "count": 1_001, "bytes": 0}), "writes_per_record = 1000"),
+        (json!({"action": "writes", "count": 1, "bytes": 2_000_000}), "state_value_bytes = 1048576"),
+        (json!({"action": "writes", "count": 20, "bytes": 1_000_000}), "written_bytes_per_record = 16777216"),
+        (json!({"action": "name", "bytes": 257}), "state_name_bytes = 256 (reached 257)"),
+        (json!({"action": "reads", "count": 100}), "reads_per_record = 50 (reached 51)"),
+    ];
+    let foreign = json!({"action": "outputs", "count": 1, "bytes": 1, "topic": "another-teams-topic"});
+    let mut records = vec![json!({"action": "count"})];
+    for attack in attacks.iter().map(|(attack, _)| attack).chain([&foreign]) {
+        records.extend([attack.clone(), json!({"action": "count"})]);
+    }
+    // The long line first: the flood uses up the second's lines.
+    records.extend([
+        json!({"action": "log", "count": 1, "bytes": 100_000}),
+        json!({"action": "log", "count": 1_000, "bytes": 10}),
+    ]);
+    let (outputs, dead, log) = run_probe_with(dir.path(), &records, "[operator.limits]\nreads_per_record = 50\n")?;
+    let counts: Vec<Value> = (1..=attacks.len() + 4).map(|count| json!({"count": count})).collect();
+    assert_eq!(outputs, counts, "one count per good record: no failed record's write stands");
+    assert_eq!(dead.len(), attacks.len() + 1, "{dead:#?}");
+    let reason = dead[attacks.len()]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains(r#"topic "another-teams-topic", which [operator.limits] output_topics"#), "{reason}");
+    for (letter, (attack, limit)) in dead.iter().zip(&attacks) {
+        let reason = letter["reason"].as_str().unwrap_or_default();
+        let expected = format!("operator passed its limit [operator.limits] {limit}");
+        assert!(letter["error"] == "trapped" && reason.starts_with(&expected), "{attack}: {letter}");
+    }
+    let flood = log.lines().filter(|line| line.contains("llllllllll") && !line.contains("bytes cut")).count();
+    assert!((1..=100).contains(&flood), "{flood} lines of the flood logged, past log_lines_per_s = 100");
+    assert!(log.contains(LOG_LINES_DROPPED), "the dropped lines are warned about:\n{log}");
+    assert!(log.contains("more bytes cut: [operator.limits] log_line_bytes"), "a huge line is cut");
+    Ok(())
+}
+
+/// The memory cap is the whole instance's, not one memory's. Components written by hand
+/// (a Rust one has one memory and fixed tables): one with five linear memories, more
+/// than an instance may have, and one whose three memories are each under the cap but
+/// together past it, are refused before the job starts, naming why; one whose table
+/// grows past the cap fails that record only.
+#[test]
+fn the_memory_cap_covers_every_memory_and_table_of_an_instance() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let many = handmade_operator(dir, "many-memories", 5, 1, 0)?;
+    let err = run_err(&mut sandbox_job(dir, &many, &[json!({})], "")?)?;
+    assert!(err.contains("many-memories.wasm") && err.contains("memory count too high at 5"), "{err}");
+    // Three of 6 MiB under a cap of 16 MiB.
+    let large = handmade_operator(dir, "large-memories", 3, 96, 0)?;
+    let err = run_err(&mut sandbox_job(dir, &large, &[json!({})], "")?)?;
+    assert!(err.contains("large-memories.wasm") && err.contains("past its cap of 16777216"), "{err}");
+    // 4M slots of 8 bytes: 32 MiB.
+    let table = handmade_operator(dir, "table-growth", 1, 1, 4 << 20)?;
+    let records = [json!({"a": 1}), json!({"padding": "long enough to grow the table"}), json!({"a": 2})];
+    run_ok(&mut sandbox_job(dir, &table, &records, "")?)?;
+    let dead = read_jsonl(&dir.join("dead.jsonl"))?;
+    assert_eq!(dead.len(), 1, "only the record that grew the table: {dead:?}");
+    let reason = dead[0]["reason"].as_str().unwrap_or_default();
+    assert!(dead[0]["offset"] == 1 && reason.starts_with("operator exceeded its memory limit of 16 MiB"), "{reason}");
     Ok(())
 }
 

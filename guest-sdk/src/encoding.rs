@@ -9,7 +9,9 @@
 //! `#[serde(default)]` evolution: a later version of an operator adds a field with a
 //! default and still reads what an earlier version wrote. Reading detects the encoding
 //! from the first byte, so a value written one way is read by an operator configured the
-//! other way, and switching encodings across a hot swap needs no migration.
+//! other way, and switching encodings across a hot swap needs no migration. JSON has no
+//! NaN or infinity (serde_json would write `null`, which does not read back as a
+//! number), so a value holding one is refused in JSON rather than stored broken.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -40,16 +42,46 @@ impl std::fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// `value` encoded as `encoding` says.
+/// `value` encoded as `encoding` says. Fails for a value holding a NaN or an infinite
+/// float in JSON, which cannot hold one.
 pub fn encode<T: Serialize + ?Sized>(value: &T, encoding: Encoding) -> Result<Vec<u8>, Error> {
     match encoding {
-        Encoding::Json => serde_json::to_vec(value).map_err(|e| Error(e.to_string())),
+        Encoding::Json => {
+            let json = serde_json::to_vec(value).map_err(|e| Error(e.to_string()))?;
+            // serde_json writes a non-finite float as `null`: only a value with a `null`
+            // can hold one, so only those pay for the look.
+            if json.windows(4).any(|w| w == b"null") && holds_non_finite(value)? {
+                return Err(Error(
+                    "the value holds a NaN or infinite number, which JSON cannot store (it would read back as null); \
+                     keep such numbers out of state, or store state with Encoding::Binary"
+                        .into(),
+                ));
+            }
+            Ok(json)
+        }
         Encoding::Binary => {
             let mut bytes = vec![BINARY_MARKER];
             rmp_serde::encode::write_named(&mut bytes, value).map_err(|e| Error(e.to_string()))?;
             Ok(bytes)
         }
     }
+}
+
+/// Whether `value` holds a NaN or an infinite float anywhere, as its MessagePack form
+/// (which keeps them) says.
+fn holds_non_finite<T: Serialize + ?Sized>(value: &T) -> Result<bool, Error> {
+    fn any_non_finite(value: &rmpv::Value) -> bool {
+        match value {
+            rmpv::Value::F32(f) => !f.is_finite(),
+            rmpv::Value::F64(f) => !f.is_finite(),
+            rmpv::Value::Array(items) => items.iter().any(any_non_finite),
+            rmpv::Value::Map(entries) => entries.iter().any(|(k, v)| any_non_finite(k) || any_non_finite(v)),
+            _ => false,
+        }
+    }
+    let bytes = rmp_serde::to_vec(value).map_err(|e| Error(e.to_string()))?;
+    let value = rmpv::decode::read_value(&mut bytes.as_slice()).map_err(|e| Error(e.to_string()))?;
+    Ok(any_non_finite(&value))
 }
 
 /// The value in `bytes`, whichever encoding wrote it. Bytes left over after the value
@@ -113,6 +145,20 @@ mod tests {
             let new = encode(&After { idle: 7, ..read }, encoding).unwrap();
             assert_eq!(decode::<Before>(&new).unwrap(), before(), "{encoding:?}");
         }
+    }
+
+    #[test]
+    fn json_refuses_a_non_finite_float_that_it_would_store_as_null() {
+        for bad in [f64::NAN, f64::INFINITY, f64::MAX * 2.0, f64::NEG_INFINITY] {
+            let err = encode(&Before { mean: bad, ..before() }, Encoding::Json).unwrap_err();
+            assert!(err.to_string().contains("NaN or infinite"), "{bad}: {err}");
+            assert!(encode(&vec![Some(1.0), None, Some(bad)], Encoding::Json).is_err(), "{bad} in a list");
+            let binary = encode(&Before { mean: bad, ..before() }, Encoding::Binary).unwrap();
+            assert_eq!(decode::<Before>(&binary).unwrap().mean.to_bits(), bad.to_bits(), "binary keeps {bad}");
+        }
+        // A null of its own is fine.
+        let json = encode(&vec![Some(1.5), None], Encoding::Json).unwrap();
+        assert_eq!(decode::<Vec<Option<f64>>>(&json).unwrap(), [Some(1.5), None]);
     }
 
     #[test]

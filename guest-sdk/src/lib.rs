@@ -275,10 +275,16 @@ impl State<'_> {
         }
     }
 
-    /// Stores `value` under `name`.
+    /// Stores `value` under `name`. Fails, naming the entry, if `value` cannot be
+    /// encoded so that it reads back (a NaN or infinite float in JSON).
     pub fn put<T: Serialize + ?Sized>(&self, name: &str, value: &T) -> Result<()> {
-        self.put_bytes(name, &encoding::encode(value, self.encoding)?);
+        self.put_bytes(name, &self.encode(name, value)?);
         Ok(())
+    }
+
+    /// `value` as this state stores it under `name`.
+    fn encode<T: Serialize + ?Sized>(&self, name: &str, value: &T) -> Result<Vec<u8>> {
+        encoding::encode(value, self.encoding).map_err(|e| Error(format!("state `{name}` cannot be stored: {e}")))
     }
 
     /// Stores `value` under `name`, to expire `ttl` after the partition's clock now
@@ -288,7 +294,7 @@ impl State<'_> {
     /// milliseconds count) traps: it would be due at once.
     #[cfg(not(feature = "wit-0-1-0"))]
     pub fn put_with_ttl<T: Serialize + ?Sized>(&self, name: &str, value: &T, ttl: std::time::Duration) -> Result<()> {
-        self.put_bytes_with_ttl(name, &encoding::encode(value, self.encoding)?, ttl);
+        self.put_bytes_with_ttl(name, &self.encode(name, value)?, ttl);
         Ok(())
     }
 

@@ -25,8 +25,6 @@ use std::time::{Duration, Instant};
 mod common;
 
 const RATE: f64 = 20_000.0;
-/// The host's default limits.
-const LIMITS: Limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
 /// Between two deploys: the job keeps processing under the version just deployed.
 const DWELL: Duration = Duration::from_millis(300);
 
@@ -38,7 +36,7 @@ fn main() -> Result<()> {
     let compiles: Vec<Duration> = (0..5)
         .map(|_| {
             let started = Instant::now();
-            WasmOperator::compile("vehicle_stats", &components[0], "bench", LIMITS, Vec::new())
+            WasmOperator::compile("vehicle_stats", &components[0], "bench", Limits::default(), Vec::new())
                 .map(|_| started.elapsed())
         })
         .collect::<Result<_>>()?;
@@ -107,8 +105,10 @@ fn main() -> Result<()> {
 /// The stall of each of 200 switches of one instance between `versions`, nothing else
 /// running.
 fn switch_alone(versions: &[PathBuf; 2]) -> Result<Vec<Duration>> {
-    let operators: Vec<Arc<WasmOperator>> =
-        versions.iter().map(|v| WasmOperator::load(v, LIMITS, Vec::new()).map(Arc::new)).collect::<Result<_>>()?;
+    let operators: Vec<Arc<WasmOperator>> = versions
+        .iter()
+        .map(|v| WasmOperator::load(v, Limits::default(), Vec::new()).map(Arc::new))
+        .collect::<Result<_>>()?;
     let dir = tempfile::tempdir()?;
     let active = ActiveVersion::new(operators[1].clone());
     let mut instance = active.instantiate(0, Transaction::new(PartitionStore::open(dir.path(), 0)?, 1 << 20)?)?;

@@ -89,7 +89,7 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
     println!("\n{vehicles} vehicles                      records/s   CPU µs/record   cache hits");
 
     let wasm_path = operator_wasm("vehicle_stats");
-    let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
+    let limits = Limits::default();
     let operator = ActiveVersion::new(Arc::new(WasmOperator::load(&wasm_path, limits.clone(), Vec::new())?));
     // The component with and without a TTL, in alternating rounds, each taken as the
     // median of its rounds: the two differ by less than this machine drifts between

@@ -14,6 +14,18 @@
 //! memory_limit_mib = 64       # linear-memory cap of one instance
 //! poll_versions = "1s"        # how often a host looks for versions deployed elsewhere
 //! [operator.config]           # passed to the operator's init
+//! [operator.limits]           # what one call may make the host hold; passing one fails the record
+//! outputs_per_record = 1000
+//! output_bytes_per_record = 1048576     # keys, values and topics of one record's outputs
+//! writes_per_record = 1000              # state puts and deletes
+//! written_bytes_per_record = 16777216   # names and values of one record's state writes
+//! reads_per_record = 10000
+//! state_value_bytes = 1048576
+//! state_name_bytes = 256
+//! log_lines_per_s = 100                 # per instance; lines past these are dropped and counted
+//! log_bytes_per_s = 65536
+//! log_line_bytes = 4096                 # a longer line is cut
+//! output_topics = []                    # topics an output may name; none: only the sink's own
 //!
 //! [source]                    # or: kind = "file", path = "input.jsonl", key_field = "vehicle_id"
 //!                             # or: kind = "kafka", brokers = "host:9092", topic = "positions"
@@ -123,6 +135,63 @@ pub struct OperatorConfig {
     /// Name/value pairs passed to the operator's `init`.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
+    /// What one record's call may make the host hold.
+    #[serde(default)]
+    pub limits: OperatorLimits,
+}
+
+/// `[operator.limits]`: what one call of the operator — a record's, or an expired
+/// entry's — may make the host hold, beyond the instance's own memory. A call that
+/// passes one fails as a trap, naming the limit; the record goes to the dead letters
+/// and its state writes are discarded. Log lines past a rate are dropped and counted.
+/// The defaults leave a well-behaved operator far below each.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OperatorLimits {
+    /// Outputs one call may emit.
+    pub outputs_per_record: usize,
+    /// Bytes (keys, values and topic names) of one call's outputs together; by default
+    /// Kafka's default `message.max.bytes`, which one output may not pass anyway.
+    pub output_bytes_per_record: usize,
+    /// State writes (`put`s and `delete`s) one call may make.
+    pub writes_per_record: usize,
+    /// Bytes (names and values) of one call's state writes together, a name written
+    /// twice counted twice.
+    pub written_bytes_per_record: usize,
+    /// State reads one call may make.
+    pub reads_per_record: usize,
+    /// Bytes of one state value.
+    pub state_value_bytes: usize,
+    /// Bytes of one state name.
+    pub state_name_bytes: usize,
+    /// Log lines an instance may write per second; the rest are dropped and counted.
+    pub log_lines_per_s: u64,
+    /// Log bytes an instance may write per second; the rest are dropped and counted.
+    pub log_bytes_per_s: u64,
+    /// Bytes of one log line; a longer line is cut there.
+    pub log_line_bytes: usize,
+    /// Topics an output may name. An output without a topic goes to the sink's own;
+    /// one naming a topic not listed here fails its record (an operator must not
+    /// write into its own input or another team's topics).
+    pub output_topics: Vec<String>,
+}
+
+impl Default for OperatorLimits {
+    fn default() -> Self {
+        OperatorLimits {
+            outputs_per_record: 1_000,
+            output_bytes_per_record: 1 << 20,
+            writes_per_record: 1_000,
+            written_bytes_per_record: 16 << 20,
+            reads_per_record: 10_000,
+            state_value_bytes: 1 << 20,
+            state_name_bytes: 256,
+            log_lines_per_s: 100,
+            log_bytes_per_s: 64 << 10,
+            log_line_bytes: 4 << 10,
+            output_topics: Vec::new(),
+        }
+    }
 }
 
 fn default_poll_versions() -> Duration {
@@ -565,6 +634,7 @@ impl Config {
                 call_timeout_ms: default_call_timeout_ms(),
                 memory_limit_mib: default_memory_limit_mib(),
                 config: BTreeMap::new(),
+                limits: OperatorLimits::default(),
             },
             source: SourceConfig::default(),
             sink: SinkConfig::default(),
@@ -620,6 +690,22 @@ impl Config {
         }
         if self.operator.call_timeout_ms == 0 || self.operator.memory_limit_mib == 0 {
             bail!("[operator] call_timeout_ms and memory_limit_mib must be positive");
+        }
+        let limits = &self.operator.limits;
+        let sizes = [
+            ("outputs_per_record", limits.outputs_per_record),
+            ("output_bytes_per_record", limits.output_bytes_per_record),
+            ("writes_per_record", limits.writes_per_record),
+            ("written_bytes_per_record", limits.written_bytes_per_record),
+            ("reads_per_record", limits.reads_per_record),
+            ("state_value_bytes", limits.state_value_bytes),
+            ("state_name_bytes", limits.state_name_bytes),
+            ("log_line_bytes", limits.log_line_bytes),
+        ];
+        let rates = [("log_lines_per_s", limits.log_lines_per_s), ("log_bytes_per_s", limits.log_bytes_per_s)];
+        let zero = sizes.iter().map(|&(name, n)| (name, n as u64)).chain(rates).find(|&(_, n)| n == 0);
+        if let Some((name, _)) = zero {
+            bail!("[operator.limits] {name} must be at least 1");
         }
         if self.operator.poll_versions.is_zero() {
             bail!("[operator] poll_versions must be more than 0");

@@ -92,8 +92,9 @@ impl fmt::Display for JobReport {
                  far ahead) did not move the event-time clock"
             )?;
         }
-        if self.source.gaps > 0 {
-            writeln!(f, "{} offset gaps: records the source never delivered (see the log)", self.source.gaps)?;
+        if !self.source.gaps.is_empty() {
+            let gaps: Vec<String> = self.source.gaps.iter().map(|(p, n)| format!("partition {p}: {n}")).collect();
+            writeln!(f, "offset gaps (offsets the source never delivered, see the log): {}", gaps.join(", "))?;
         }
         if let Some(took) = self.restore_took {
             writeln!(f, "restore took {:.3}s before processing began", took.as_secs_f64())?;

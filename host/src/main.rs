@@ -418,7 +418,7 @@ fn admin_answer(json: &str) -> Result<String> {
 /// A job, as `sluice deploy`, `rollback` and `versions` reach it.
 enum Job {
     /// Its registry, read and written directly, and how its hosts try a version out.
-    Registry { registry: Registry, sandbox: Sandbox, poll_versions: Duration },
+    Registry { registry: Registry, sandbox: Box<Sandbox>, poll_versions: Duration },
     /// A running host's admin API.
     Admin(String),
 }
@@ -433,7 +433,7 @@ impl JobTarget {
         let registry = Registry::new(CheckpointStore::open(&config.registry_url())?, &config.operator.name())?;
         deploy::check_name(&registry, name).with_context(|| format!("config file {}", path.display()))?;
         let scratch = std::env::temp_dir().join(format!("sluice-deploy-{}", std::process::id()));
-        let sandbox = Sandbox::new(&config.operator, scratch);
+        let sandbox = Box::new(Sandbox::new(&config.operator, scratch));
         Ok(Job::Registry { registry, sandbox, poll_versions: config.operator.poll_versions })
     }
 }

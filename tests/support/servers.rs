@@ -186,6 +186,16 @@ impl KafkaBroker {
         Ok(())
     }
 
+    /// Deletes `topic`.
+    pub fn delete_topic(&self, topic: &str) -> Result<()> {
+        use rdkafka::admin::{AdminClient, AdminOptions};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = self.client_config().create()?;
+        for result in futures::executor::block_on(admin.delete_topics(&[topic], &AdminOptions::new()))? {
+            result.map_err(|(topic, e)| anyhow::anyhow!("deleting topic {topic}: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// Produces `records` (key and value each) to `topic` and waits until the broker has
     /// them all; returns how many there were. They are partitioned as Kafka's Java
     /// producer does (murmur2), by an idempotent producer (a retried send is neither

@@ -1,5 +1,6 @@
 //! What a job leaves on disk, read the way the tests check it: the local checkpoint
-//! store's manifests and files, and the state directory through `sluice state dump`.
+//! store's manifests and files, the state directory through `sluice state dump`, and
+//! the offset stored with each partition's state.
 
 use crate::binary::{run_ok, sluice};
 use anyhow::{Context, Result};
@@ -77,4 +78,11 @@ pub fn dump_state(state_dir: &Path) -> Result<StateDump> {
         state.entry(key).or_default().insert(name, entry["value"].clone());
     }
     Ok(state)
+}
+
+/// The offset stored with the state of each of the `partitions` partitions in
+/// `state_dir`: the next record each would process.
+pub fn stored_offsets(state_dir: &Path, partitions: u32) -> Result<Vec<u64>> {
+    let state = sluice::state::StateDir::open(state_dir, partitions)?;
+    (0..partitions).map(|p| state.open_partition(p)?.committed_offset()).collect()
 }

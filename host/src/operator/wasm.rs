@@ -9,7 +9,9 @@
 //! links in are defined as traps, so a guest that touches the filesystem, network,
 //! clock or environment traps with the name of the function; any other import is
 //! refused when the component is loaded. Each record runs under a deadline (epoch
-//! interruption) and a memory cap (a resource limiter). The host records why it
+//! interruption), a memory cap on the whole instance, its memories and tables together
+//! (a resource limiter), and [`OperatorLimits`] on what it makes the host hold: its
+//! outputs, state writes and reads, and log lines. The host records why it
 //! stopped a call — the memory cap, a denied import — as it happens, so a trap's
 //! reason comes from that record, not from the wording of wasmtime's message.
 //!
@@ -24,6 +26,7 @@
 //! cannot be called while it is in a call).
 
 use super::{Expiration, Operator, Outcome, Output, Processed, Switch};
+use crate::config::OperatorLimits;
 use crate::record::SourceRecord;
 use crate::state::{Expired, Transaction};
 use anyhow::{Context, Result, anyhow, bail};
@@ -64,6 +67,9 @@ const EXPIRED: &str = "expired";
 type ExpiredParams<'a> = (&'a [u8], &'a str, &'a [u8], u64);
 type ExpiredResults = (std::result::Result<Vec<OutputRecord>, String>,);
 
+/// Logged when an instance's log lines pass their rate: `its log lines are dropped`.
+pub const LOG_LINES_DROPPED: &str = "log lines are dropped";
+
 /// How often the epoch advances; the granularity of call deadlines.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
 
@@ -72,9 +78,28 @@ const EPOCH_TICK: Duration = Duration::from_millis(5);
 pub struct Limits {
     /// Wall-clock deadline of one `process` or `init` call.
     pub call_timeout: Duration,
-    /// The most linear memory an instance may hold, in bytes.
+    /// The most memory an instance may hold, in bytes: its linear memories and its
+    /// tables together.
     pub memory_bytes: usize,
+    /// What one call may make the host hold: outputs, state writes and reads, logs.
+    pub per_call: OperatorLimits,
 }
+
+impl Default for Limits {
+    /// The defaults of `[operator]`: a second per call, 64 MiB per instance.
+    fn default() -> Self {
+        Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20, per_call: OperatorLimits::default() }
+    }
+}
+
+/// What one slot of a table costs the instance's memory budget: a reference, as wasmtime
+/// holds it.
+const TABLE_SLOT_BYTES: usize = std::mem::size_of::<usize>();
+/// The most core instances, linear memories and tables one component instance may
+/// create: a Rust component built for wasm32-wasip2 has a handful of each.
+const MAX_CORE_INSTANCES: usize = 50;
+const MAX_MEMORIES: usize = 4;
+const MAX_TABLES: usize = 20;
 
 /// A validated, compiled operator component, ready to instantiate per partition.
 pub struct WasmOperator {
@@ -94,8 +119,16 @@ pub struct WasmOperator {
 /// What the host functions see: the partition's state and the instance's limits.
 struct HostCtx {
     txn: Transaction,
-    /// The most linear memory the instance may hold, in bytes.
+    /// The most memory the instance may hold, in bytes: linear memories and tables.
     memory_cap: usize,
+    /// What the instance's memories and tables hold now, in bytes.
+    memory_used: usize,
+    /// What one call may make the host hold.
+    per_call: OperatorLimits,
+    /// What the current call made the host hold so far.
+    usage: CallUsage,
+    /// The instance's log lines in the current second.
+    log: LogBudget,
     /// Epoch ticks one record (or `init`) may run for.
     deadline_ticks: u64,
     /// Why the host stopped the current call, when it did (see [`Cause`]).
@@ -173,12 +206,39 @@ impl Batch {
     }
 }
 
+/// What one call has made the host hold so far, counted against
+/// [`OperatorLimits`].
+#[derive(Debug, Default)]
+struct CallUsage {
+    reads: usize,
+    writes: usize,
+    written_bytes: usize,
+}
+
+/// An instance's log lines and bytes in the current second, against
+/// [`OperatorLimits::log_lines_per_s`] and [`OperatorLimits::log_bytes_per_s`].
+struct LogBudget {
+    second: Instant,
+    lines: u64,
+    bytes: u64,
+    /// Lines dropped this second, reported when the next begins.
+    dropped: u64,
+}
+
+impl LogBudget {
+    fn new() -> Self {
+        LogBudget { second: Instant::now(), lines: 0, bytes: 0, dropped: 0 }
+    }
+}
+
 /// Why the host stopped a call, recorded where it stops it: the trap that unwinds
 /// the guest carries only a message.
 #[derive(Debug, Clone, PartialEq)]
 enum Cause {
-    /// The instance tried to grow its linear memory past the cap.
+    /// The instance tried to grow its memories or tables past the cap.
     MemoryCap,
+    /// The call passed one of [`OperatorLimits`]: which, and by how much.
+    Limit(String),
     /// The guest called a WASI function, which the sandbox denies; its full name
     /// (`wasi:cli/environment@0.2.6#get-environment`).
     DeniedImport(String),
@@ -287,6 +347,10 @@ impl WasmOperator {
         HostCtx {
             txn,
             memory_cap: self.limits.memory_bytes,
+            memory_used: 0,
+            per_call: self.limits.per_call.clone(),
+            usage: CallUsage::default(),
+            log: LogBudget::new(),
             deadline_ticks: self.limits.call_timeout.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1,
             cause: None,
             operator: self.name.clone(),
@@ -302,8 +366,10 @@ impl WasmOperator {
     /// (the partition's state) comes back with the error.
     #[expect(clippy::result_large_err, reason = "a failed start is rare; the context is moved back, not copied")]
     fn start(&self, mut ctx: HostCtx) -> std::result::Result<Live, (anyhow::Error, HostCtx)> {
-        // A context moved over from an earlier instance must not lend it a stale reason.
+        // A context moved over from an earlier instance must not lend it a stale reason,
+        // nor count the earlier instance's memory.
         ctx.forget_last_call();
+        ctx.memory_used = 0;
         let mut store = Store::new(self.pre.engine(), ctx);
         store.limiter(|ctx| ctx);
         arm_deadline(&mut store);
@@ -378,7 +444,7 @@ fn finish(
         wasmtime::bail!("batch.finish called outside `process-batch`");
     }
     let outcome = match outcome {
-        Ok(outputs) => Outcome::Emitted(outputs.into_iter().map(Output::from).collect()),
+        Ok(outputs) => emitted(outputs, &ctx.per_call),
         Err(reason) => Outcome::Rejected(reason),
     };
     ctx.txn.end_record(matches!(outcome, Outcome::Emitted(_)));
@@ -515,7 +581,7 @@ impl WasmInstance {
             return Err(error);
         }
         let outcome = match result {
-            Ok((Ok(outputs),)) => Outcome::Emitted(outputs.into_iter().map(Output::from).collect()),
+            Ok((Ok(outputs),)) => emitted(outputs, &ctx.per_call),
             Ok((Err(reason),)) => Outcome::Rejected(reason),
             Err(trap) => {
                 ctx.txn.end_record(false);
@@ -550,6 +616,34 @@ fn input_record(record: &SourceRecord) -> InputRecord<'_> {
     }
 }
 
+/// What a call that returned `outputs` emitted: the outputs, or, when they pass one of
+/// `limits`, a failure naming it (the instance did nothing wrong by its own rules, and
+/// is kept).
+fn emitted(outputs: Vec<OutputRecord>, limits: &OperatorLimits) -> Outcome {
+    if outputs.len() > limits.outputs_per_record {
+        return Outcome::Trapped(limit_passed("outputs_per_record", limits.outputs_per_record, outputs.len()));
+    }
+    let bytes: usize =
+        outputs.iter().map(|o| o.key.len() + o.value.len() + o.topic.as_ref().map_or(0, String::len)).sum();
+    if bytes > limits.output_bytes_per_record {
+        return Outcome::Trapped(limit_passed("output_bytes_per_record", limits.output_bytes_per_record, bytes));
+    }
+    let foreign = outputs.iter().filter_map(|o| o.topic.as_ref()).find(|topic| !limits.output_topics.contains(topic));
+    if let Some(topic) = foreign {
+        return Outcome::Trapped(format!(
+            "operator sent an output to topic {topic:?}, which [operator.limits] output_topics = {:?} does not list",
+            limits.output_topics
+        ));
+    }
+    Outcome::Emitted(outputs.into_iter().map(Output::from).collect())
+}
+
+/// The reason a call failed: it reached `used` of something `[operator.limits] name`
+/// allows `max` of.
+fn limit_passed(name: &str, max: usize, used: usize) -> String {
+    format!("operator passed its limit [operator.limits] {name} = {max} (reached {used})")
+}
+
 impl From<OutputRecord> for Output {
     fn from(o: OutputRecord) -> Self {
         Output { key: o.key, value: o.value, topic: o.topic }
@@ -570,7 +664,7 @@ impl Operator for WasmInstance {
             return Err(error);
         }
         match result {
-            Ok(Ok(outputs)) => Ok(Outcome::Emitted(outputs.into_iter().map(Output::from).collect())),
+            Ok(Ok(outputs)) => Ok(emitted(outputs, &self.operator.limits.per_call)),
             Ok(Err(reason)) => Ok(Outcome::Rejected(reason)),
             Err(trap) => Ok(Outcome::Trapped(self.replace_after(trap)?)),
         }
@@ -719,11 +813,15 @@ impl Operator for WasmInstance {
 impl state::Host for HostCtx {
     fn get(&mut self, name: String) -> Result<Option<Vec<u8>>> {
         self.check_in_record("get")?;
+        self.check_name(&name)?;
+        self.usage.reads += 1;
+        self.check_limit("reads_per_record", self.per_call.reads_per_record, self.usage.reads)?;
         self.txn.get(&name).map_err(|e| self.fail(e))
     }
 
     fn put(&mut self, name: String, value: Vec<u8>) -> Result<()> {
         self.check_in_record("put")?;
+        self.check_write(&name, Some(&value))?;
         self.txn.put(&name, value);
         Ok(())
     }
@@ -734,19 +832,34 @@ impl state::Host for HostCtx {
             // It would be due at once: an `expired` that puts it again would never end.
             bail!("put-with-ttl of {name:?} with a TTL of 0 ms: a TTL must be at least 1 ms");
         }
+        self.check_write(&name, Some(&value))?;
         self.txn.put_with_ttl(&name, value, Duration::from_millis(ttl_ms));
         Ok(())
     }
 
     fn delete(&mut self, name: String) -> Result<()> {
         self.check_in_record("delete")?;
+        self.check_write(&name, None)?;
         self.txn.delete(&name);
         Ok(())
     }
 }
 
 impl log::Host for HostCtx {
-    fn log(&mut self, level: log::Level, message: String) -> Result<()> {
+    fn log(&mut self, level: log::Level, mut message: String) -> Result<()> {
+        if message.len() > self.per_call.log_line_bytes {
+            let kept = message.floor_char_boundary(self.per_call.log_line_bytes);
+            let cut = message.len() - kept;
+            message.truncate(kept);
+            message.push_str(&format!("… ({cut} more bytes cut: [operator.limits] log_line_bytes)"));
+        }
+        if !self.admit_log_line(message.len()) {
+            // The panic message still explains a trap that follows.
+            if level == log::Level::Error {
+                self.last_error = Some(message);
+            }
+            return Ok(());
+        }
         let (operator, partition) = (&*self.operator, self.partition);
         match level {
             log::Level::Trace => tracing::trace!(operator, partition, "{message}"),
@@ -768,13 +881,13 @@ impl types::Host for HostCtx {}
 /// growth: a guest's allocator would abort through a denied stderr write, which would
 /// hide the reason, and a guest that recovered would keep writes that a memory-limit
 /// hit must discard.
+///
+/// The cap is the instance's, not one memory's: every linear memory and table of the
+/// component (a table slot costs [`TABLE_SLOT_BYTES`]) counts against it, and the
+/// number of core instances, memories and tables is bounded too.
 impl ResourceLimiter for HostCtx {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.memory_cap {
-            self.cause = Some(Cause::MemoryCap);
-            wasmtime::bail!("growing linear memory to {desired} bytes would pass the cap of {} bytes", self.memory_cap);
-        }
-        Ok(true)
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        self.grow("linear memory", current, desired)
     }
 
     /// Growth past the memory's declared maximum, or refused by the system: a trap too.
@@ -782,21 +895,106 @@ impl ResourceLimiter for HostCtx {
         Err(error)
     }
 
-    // Tables are not capped (yet); wasmtime still enforces their declared maxima.
-    fn table_growing(&mut self, _current: usize, _desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        Ok(true)
+    fn table_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        self.grow("a table", current.saturating_mul(TABLE_SLOT_BYTES), desired.saturating_mul(TABLE_SLOT_BYTES))
     }
 
     fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
         Err(error)
     }
+
+    fn instances(&self) -> usize {
+        MAX_CORE_INSTANCES
+    }
+
+    fn memories(&self) -> usize {
+        MAX_MEMORIES
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES
+    }
 }
 
 impl HostCtx {
-    /// Forgets what the previous call left behind: its trap's cause, its last error
-    /// log line, a host failure.
+    /// Forgets what the previous call (or record of a batched call) left behind: its
+    /// trap's cause, its last error log line, a host failure, what it used of its
+    /// limits.
     fn forget_last_call(&mut self) {
         (self.cause, self.last_error, self.host_error) = (None, None, None);
+        self.usage = CallUsage::default();
+    }
+
+    /// Counts growing one of the instance's memories or tables from `current` to
+    /// `desired` bytes; past the cap, traps and records why.
+    fn grow(&mut self, what: &str, current: usize, desired: usize) -> wasmtime::Result<bool> {
+        let total = (self.memory_used - current.min(self.memory_used)).saturating_add(desired);
+        if total > self.memory_cap {
+            self.cause = Some(Cause::MemoryCap);
+            wasmtime::bail!(
+                "growing {what} to {desired} bytes would take the instance to {total} bytes, past its cap of {}",
+                self.memory_cap
+            );
+        }
+        self.memory_used = total;
+        Ok(true)
+    }
+
+    /// Traps, recording why, when the call has used more than `max` of what
+    /// `[operator.limits] name` bounds.
+    fn check_limit(&mut self, name: &str, max: usize, used: usize) -> Result<()> {
+        if used > max {
+            let reason = limit_passed(name, max, used);
+            self.cause = Some(Cause::Limit(reason.clone()));
+            bail!(reason);
+        }
+        Ok(())
+    }
+
+    fn check_name(&mut self, name: &str) -> Result<()> {
+        self.check_limit("state_name_bytes", self.per_call.state_name_bytes, name.len())
+    }
+
+    /// Counts a write of `value` (`None`: a delete) under `name` against the limits.
+    fn check_write(&mut self, name: &str, value: Option<&[u8]>) -> Result<()> {
+        self.check_name(name)?;
+        let bytes = value.map_or(0, <[u8]>::len);
+        self.check_limit("state_value_bytes", self.per_call.state_value_bytes, bytes)?;
+        self.usage.writes += 1;
+        self.check_limit("writes_per_record", self.per_call.writes_per_record, self.usage.writes)?;
+        self.usage.written_bytes += name.len() + bytes;
+        self.check_limit("written_bytes_per_record", self.per_call.written_bytes_per_record, self.usage.written_bytes)
+    }
+
+    /// Whether a log line of `bytes` fits the instance's budget for this second. The
+    /// first line that does not is warned about; how many did not, at the first line of
+    /// a later second.
+    fn admit_log_line(&mut self, bytes: usize) -> bool {
+        let (operator, partition, limits) = (&*self.operator, self.partition, &self.per_call);
+        let log = &mut self.log;
+        if log.second.elapsed() >= Duration::from_secs(1) {
+            if log.dropped > 0 {
+                tracing::warn!(operator, partition, "{} operator log lines were dropped in a second", log.dropped);
+            }
+            *log = LogBudget::new();
+        }
+        if log.lines < limits.log_lines_per_s && log.bytes + bytes as u64 <= limits.log_bytes_per_s {
+            log.lines += 1;
+            log.bytes += bytes as u64;
+            return true;
+        }
+        if log.dropped == 0 {
+            tracing::warn!(
+                operator,
+                partition,
+                "operator passed [operator.limits] log_lines_per_s = {} or log_bytes_per_s = {}: its {LOG_LINES_DROPPED} \
+                 for the rest of this second",
+                limits.log_lines_per_s,
+                limits.log_bytes_per_s
+            );
+        }
+        log.dropped += 1;
+        false
     }
 
     /// Traps a state call made outside a record.
@@ -830,6 +1028,7 @@ fn describe_trap(trap: wasmtime::Error, limits: &Limits, ctx: &mut HostCtx) -> S
         (_, Some(Cause::MemoryCap), _) => {
             format!("operator exceeded its memory limit of {} MiB", limits.memory_bytes >> 20)
         }
+        (_, Some(Cause::Limit(reason)), _) => reason,
         (_, Some(Cause::DeniedImport(import)), _) => {
             format!(
                 "operator called `{import}`, which the sandbox denies (no filesystem, network, clock or environment)"
@@ -945,8 +1144,10 @@ mod tests {
     #[test]
     fn a_batched_call_costs_a_failing_or_trapping_record_only_its_own_writes() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let mut instance =
-            probe(Limits { call_timeout: Duration::from_millis(300), memory_bytes: 16 << 20 }, dir.path())?;
+        let mut instance = probe(
+            Limits { call_timeout: Duration::from_millis(300), memory_bytes: 16 << 20, ..Limits::default() },
+            dir.path(),
+        )?;
         let actions = [
             ("a", "count"),
             ("a", "count"),
@@ -988,6 +1189,58 @@ mod tests {
         Ok(())
     }
 
+    #[test]
+    fn a_call_past_one_of_its_limits_fails_naming_it_and_keeps_none_of_its_writes() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let per_call = OperatorLimits {
+            outputs_per_record: 10,
+            output_bytes_per_record: 1_000,
+            writes_per_record: 5,
+            written_bytes_per_record: 1_500,
+            reads_per_record: 20,
+            state_value_bytes: 500,
+            state_name_bytes: 16,
+            output_topics: vec!["alerts".into()],
+            ..OperatorLimits::default()
+        };
+        let mut instance = probe(Limits { per_call, ..Limits::default() }, dir.path())?;
+        let passed = |limit: &str| format!("trapped: operator passed its limit [operator.limits] {limit}");
+        let cases = [
+            (r#""action":"count""#, r#"{"count":1}"#.to_string()),
+            (r#""action":"outputs","count":10,"bytes":10"#, r#""oooooooooo""#.to_string()),
+            (r#""action":"outputs","count":11,"bytes":1"#, passed("outputs_per_record = 10 (reached 11)")),
+            (r#""action":"outputs","count":1,"bytes":1000"#, passed("output_bytes_per_record = 1000")),
+            (r#""action":"outputs","count":1,"bytes":1,"topic":"alerts""#, r#""o""#.to_string()),
+            (
+                r#""action":"outputs","count":1,"bytes":1,"topic":"positions""#,
+                r#"trapped: operator sent an output to topic "positions", which [operator.limits] output_topics"#
+                    .to_string(),
+            ),
+            // Four writes and the count's: five.
+            (r#""action":"writes","count":4,"bytes":100"#, r#"{"count":2}"#.to_string()),
+            (r#""action":"writes","count":5,"bytes":10"#, passed("writes_per_record = 5 (reached 6)")),
+            (r#""action":"writes","count":1,"bytes":500"#, passed("state_value_bytes = 500")),
+            (r#""action":"writes","count":4,"bytes":450"#, passed("written_bytes_per_record = 1500")),
+            (r#""action":"name","bytes":17"#, passed("state_name_bytes = 16 (reached 17)")),
+            // Twenty reads and the count's.
+            (r#""action":"reads","count":20"#, passed("reads_per_record = 20 (reached 21)")),
+            (r#""action":"count""#, r#"{"count":3}"#.to_string()),
+        ];
+        let records: Vec<SourceRecord> =
+            (0..).zip(&cases).map(|(offset, (action, _))| probe_record(offset, "a", action)).collect();
+        let lines = outcome_lines(&instance.process_batch(&records)?.outcomes);
+        assert_eq!(lines.len(), cases.len(), "{lines:#?}");
+        for (line, (action, expected)) in lines.iter().zip(&cases) {
+            assert!(line.starts_with(expected.as_str()), "{action}: {line:?} is not {expected:?}");
+        }
+        // None of the failed records' writes stand.
+        instance.state().begin_record(b"a", 0)?;
+        assert!(instance.state().get("w0")?.is_some(), "the good record's write stands");
+        assert_eq!(instance.state().get("w4")?, None);
+        instance.state().end_record(false);
+        Ok(())
+    }
+
     /// A record at event time `timestamp_ms` asking the probe to do `action`.
     fn timed(offset: u64, key: &str, timestamp_ms: i64, action: &str) -> SourceRecord {
         SourceRecord { timestamp_ms, ..probe_record(offset, key, action) }
@@ -997,7 +1250,10 @@ mod tests {
     fn expired_runs_before_the_record_that_reaches_the_expiry_scoped_to_its_key() -> Result<()> {
         const T0: i64 = 1_700_000_000_000;
         let dir = tempfile::tempdir()?;
-        let mut instance = probe(Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20 }, dir.path())?;
+        let mut instance = probe(
+            Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20, ..Limits::default() },
+            dir.path(),
+        )?;
         let remember = |name: &str| format!(r#""action":"remember","name":"{name}","value":"v-{name}","ttl_ms":1000"#);
         let records = [
             timed(0, "a", T0, &remember("n")),
@@ -1046,7 +1302,10 @@ mod tests {
     #[test]
     fn finish_outside_a_batched_call_traps_and_moves_nothing() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let mut instance = probe(Limits { call_timeout: Duration::from_secs(1), memory_bytes: 16 << 20 }, dir.path())?;
+        let mut instance = probe(
+            Limits { call_timeout: Duration::from_secs(1), memory_bytes: 16 << 20, ..Limits::default() },
+            dir.path(),
+        )?;
         // A batch ran before: had its keys been kept, `finish` would move to one.
         instance.process_batch(&[
             probe_record(0, "a", r#""action":"count""#),
@@ -1065,7 +1324,10 @@ mod tests {
     #[test]
     fn a_batch_larger_than_the_memory_cap_is_split_into_calls_that_fit() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let mut instance = probe(Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20 }, dir.path())?;
+        let mut instance = probe(
+            Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20, ..Limits::default() },
+            dir.path(),
+        )?;
         // 24 MiB of inputs: more than the guest's whole memory, so in one call they
         // would trap while being copied in.
         let padding = "x".repeat(1 << 20);
@@ -1082,7 +1344,8 @@ mod tests {
     fn the_deadline_bounds_each_record_of_a_batched_call_not_the_call() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let timeout = Duration::from_secs(1);
-        let mut instance = probe(Limits { call_timeout: timeout, memory_bytes: 16 << 20 }, dir.path())?;
+        let mut instance =
+            probe(Limits { call_timeout: timeout, memory_bytes: 16 << 20, ..Limits::default() }, dir.path())?;
         let work = |offset, iterations: u64| {
             probe_record(offset, "k", &format!(r#""action":"work","iterations":{iterations}"#))
         };
@@ -1114,7 +1377,10 @@ mod tests {
     #[test]
     fn a_trap_is_explained_by_what_the_host_recorded_in_that_call() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let mut instance = probe(Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20 }, dir.path())?;
+        let mut instance = probe(
+            Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20, ..Limits::default() },
+            dir.path(),
+        )?;
         let expected = [
             ("hog", "operator exceeded its memory limit of 16 MiB"),
             // A cause explains only the call it was recorded in, not the next trap.
@@ -1136,7 +1402,7 @@ mod tests {
     fn a_version_that_fails_to_start_on_a_partition_leaves_it_running_the_old_one() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let probe = sluice_tests::operator_wasm("probe");
-        let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20 };
+        let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20, ..Limits::default() };
         let good = Arc::new(WasmOperator::load(&probe, limits.clone(), Vec::new())?);
         let config = vec![("fail_init".to_string(), "true".to_string())];
         let failing = Arc::new(WasmOperator::compile("other", &std::fs::read(&probe)?, "test", limits, config)?);

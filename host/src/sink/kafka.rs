@@ -58,10 +58,23 @@ impl ProducerContext for DeliveryReports {
         match result {
             Ok(_) => acks.acknowledge(),
             Err((error, message)) => {
-                acks.fail(format!("delivering to topic {}: {error}", rdkafka::Message::topic(message)))
+                let topic = rdkafka::Message::topic(message);
+                acks.fail(format!("delivering the output of input {} to topic {topic}: {error}", input_of(message)))
             }
         }
     }
+}
+
+/// `partition/offset` of the input whose output `message` is, from its headers.
+fn input_of(message: &rdkafka::message::BorrowedMessage<'_>) -> String {
+    use rdkafka::message::Headers;
+    let header = |name: &str| {
+        let headers = rdkafka::Message::headers(message)?;
+        let value = headers.iter().find(|h| h.key == name)?.value?;
+        Some(String::from_utf8_lossy(value).into_owned())
+    };
+    let or_unknown = |value: Option<String>| value.unwrap_or_else(|| "?".into());
+    format!("{}/{}", or_unknown(header("sluice-partition")), or_unknown(header("sluice-offset")))
 }
 
 /// The acknowledgements one partition's outputs since its last commit still wait for,
@@ -122,10 +135,16 @@ impl Acks {
 
 /// The producer settings of every output producer, before the user's properties: an
 /// idempotent producer (a retried send is neither duplicated nor reordered) that
-/// partitions like Java clients, so a key lands where Kafka Streams would put it.
+/// partitions like Java clients, so a key lands where Kafka Streams would put it, and
+/// never has the broker create a topic it writes to (an output to a missing topic fails).
 pub(super) fn producer_config(brokers: &str, properties: &BTreeMap<String, String>) -> ClientConfig {
-    let defaults =
-        [("enable.idempotence", "true"), ("acks", "all"), ("linger.ms", "5"), ("partitioner", "murmur2_random")];
+    let defaults = [
+        ("enable.idempotence", "true"),
+        ("acks", "all"),
+        ("linger.ms", "5"),
+        ("partitioner", "murmur2_random"),
+        ("allow.auto.create.topics", "false"),
+    ];
     kafka_client(brokers, &defaults, properties)
 }
 
@@ -140,6 +159,13 @@ pub(super) fn headers(origin: &Origin, version: &str) -> OwnedHeaders {
         Cause::Expiry => headers.insert(Header { key: "sluice-cause", value: Some(EXPIRY_CAUSE) }),
         Cause::Record => headers,
     }
+}
+
+/// Whether the producer refused `error`'s record for the record itself — it is over
+/// the producer's `message.max.bytes` — rather than failing: such an output is the
+/// operator's error and costs only itself, while any other failure stops the partition.
+pub(super) fn refuses_the_record(error: &KafkaError) -> bool {
+    matches!(error, KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge))
 }
 
 /// Queues `record` on `producer`, waiting while its queue is full (it empties as the
@@ -176,23 +202,44 @@ impl KafkaSink {
     }
 
     /// Queues `outputs` (made by operator `version`, which goes in a header) for the
-    /// broker, each counted in `acks` until the broker acknowledges it.
-    pub fn send(&self, outputs: &[(Origin, Output)], version: &str, acks: &Arc<Acks>) -> Result<()> {
+    /// broker, each counted in `acks` until the broker acknowledges it. The dead letters
+    /// of outputs the producer refuses for themselves go into `refused`; returns how many.
+    pub fn send(
+        &self,
+        outputs: &[(Origin, Output)],
+        version: &str,
+        acks: &Arc<Acks>,
+        refused: &mut Vec<u8>,
+    ) -> Result<u64> {
         // Counted at once, before any can be acknowledged: one atomic add per batch.
         acks.left.fetch_add(outputs.len(), Ordering::AcqRel);
+        let mut refusals = 0;
         for (sent, (origin, output)) in outputs.iter().enumerate() {
             let record = BaseRecord::with_opaque_to(output.topic.as_deref().unwrap_or(&self.topic), acks.clone())
                 .key(&output.key[..])
                 .payload(&output.value[..])
                 .headers(headers(origin, version));
-            if let Err(error) = send_waiting(&self.producer, record) {
-                // This one and the rest were never queued, so never reported: they are
-                // the caller's error.
-                acks.left.fetch_sub(outputs.len() - sent, Ordering::AcqRel);
-                bail!("producing to {}: {error}", self.name)
+            match send_waiting(&self.producer, record) {
+                Ok(()) => {}
+                Err(error) if refuses_the_record(&error) => {
+                    acks.left.fetch_sub(1, Ordering::AcqRel);
+                    super::format_refused(refused, origin, output, version, &error);
+                    refusals += 1;
+                }
+                Err(error) => {
+                    // This one and the rest were never queued, so never reported: they
+                    // are the caller's error.
+                    acks.left.fetch_sub(outputs.len() - sent, Ordering::AcqRel);
+                    bail!(
+                        "producing the output of input {}/{} to {}: {error}",
+                        origin.partition,
+                        origin.offset,
+                        self.name
+                    )
+                }
             }
         }
-        Ok(())
+        Ok(refusals)
     }
 }
 

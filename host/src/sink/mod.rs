@@ -49,16 +49,19 @@ impl Sink {
     /// written them when it returns (formatted into `scratch`, which the caller keeps
     /// from batch to batch so its memory is reused); a Kafka sink has queued them,
     /// counted in `into` until the broker acknowledges them, or in `into`'s open
-    /// transaction.
+    /// transaction. An output Kafka refuses for itself (over the producer's
+    /// `message.max.bytes`) is not sent: its dead letter goes into `refused`, and the
+    /// number of those is returned.
     pub fn send(
         &self,
         outputs: &[(Origin, Output)],
         version: &str,
         scratch: &mut Vec<u8>,
         into: &mut PartitionOutputs,
-    ) -> Result<()> {
+        refused: &mut Vec<u8>,
+    ) -> Result<u64> {
         if outputs.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         match (self, into) {
             (Sink::Lines(lines), _) => {
@@ -67,12 +70,14 @@ impl Sink {
                 for (origin, output) in outputs {
                     format_output(scratch, origin, output, &operator);
                 }
-                lines.write(scratch)
+                lines.write(scratch).map(|()| 0)
             }
             (Sink::Kafka(kafka), PartitionOutputs::Acknowledged(acks)) => {
-                kafka.send(outputs, version, acks.get_or_insert_with(Default::default))
+                kafka.send(outputs, version, acks.get_or_insert_with(Default::default), refused)
             }
-            (Sink::Transactional(_), PartitionOutputs::Transaction(transaction)) => transaction.send(outputs, version),
+            (Sink::Transactional(_), PartitionOutputs::Transaction(transaction)) => {
+                transaction.send(outputs, version, refused)
+            }
             _ => unreachable!("a partition's outputs come from Sink::partition of the same sink"),
         }
     }
@@ -359,6 +364,20 @@ pub fn format_dead_letter(
         reason: Some(reason),
     }
     .write_to(buf);
+}
+
+/// The `error` of the dead letter of an output Kafka refused.
+pub const REFUSED: &str = "refused";
+
+/// Writes into `buf` the dead letter of `output` (of `origin`, by operator `version`),
+/// which Kafka refused to take with `error`: the output itself, so it can be sent again.
+fn format_refused(buf: &mut Vec<u8>, origin: &Origin, output: &Output, version: &str, error: &impl std::fmt::Display) {
+    let topic = output.topic.as_deref().unwrap_or("the sink's topic");
+    let reason = format!(
+        "Kafka refused this output (to {topic}) of the input: {error}; this dead letter holds the output, not the \
+         input"
+    );
+    format_dead_letter(buf, origin, &output.key, &output.value, version, REFUSED, &reason);
 }
 
 #[cfg(test)]

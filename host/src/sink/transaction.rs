@@ -18,7 +18,7 @@
 //!
 //! This module does not decide when to commit, and does not consume.
 
-use super::kafka::{headers, producer_config, send_waiting};
+use super::kafka::{headers, producer_config, refuses_the_record, send_waiting};
 use crate::config::kafka_client;
 use crate::record::{Origin, Output};
 use anyhow::{Context, Result, anyhow};
@@ -156,17 +156,26 @@ pub struct PartitionTransaction {
 
 impl PartitionTransaction {
     /// Produces `outputs` (made by operator `version`) in the open transaction, but for
-    /// those of inputs whose outputs a committed transaction already holds.
-    pub fn send(&mut self, outputs: &[(Origin, Output)], version: &str) -> Result<()> {
+    /// those of inputs whose outputs a committed transaction already holds. The dead
+    /// letters of outputs the producer refuses for themselves go into `refused`; returns
+    /// how many.
+    pub fn send(&mut self, outputs: &[(Origin, Output)], version: &str, refused: &mut Vec<u8>) -> Result<u64> {
+        let mut refusals = 0;
         for (origin, output) in outputs.iter().filter(|(origin, _)| origin.offset >= self.covered) {
             let record = BaseRecord::to(output.topic.as_deref().unwrap_or(&self.topic))
                 .key(&output.key[..])
                 .payload(&output.value[..])
                 .headers(headers(origin, version));
-            send_waiting(&self.producer, record).map_err(|e| self.failure("producing to", &e))?;
-            self.open = true;
+            match send_waiting(&self.producer, record) {
+                Ok(()) => self.open = true,
+                Err(error) if refuses_the_record(&error) => {
+                    super::format_refused(refused, origin, output, version, &error);
+                    refusals += 1;
+                }
+                Err(error) => return Err(self.failure("producing to", &error)),
+            }
         }
-        Ok(())
+        Ok(refusals)
     }
 
     /// The producer's fatal error, if it had one (fenced, above all), without waiting.

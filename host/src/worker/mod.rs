@@ -343,7 +343,7 @@ impl Emitted {
         stats: &PartitionStats,
         outputs: &mut PartitionOutputs,
     ) -> Result<()> {
-        to.sink.send(&self.outputs, version, &mut self.lines, outputs)?;
+        self.dead_count += to.sink.send(&self.outputs, version, &mut self.lines, outputs, &mut self.dead)?;
         to.dead_letters.write(&self.dead)?;
         stats.dead_letters.fetch_add(self.dead_count, Ordering::Relaxed);
         self.outputs.clear();

@@ -12,7 +12,15 @@
 //! - `hog`: allocates without bound (must hit the memory cap);
 //! - `remember` with `name`, `value` and `ttl_ms`: stores the value under the name with
 //!   that TTL, emits `{"remembered": name}`;
-//! - `peek` with `name`: emits `{"name": name, "value": <the value or null>}`.
+//! - `peek` with `name`: emits `{"name": name, "value": <the value or null>}`;
+//! - `outputs` with `count`, `bytes` and optionally `topic`: emits `count` outputs of a
+//!   `bytes`-long string, to `topic` if given;
+//! - `writes` with `count` and `bytes`: stores a `bytes`-long string under each of
+//!   `count` names (`w0`, `w1`, ...), then counts;
+//! - `name` with `bytes`: stores under a `bytes`-long name, then counts;
+//! - `reads` with `count`: reads `count` names (`r0`, `r1`, ...), then counts;
+//! - `log` with `count` and `bytes`: logs `count` warnings of `bytes` bytes, then counts;
+//! - `overflow`: stores a float that overflowed to infinity (which JSON cannot hold).
 //!
 //! When an entry expires, `expired` counts it in the key's `expiries` state and emits
 //! `{"expired": name, "value": <value>, "at": <expiry>, "expiries": <count>}`; for a
@@ -60,6 +68,12 @@ enum Action {
     Hog,
     Remember { name: String, value: serde_json::Value, ttl_ms: u64 },
     Peek { name: String },
+    Outputs { count: usize, bytes: usize, topic: Option<String> },
+    Writes { count: usize, bytes: usize },
+    Name { bytes: usize },
+    Reads { count: usize },
+    Log { count: usize, bytes: usize },
+    Overflow,
 }
 
 /// The probe operator.
@@ -128,6 +142,45 @@ impl Operator for Probe {
             Action::Peek { name } => {
                 let value: Option<serde_json::Value> = state.get(&name)?;
                 serde_json::json!({ "name": name, "value": value })
+            }
+            Action::Outputs { count, bytes, topic } => {
+                let value = "o".repeat(bytes);
+                let output = |_| -> Result<Output> {
+                    let output = Output::json(key.clone(), &value)?;
+                    Ok(match &topic {
+                        Some(topic) => output.to_topic(topic.as_str()),
+                        None => output,
+                    })
+                };
+                return (0..count).map(output).collect();
+            }
+            Action::Writes { count: writes, bytes } => {
+                let value = "w".repeat(bytes);
+                for i in 0..writes {
+                    state.put(&format!("w{i}"), &value)?;
+                }
+                count(state)?
+            }
+            Action::Name { bytes } => {
+                state.put(&"n".repeat(bytes), &1)?;
+                count(state)?
+            }
+            Action::Reads { count: reads } => {
+                for i in 0..reads {
+                    state.get::<u64>(&format!("r{i}"))?;
+                }
+                count(state)?
+            }
+            Action::Overflow => {
+                state.put("mean", &(std::hint::black_box(f64::MAX) * 2.0))?;
+                count(state)?
+            }
+            Action::Log { count: lines, bytes } => {
+                let line = "l".repeat(bytes);
+                for _ in 0..lines {
+                    sluice_guest::log::warn(&line);
+                }
+                count(state)?
             }
         };
         Ok(vec![Output::json(key, &emitted)?])
