@@ -13,7 +13,7 @@
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
-use sluice::job::LAG;
+use sluice::job::{DEAD_LETTERS_BY_KIND, LAG};
 use sluice::record::Stop;
 use sluice::sink::REFUSED;
 use sluice::sink::transaction::{FENCED, REPLAYED_SILENTLY};
@@ -693,17 +693,12 @@ fn an_output_kafka_refuses_is_dead_lettered_and_the_partition_goes_on() -> Resul
         ),
     )?;
     let dead = dir.join("dead.jsonl");
-    run_ok(
-        sluice()
-            .arg("run")
-            .arg("--config")
-            .arg(&config)
-            .arg("--input")
-            .arg(&input)
-            .arg("--dead-letter")
-            .arg(&dead)
-            .arg("--no-checkpoints"),
-    )?;
+    let mut job = sluice();
+    job.arg("run").arg("--config").arg(&config).arg("--input").arg(&input);
+    let run = run_ok(job.arg("--dead-letter").arg(&dead).arg("--no-checkpoints"))?;
+    let report = String::from_utf8(run.stderr)?;
+    let by_kind = "0 rejected by the operator, 0 trapped or past a limit, 1 outputs refused by Kafka";
+    assert!(report.contains(&format!("{DEAD_LETTERS_BY_KIND}: {by_kind}")), "{report}");
     let outputs: Vec<Value> = broker.read_topic("out")?.into_iter().map(|r| r.value).collect();
     assert_eq!(outputs, [json!({"count": 1}), json!({"count": 2})]);
     let dead = read_jsonl(&dead)?;

@@ -21,7 +21,7 @@ use crate::source::generator::{Fleet, FleetOptions};
 use crate::source::kafka::{self, KafkaOptions};
 use crate::source::{self, DispatchOptions};
 use crate::state::{self, StateDir};
-use crate::stats::{LiveStats, peak_rss, process_cpu};
+use crate::stats::{LiveStats, Totals, peak_rss, process_cpu};
 use crate::worker::{
     Cadence, Checkpointing, Destinations, DispatchReport, PartitionReport, Router, WorkerSetup, Workers,
 };
@@ -38,6 +38,11 @@ pub const LAG: &str = "lag=";
 
 /// What follows the count of expired state entries in the final report.
 pub const EXPIRED_REMOVED: &str = " expired state entries removed";
+
+/// Starts the final report's line of dead letters by kind (when there are any):
+/// `dead letters by kind: 2 rejected by the operator, 1 trapped or past a limit, 0
+/// outputs refused by Kafka`.
+pub const DEAD_LETTERS_BY_KIND: &str = "dead letters by kind";
 
 /// Batches a worker may have queued before the source holds its partition back (an
 /// embedded source waits; the Kafka source pauses the partition).
@@ -95,6 +100,16 @@ impl fmt::Display for JobReport {
         if !self.source.gaps.is_empty() {
             let gaps: Vec<String> = self.source.gaps.iter().map(|(p, n)| format!("partition {p}: {n}")).collect();
             writeln!(f, "offset gaps (offsets the source never delivered, see the log): {}", gaps.join(", "))?;
+        }
+        if dead > 0 {
+            let total = |count: fn(&Totals) -> u64| -> u64 { self.partitions.iter().map(|p| count(&p.totals)).sum() };
+            let (trapped, refused) = (total(|t| t.dead_trapped), total(|t| t.dead_refused));
+            writeln!(
+                f,
+                "{DEAD_LETTERS_BY_KIND}: {} rejected by the operator, {trapped} trapped or past a limit, {refused} \
+                 outputs refused by Kafka",
+                dead - trapped - refused
+            )?;
         }
         if let Some(took) = self.restore_took {
             writeln!(f, "restore took {:.3}s before processing began", took.as_secs_f64())?;

@@ -17,8 +17,12 @@ use std::time::Duration;
 pub struct PartitionStats {
     /// Records processed (emitted or dead-lettered) by this worker.
     pub processed: AtomicU64,
-    /// Records sent to the dead-letter file by this worker.
+    /// Records sent to the dead-letter file by this worker...
     pub dead_letters: AtomicU64,
+    /// ... of which trapped or passed one of the operator's limits...
+    pub dead_trapped: AtomicU64,
+    /// ... and outputs Kafka refused; the rest the operator rejected.
+    pub dead_refused: AtomicU64,
     /// The next offset to process, as last committed.
     pub committed_offset: AtomicU64,
     /// State entries held, as of the last commit (expired ones not yet removed
@@ -67,6 +71,8 @@ impl PartitionStats {
         PartitionStats {
             processed: AtomicU64::new(0),
             dead_letters: AtomicU64::new(0),
+            dead_trapped: AtomicU64::new(0),
+            dead_refused: AtomicU64::new(0),
             committed_offset: AtomicU64::new(committed_offset),
             entries: AtomicU64::new(entries),
             expired: AtomicU64::new(0),
@@ -93,6 +99,8 @@ impl PartitionStats {
             committed_offset: self.committed_offset.load(Ordering::Relaxed),
             processed: self.processed.load(Ordering::Relaxed),
             dead_letters: self.dead_letters.load(Ordering::Relaxed),
+            dead_trapped: self.dead_trapped.load(Ordering::Relaxed),
+            dead_refused: self.dead_refused.load(Ordering::Relaxed),
             entries: self.entries.load(Ordering::Relaxed),
             expired: self.expired.load(Ordering::Relaxed),
             backlog: self.backlog.load(Ordering::Relaxed),
@@ -113,8 +121,12 @@ pub struct Totals {
     pub committed_offset: u64,
     /// Records processed.
     pub processed: u64,
-    /// Records sent to the dead-letter file.
+    /// Records sent to the dead-letter file...
     pub dead_letters: u64,
+    /// ... of which trapped or passed one of the operator's limits...
+    pub dead_trapped: u64,
+    /// ... and outputs Kafka refused.
+    pub dead_refused: u64,
     /// State entries stored, as of the last commit.
     pub entries: u64,
     /// Expired entries removed.

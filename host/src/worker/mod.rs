@@ -305,6 +305,8 @@ struct Emitted {
     outputs: Vec<(Origin, Output)>,
     dead: Vec<u8>,
     dead_count: u64,
+    /// Of `dead_count`: records that trapped.
+    trapped_count: u64,
     /// The line sink's buffer.
     lines: Vec<u8>,
 }
@@ -319,6 +321,7 @@ impl Emitted {
             Outcome::Trapped(reason) => {
                 let (partition, offset) = (origin.partition, origin.offset);
                 tracing::warn!(partition, offset, cause = ?origin.cause, "operator trapped: {reason}");
+                self.trapped_count += 1;
                 ("trapped", reason)
             }
         };
@@ -343,12 +346,14 @@ impl Emitted {
         stats: &PartitionStats,
         outputs: &mut PartitionOutputs,
     ) -> Result<()> {
-        self.dead_count += to.sink.send(&self.outputs, version, &mut self.lines, outputs, &mut self.dead)?;
+        let refused = to.sink.send(&self.outputs, version, &mut self.lines, outputs, &mut self.dead)?;
         to.dead_letters.write(&self.dead)?;
-        stats.dead_letters.fetch_add(self.dead_count, Ordering::Relaxed);
+        stats.dead_letters.fetch_add(self.dead_count + refused, Ordering::Relaxed);
+        stats.dead_trapped.fetch_add(self.trapped_count, Ordering::Relaxed);
+        stats.dead_refused.fetch_add(refused, Ordering::Relaxed);
         self.outputs.clear();
         self.dead.clear();
-        self.dead_count = 0;
+        (self.dead_count, self.trapped_count) = (0, 0);
         Ok(())
     }
 }
