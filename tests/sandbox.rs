@@ -179,6 +179,22 @@ fn operators_get_no_filesystem_or_environment() -> Result<()> {
     Ok(())
 }
 
+/// Randomness and the clock are denied too (a replay must decide exactly as the first
+/// run did), and the reason says what to use instead: std's `HashMap::new()` seeds itself
+/// with randomness, `SystemTime::now()` reads the clock.
+#[test]
+fn a_std_hash_map_or_the_clock_trap_saying_what_to_use_instead() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let records = [json!({"action": "hash-map"}), json!({"action": "clock"}), json!({"action": "count"})];
+    let (outputs, dead) = run_probe(dir.path(), &records)?;
+    assert_eq!(outputs, vec![json!({"count": 1})]);
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    let reasons: Vec<&str> = dead.iter().map(|d| d["reason"].as_str().unwrap_or_default()).collect();
+    assert!(reasons[0].contains("`wasi:random/") && reasons[0].contains("use a `BTreeMap`"), "{}", reasons[0]);
+    assert!(reasons[1].contains("`wasi:clocks/") && reasons[1].contains("record.timestamp_ms"), "{}", reasons[1]);
+    Ok(())
+}
+
 #[test]
 fn cpu_deadline_and_memory_cap_stop_runaway_calls() -> Result<()> {
     let dir = tempfile::tempdir()?;

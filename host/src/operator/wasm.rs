@@ -1031,13 +1031,29 @@ fn describe_trap(trap: wasmtime::Error, limits: &Limits, ctx: &mut HostCtx) -> S
         (_, Some(Cause::Limit(reason)), _) => reason,
         (_, Some(Cause::DeniedImport(import)), _) => {
             format!(
-                "operator called `{import}`, which the sandbox denies (no filesystem, network, clock or environment)"
+                "operator called `{import}`, which the sandbox denies (no filesystem, network, clock, randomness or \
+                 environment){}",
+                instead_of(&import)
             )
         }
         (_, None, Some(panic)) => panic,
         (_, None, None) => trap.root_cause().to_string(),
     };
     format!("{reason}\n{trap:#}")
+}
+
+/// What an operator should use instead of denied WASI `import`, where there is a
+/// usual reason to reach for it: a replay must decide exactly as the first run did,
+/// so neither the clock nor randomness may decide anything.
+fn instead_of(import: &str) -> &'static str {
+    if import.starts_with("wasi:random/") {
+        "; std's `HashMap::new()` and `HashSet::new()` seed themselves with randomness: use a `BTreeMap`, or a \
+         `HashMap` with a fixed hasher (`HashMap::with_hasher(BuildHasherDefault::<DefaultHasher>::default())`)"
+    } else if import.starts_with("wasi:clocks/") {
+        "; for time use the record's event time (`record.timestamp_ms`), which a replay sees again"
+    } else {
+        ""
+    }
 }
 
 /// Defines each function of the WASI interfaces `component` imports (the Rust

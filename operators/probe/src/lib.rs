@@ -8,6 +8,8 @@
 //! - `put-then-panic`: writes state, then panics (the write must be discarded);
 //! - `put-then-fail`: writes state, then returns an error (the write must be discarded);
 //! - `read-fs`, `read-env`: touch the filesystem / environment (must trap);
+//! - `hash-map`, `clock`: make a std `HashMap` (seeded by randomness) / read the system
+//!   clock (must trap, saying what to use instead);
 //! - `spin`: loops forever (must hit the deadline);
 //! - `hog`: allocates without bound (must hit the memory cap);
 //! - `remember` with `name`, `value` and `ttl_ms`: stores the value under the name with
@@ -64,6 +66,8 @@ enum Action {
     PutThenFail,
     ReadFs,
     ReadEnv,
+    HashMap,
+    Clock,
     Spin,
     Hog,
     Remember { name: String, value: serde_json::Value, ttl_ms: u64 },
@@ -122,6 +126,12 @@ impl Operator for Probe {
             }
             Action::ReadFs => serde_json::json!({ "read": std::fs::read_to_string("/etc/hostname")? }),
             Action::ReadEnv => serde_json::json!({ "env": std::env::vars().collect::<Vec<_>>() }),
+            Action::HashMap => {
+                let mut seen = std::collections::HashMap::new();
+                seen.insert(key.clone(), 1);
+                serde_json::json!({ "entries": seen.len() })
+            }
+            Action::Clock => serde_json::json!({ "now": format!("{:?}", std::time::SystemTime::now()) }),
             Action::Spin => {
                 let mut n: u64 = 0;
                 loop {
