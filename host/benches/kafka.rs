@@ -12,7 +12,9 @@
 //! bare rdkafka consumer and sluice jobs: one with the default `[state]`, one with
 //! batches of 20,000 records, two sharing the group (two hosts, each with its own state,
 //! one checkpoint store; their aggregate rate), and one with exactly-once outputs. The
-//! jobs' times exclude their idle stop.
+//! jobs' times exclude their idle stop. Last, the same job without Kafka — the same
+//! records from the generator, outputs to a file — gives sluice's own rate on this
+//! machine, the ceiling the Kafka rows can approach.
 
 use anyhow::{Result, bail};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -69,7 +71,28 @@ fn main() -> Result<()> {
         let rate = through_sluice(&broker, records, setting)?;
         println!("sluice, {:<37}  {rate:>10.0} records/s  ({:.2} of the bare consumer)", setting.label, rate / bare);
     }
+    let rate = without_kafka(records)?;
+    println!("sluice, one host, generator to a file (no Kafka)  {rate:>10.0} records/s  ({:.2})", rate / bare);
     Ok(())
+}
+
+/// Records/s of the default job over the same records with neither a Kafka source nor a
+/// Kafka sink: the generator (same seed) to a file, as many partitions.
+fn without_kafka(records: u64) -> Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let source = SourceConfig::Generator {
+        vehicles: 10_000,
+        count: Some(records),
+        duration: None,
+        rate: None,
+        seed: 42,
+        churn: None,
+    };
+    let mut config = common::job_config(dir.path(), source);
+    config.state.partitions = PARTITIONS as u32;
+    config.checkpoint.store = Some(dir.path().join("store").display().to_string());
+    let report = sluice::job::run(&config)?;
+    Ok(report.processed() as f64 / report.elapsed.as_secs_f64())
 }
 
 /// Records/s of vehicle-stats from `positions` to `summaries` as `setting` says, the

@@ -44,6 +44,7 @@
 //! dir = "sluice-state"
 //! partitions = 4
 //! batch_records = 512         # records per batch a worker processes, at most
+//! queued_records = 16384      # records queued per partition (whole batches, at least 4) before its source waits
 //! commit_interval = "1s"      # a partition commits its state at least this often
 //! commit_every = 100000       # ... and after this many records
 //! commit_dirty_mib = 64       # ... or this much written
@@ -354,6 +355,12 @@ pub struct StateConfig {
     /// and deploys, so a batch's processing time is what a rebalance waits for.
     #[serde(default = "default_batch_records")]
     pub batch_records: usize,
+    /// The most records a partition's worker may have queued, in whole batches (at
+    /// least four), before the source holds the partition back: the memory of each
+    /// partition's queue. A Kafka source pauses the partition, which costs it the
+    /// records librdkafka prefetched, so too small a queue pauses it all the time.
+    #[serde(default = "default_queued_records")]
+    pub queued_records: usize,
     /// The longest a partition's processed records wait for their state commit.
     #[serde(default = "default_commit_interval", deserialize_with = "duration")]
     pub commit_interval: Duration,
@@ -378,6 +385,12 @@ impl StateConfig {
     pub fn batch_size(&self) -> usize {
         self.batch_records.min(self.commit_every)
     }
+
+    /// The batches a partition's worker may have queued: `queued_records` of them,
+    /// at least four.
+    pub fn queued_batches(&self) -> usize {
+        (self.queued_records / self.batch_size()).max(4)
+    }
 }
 
 fn default_state_dir() -> PathBuf {
@@ -390,6 +403,10 @@ fn default_partitions() -> u32 {
 
 fn default_batch_records() -> usize {
     512
+}
+
+fn default_queued_records() -> usize {
+    16_384
 }
 
 fn default_commit_interval() -> Duration {
@@ -418,6 +435,7 @@ impl Default for StateConfig {
             dir: default_state_dir(),
             partitions: default_partitions(),
             batch_records: default_batch_records(),
+            queued_records: default_queued_records(),
             commit_interval: default_commit_interval(),
             commit_every: default_commit_every(),
             commit_dirty_mib: default_commit_dirty_mib(),

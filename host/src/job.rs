@@ -44,10 +44,6 @@ pub const EXPIRED_REMOVED: &str = " expired state entries removed";
 /// outputs refused by Kafka`.
 pub const DEAD_LETTERS_BY_KIND: &str = "dead letters by kind";
 
-/// Batches a worker may have queued before the source holds its partition back (an
-/// embedded source waits; the Kafka source pauses the partition).
-const QUEUED_BATCHES: usize = 4;
-
 /// What a job did, per partition and in all.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobReport {
@@ -202,7 +198,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
         operator: active.clone(),
         checkpoints,
         runtime: runtime.handle().clone(),
-        queued_batches: QUEUED_BATCHES,
+        queued_batches: config.state.queued_batches(),
         cadence: Cadence::of(&config.state, slow_batch),
         cache_bytes: config.state.cache_mib << 20,
         ttl: Arc::new(config.ttl.clone()),
