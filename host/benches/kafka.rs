@@ -19,6 +19,7 @@
 use anyhow::{Result, bail};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use sluice::config::{Config, Guarantee, SinkConfig, SourceConfig};
+use sluice::job::JobReport;
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice_tests::{KafkaBroker, bench_setting};
 use std::path::Path;
@@ -68,17 +69,38 @@ fn main() -> Result<()> {
     let bare = records as f64 / bare_consumer(&broker, records)?.as_secs_f64();
     println!("bare rdkafka consumer                                {bare:>10.0} records/s");
     for setting in &settings {
-        let rate = through_sluice(&broker, records, setting)?;
-        println!("sluice, {:<37}  {rate:>10.0} records/s  ({:.2} of the bare consumer)", setting.label, rate / bare);
+        let (rate, cpu) = through_sluice(&broker, records, setting)?;
+        println!(
+            "sluice, {:<37}  {rate:>10.0} records/s  ({:.2} of the bare consumer)  {cpu:.2} µs CPU/record",
+            setting.label,
+            rate / bare
+        );
     }
-    let rate = without_kafka(records)?;
-    println!("sluice, one host, generator to a file (no Kafka)  {rate:>10.0} records/s  ({:.2})", rate / bare);
+    let (rate, cpu) = without_kafka(records)?;
+    println!(
+        "sluice, one host, generator to a file (no Kafka)  {rate:>10.0} records/s  ({:.2})  {cpu:.2} µs CPU/record",
+        rate / bare
+    );
     Ok(())
 }
 
+/// Records/s of jobs that together processed `records` and reported `reports`, their
+/// times less `idle` (their idle stop), and the process's CPU time per record over them
+/// (every thread; jobs that run together each count all of it, so the largest is taken).
+fn rate_and_cpu(records: u64, reports: &[JobReport], idle: Duration) -> Result<(f64, f64)> {
+    let processed: u64 = reports.iter().map(JobReport::processed).sum();
+    if processed < records {
+        bail!("the jobs processed {processed} of {records} records");
+    }
+    let elapsed = reports.iter().map(|r| r.elapsed).max().unwrap_or_default();
+    let cpu = reports.iter().filter_map(|r| r.cpu).max().unwrap_or_default();
+    Ok((records as f64 / elapsed.saturating_sub(idle).as_secs_f64(), cpu.as_secs_f64() * 1e6 / records as f64))
+}
+
 /// Records/s of the default job over the same records with neither a Kafka source nor a
-/// Kafka sink: the generator (same seed) to a file, as many partitions.
-fn without_kafka(records: u64) -> Result<f64> {
+/// Kafka sink — the generator (same seed) to a file, as many partitions — and its CPU
+/// time per record.
+fn without_kafka(records: u64) -> Result<(f64, f64)> {
     let dir = tempfile::tempdir()?;
     let source = SourceConfig::Generator {
         vehicles: 10_000,
@@ -91,14 +113,13 @@ fn without_kafka(records: u64) -> Result<f64> {
     let mut config = common::job_config(dir.path(), source);
     config.state.partitions = PARTITIONS as u32;
     config.checkpoint.store = Some(dir.path().join("store").display().to_string());
-    let report = sluice::job::run(&config)?;
-    Ok(report.processed() as f64 / report.elapsed.as_secs_f64())
+    rate_and_cpu(records, &[sluice::job::run(&config)?], Duration::ZERO)
 }
 
 /// Records/s of vehicle-stats from `positions` to `summaries` as `setting` says, the
 /// jobs sharing a group of their own (and a checkpoint store, which a partition moving
-/// between them needs).
-fn through_sluice(broker: &KafkaBroker, records: u64, setting: &Setting) -> Result<f64> {
+/// between them needs), and their CPU time per record.
+fn through_sluice(broker: &KafkaBroker, records: u64, setting: &Setting) -> Result<(f64, f64)> {
     let dir = tempfile::tempdir()?;
     let group = format!("bench-{}", setting.label.replace([' ', ',', '(', ')'], "-"));
     let configs: Vec<Config> =
@@ -107,12 +128,7 @@ fn through_sluice(broker: &KafkaBroker, records: u64, setting: &Setting) -> Resu
         let jobs: Vec<_> = configs.iter().map(|config| scope.spawn(|| sluice::job::run(config))).collect();
         jobs.into_iter().map(|job| job.join().expect("a job thread panicked")).collect::<Result<Vec<_>>>()
     })?;
-    let processed: u64 = reports.iter().map(|r| r.processed()).sum();
-    if processed < records {
-        bail!("the jobs processed {processed} of {records} records");
-    }
-    let elapsed = reports.iter().map(|r| r.elapsed).max().unwrap_or_default();
-    Ok(records as f64 / elapsed.saturating_sub(IDLE_STOP).as_secs_f64())
+    rate_and_cpu(records, &reports, IDLE_STOP)
 }
 
 /// A job of vehicle-stats reading `positions` in `group` and writing to `summaries`,
