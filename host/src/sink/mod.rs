@@ -22,6 +22,11 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+/// The most formatted lines a line sink holds before it writes them: a batch's
+/// outputs are written in pieces of about this size, so formatting them (which can make
+/// a value six times longer: a NUL byte becomes `\u0000`) never holds a whole batch.
+const LINE_CHUNK_BYTES: usize = 1 << 20;
+
 /// Where the job's outputs go, shared by all workers.
 pub enum Sink {
     /// JSONL lines to a file or stdout.
@@ -47,7 +52,8 @@ impl Sink {
     /// Sends a batch's outputs, each with its origin, all produced by operator
     /// `version`, as part of `into`, the sending partition's outputs. A line sink has
     /// written them when it returns (formatted into `scratch`, which the caller keeps
-    /// from batch to batch so its memory is reused); a Kafka sink has queued them,
+    /// from batch to batch so its memory is reused, [`LINE_CHUNK_BYTES`] at a time, so
+    /// it holds that plus one line); a Kafka sink has queued them,
     /// counted in `into` until the broker acknowledges them, or in `into`'s open
     /// transaction. An output Kafka refuses for itself (over the producer's
     /// `message.max.bytes`) is not sent: its dead letter goes into `refused`, and the
@@ -69,6 +75,10 @@ impl Sink {
                 let operator = OperatorField::new(version);
                 for (origin, output) in outputs {
                     format_output(scratch, origin, output, &operator);
+                    if scratch.len() >= LINE_CHUNK_BYTES {
+                        lines.write(scratch)?;
+                        scratch.clear();
+                    }
                 }
                 lines.write(scratch).map(|()| 0)
             }
@@ -383,6 +393,33 @@ fn format_refused(buf: &mut Vec<u8>, origin: &Origin, output: &Output, version: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A batch's outputs, formatted far larger than they are (NUL bytes), are written
+    /// whole and in order, a piece at a time: the formatting buffer never holds the batch.
+    #[test]
+    fn a_line_sink_formats_and_writes_a_large_batch_a_piece_at_a_time() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("out.jsonl");
+        let sink = Sink::Lines(LineSink::file(&path)?);
+        let outputs: Vec<(Origin, Output)> = (0..3_000)
+            .map(|offset| {
+                let origin = Origin { partition: 0, offset, cause: Cause::Record };
+                (origin, Output { key: b"k".to_vec(), value: vec![0; 1_024], topic: None })
+            })
+            .collect();
+        let (mut scratch, mut refused) = (Vec::new(), Vec::new());
+        let mut into = PartitionOutputs::Acknowledged(None);
+        assert_eq!(sink.send(&outputs, "v", &mut scratch, &mut into, &mut refused)?, 0);
+        let written = std::fs::read_to_string(&path)?;
+        assert!(written.len() > 3_000 * 6_000, "each NUL byte is written as six: {} bytes", written.len());
+        let offsets: Vec<u64> = written
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).map(|l| l["offset"].as_u64().unwrap_or(0)))
+            .collect::<std::result::Result<_, _>>()?;
+        assert_eq!(offsets, (0..3_000).collect::<Vec<u64>>());
+        assert!(scratch.capacity() <= 4 * LINE_CHUNK_BYTES, "the buffer grew to {} bytes", scratch.capacity());
+        Ok(())
+    }
 
     /// [`format_output`] writes, field by field, the line serde writes for [`Line`]:
     /// JSON values embedded, other values and keys as (lossy) strings, escapes, topics.
