@@ -208,11 +208,13 @@ impl OperatorConfig {
     }
 }
 
-fn default_call_timeout_ms() -> u64 {
+/// `[operator] call_timeout_ms` when unset.
+pub fn default_call_timeout_ms() -> u64 {
     1000
 }
 
-fn default_memory_limit_mib() -> u64 {
+/// `[operator] memory_limit_mib` when unset.
+pub fn default_memory_limit_mib() -> u64 {
     64
 }
 

@@ -349,7 +349,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let runtime = crate::checkpoint::runtime()?;
         let store = CheckpointStore::open(dir.path().join("store").to_str().expect("UTF-8 temp path"))?;
-        let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20, ..Limits::default() };
+        let limits = Limits::default();
         let probe = Arc::new(WasmOperator::load(&sluice_tests::operator_wasm("probe"), limits.clone(), Vec::new())?);
         let sandbox = Sandbox { limits, config: Vec::new(), scratch: dir.path().join("scratch") };
         let live = LiveStats::default();

@@ -29,8 +29,10 @@ pub enum Outcome {
     Emitted(Vec<Output>),
     /// The operator returned an error for this record (a poison record, typically).
     Rejected(String),
-    /// The call trapped, ran past its deadline or hit its memory cap. The instance
-    /// was replaced by a fresh one; the record's writes are discarded.
+    /// The call trapped, ran past its deadline, hit its memory cap or passed one of
+    /// the operator's limits; the record's writes are discarded. An instance that
+    /// trapped was replaced by a fresh one (one whose outputs passed a limit is kept:
+    /// it returned normally).
     Trapped(String),
 }
 

@@ -26,7 +26,7 @@
 //! cannot be called while it is in a call).
 
 use super::{Expiration, Operator, Outcome, Output, Processed, Switch};
-use crate::config::OperatorLimits;
+use crate::config::{self, OperatorLimits};
 use crate::record::SourceRecord;
 use crate::state::{Expired, Transaction};
 use anyhow::{Context, Result, anyhow, bail};
@@ -86,9 +86,13 @@ pub struct Limits {
 }
 
 impl Default for Limits {
-    /// The defaults of `[operator]`: a second per call, 64 MiB per instance.
+    /// The defaults of `[operator]`.
     fn default() -> Self {
-        Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20, per_call: OperatorLimits::default() }
+        Limits {
+            call_timeout: Duration::from_millis(config::default_call_timeout_ms()),
+            memory_bytes: (config::default_memory_limit_mib() as usize) << 20,
+            per_call: OperatorLimits::default(),
+        }
     }
 }
 
@@ -1418,7 +1422,7 @@ mod tests {
     fn a_version_that_fails_to_start_on_a_partition_leaves_it_running_the_old_one() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let probe = sluice_tests::operator_wasm("probe");
-        let limits = Limits { call_timeout: Duration::from_secs(1), memory_bytes: 64 << 20, ..Limits::default() };
+        let limits = Limits::default();
         let good = Arc::new(WasmOperator::load(&probe, limits.clone(), Vec::new())?);
         let config = vec![("fail_init".to_string(), "true".to_string())];
         let failing = Arc::new(WasmOperator::compile("other", &std::fs::read(&probe)?, "test", limits, config)?);
