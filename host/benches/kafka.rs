@@ -2,25 +2,37 @@
 //! its outputs to another topic (consume-process-produce), next to a bare rdkafka
 //! consumer reading the same topic in the same run.
 //!
-//! Needs `noida-db` on the PATH (`./dev.sh bench` installs it, as for the tests); the
-//! benchmark starts it through the tests' `KafkaBroker` on a free loopback port. Not
-//! tansu: its in-memory storage mis-serves fetches inside multi-record batches, and on
-//! its SQLite storage a second consumer group's first fetches take longer than a job's
-//! idle stop. It produces `SLUICE_BENCH_KAFKA_RECORDS` (default 200,000) generator
+//! Needs `noida-db` and `tansu` on the PATH (`./dev.sh bench` installs them, as for the
+//! tests); the benchmark starts them through the tests' `KafkaBroker` on free loopback
+//! ports. The rates are measured on noida-db: tansu's in-memory storage mis-serves
+//! fetches inside multi-record batches, and its SQLite storage serves about 12,000
+//! records/s. It produces `SLUICE_BENCH_KAFKA_RECORDS` (default 200,000) generator
 //! records to a topic of four partitions in batches as librdkafka makes them (hundreds
 //! of records per produce request), then times, each in a consumer group of its own, a
 //! bare rdkafka consumer and sluice jobs: one with the default `[state]`, one with
 //! batches of 20,000 records, two sharing the group (two hosts, each with its own state,
 //! one checkpoint store; their aggregate rate), and one with exactly-once outputs. The
-//! jobs' times exclude their idle stop. Last, the same job without Kafka — the same
+//! jobs' times exclude their idle stop. Then the same job without Kafka — the same
 //! records from the generator, outputs to a file — gives sluice's own rate on this
 //! machine, the ceiling the Kafka rows can approach.
+//!
+//! Each row also gives the CPU time per record of the whole process (every thread), and
+//! the bare consumer's CPU per record divided by the row's: the rate per core. noida-db
+//! answers a fetch at the end of a partition at once, where Kafka holds it for
+//! `fetch.wait.max.ms`, so a consumer that has read all there is spins, fetching
+//! thousands of times a second; a sluice job reaches the end while its workers are
+//! still busy with what it read, and pays for that spin. The last row runs the default
+//! job, its outputs to a file, on tansu's SQLite storage, which holds an empty fetch as
+//! Kafka does: its CPU per record is what consuming costs sluice on a broker that
+//! behaves. (Its outputs do not go to tansu: SQLite serves the fetches and the produce
+//! requests of one job too slowly for the sink's delivery timeout.)
 
 use anyhow::{Result, bail};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use sluice::config::{Config, Guarantee, SinkConfig, SourceConfig};
 use sluice::job::JobReport;
 use sluice::source::generator::{Fleet, FleetOptions};
+use sluice::stats::process_cpu;
 use sluice_tests::{KafkaBroker, bench_setting};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -28,17 +40,29 @@ use std::time::{Duration, Instant};
 mod common;
 
 const PARTITIONS: i32 = 4;
-/// How long a job waits for more records before it stops.
+/// How long a job on noida-db waits for more records before it stops.
 const IDLE_STOP: Duration = Duration::from_secs(5);
+/// The same on tansu, whose answer to a new consumer group's first fetches can take
+/// longer than [`IDLE_STOP`].
+const TANSU_IDLE_STOP: Duration = Duration::from_secs(20);
 
 /// One sluice row: records per batch (and the most per commit; `None`: the defaults),
-/// hosts sharing the group, and the outputs' guarantee.
+/// hosts sharing the group, and where the outputs go.
 #[derive(Clone, Copy)]
 struct Setting {
     label: &'static str,
     batch: Option<usize>,
     hosts: usize,
-    guarantee: Guarantee,
+    outputs: Outputs,
+}
+
+/// Where a [`Setting`]'s job writes its outputs.
+#[derive(Clone, Copy)]
+enum Outputs {
+    /// To the topic `summaries`, with this guarantee.
+    Kafka(Guarantee),
+    /// To a file: the job costs only its consumer.
+    File,
 }
 
 fn main() -> Result<()> {
@@ -47,15 +71,45 @@ fn main() -> Result<()> {
         label: "one host, defaults (batches of 512)",
         batch: None,
         hosts: 1,
-        guarantee: Guarantee::AtLeastOnce,
+        outputs: Outputs::Kafka(Guarantee::AtLeastOnce),
     };
     let settings = [
         default,
         Setting { label: "one host, batches of 20,000 records", batch: Some(20_000), ..default },
         Setting { label: "two hosts, defaults (aggregate)", hosts: 2, ..default },
-        Setting { label: "one host, exactly once", guarantee: Guarantee::ExactlyOnce, ..default },
+        Setting { label: "one host, exactly once", outputs: Outputs::Kafka(Guarantee::ExactlyOnce), ..default },
     ];
     let broker = KafkaBroker::start_transactional()?;
+    fill(&broker, records)?;
+    let (bare, bare_cpu) = bare_consumer(&broker, records)?;
+    println!("bare rdkafka consumer                             {bare:>10.0} records/s  {bare_cpu:>6.2} µs CPU/record");
+    let row = |label: &str, (rate, cpu): (f64, f64)| {
+        println!(
+            "sluice, {label:<41} {rate:>10.0} records/s  {cpu:>6.2} µs CPU/record  ({:.2} of the bare consumer; {:.2} per core)",
+            rate / bare,
+            bare_cpu / cpu
+        )
+    };
+    for setting in &settings {
+        row(setting.label, through_sluice(&broker, IDLE_STOP, records, setting)?);
+    }
+    let no_kafka = without_kafka(records)?;
+    row("one host, generator to a file (no Kafka)", no_kafka);
+    drop(broker);
+    let tansu = KafkaBroker::start()?;
+    fill(&tansu, records)?;
+    let consumer_only = Setting { label: "one host, outputs to a file", outputs: Outputs::File, ..default };
+    let (_, cpu) = through_sluice(&tansu, TANSU_IDLE_STOP, records, &consumer_only)?;
+    println!(
+        "sluice, one host, Kafka to a file, on tansu      {cpu:>6.2} µs CPU/record ({:.2} of the no-Kafka job's; its rate is the broker's)",
+        cpu / no_kafka.1
+    );
+    Ok(())
+}
+
+/// Creates the two topics on `broker` and produces `records` generator records to
+/// `positions`.
+fn fill(broker: &KafkaBroker, records: u64) -> Result<()> {
     for topic in ["positions", "summaries"] {
         broker.create_topic(topic, PARTITIONS)?;
     }
@@ -63,23 +117,9 @@ fn main() -> Result<()> {
     let fleet = Fleet::new(&FleetOptions { vehicles: 10_000, count: Some(records), seed: 42, churn: None });
     broker.produce("positions", fleet.map(|record| record.map(|r| (r.key, r.value))))?;
     println!(
-        "produced {records} records of 10000 vehicles to a topic of {PARTITIONS} partitions in {:.1}s",
+        "produced {records} records of 10000 vehicles to a topic of {PARTITIONS} partitions on {} in {:.1}s",
+        broker.bootstrap,
         started.elapsed().as_secs_f64()
-    );
-    let bare = records as f64 / bare_consumer(&broker, records)?.as_secs_f64();
-    println!("bare rdkafka consumer                                {bare:>10.0} records/s");
-    for setting in &settings {
-        let (rate, cpu) = through_sluice(&broker, records, setting)?;
-        println!(
-            "sluice, {:<37}  {rate:>10.0} records/s  ({:.2} of the bare consumer)  {cpu:.2} µs CPU/record",
-            setting.label,
-            rate / bare
-        );
-    }
-    let (rate, cpu) = without_kafka(records)?;
-    println!(
-        "sluice, one host, generator to a file (no Kafka)  {rate:>10.0} records/s  ({:.2})  {cpu:.2} µs CPU/record",
-        rate / bare
     );
     Ok(())
 }
@@ -116,40 +156,43 @@ fn without_kafka(records: u64) -> Result<(f64, f64)> {
     rate_and_cpu(records, &[sluice::job::run(&config)?], Duration::ZERO)
 }
 
-/// Records/s of vehicle-stats from `positions` to `summaries` as `setting` says, the
-/// jobs sharing a group of their own (and a checkpoint store, which a partition moving
+/// Records/s of vehicle-stats from `positions` to `summaries` as `setting` says, each
+/// job stopping once idle for `idle`, the jobs sharing a group of their own (and a checkpoint store, which a partition moving
 /// between them needs), and their CPU time per record.
-fn through_sluice(broker: &KafkaBroker, records: u64, setting: &Setting) -> Result<(f64, f64)> {
+fn through_sluice(broker: &KafkaBroker, idle: Duration, records: u64, setting: &Setting) -> Result<(f64, f64)> {
     let dir = tempfile::tempdir()?;
     let group = format!("bench-{}", setting.label.replace([' ', ',', '(', ')'], "-"));
-    let configs: Vec<Config> =
-        (0..setting.hosts).map(|host| job(broker, &dir.path().join(format!("host-{host}")), &group, setting)).collect();
+    let configs: Vec<Config> = (0..setting.hosts)
+        .map(|host| job(broker, idle, &dir.path().join(format!("host-{host}")), &group, setting))
+        .collect();
     let reports = std::thread::scope(|scope| {
         let jobs: Vec<_> = configs.iter().map(|config| scope.spawn(|| sluice::job::run(config))).collect();
         jobs.into_iter().map(|job| job.join().expect("a job thread panicked")).collect::<Result<Vec<_>>>()
     })?;
-    rate_and_cpu(records, &reports, IDLE_STOP)
+    rate_and_cpu(records, &reports, idle)
 }
 
-/// A job of vehicle-stats reading `positions` in `group` and writing to `summaries`,
-/// everything under `dir`, its checkpoint store shared with the jobs in sibling
-/// directories.
-fn job(broker: &KafkaBroker, dir: &Path, group: &str, setting: &Setting) -> Config {
+/// A job of vehicle-stats reading `positions` in `group` until idle for `idle` and
+/// writing to `summaries`, everything under `dir`, its checkpoint store shared with the
+/// jobs in sibling directories.
+fn job(broker: &KafkaBroker, idle: Duration, dir: &Path, group: &str, setting: &Setting) -> Config {
     let source = SourceConfig::Kafka {
         brokers: broker.bootstrap.clone(),
         topic: "positions".into(),
         group: group.into(),
         instance_id: None,
         properties: Default::default(),
-        stop_when_idle: Some(IDLE_STOP),
+        stop_when_idle: Some(idle),
     };
     let mut config = common::job_config(dir, source);
-    config.sink = SinkConfig::Kafka {
-        brokers: broker.bootstrap.clone(),
-        topic: "summaries".into(),
-        properties: Default::default(),
-        guarantee: setting.guarantee,
-    };
+    if let Outputs::Kafka(guarantee) = setting.outputs {
+        config.sink = SinkConfig::Kafka {
+            brokers: broker.bootstrap.clone(),
+            topic: "summaries".into(),
+            properties: Default::default(),
+            guarantee,
+        };
+    }
     config.state.partitions = PARTITIONS as u32;
     if let Some(batch) = setting.batch {
         (config.state.batch_records, config.state.commit_every) = (batch, batch);
@@ -159,9 +202,10 @@ fn job(broker: &KafkaBroker, dir: &Path, group: &str, setting: &Setting) -> Conf
     config
 }
 
-/// How long a plain consumer-group member takes to read `records` records.
-fn bare_consumer(broker: &KafkaBroker, records: u64) -> Result<Duration> {
-    let started = Instant::now();
+/// Records/s of a plain consumer-group member reading `records` records, and the
+/// process's CPU time per record meanwhile.
+fn bare_consumer(broker: &KafkaBroker, records: u64) -> Result<(f64, f64)> {
+    let (started, cpu) = (Instant::now(), process_cpu());
     let consumer: BaseConsumer = broker.consumer_config("bench-bare").set("auto.offset.reset", "earliest").create()?;
     consumer.subscribe(&["positions"])?;
     let mut read = 0;
@@ -174,5 +218,7 @@ fn bare_consumer(broker: &KafkaBroker, records: u64) -> Result<Duration> {
             bail!("the bare consumer read {read} of {records} records in 10 minutes");
         }
     }
-    Ok(started.elapsed())
+    let elapsed = started.elapsed();
+    let cpu = cpu.zip(process_cpu()).map(|(before, after)| after.saturating_sub(before)).unwrap_or_default();
+    Ok((records as f64 / elapsed.as_secs_f64(), cpu.as_secs_f64() * 1e6 / records as f64))
 }
