@@ -27,7 +27,8 @@ fn run_probe_with(dir: &Path, records: &[Value], config: &str) -> Result<(Vec<Va
 
 /// A `sluice run` of `operator` in `dir` over the log `records` (as [`run_probe`] takes
 /// them), one partition, a deadline of 300 ms and a memory cap of 16 MiB per call, with
-/// `config` (TOML lines) added; outputs to `out.jsonl`, dead letters to `dead.jsonl`.
+/// `config` (TOML lines; keys before any table are `[operator]`'s) added; outputs to
+/// `out.jsonl`, dead letters to `dead.jsonl`.
 fn sandbox_job(dir: &Path, operator: &Path, records: &[Value], config: &str) -> Result<Command> {
     let input = dir.join("input.jsonl");
     let lines: Vec<String> = records
@@ -45,8 +46,8 @@ fn sandbox_job(dir: &Path, operator: &Path, records: &[Value], config: &str) -> 
     std::fs::write(
         &config_file,
         format!(
-            "[operator]\npath = {operator:?}\ncall_timeout_ms = 300\nmemory_limit_mib = 16\n\
-             [state]\ndir = {:?}\npartitions = 1\n[report]\ninterval_s = 0\n{config}",
+            "[operator]\npath = {operator:?}\ncall_timeout_ms = 300\nmemory_limit_mib = 16\n{config}\n\
+             [state]\ndir = {:?}\npartitions = 1\n[report]\ninterval_s = 0\n",
             dir.join("state")
         ),
     )?;
@@ -192,15 +193,43 @@ fn operators_get_no_filesystem_environment_clock_or_randomness() -> Result<()> {
     Ok(())
 }
 
+/// A spin passes the CPU deadline (or, where instructions are counted, the instruction
+/// limit), a growing heap the memory cap; each costs its record only.
 #[test]
-fn cpu_deadline_and_memory_cap_stop_runaway_calls() -> Result<()> {
-    let dir = tempfile::tempdir()?;
+fn cpu_and_memory_limits_stop_runaway_calls() -> Result<()> {
     let records = [json!({"action": "spin"}), json!({"action": "hog"}), json!({"action": "count"})];
+    for (config, cpu) in [
+        ("", "exceeded its CPU deadline of 300ms ([operator] call_timeout_ms)"),
+        ("instructions_per_call = 1000000000", "passed its limit [operator] instructions_per_call = 1000000000"),
+    ] {
+        let dir = tempfile::tempdir()?;
+        let (outputs, dead, _) = run_probe_with(dir.path(), &records, config)?;
+        assert_eq!(outputs, vec![json!({"count": 1})], "{config}");
+        assert_eq!(dead.len(), 2, "{config}: {dead:?}");
+        assert!(dead[0]["reason"].as_str().unwrap().contains(cpu), "{config}: {}", dead[0]);
+        assert!(dead[1]["reason"].as_str().unwrap().contains("memory limit of 16 MiB"), "{config}: {}", dead[1]);
+        // Each was called again on a fresh instance, as `[operator.retry]` says by default.
+        assert!(dead.iter().all(|d| d["attempts"] == 2), "{config}: {dead:?}");
+    }
+    Ok(())
+}
+
+/// In strict mode a record that still traps after its attempts stops the partition
+/// (here, with one partition, the job) naming it, and loses nothing: nothing of its
+/// batch was committed, so a run without strict mode processes the batch again and
+/// dead-letters only that record.
+#[test]
+fn strict_mode_stops_at_a_record_that_keeps_trapping_and_loses_nothing() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let records = [json!({"action": "count"}), json!({"action": "hog"}), json!({"action": "count"})];
+    let strict = "[operator.retry]\nstrict = true\nbackoff = \"1ms\"";
+    let err = run_err(&mut sandbox_job(dir.path(), &operator_wasm("probe"), &records, strict)?)?;
+    assert!(err.contains("the record at offset 1 failed in 2 call(s), and [operator.retry] strict = true"), "{err}");
+    assert!(err.contains("memory limit of 16 MiB"), "{err}");
     let (outputs, dead) = run_probe(dir.path(), &records)?;
-    assert_eq!(outputs, vec![json!({"count": 1})]);
-    assert_eq!(dead.len(), 2, "{dead:?}");
-    assert!(dead[0]["reason"].as_str().unwrap().contains("exceeded its deadline of 300ms"), "{}", dead[0]);
-    assert!(dead[1]["reason"].as_str().unwrap().contains("memory limit of 16 MiB"), "{}", dead[1]);
+    assert_eq!(outputs, vec![json!({"count": 1}), json!({"count": 2})]);
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0]["offset"], 1);
     Ok(())
 }
 

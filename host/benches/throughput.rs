@@ -5,17 +5,22 @@
 //!    batch of records per call (`process-batch`);
 //! 2. the same with every entry under an event-time TTL of a day, longer than the
 //!    records span (expiry stamps, the expiry index kept with every write, a clock
-//!    check per record), against 1 for a TTL's cost; 1 and 2 alternate for three
-//!    rounds and each gives its median;
-//! 3. the same operator built against WIT 0.1.0, one call per record, the baseline of
+//!    check per record), against 1 for a TTL's cost;
+//! 3. the same with no limits at all — no CPU deadline (the epoch checks compiled
+//!    into the guest's code), no memory cap, no per-call limits — against 1, which
+//!    runs with the default limits, for what the sandbox's limits cost; and 4, the
+//!    same with its instructions counted (`[operator] instructions_per_call`), for
+//!    what an exact CPU bound costs; 1 to 4 alternate for three rounds and each gives
+//!    its median;
+//! 5. the same operator built against WIT 0.1.0, one call per record, the baseline of
 //!    the batched call;
-//! 4. the component with the state layer as it was before its cache and commits by
+//! 6. the component with the state layer as it was before its cache and commits by
 //!    time (no cache, a commit every 512 records), the baseline of those two levers;
-//! 5. the same operator code compiled natively, through the same worker path and the
+//! 7. the same operator code compiled natively, through the same worker path and the
 //!    same state layer (transaction, cache, commits);
-//! 6. a raw RocksDB read-modify-write loop over the same keys (get, update a
+//! 8. a raw RocksDB read-modify-write loop over the same keys (get, update a
 //!    16-byte aggregate, put), the floor of what keyed state costs without a cache;
-//! 7. the operator alone, compiled natively, its state in a `HashMap` and its outputs
+//! 9. the operator alone, compiled natively, its state in a `HashMap` and its outputs
 //!    dropped: no host at all, so the ceiling of any host running this operator (its
 //!    own work is parsing the input, decoding and encoding the summary).
 //!
@@ -27,7 +32,7 @@
 //! `SLUICE_BENCH_VEHICLES` runs one fleet size only.
 
 use anyhow::Result;
-use sluice::config::{StateConfig, TtlConfig};
+use sluice::config::{OperatorLimits, StateConfig, TtlConfig};
 use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
 use sluice::operator::{Operator, Outcome, Output, Switch};
 use sluice::record::SourceRecord;
@@ -91,13 +96,23 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
     let wasm_path = operator_wasm("vehicle_stats");
     let limits = Limits::default();
     let operator = ActiveVersion::new(Arc::new(WasmOperator::load(&wasm_path, limits.clone(), Vec::new())?));
+    let load = |limits| WasmOperator::load(&wasm_path, limits, Vec::new()).map(|o| ActiveVersion::new(Arc::new(o)));
+    let unlimited_limits = Limits {
+        call_timeout: None,
+        instructions: None,
+        memory_bytes: usize::MAX,
+        per_call: OperatorLimits::unlimited(),
+        ..limits.clone()
+    };
+    let unlimited_operator = load(unlimited_limits)?;
+    let counting = load(Limits { instructions: Some(u64::MAX), ..limits.clone() })?;
     // The component with and without a TTL, in alternating rounds, each taken as the
     // median of its rounds: the two differ by less than this machine drifts between
     // runs. The TTL (a day) outlasts the records' event time, so the same work is done
     // and what differs is what a TTL costs: the stamps, the index, the expiry checks.
     // (Expiries themselves: the churn bench.)
     let ttl = Arc::new(TtlConfig { default: Some(Duration::from_secs(86_400)), ..TtlConfig::default() });
-    let (mut plain, mut expiring) = (Vec::new(), Vec::new());
+    let (mut plain, mut expiring, mut unlimited, mut counted) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..3 {
         let path = dir.path().join(format!("wasm-{round}"));
         let txn = Transaction::new(PartitionStore::open(&path, 0)?, cache_bytes)?;
@@ -105,10 +120,19 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
         let path = dir.path().join(format!("ttl-{round}"));
         let txn = Transaction::new(PartitionStore::open(&path, 0)?, cache_bytes)?.with_ttl(ttl.clone())?;
         expiring.push(through_worker(operator.instantiate(0, txn)?, &records, state, &path)?);
+        let path = dir.path().join(format!("unlimited-{round}"));
+        let txn = Transaction::new(PartitionStore::open(&path, 0)?, cache_bytes)?;
+        unlimited.push(through_worker(unlimited_operator.instantiate(0, txn)?, &records, state, &path)?);
+        let path = dir.path().join(format!("counted-{round}"));
+        let txn = Transaction::new(PartitionStore::open(&path, 0)?, cache_bytes)?;
+        counted.push(through_worker(counting.instantiate(0, txn)?, &records, state, &path)?);
     }
     let (wasm, expiring) = (Measured::median(plain), Measured::median(expiring));
+    let (unlimited, counted) = (Measured::median(unlimited), Measured::median(counted));
     println!("wasm component, worker path    {wasm}");
     println!("  the same, TTL 1 day (median) {expiring}");
+    println!("  no limits at all (median)    {unlimited}");
+    println!("  instructions counted (med.)  {counted}");
 
     let unbatched = WasmOperator::load(&operator_wasm("vehicle_stats_0_1_0"), limits.clone(), Vec::new())?;
     let store = PartitionStore::open(&dir.path().join("unbatched"), 0)?;
@@ -147,6 +171,16 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
         "TTL on / off: {:.2} records/s (CPU per record: {:.2})",
         expiring.rate / wasm.rate,
         wasm.cpu / expiring.cpu
+    );
+    println!(
+        "limits on / off: {:.2} records/s (CPU per record: {:.2})",
+        wasm.rate / unlimited.rate,
+        unlimited.cpu / wasm.cpu
+    );
+    println!(
+        "instructions counted / not: {:.2} records/s (CPU per record: {:.2})",
+        counted.rate / wasm.rate,
+        wasm.cpu / counted.cpu
     );
     println!("wasm / raw RocksDB {:.2} (CPU per record: {:.2})", wasm.rate / raw.rate, raw.cpu / wasm.cpu);
     println!(

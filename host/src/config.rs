@@ -10,7 +10,8 @@
 //! [operator]
 //! path = "vehicle_stats.wasm" # the first version; `sluice deploy` records later ones
 //! # name = "vehicle_stats"    # what versions are deployed under; default: the file stem
-//! call_timeout_ms = 1000      # CPU deadline of one call
+//! call_timeout_ms = 1000      # CPU time of one call (its thread's: waiting for a core does not count)
+//! instructions_per_call = 0   # WebAssembly instructions one call may run, exact on every replay; 0: uncounted
 //! memory_limit_mib = 64       # linear-memory cap of one instance
 //! poll_versions = "1s"        # how often a host looks for versions deployed elsewhere
 //! [operator.config]           # passed to the operator's init
@@ -26,6 +27,10 @@
 //! log_bytes_per_s = 65536
 //! log_line_bytes = 4096                 # a longer line is cut
 //! output_topics = []                    # topics an output may name; none: only the sink's own
+//! [operator.retry]            # a record whose call trapped is called again on a fresh instance
+//! attempts = 2                # calls in all; then its dead letter
+//! backoff = "10ms"            # before the first retry, doubling
+//! strict = false              # true: after the last attempt stop the partition instead
 //!
 //! [source]                    # or: kind = "file", path = "input.jsonl", key_field = "vehicle_id"
 //!                             # or: kind = "kafka", brokers = "host:9092", topic = "positions"
@@ -127,7 +132,15 @@ pub struct OperatorConfig {
     /// Between a host's looks at the registry for versions deployed elsewhere.
     #[serde(default = "default_poll_versions", alias = "poll_versions_s", deserialize_with = "duration")]
     pub poll_versions: Duration,
-    /// CPU deadline of one call, in milliseconds.
+    /// The WebAssembly instructions one call may execute (wasmtime's fuel): a CPU bound
+    /// a replay reproduces exactly, where `call_timeout_ms` depends on the machine's
+    /// speed. Counting costs the guest's code about a fifth of its speed, so 0, the
+    /// default, counts none.
+    #[serde(default)]
+    pub instructions_per_call: u64,
+    /// CPU deadline of one call (one record's, inside a batched call), in milliseconds:
+    /// the CPU time of the thread running it — the guest's and the host calls' on its
+    /// behalf — so time spent waiting for a core on a loaded host does not count.
     #[serde(default = "default_call_timeout_ms")]
     pub call_timeout_ms: u64,
     /// Linear-memory cap of one instance, in MiB.
@@ -139,6 +152,40 @@ pub struct OperatorConfig {
     /// What one record's call may make the host hold.
     #[serde(default)]
     pub limits: OperatorLimits,
+    /// What a record whose call trapped gets.
+    #[serde(default)]
+    pub retry: RetryPolicy,
+}
+
+/// `[operator.retry]`: a record whose call trapped — a panic, a limit, the deadline, a
+/// denied call — is called again on a fresh instance, which may do better (the
+/// instance it trapped in may have leaked memory, or the host was loaded); after the
+/// last attempt it goes to the dead letters, or, when `strict`, stops its partition.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryPolicy {
+    /// Calls of a record that traps, the first included: 1 never retries.
+    pub attempts: u32,
+    /// The wait before the second call; each later one waits twice the one before.
+    #[serde(deserialize_with = "duration")]
+    pub backoff: Duration,
+    /// After the last attempt, stop the partition instead of dead-lettering the record.
+    pub strict: bool,
+}
+
+impl Default for RetryPolicy {
+    /// One retry, 10 ms later: a burst of records that trap whatever happens costs
+    /// little more than without, and one a fresh instance processes is not lost.
+    fn default() -> Self {
+        RetryPolicy { attempts: 2, backoff: Duration::from_millis(10), strict: false }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before attempt `attempt` (2 is the first retry).
+    pub fn backoff_before(&self, attempt: u32) -> Duration {
+        self.backoff.saturating_mul(1 << attempt.saturating_sub(2).min(16))
+    }
 }
 
 /// `[operator.limits]`: what one call of the operator — a record's, or an expired
@@ -175,6 +222,25 @@ pub struct OperatorLimits {
     /// one naming a topic not listed here fails its record (an operator must not
     /// write into its own input or another team's topics).
     pub output_topics: Vec<String>,
+}
+
+impl OperatorLimits {
+    /// No limit at all, for measuring what the limits cost (a job always has them).
+    pub fn unlimited() -> Self {
+        OperatorLimits {
+            outputs_per_record: usize::MAX,
+            output_bytes_per_record: usize::MAX,
+            writes_per_record: usize::MAX,
+            written_bytes_per_record: usize::MAX,
+            reads_per_record: usize::MAX,
+            state_value_bytes: usize::MAX,
+            state_name_bytes: usize::MAX,
+            log_lines_per_s: u64::MAX,
+            log_bytes_per_s: u64::MAX,
+            log_line_bytes: usize::MAX,
+            output_topics: Vec::new(),
+        }
+    }
 }
 
 impl Default for OperatorLimits {
@@ -651,10 +717,12 @@ impl Config {
                 path: path.to_path_buf(),
                 name: None,
                 poll_versions: default_poll_versions(),
+                instructions_per_call: 0,
                 call_timeout_ms: default_call_timeout_ms(),
                 memory_limit_mib: default_memory_limit_mib(),
                 config: BTreeMap::new(),
                 limits: OperatorLimits::default(),
+                retry: RetryPolicy::default(),
             },
             source: SourceConfig::default(),
             sink: SinkConfig::default(),
@@ -710,6 +778,9 @@ impl Config {
         }
         if self.operator.call_timeout_ms == 0 || self.operator.memory_limit_mib == 0 {
             bail!("[operator] call_timeout_ms and memory_limit_mib must be positive");
+        }
+        if self.operator.retry.attempts == 0 {
+            bail!("[operator.retry] attempts must be at least 1 (the first call)");
         }
         let limits = &self.operator.limits;
         let sizes = [

@@ -52,9 +52,11 @@ impl Sandbox {
     pub fn new(operator: &OperatorConfig, scratch: PathBuf) -> Self {
         Sandbox {
             limits: Limits {
-                call_timeout: Duration::from_millis(operator.call_timeout_ms),
+                call_timeout: Some(Duration::from_millis(operator.call_timeout_ms)),
+                instructions: Some(operator.instructions_per_call).filter(|&n| n > 0),
                 memory_bytes: (operator.memory_limit_mib as usize) << 20,
                 per_call: operator.limits.clone(),
+                retry: operator.retry.clone(),
             },
             config: operator.config.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             scratch,

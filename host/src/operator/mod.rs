@@ -33,7 +33,13 @@ pub enum Outcome {
     /// the operator's limits; the record's writes are discarded. An instance that
     /// trapped was replaced by a fresh one (one whose outputs passed a limit is kept:
     /// it returned normally).
-    Trapped(String),
+    Trapped {
+        /// Why, naming the limit where one was passed.
+        reason: String,
+        /// The calls it got (see [`RetryPolicy`](crate::config::RetryPolicy)), the
+        /// last of which failed like this.
+        attempts: u32,
+    },
 }
 
 /// What an operator made of a state entry that expired. The entry is removed whatever

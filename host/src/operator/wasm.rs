@@ -26,7 +26,7 @@
 //! cannot be called while it is in a call).
 
 use super::{Expiration, Operator, Outcome, Output, Processed, Switch};
-use crate::config::{self, OperatorLimits};
+use crate::config::{self, OperatorLimits, RetryPolicy};
 use crate::record::SourceRecord;
 use crate::state::{Expired, Transaction};
 use anyhow::{Context, Result, anyhow, bail};
@@ -67,6 +67,9 @@ const EXPIRED: &str = "expired";
 type ExpiredParams<'a> = (&'a [u8], &'a str, &'a [u8], u64);
 type ExpiredResults = (std::result::Result<Vec<OutputRecord>, String>,);
 
+/// Logged when a record that trapped is called again: `calling it again in 10ms, attempt 2 of 2`.
+pub const RETRYING: &str = "calling it again";
+
 /// Logged when an instance's log lines pass their rate: `its log lines are dropped`.
 pub const LOG_LINES_DROPPED: &str = "log lines are dropped";
 
@@ -76,22 +79,35 @@ const EPOCH_TICK: Duration = Duration::from_millis(5);
 /// Limits every call of an operator runs under.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
-    /// Wall-clock deadline of one `process` or `init` call.
-    pub call_timeout: Duration,
+    /// CPU deadline of one `process` or `init` call (of one record, inside a batched
+    /// call): the CPU time of the thread running it, so a record that takes less is
+    /// never stopped however loaded the host, and one that spins is stopped once it
+    /// took between one and two times this. `None`, for measuring what the deadline
+    /// costs only (a job always has one), runs on an engine that never interrupts.
+    pub call_timeout: Option<Duration>,
+    /// The WebAssembly instructions one call (one record's share of a batched call) may
+    /// execute; `None`: uncounted, which makes the operator run on an engine that does
+    /// not count.
+    pub instructions: Option<u64>,
     /// The most memory an instance may hold, in bytes: its linear memories and its
     /// tables together.
     pub memory_bytes: usize,
     /// What one call may make the host hold: outputs, state writes and reads, logs.
     pub per_call: OperatorLimits,
+    /// What a record whose call trapped gets: more calls, then its dead letter or the
+    /// partition's stop.
+    pub retry: RetryPolicy,
 }
 
 impl Default for Limits {
     /// The defaults of `[operator]`.
     fn default() -> Self {
         Limits {
-            call_timeout: Duration::from_millis(config::default_call_timeout_ms()),
+            call_timeout: Some(Duration::from_millis(config::default_call_timeout_ms())),
+            instructions: None,
             memory_bytes: (config::default_memory_limit_mib() as usize) << 20,
             per_call: OperatorLimits::default(),
+            retry: RetryPolicy::default(),
         }
     }
 }
@@ -133,8 +149,16 @@ struct HostCtx {
     usage: CallUsage,
     /// The instance's log lines in the current second.
     log: LogBudget,
-    /// Epoch ticks one record (or `init`) may run for.
+    /// Epoch ticks one record (or `init`) runs for before its thread's CPU time is
+    /// looked at: the CPU deadline in wall-clock time; 0 without a deadline.
     deadline_ticks: u64,
+    /// The CPU deadline itself.
+    call_timeout: Duration,
+    /// The thread's CPU time when the current record's wall-clock deadline first
+    /// passed; `None` before.
+    cpu_mark: Option<Duration>,
+    /// The instructions (fuel) one record (or `init`) may execute; `None`: uncounted.
+    instructions: Option<u64>,
     /// Why the host stopped the current call, when it did (see [`Cause`]).
     cause: Option<Cause>,
     operator: Arc<str>,
@@ -246,32 +270,49 @@ enum Cause {
     /// The guest called a WASI function, which the sandbox denies; its full name
     /// (`wasi:cli/environment@0.2.6#get-environment`).
     DeniedImport(String),
+    /// The call took its CPU deadline.
+    Deadline,
 }
 
-/// The engine every operator of this process is compiled by. Its epoch advances
-/// every [`EPOCH_TICK`] on a thread of its own, which is what call deadlines count.
-fn engine() -> Result<&'static Engine> {
-    static ENGINE: OnceLock<Engine> = OnceLock::new();
-    if let Some(engine) = ENGINE.get() {
-        return Ok(engine);
+/// The engines operators of this process are compiled by, one for each combination
+/// of the two limits that change the compiled code: counting the instructions a call
+/// executes (for operators with an instruction limit), and interrupting it at an epoch
+/// deadline (for operators with a CPU deadline, which every job's have). The epochs
+/// advance every [`EPOCH_TICK`], on one thread of their own.
+struct Engines([Engine; 4]);
+
+/// The engine an operator whose calls run under `limits` is compiled by.
+fn engine(limits: &Limits) -> Result<&'static Engine> {
+    static ENGINES: OnceLock<Engines> = OnceLock::new();
+    if let Some(engines) = ENGINES.get() {
+        return Ok(engines.pick(limits));
     }
-    let mut config = wasmtime::Config::new();
-    config.epoch_interruption(true);
-    let engine = Engine::new(&config)?;
+    let new = |kind: usize| {
+        let mut config = wasmtime::Config::new();
+        config.consume_fuel(kind & 1 != 0).epoch_interruption(kind & 2 != 0);
+        Engine::new(&config)
+    };
+    let engines = Engines([new(0)?, new(1)?, new(2)?, new(3)?]);
     let mut started = false;
-    let engine = ENGINE.get_or_init(|| {
+    let engines = ENGINES.get_or_init(|| {
         started = true;
-        engine
+        engines
     });
     if started {
         std::thread::Builder::new().name("sluice-epoch".into()).spawn(|| {
             loop {
-                engine.increment_epoch();
+                engines.0.iter().for_each(Engine::increment_epoch);
                 std::thread::sleep(EPOCH_TICK);
             }
         })?;
     }
-    Ok(engine)
+    Ok(engines.pick(limits))
+}
+
+impl Engines {
+    fn pick(&self, limits: &Limits) -> &Engine {
+        &self.0[usize::from(limits.instructions.is_some()) | usize::from(limits.call_timeout.is_some()) << 1]
+    }
 }
 
 impl WasmOperator {
@@ -296,7 +337,7 @@ impl WasmOperator {
         config: Vec<(String, String)>,
     ) -> Result<Self> {
         check_component_header(component).with_context(|| format!("operator {origin}"))?;
-        let engine = engine()?;
+        let engine = engine(&limits)?;
         let compiled = Component::new(engine, component)
             .map_err(anyhow::Error::from)
             .with_context(|| format!("operator {origin}: not a valid WebAssembly component"))?;
@@ -355,7 +396,10 @@ impl WasmOperator {
             per_call: self.limits.per_call.clone(),
             usage: CallUsage::default(),
             log: LogBudget::new(),
-            deadline_ticks: self.limits.call_timeout.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1,
+            deadline_ticks: self.limits.call_timeout.map_or(0, ticks),
+            call_timeout: self.limits.call_timeout.unwrap_or(Duration::MAX),
+            cpu_mark: None,
+            instructions: self.limits.instructions,
             cause: None,
             operator: self.name.clone(),
             partition,
@@ -376,6 +420,9 @@ impl WasmOperator {
         ctx.memory_used = 0;
         let mut store = Store::new(self.pre.engine(), ctx);
         store.limiter(|ctx| ctx);
+        if self.limits.call_timeout.is_some() {
+            store.epoch_deadline_callback(deadline_passed);
+        }
         arm_deadline(&mut store);
         let (bindings, process_batch, expired) = match self.instantiate(&mut store) {
             Ok(instance) => instance,
@@ -428,11 +475,58 @@ impl WasmOperator {
     }
 }
 
-/// Gives the call about to run, or the record about to start, its full deadline.
+/// The epoch ticks `time` takes, rounded up, plus the one under way.
+fn ticks(time: Duration) -> u64 {
+    time.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1
+}
+
+/// The CPU time the calling thread has used.
+fn thread_cpu() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid timespec for the call to write; the clock exists on
+    // every Linux.
+    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    assert_eq!(status, 0, "reading the thread's CPU clock");
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+}
+
+/// Called when a record's wall-clock deadline passes. Reading the thread's CPU clock
+/// for every record would cost it a system call, so the CPU time is counted from
+/// here: the first time, the record gets its deadline again, from a mark of the
+/// thread's CPU time; after that, it is stopped once it has used its deadline of CPU
+/// since the mark, and otherwise waits for the rest. A record that used less CPU than
+/// its deadline is never stopped; one that spins is stopped after one to two times it.
+fn deadline_passed(mut store: StoreContextMut<'_, HostCtx>) -> wasmtime::Result<wasmtime::UpdateDeadline> {
+    let ctx = store.data_mut();
+    let now = thread_cpu();
+    let used = match ctx.cpu_mark {
+        Some(mark) => now.saturating_sub(mark),
+        None => {
+            ctx.cpu_mark = Some(now);
+            return Ok(wasmtime::UpdateDeadline::Continue(ctx.deadline_ticks));
+        }
+    };
+    match ctx.call_timeout.checked_sub(used).filter(|left| !left.is_zero()) {
+        Some(left) => Ok(wasmtime::UpdateDeadline::Continue(ticks(left))),
+        None => {
+            ctx.cause = Some(Cause::Deadline);
+            wasmtime::bail!("the call took its CPU deadline")
+        }
+    }
+}
+
+/// Gives the call about to run, or the record about to start, its full deadline and
+/// instructions.
 fn arm_deadline(mut store: impl AsContextMut<Data = HostCtx>) {
     let mut store = store.as_context_mut();
     let ticks = store.data().deadline_ticks;
-    store.set_epoch_deadline(ticks);
+    if ticks > 0 {
+        store.data_mut().cpu_mark = None;
+        store.set_epoch_deadline(ticks);
+    }
+    if let Some(instructions) = store.data().instructions {
+        store.set_fuel(instructions).expect("an operator with an instruction limit runs on the counting engine");
+    }
 }
 
 /// `batch.finish`: ends the current input of the running `process-batch` call with
@@ -514,7 +608,7 @@ impl ActiveVersion {
     pub fn instantiate(self: &Arc<Self>, partition: u32, txn: Transaction) -> Result<WasmInstance> {
         let (generation, operator) = self.get();
         let live = operator.start(operator.context(partition, txn)).map_err(|(e, _)| e)?;
-        Ok(WasmInstance { operator, active: self.clone(), generation, live: Some(live) })
+        Ok(WasmInstance { operator, active: self.clone(), generation, live: Some(live), replaced: 0 })
     }
 }
 
@@ -526,6 +620,8 @@ pub struct WasmInstance {
     generation: u64,
     /// Always `Some` between calls; taken only while the instance is replaced.
     live: Option<Live>,
+    /// How many times a trap replaced the instance.
+    replaced: u64,
 }
 
 struct Live {
@@ -542,10 +638,54 @@ impl WasmInstance {
         self.live.as_mut().expect("instance is live between calls")
     }
 
+    /// Whether `record`, whose `attempt`th call trapped for `reason`, gets another
+    /// call: then it has waited the retry policy's backoff, and `attempt` counts the
+    /// call to come.
+    fn retry(&self, attempt: &mut u32, record: &SourceRecord, reason: &str) -> bool {
+        let policy = &self.operator.limits.retry;
+        if *attempt >= policy.attempts {
+            return false;
+        }
+        *attempt += 1;
+        let wait = policy.backoff_before(*attempt);
+        let (partition, offset) = (record.partition, record.offset);
+        let first_line = reason.lines().next().unwrap_or_default();
+        tracing::info!(
+            partition,
+            offset,
+            "operator trapped; {RETRYING} in {wait:?}, attempt {attempt} of {}: {first_line}",
+            policy.attempts
+        );
+        std::thread::sleep(wait);
+        true
+    }
+
+    /// In strict mode (`[operator.retry] strict`), the first record of `records` that
+    /// failed by a trap or a limit after its attempts — or an expiry that did, in
+    /// `processed` — stops the partition instead of going to the dead letters.
+    fn check_strict(&self, records: &[SourceRecord], processed: &Processed) -> Result<()> {
+        if !self.operator.limits.retry.strict {
+            return Ok(());
+        }
+        let failed =
+            records.iter().zip(&processed.outcomes).map(|(record, outcome)| (record.offset, "record", outcome));
+        let expired = processed.expirations.iter().map(|e| (e.offset, "expiry before the record", &e.outcome));
+        for (offset, what, outcome) in failed.chain(expired) {
+            if let Outcome::Trapped { reason, attempts } = outcome {
+                bail!(
+                    "the {what} at offset {offset} failed in {attempts} call(s), and [operator.retry] strict = true \
+                     stops the partition rather than dead-letter it: {reason}"
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Says why the last call trapped and replaces the instance: a trapped instance may
     /// hold broken invariants in its memory. An `Err` is a fresh instance that failed
     /// to start.
     fn replace_after(&mut self, trap: wasmtime::Error) -> Result<String> {
+        self.replaced += 1;
         let live = self.live.take().expect("instance is live between calls");
         let mut ctx = live.store.into_data();
         let reason = describe_trap(trap, &self.operator.limits, &mut ctx);
@@ -589,7 +729,7 @@ impl WasmInstance {
             Ok((Err(reason),)) => Outcome::Rejected(reason),
             Err(trap) => {
                 ctx.txn.end_record(false);
-                return Ok(Outcome::Trapped(self.replace_after(trap)?));
+                return Ok(Outcome::Trapped { reason: self.replace_after(trap)?, attempts: 1 });
             }
         };
         ctx.txn.end_record(matches!(outcome, Outcome::Emitted(_)));
@@ -625,19 +765,22 @@ fn input_record(record: &SourceRecord) -> InputRecord<'_> {
 /// is kept).
 fn emitted(outputs: Vec<OutputRecord>, limits: &OperatorLimits) -> Outcome {
     if outputs.len() > limits.outputs_per_record {
-        return Outcome::Trapped(limit_passed("outputs_per_record", limits.outputs_per_record, outputs.len()));
+        let reason = limit_passed("outputs_per_record", limits.outputs_per_record, outputs.len());
+        return Outcome::Trapped { reason, attempts: 1 };
     }
     let bytes: usize =
         outputs.iter().map(|o| o.key.len() + o.value.len() + o.topic.as_ref().map_or(0, String::len)).sum();
     if bytes > limits.output_bytes_per_record {
-        return Outcome::Trapped(limit_passed("output_bytes_per_record", limits.output_bytes_per_record, bytes));
+        let reason = limit_passed("output_bytes_per_record", limits.output_bytes_per_record, bytes);
+        return Outcome::Trapped { reason, attempts: 1 };
     }
     let foreign = outputs.iter().filter_map(|o| o.topic.as_ref()).find(|topic| !limits.output_topics.contains(topic));
     if let Some(topic) = foreign {
-        return Outcome::Trapped(format!(
+        let reason = format!(
             "operator sent an output to topic {topic:?}, which [operator.limits] output_topics = {:?} does not list",
             limits.output_topics
-        ));
+        );
+        return Outcome::Trapped { reason, attempts: 1 };
     }
     Outcome::Emitted(outputs.into_iter().map(Output::from).collect())
 }
@@ -670,16 +813,13 @@ impl Operator for WasmInstance {
         match result {
             Ok(Ok(outputs)) => Ok(emitted(outputs, &self.operator.limits.per_call)),
             Ok(Err(reason)) => Ok(Outcome::Rejected(reason)),
-            Err(trap) => Ok(Outcome::Trapped(self.replace_after(trap)?)),
+            Err(trap) => Ok(Outcome::Trapped { reason: self.replace_after(trap)?, attempts: 1 }),
         }
     }
 
     fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
         let told = self.live().expired.is_some();
         let batched = self.live().process_batch.is_some();
-        if !told && !batched {
-            return Ok(Processed { outcomes: super::process_each(self, records)?, expirations: Vec::new() });
-        }
         let mut processed = Processed::default();
         // The inputs of a call are copied into the guest's memory at once: a run takes
         // at most an eighth of the memory cap, however large a batch's records are.
@@ -689,6 +829,9 @@ impl Operator for WasmInstance {
         // How many of `records` moved the clock: each moves it once, though one whose
         // call was cut before it, or trapped before finishing any, runs again.
         let mut observed = 0;
+        // The call the next record is on: a record that trapped runs again (alone, in
+        // the fresh instance) as the retry policy says.
+        let mut attempt = 1;
         // One call per run of records: a trap ends a run at the record it hit, and the
         // records after it make the next run, in a fresh instance; for an operator told
         // of expiries, an expiry ends a run before the record that makes it due.
@@ -708,7 +851,17 @@ impl Operator for WasmInstance {
             }
             self.state().scope(&first.key);
             if !batched {
-                processed.outcomes.push(super::process_scoped(self, first)?);
+                let replaced = self.replaced;
+                match super::process_scoped(self, first)? {
+                    // A trap, not outputs past a limit: the instance is a fresh one.
+                    Outcome::Trapped { reason, .. } if self.replaced != replaced => {
+                        if !self.retry(&mut attempt, first, &reason) {
+                            processed.outcomes.push(Outcome::Trapped { reason, attempts: attempt });
+                            attempt = 1;
+                        }
+                    }
+                    outcome => processed.outcomes.push(outcome),
+                }
                 continue;
             }
             let mut len = if std::mem::take(&mut alone) { 1 } else { run_length(rest, call_bytes) };
@@ -738,6 +891,9 @@ impl Operator for WasmInstance {
                 ctx.txn.end_record(false);
                 return Err(error);
             }
+            if finished > 0 {
+                attempt = 1;
+            }
             if !in_record {
                 // Every input finished; a trap after the last `finish` still poisons
                 // the instance.
@@ -761,10 +917,14 @@ impl Operator for WasmInstance {
                 // record. It gets a call of its own.
                 tracing::debug!("`{PROCESS_BATCH}` of {} records trapped before finishing one: {reason}", run.len());
                 alone = true;
+            } else if self.retry(&mut attempt, &run[finished], &reason) {
+                alone = true;
             } else {
-                processed.outcomes.push(Outcome::Trapped(reason));
+                processed.outcomes.push(Outcome::Trapped { reason, attempts: attempt });
+                attempt = 1;
             }
         }
+        self.check_strict(records, &processed)?;
         Ok(processed)
     }
 
@@ -1024,11 +1184,17 @@ impl HostCtx {
 /// denied import, from what `ctx` recorded during the call — followed by wasmtime's
 /// account with the guest's backtrace.
 fn describe_trap(trap: wasmtime::Error, limits: &Limits, ctx: &mut HostCtx) -> String {
-    let interrupted = matches!(trap.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt));
+    let stopped = trap.downcast_ref::<wasmtime::Trap>().copied();
     // A recorded cause is where the call stopped; an error log line is only the last
     // thing the guest said, the panic message when it panicked.
-    let reason = match (interrupted, ctx.cause.take(), ctx.last_error.take()) {
-        (true, _, _) => format!("call exceeded its deadline of {:?}", limits.call_timeout),
+    let reason = match (stopped, ctx.cause.take(), ctx.last_error.take()) {
+        (_, Some(Cause::Deadline), _) => {
+            format!("call exceeded its CPU deadline of {:?} ([operator] call_timeout_ms)", ctx.call_timeout)
+        }
+        (Some(wasmtime::Trap::OutOfFuel), _, _) => format!(
+            "operator passed its limit [operator] instructions_per_call = {}",
+            limits.instructions.unwrap_or_default()
+        ),
         (_, Some(Cause::MemoryCap), _) => {
             format!("operator exceeded its memory limit of {} MiB", limits.memory_bytes >> 20)
         }
@@ -1156,7 +1322,7 @@ mod tests {
             .map(|outcome| match outcome {
                 Outcome::Emitted(outputs) => String::from_utf8_lossy(&outputs[0].value).into_owned(),
                 Outcome::Rejected(reason) => format!("rejected: {}", first_line(reason)),
-                Outcome::Trapped(reason) => format!("trapped: {}", first_line(reason)),
+                Outcome::Trapped { reason, .. } => format!("trapped: {}", first_line(reason)),
             })
             .collect()
     }
@@ -1165,7 +1331,7 @@ mod tests {
     fn a_batched_call_costs_a_failing_or_trapping_record_only_its_own_writes() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let mut instance = probe(
-            Limits { call_timeout: Duration::from_millis(300), memory_bytes: 16 << 20, ..Limits::default() },
+            Limits { call_timeout: Some(Duration::from_millis(300)), memory_bytes: 16 << 20, ..Limits::default() },
             dir.path(),
         )?;
         let actions = [
@@ -1196,7 +1362,7 @@ mod tests {
             r#"{"count":1}"#,
             r#"{"count":3}"#,
             "rejected: probe fails after a write",
-            "trapped: call exceeded its deadline of 300ms",
+            "trapped: call exceeded its CPU deadline of 300ms",
             r#"{"count":4}"#,
             r#"{"count":2}"#,
             "trapped: operator exceeded its memory limit of 16 MiB",
@@ -1271,7 +1437,7 @@ mod tests {
         const T0: i64 = 1_700_000_000_000;
         let dir = tempfile::tempdir()?;
         let mut instance = probe(
-            Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20, ..Limits::default() },
+            Limits { call_timeout: Some(Duration::from_secs(5)), memory_bytes: 16 << 20, ..Limits::default() },
             dir.path(),
         )?;
         let remember = |name: &str| format!(r#""action":"remember","name":"{name}","value":"v-{name}","ttl_ms":1000"#);
@@ -1305,7 +1471,9 @@ mod tests {
         assert_eq!(expirations[1], ("b".into(), 4, at, "rejected: probe fails on the expiry of fail-n".to_string()));
         assert!(expirations[2].3.starts_with("trapped: panicked at "), "{expirations:#?}");
         match &processed.expirations[2].outcome {
-            Outcome::Trapped(why) => assert!(why.contains("probe panics on the expiry of trap-n"), "{why}"),
+            Outcome::Trapped { reason, .. } => {
+                assert!(reason.contains("probe panics on the expiry of trap-n"), "{reason}")
+            }
             other => bail!("{other:?}"),
         }
         // The handler's write stands for `a` and is gone for `b`; the entries are gone.
@@ -1323,7 +1491,7 @@ mod tests {
     fn finish_outside_a_batched_call_traps_and_moves_nothing() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let mut instance = probe(
-            Limits { call_timeout: Duration::from_secs(1), memory_bytes: 16 << 20, ..Limits::default() },
+            Limits { call_timeout: Some(Duration::from_secs(1)), memory_bytes: 16 << 20, ..Limits::default() },
             dir.path(),
         )?;
         // A batch ran before: had its keys been kept, `finish` would move to one.
@@ -1345,7 +1513,7 @@ mod tests {
     fn a_batch_larger_than_the_memory_cap_is_split_into_calls_that_fit() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let mut instance = probe(
-            Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20, ..Limits::default() },
+            Limits { call_timeout: Some(Duration::from_secs(5)), memory_bytes: 16 << 20, ..Limits::default() },
             dir.path(),
         )?;
         // 24 MiB of inputs: more than the guest's whole memory, so in one call they
@@ -1364,8 +1532,9 @@ mod tests {
     fn the_deadline_bounds_each_record_of_a_batched_call_not_the_call() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let timeout = Duration::from_secs(1);
-        let mut instance =
-            probe(Limits { call_timeout: timeout, memory_bytes: 16 << 20, ..Limits::default() }, dir.path())?;
+        let limits =
+            Limits { call_timeout: Some(timeout), instructions: None, memory_bytes: 16 << 20, ..Limits::default() };
+        let mut instance = probe(limits, dir.path())?;
         let work = |offset, iterations: u64| {
             probe_record(offset, "k", &format!(r#""action":"work","iterations":{iterations}"#))
         };
@@ -1387,6 +1556,90 @@ mod tests {
         Ok(())
     }
 
+    /// The deadline counts the thread's CPU time, not the wall clock: a record that
+    /// needs half its deadline of CPU finishes though its thread gets a quarter of a
+    /// core (three busy threads share its core), taking twice the deadline in wall time.
+    #[test]
+    fn a_record_within_its_cpu_deadline_is_not_stopped_on_a_loaded_host() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let timeout = Duration::from_millis(400);
+        let limits = Limits { call_timeout: Some(timeout), memory_bytes: 16 << 20, ..Limits::default() };
+        let mut instance = probe(limits, dir.path())?;
+        let work = |offset, iterations: u64| {
+            probe_record(offset, "k", &format!(r#""action":"work","iterations":{iterations}"#))
+        };
+        let cpu = thread_cpu();
+        instance.process_batch(&[work(0, 20_000_000)])?;
+        let iterations = (20_000_000.0 * (timeout / 2).as_secs_f64() / (thread_cpu() - cpu).as_secs_f64()) as u64;
+
+        let pin_to_first_core = || {
+            // SAFETY: a zeroed cpu_set_t is an empty set; the calls only read it.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut set);
+                assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+            }
+        };
+        pin_to_first_core();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (outcomes, took) = std::thread::scope(|scope| {
+            for _ in 0..3 {
+                scope.spawn(|| {
+                    pin_to_first_core();
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                });
+            }
+            let started = Instant::now();
+            let outcomes = instance.process_batch(&[work(1, iterations)]);
+            stop.store(true, Ordering::Relaxed);
+            (outcomes, started.elapsed())
+        });
+        let lines = outcome_lines(&outcomes?.outcomes);
+        assert!(took > timeout, "the record must outlast its deadline in wall time for this test to mean anything");
+        assert_eq!(lines, [r#"{"count":2}"#]);
+        Ok(())
+    }
+
+    /// The instruction limit is what a replay reproduces: a record past it fails on
+    /// every attempt, one within it never does, however loaded the machine — and, like
+    /// the deadline, it bounds each record of a batched call, not the call.
+    #[test]
+    fn the_instruction_limit_bounds_each_record_the_same_way_every_time() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let limits = Limits {
+            call_timeout: Some(Duration::from_secs(60)),
+            instructions: Some(10_000_000),
+            memory_bytes: 16 << 20,
+            ..Limits::default()
+        };
+        let mut instance = probe(limits, dir.path())?;
+        let work = |offset, iterations: u64| {
+            probe_record(offset, "k", &format!(r#""action":"work","iterations":{iterations}"#))
+        };
+        let trapped = |outcomes: &[Outcome]| {
+            matches!(&outcomes[0], Outcome::Trapped { reason, .. } if reason.starts_with(
+                "operator passed its limit [operator] instructions_per_call = 10000000"
+            ))
+        };
+        // The fewest iterations, to a factor of two, that pass the limit.
+        let mut too_many = 1;
+        while !trapped(&instance.process_batch(&[work(0, too_many)])?.outcomes) {
+            too_many *= 2;
+        }
+        for attempt in 0..3 {
+            assert!(trapped(&instance.process_batch(&[work(attempt, too_many)])?.outcomes), "attempt {attempt}");
+            let within = instance.process_batch(&[work(attempt, too_many / 4)])?.outcomes;
+            assert!(matches!(&within[0], Outcome::Emitted(_)), "attempt {attempt}: {within:?}");
+        }
+        // Twenty records of a quarter each: five times the limit in one call.
+        let records: Vec<SourceRecord> = (10..30).map(|offset| work(offset, too_many / 4)).collect();
+        let outcomes = instance.process_batch(&records)?.outcomes;
+        assert!(outcomes.iter().all(|o| matches!(o, Outcome::Emitted(_))), "{:#?}", outcome_lines(&outcomes));
+        Ok(())
+    }
+
     fn count(instance: &mut WasmInstance, offset: u64) -> Result<Vec<u8>> {
         match call(instance, offset, "count")? {
             Outcome::Emitted(outputs) => Ok(outputs[0].value.clone()),
@@ -1394,11 +1647,72 @@ mod tests {
         }
     }
 
+    /// A leaky operator's instance fills up and traps at the memory cap on a record a
+    /// fresh instance handles: with a retry that record is processed once, in the fresh
+    /// instance, its count following the last; without, it fails after one call and
+    /// its key's count skips it. Either way the records after it go on.
+    #[test]
+    fn a_record_that_traps_once_is_processed_exactly_once_by_its_retry() -> Result<()> {
+        for (attempts, batched) in [(2, true), (2, false), (1, true)] {
+            let dir = tempfile::tempdir()?;
+            let retry = RetryPolicy { attempts, backoff: Duration::from_millis(1), strict: false };
+            let mut instance = probe(Limits { memory_bytes: 16 << 20, retry, ..Limits::default() }, dir.path())?;
+            let leak = |offset| probe_record(offset, "k", r#""action":"leak","kib":3072"#);
+            let records: Vec<SourceRecord> = (0..8).map(leak).collect();
+            let outcomes = match batched {
+                true => instance.process_batch(&records)?.outcomes,
+                false => records.iter().map(|r| instance.process_batch(std::slice::from_ref(r))).try_fold(
+                    Vec::new(),
+                    |mut all, processed| {
+                        all.extend(processed?.outcomes);
+                        anyhow::Ok(all)
+                    },
+                )?,
+            };
+            let lines = outcome_lines(&outcomes);
+            let trapped: Vec<u32> = outcomes
+                .iter()
+                .filter_map(|o| match o {
+                    Outcome::Trapped { attempts, .. } => Some(*attempts),
+                    _ => None,
+                })
+                .collect();
+            if attempts == 2 {
+                let expected: Vec<String> = (1..=8).map(|count| format!(r#"{{"count":{count}}}"#)).collect();
+                assert_eq!(lines, expected, "batched: {batched}");
+            } else {
+                assert_eq!(trapped, [1], "{lines:#?}");
+                let counts = lines.iter().filter(|line| line.starts_with(r#"{"count""#)).count();
+                assert_eq!(counts, 7, "{lines:#?}");
+                assert!(lines.last().is_some_and(|l| l == r#"{"count":7}"#), "{lines:#?}");
+            }
+            assert!(instance.replaced >= 1, "the leak must fill the instance for this test to mean anything");
+        }
+        Ok(())
+    }
+
+    /// In strict mode a record that still traps after its attempts stops the partition:
+    /// the batch is an error naming the record's offset and the setting.
+    #[test]
+    fn strict_mode_makes_a_record_that_keeps_trapping_an_error() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let retry = RetryPolicy { attempts: 2, backoff: Duration::from_millis(1), strict: true };
+        let mut instance = probe(Limits { memory_bytes: 16 << 20, retry, ..Limits::default() }, dir.path())?;
+        let records = [probe_record(0, "k", r#""action":"count""#), probe_record(1, "k", r#""action":"hog""#)];
+        let error = instance.process_batch(&records).expect_err("strict mode stops at the hog").to_string();
+        assert!(
+            error.starts_with("the record at offset 1 failed in 2 call(s), and [operator.retry] strict"),
+            "{error}"
+        );
+        assert!(error.contains("memory limit of 16 MiB"), "{error}");
+        Ok(())
+    }
+
     #[test]
     fn a_trap_is_explained_by_what_the_host_recorded_in_that_call() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let mut instance = probe(
-            Limits { call_timeout: Duration::from_secs(5), memory_bytes: 16 << 20, ..Limits::default() },
+            Limits { call_timeout: Some(Duration::from_secs(5)), memory_bytes: 16 << 20, ..Limits::default() },
             dir.path(),
         )?;
         let expected = [
@@ -1410,7 +1724,7 @@ mod tests {
         ];
         for (offset, (action, reason)) in (0..).zip(expected) {
             match call(&mut instance, offset, action)? {
-                Outcome::Trapped(why) => assert!(why.starts_with(reason), "{action}: {why}"),
+                Outcome::Trapped { reason: why, .. } => assert!(why.starts_with(reason), "{action}: {why}"),
                 other => bail!("{action} did not trap: {other:?}"),
             }
         }

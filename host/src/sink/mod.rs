@@ -275,6 +275,9 @@ struct Line<'a> {
     error: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'a str>,
+    /// The calls a `trapped` record got (`[operator.retry]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempts: Option<u32>,
 }
 
 impl Line<'_> {
@@ -352,7 +355,9 @@ fn format_output(buf: &mut Vec<u8>, origin: &Origin, output: &Output, operator: 
 }
 
 /// Appends to `buf` the dead-letter line for what the operator failed on at `origin`:
-/// an input record's `key` and `value`, or an expired entry's.
+/// an input record's `key` and `value`, or an expired entry's; a trapped one says how
+/// many calls it got.
+#[allow(clippy::too_many_arguments)]
 pub fn format_dead_letter(
     buf: &mut Vec<u8>,
     origin: &Origin,
@@ -361,6 +366,7 @@ pub fn format_dead_letter(
     operator: &str,
     error: &str,
     reason: &str,
+    attempts: Option<u32>,
 ) {
     Line {
         partition: origin.partition,
@@ -372,6 +378,7 @@ pub fn format_dead_letter(
         operator,
         error: Some(error),
         reason: Some(reason),
+        attempts,
     }
     .write_to(buf);
 }
@@ -387,7 +394,7 @@ fn format_refused(buf: &mut Vec<u8>, origin: &Origin, output: &Output, version: 
         "Kafka refused this output (to {topic}) of the input: {error}; this dead letter holds the output, not the \
          input"
     );
-    format_dead_letter(buf, origin, &output.key, &output.value, version, REFUSED, &reason);
+    format_dead_letter(buf, origin, &output.key, &output.value, version, REFUSED, &reason, None);
 }
 
 #[cfg(test)]
@@ -448,6 +455,7 @@ mod tests {
                 operator: version,
                 error: None,
                 reason: None,
+                attempts: None,
             }
             .write_to(&mut reference);
             assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&reference));

@@ -315,17 +315,17 @@ impl Emitted {
     /// Adds what became of the input (or expired entry) with `key` and `value` at
     /// `origin`, by operator `version`.
     fn outcome(&mut self, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome, version: &str) {
-        let (error, reason) = match outcome {
+        let (error, reason, attempts) = match outcome {
             Outcome::Emitted(outputs) => return self.outputs.extend(outputs.into_iter().map(|o| (origin, o))),
-            Outcome::Rejected(reason) => ("rejected", reason),
-            Outcome::Trapped(reason) => {
+            Outcome::Rejected(reason) => ("rejected", reason, None),
+            Outcome::Trapped { reason, attempts } => {
                 let (partition, offset) = (origin.partition, origin.offset);
-                tracing::warn!(partition, offset, cause = ?origin.cause, "operator trapped: {reason}");
+                tracing::warn!(partition, offset, cause = ?origin.cause, attempts, "operator trapped: {reason}");
                 self.trapped_count += 1;
-                ("trapped", reason)
+                ("trapped", reason, Some(attempts))
             }
         };
-        sink::format_dead_letter(&mut self.dead, &origin, key, value, version, error, &reason);
+        sink::format_dead_letter(&mut self.dead, &origin, key, value, version, error, &reason, attempts);
         self.dead_count += 1;
     }
 

@@ -225,7 +225,7 @@ mod tests {
         partitions: u32,
         runtime: &tokio::runtime::Runtime,
     ) -> anyhow::Result<Router> {
-        let limits = Limits { call_timeout: Duration::from_secs(5), memory_bytes: 64 << 20, ..Limits::default() };
+        let limits = Limits { call_timeout: Some(Duration::from_secs(5)), memory_bytes: 64 << 20, ..Limits::default() };
         let operator = WasmOperator::load(&sluice_tests::operator_wasm(name), limits, config)?;
         let workers = Workers::new(WorkerSetup {
             state: StateDir::open(&dir.join("state"), partitions)?,

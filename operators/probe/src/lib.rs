@@ -12,6 +12,9 @@
 //!   clock (must trap, saying what to use instead);
 //! - `spin`: loops forever (must hit the deadline);
 //! - `hog`: allocates without bound (must hit the memory cap);
+//! - `leak` with `kib`: leaks that much memory (a leaky operator: its instance fills
+//!   up over many records and traps at the cap on one a fresh instance handles), then
+//!   counts;
 //! - `remember` with `name`, `value` and `ttl_ms`: stores the value under the name with
 //!   that TTL, emits `{"remembered": name}`;
 //! - `peek` with `name`: emits `{"name": name, "value": <the value or null>}`;
@@ -70,6 +73,7 @@ enum Action {
     Clock,
     Spin,
     Hog,
+    Leak { kib: usize },
     Remember { name: String, value: serde_json::Value, ttl_ms: u64 },
     Peek { name: String },
     Outputs { count: usize, bytes: usize, topic: Option<String> },
@@ -144,6 +148,10 @@ impl Operator for Probe {
                     hoard.push(vec![1u8; 1 << 20]);
                     std::hint::black_box(&hoard);
                 }
+            }
+            Action::Leak { kib } => {
+                std::hint::black_box(Vec::leak(vec![1u8; kib << 10]));
+                count(state)?
             }
             Action::Remember { name, value, ttl_ms } => {
                 state.put_with_ttl(&name, &value, std::time::Duration::from_millis(ttl_ms))?;
