@@ -7,7 +7,8 @@
 //! reaches both hosts of a group; expiries across handovers equal an uninterrupted run; an idle
 //! partition expires by the wall clock in processing time; pipelined batches lose no output
 //! through `kill -9`, a frozen broker or a deleted topic; exactly-once outputs (on noida-db, which has
-//! transactions) survive `kill -9` at every step of a commit and fence a zombie. The test
+//! transactions) survive `kill -9` at every step of a commit and fence a zombie; a partition
+//! whose worker fails is paused while the others go on. The test
 //! brokers themselves are checked first: tansu serves a fetch from inside a batch, noida-db
 //! hides aborted records and fences zombies.
 
@@ -18,7 +19,9 @@ use sluice::record::Stop;
 use sluice::sink::REFUSED;
 use sluice::sink::transaction::{FENCED, REPLAYED_SILENTLY};
 use sluice::source::kafka::{ASSIGNED, RESUMED, REVOKED};
-use sluice::worker::{AFTER_SEND, BEFORE_SEND, OFFSETS_JUMP, OUTPUTS_COMMITTED, SLOW_BATCH, STATE_COMMITTED, STOPPED};
+use sluice::worker::{
+    AFTER_SEND, BEFORE_SEND, OFFSETS_JUMP, OUTPUTS_COMMITTED, SLOW_BATCH, STATE_COMMITTED, STOPPED, STOPPED_ALONE,
+};
 use sluice_tests::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -707,6 +710,44 @@ fn an_output_kafka_refuses_is_dead_lettered_and_the_partition_goes_on() -> Resul
     assert!(dead[0]["error"] == REFUSED && dead[0]["offset"] == 1, "{}", dead[0]);
     assert!(reason.contains("Kafka refused this output") && reason.contains("MessageSizeTooLarge"), "{reason}");
     assert_eq!(dead[0]["value"].as_str().map(str::len), Some(5_000), "the dead letter holds the output");
+    Ok(())
+}
+
+/// A partition whose worker fails (here: strict mode and a record that keeps trapping)
+/// stops alone on a Kafka source too: it is paused, the other partition goes on
+/// consuming — records produced after the failure included — and the host stops only
+/// when the topic is idle, naming the stopped partition and why.
+#[test]
+fn a_partition_that_fails_is_paused_and_the_others_go_on() -> Result<()> {
+    const EACH: u64 = 300;
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 2)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let in_partition = |p| keys.iter().find(|k| sluice::source::partition_for(k.as_bytes(), 2) == p).unwrap().clone();
+    let (failing, healthy) = (in_partition(0), in_partition(1));
+    let record =
+        |key: &str, action: &str| Ok((key.to_string(), json!({"vehicle_id": key, "action": action}).to_string()));
+    let first = std::iter::once(record(&failing, "hog")).chain((0..EACH / 2).map(|_| record(&healthy, "count")));
+    broker.produce("positions", first)?;
+    let more = "group = \"alone\"\nstop_when_idle_s = 3\n[operator.retry]\nstrict = true\nbackoff = \"1ms\"\n";
+    let config = positions_source(dir, &broker.bootstrap, more)?;
+    let mut job = run_job(&operator_wasm("probe"), dir, 2);
+    let mut host = Host::spawn("host", job.arg("--config").arg(&config).arg("--no-checkpoints"), &dir.join("log"))?;
+    host.wait_for(STOPPED_ALONE, 1, Duration::from_secs(60))?;
+    let rest = (EACH / 2..EACH).flat_map(|_| [record(&failing, "count"), record(&healthy, "count")]);
+    broker.produce("positions", rest)?;
+    assert!(!host.wait_exit(Duration::from_secs(60))?.success(), "the run ends in the partition's error");
+    let log = host.log();
+    assert!(log.contains("partition 0 stopped") && log.contains("the record at offset 0 failed in 2 call(s)"), "{log}");
+    let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+    let counts = |key: &str| -> Vec<u64> {
+        outputs.iter().filter(|o| o["key"] == key).filter_map(|o| o["value"]["count"].as_u64()).collect()
+    };
+    let healthy_counts = counts(&healthy);
+    assert!(healthy_counts.iter().copied().eq(1..=EACH), "partition 1: {} of {EACH}", healthy_counts.len());
+    assert_eq!(counts(&failing), Vec::<u64>::new());
     Ok(())
 }
 

@@ -7,6 +7,7 @@ use anyhow::Result;
 use serde_json::{Value, json};
 use sluice::job::DEAD_LETTERS_BY_KIND;
 use sluice::operator::wasm::LOG_LINES_DROPPED;
+use sluice::worker::STOPPED_ALONE;
 use sluice_tests::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -230,6 +231,48 @@ fn strict_mode_stops_at_a_record_that_keeps_trapping_and_loses_nothing() -> Resu
     assert_eq!(outputs, vec![json!({"count": 1}), json!({"count": 2})]);
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(dead[0]["offset"], 1);
+    Ok(())
+}
+
+/// A partition whose worker fails stops alone: its later records are dropped while the
+/// other partition processes all of its own, the job then fails naming the stopped
+/// partition and why, and a run after it (without strict mode) processes the stopped
+/// partition's records from its last commit, and nothing twice.
+#[test]
+fn a_partition_that_fails_stops_alone_and_the_others_go_on() -> Result<()> {
+    const EACH: usize = 1500;
+    let dir = tempfile::tempdir()?;
+    // Two keys in different partitions of two.
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let in_partition = |p| keys.iter().find(|k| sluice::source::partition_for(k.as_bytes(), 2) == p).unwrap().clone();
+    let (failing, healthy) = (in_partition(0), in_partition(1));
+    // The failing key's first record traps; records go on arriving for both partitions
+    // after it (at 3,000 a second).
+    let records: Vec<Value> = (0..EACH)
+        .flat_map(|i| {
+            let action = if i == 0 { "hog" } else { "count" };
+            [json!({"vehicle_id": failing, "action": action}), json!({"vehicle_id": healthy, "action": "count"})]
+        })
+        .collect();
+    let counts = |key: &str| -> Result<Vec<u64>> {
+        let outputs = read_jsonl(&dir.path().join("out.jsonl"))?;
+        Ok(outputs.iter().filter(|o| o["key"] == key).filter_map(|o| o["value"]["count"].as_u64()).collect())
+    };
+    let probe = operator_wasm("probe");
+    let strict = "[operator.retry]\nstrict = true\nbackoff = \"1ms\"";
+    let err =
+        run_err(sandbox_job(dir.path(), &probe, &records, strict)?.args(["--partitions", "2", "--rate", "3000"]))?;
+    assert!(err.contains("partition 0 stopped") && err.contains(STOPPED_ALONE), "{err}");
+    assert!(err.contains("the record at offset 0 failed in 2 call(s)"), "{err}");
+    let healthy_counts = counts(&healthy)?;
+    assert!(healthy_counts.iter().copied().eq(1..=EACH as u64), "partition 1: {} of {EACH}", healthy_counts.len());
+    assert_eq!(counts(&failing)?, Vec::<u64>::new(), "nothing of the failed partition is committed or sent");
+
+    run_ok(sandbox_job(dir.path(), &probe, &records, "")?.args(["--partitions", "2"]))?;
+    let failing_counts = counts(&failing)?;
+    assert!(failing_counts.iter().copied().eq(1..EACH as u64), "partition 0: {} of {}", failing_counts.len(), EACH - 1);
+    assert_eq!(counts(&healthy)?, Vec::<u64>::new(), "partition 1 already committed its records");
+    assert_eq!(read_jsonl(&dir.path().join("dead.jsonl"))?.len(), 1);
     Ok(())
 }
 

@@ -56,6 +56,15 @@ pub struct Expiration {
     pub outcome: Outcome,
 }
 
+/// The operator, not the host, stopped its partition: a record kept failing in strict
+/// mode (`[operator.retry] strict`), or a fresh instance could not start after a trap.
+/// A worker that fails with this (anywhere in its error's chain) stops its partition
+/// alone, and the others go on; any other failure — the state store, the sink — is the
+/// host's, and stops it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct OperatorStopped(pub String);
+
 /// What became of a batch of records, and of the entries that expired meanwhile.
 #[derive(Debug, Default)]
 pub struct Processed {

@@ -25,7 +25,7 @@
 //! whose clock reached the expiry (a batched call is cut there, since a component
 //! cannot be called while it is in a call).
 
-use super::{Expiration, Operator, Outcome, Output, Processed, Switch};
+use super::{Expiration, Operator, OperatorStopped, Outcome, Output, Processed, Switch};
 use crate::config::{self, OperatorLimits, RetryPolicy};
 use crate::record::SourceRecord;
 use crate::state::{Expired, Transaction};
@@ -672,25 +672,46 @@ impl WasmInstance {
         let expired = processed.expirations.iter().map(|e| (e.offset, "expiry before the record", &e.outcome));
         for (offset, what, outcome) in failed.chain(expired) {
             if let Outcome::Trapped { reason, attempts } = outcome {
-                bail!(
+                return Err(anyhow::Error::new(OperatorStopped(format!(
                     "the {what} at offset {offset} failed in {attempts} call(s), and [operator.retry] strict = true \
                      stops the partition rather than dead-letter it: {reason}"
-                );
+                ))));
             }
         }
         Ok(())
     }
 
     /// Says why the last call trapped and replaces the instance: a trapped instance may
-    /// hold broken invariants in its memory. An `Err` is a fresh instance that failed
-    /// to start.
+    /// hold broken invariants in its memory. A fresh instance that fails to start is
+    /// tried again as the retry policy says; an `Err` is the last attempt's failure.
     fn replace_after(&mut self, trap: wasmtime::Error) -> Result<String> {
         self.replaced += 1;
         let live = self.live.take().expect("instance is live between calls");
         let mut ctx = live.store.into_data();
         let reason = describe_trap(trap, &self.operator.limits, &mut ctx);
-        self.live = Some(self.operator.start(ctx).map_err(|(e, _)| e)?);
-        Ok(reason)
+        let (operator, mut attempt) = (self.operator.clone(), 1);
+        loop {
+            match operator.start(ctx) {
+                Ok(live) => {
+                    self.live = Some(live);
+                    return Ok(reason);
+                }
+                Err((error, back)) if attempt < operator.limits.retry.attempts => {
+                    attempt += 1;
+                    let wait = operator.limits.retry.backoff_before(attempt);
+                    tracing::warn!("a fresh instance failed to start; {RETRYING} in {wait:?}: {error:#}");
+                    std::thread::sleep(wait);
+                    ctx = back;
+                }
+                Err((error, _)) => {
+                    let trapped = reason.lines().next().unwrap_or_default();
+                    return Err(anyhow::Error::new(OperatorStopped(format!(
+                        "replacing an instance that trapped ({trapped}): a fresh one failed to start {attempt} time(s): \
+                         {error:#}"
+                    ))));
+                }
+            }
+        }
     }
 
     /// Expires the entries due at the clock (`key`'s all, when there are more than a

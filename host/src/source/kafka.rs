@@ -347,6 +347,17 @@ fn poll<P: Partitions + Send>(
         for started in partitions.started(false)? {
             resume(consumer, &options.topic, &started)?;
         }
+        let failed = partitions.failed()?;
+        for &p in &failed {
+            // Not read until it starts again (a restart, or a rebalance moving it).
+            consumer.pause(&partition_list(&options.topic, p))?;
+            state.backed_up.remove(&p);
+        }
+        if !failed.is_empty() && !partitions.owns_any() {
+            // Every partition here stopped: the run ends in their errors, and a restart
+            // (or the group moving them) takes them up again.
+            return Ok(Stop::Handover);
+        }
         let quiet = message.is_none();
         match message {
             Some(Ok(message)) => {
@@ -497,6 +508,9 @@ mod tests {
             }
             Ok(Vec::new())
         }
+        fn failed(&mut self) -> Result<Vec<u32>> {
+            Ok(Vec::new())
+        }
         fn revoke(&mut self, partition: u32, how: Stop) -> Result<Option<u64>> {
             self.revoked.push((partition, how));
             if self.fail_revoke == Some(partition) {
@@ -516,6 +530,9 @@ mod tests {
         }
         fn owns(&self, partition: u32) -> bool {
             self.running.contains_key(&partition)
+        }
+        fn owns_any(&self) -> bool {
+            !self.running.is_empty()
         }
         fn starting(&self) -> bool {
             false

@@ -40,6 +40,12 @@ pub trait Partitions {
     /// that failed is an error (once).
     fn started(&mut self, wait: bool) -> Result<Vec<Started>>;
 
+    /// The partitions the operator stopped since the last call (see
+    /// [`OperatorStopped`](crate::operator::OperatorStopped)), each alone: its records
+    /// are dropped from now on (a Kafka source pauses it), its state stays as its last
+    /// commit left it, and [`Partitions::finish`] reports why it stopped. A worker that
+    /// failed for any other reason is the error.
+    fn failed(&mut self) -> Result<Vec<u32>>;
     /// Stops `partition` as `how` says ([`Stop::Handover`] or [`Stop::Lost`]), dropping
     /// what waits for it here, and returns the offset committed with its state; `None`
     /// if it did not run here. A start in progress completes first.
@@ -61,6 +67,8 @@ pub trait Partitions {
 
     /// Whether `partition` is starting or running here.
     fn owns(&self, partition: u32) -> bool;
+    /// Whether any partition is starting or running here.
+    fn owns_any(&self) -> bool;
 
     /// Whether any partition is still starting.
     fn starting(&self) -> bool;
@@ -189,6 +197,10 @@ fn feed(
             timestamp_ms: raw.timestamp_ms,
         };
         partitions.push(record, true)?;
+        if !partitions.owns_any() {
+            // Every partition stopped alone: the run ends in their errors.
+            return Ok(Stop::Handover);
+        }
     }
     Ok(Stop::Drain)
 }

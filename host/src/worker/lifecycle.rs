@@ -20,8 +20,8 @@ use crate::checkpoint::restore::{self, PartitionPlan};
 use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
 use crate::config::TtlConfig;
 use crate::lock;
-use crate::operator::Operator;
 use crate::operator::wasm::ActiveVersion;
+use crate::operator::{Operator, OperatorStopped};
 use crate::record::{SourceRecord, Stop};
 use crate::source::Started;
 use crate::state::{StateDir, Transaction};
@@ -39,6 +39,9 @@ use tokio::runtime::Handle;
 /// Logged when a partition's worker stops: `stopped (Handover) in 12 ms at offset N; …`,
 /// the reason being a [`Stop`].
 pub const STOPPED: &str = "stopped";
+/// Logged when a partition's worker failed and the partition stops alone: `partition 1
+/// stopped: …; the other partitions go on`.
+pub const STOPPED_ALONE: &str = "the other partitions go on";
 
 /// Everything a partition needs to start, shared by all of them.
 pub struct WorkerSetup {
@@ -118,6 +121,10 @@ pub struct Workers {
     arrived: Vec<Started>,
     /// The first start that failed, not yet returned.
     failure: Option<anyhow::Error>,
+    /// Partitions whose worker failed, stopped alone, with why; until started again.
+    failed: BTreeMap<u32, anyhow::Error>,
+    /// Of `failed`, those not yet returned by [`Workers::failed`].
+    newly_failed: Vec<u32>,
     live: LiveStats,
     reports: Vec<PartitionReport>,
 }
@@ -134,6 +141,8 @@ impl Workers {
             started_rx,
             arrived: Vec::new(),
             failure: None,
+            failed: BTreeMap::new(),
+            newly_failed: Vec::new(),
             live: LiveStats::default(),
             reports: Vec::new(),
         }
@@ -151,6 +160,9 @@ impl Workers {
         let plan = setup.runtime.block_on(restore::plan(Some(&setup.state), partitions, store))?;
         let now = Instant::now();
         self.starting.extend(partitions);
+        for p in partitions {
+            self.failed.remove(p);
+        }
         let expected = plan.partitions.iter().map(|p| (p.partition, p.expected_offset())).collect();
         let tx = self.started_tx.clone();
         std::thread::Builder::new().name("sluice-restore".into()).spawn(move || {
@@ -189,18 +201,38 @@ impl Workers {
     }
 
     /// The partitions whose start completed since the last call, each running from
-    /// its `offset`. A start that failed is an error (once), and so is a worker that
-    /// stopped by itself — a running worker ends only when stopped, so it failed — which
-    /// a source polling this learns at once, not at its partition's next record (its own
-    /// error surfaces when it is stopped).
+    /// its `offset`. A start that failed is an error (once).
     pub fn started(&mut self) -> Result<Vec<Started>> {
         while let Ok((partition, result)) = self.started_rx.try_recv() {
             self.register(partition, result);
         }
-        if let Some(partition) = self.running.iter().find(|(_, r)| r.thread.is_finished()).map(|(p, _)| *p) {
-            bail!("the worker of partition {partition} has stopped");
-        }
         self.take_started()
+    }
+
+    /// The partitions whose worker failed since the last call. A running worker ends
+    /// only when stopped, so one that ended by itself failed. If the operator stopped it
+    /// ([`OperatorStopped`]), its partition stops alone — its error logged and kept for
+    /// the end of the run, its state as its last commit left it — and the others go on;
+    /// any other failure is the host's, and the error.
+    pub fn failed(&mut self) -> Result<Vec<u32>> {
+        let ended: Vec<u32> = self.running.iter().filter(|(_, r)| r.thread.is_finished()).map(|(p, _)| *p).collect();
+        for partition in ended {
+            let running = self.running.remove(&partition).expect("listed above");
+            lock(&self.live).remove(&partition);
+            let error = match running.thread.join() {
+                Ok(Err(e)) => e,
+                Ok(Ok(_)) => anyhow!("its worker ended unasked"),
+                Err(_) => anyhow!("its worker panicked"),
+            };
+            let error = error.context(format!("partition {partition} stopped"));
+            if error.downcast_ref::<OperatorStopped>().is_none() {
+                return Err(error);
+            }
+            tracing::error!(partition, "{error:#}; {STOPPED_ALONE}");
+            self.failed.insert(partition, error);
+            self.newly_failed.push(partition);
+        }
+        Ok(std::mem::take(&mut self.newly_failed))
     }
 
     /// Waits until no partition is starting; returns those that started, or the first
@@ -249,6 +281,11 @@ impl Workers {
         self.running.contains_key(&partition) || self.starting.contains(&partition)
     }
 
+    /// Whether any partition is starting or running here.
+    pub fn owns_any(&self) -> bool {
+        !self.running.is_empty() || !self.starting.is_empty()
+    }
+
     /// Whether any partition is still starting.
     pub fn any_starting(&self) -> bool {
         !self.starting.is_empty()
@@ -274,22 +311,21 @@ impl Workers {
     }
 
     /// Hands `batch` to `partition`'s worker unless its queue is full, in which case
-    /// the batch comes back. An error means the worker has stopped (its own error
-    /// surfaces when it is stopped).
-    pub fn try_send(&self, partition: u32, batch: Vec<SourceRecord>) -> Result<Option<Vec<SourceRecord>>> {
+    /// the batch comes back. A worker that failed meanwhile drops it: the next
+    /// [`failed`](Workers::failed) tells.
+    pub fn try_send(&mut self, partition: u32, batch: Vec<SourceRecord>) -> Result<Option<Vec<SourceRecord>>> {
         match self.worker(partition)?.sender.try_send(batch) {
-            Ok(()) => Ok(None),
+            Ok(()) | Err(TrySendError::Disconnected(_)) => Ok(None),
             Err(TrySendError::Full(batch)) => Ok(Some(batch)),
-            Err(TrySendError::Disconnected(_)) => bail!("the worker of partition {partition} has stopped"),
         }
     }
 
-    /// Hands `batch` to `partition`'s worker, waiting while its queue is full.
-    pub fn send(&self, partition: u32, batch: Vec<SourceRecord>) -> Result<()> {
-        self.worker(partition)?
-            .sender
-            .send(batch)
-            .map_err(|_| anyhow!("the worker of partition {partition} has stopped"))
+    /// Hands `batch` to `partition`'s worker, waiting while its queue is full; as
+    /// [`try_send`](Workers::try_send), a worker that failed drops it.
+    pub fn send(&mut self, partition: u32, batch: Vec<SourceRecord>) -> Result<()> {
+        // A send fails only when the worker has ended, which `failed` tells.
+        let _ = self.worker(partition)?.sender.send(batch);
+        Ok(())
     }
 
     fn worker(&self, partition: u32) -> Result<&Running> {
@@ -303,6 +339,7 @@ impl Workers {
             self.receive_start();
         }
         self.arrived.retain(|s| s.partition != partition);
+        // One that failed has nothing to hand over: its state is as its last commit left it.
         let Some(running) = self.running.remove(&partition) else { return Ok(None) };
         let began = Instant::now();
         running.stop.set(how);
@@ -323,9 +360,10 @@ impl Workers {
 
     /// Stops every partition as `how` says, waiting for starts in progress first, and
     /// returns the offset each one's state holds at the end. Every partition is stopped
-    /// even when one fails; the first failure is returned.
+    /// even when one fails; the first failure is returned, or else, if partitions
+    /// stopped alone during the run, why each did.
     pub fn stop_all(&mut self, how: Stop) -> Result<Vec<(u32, u64)>> {
-        let mut result = self.wait_started().map(|_| Vec::new());
+        let mut result = self.wait_started().and_then(|_| self.failed()).map(|_| Vec::new());
         for partition in self.running() {
             let stopped = self.stop(partition, how).map(|r| r.map(|r| (partition, r.totals.committed_offset)));
             result = result.and_then(|mut offsets| {
@@ -333,7 +371,12 @@ impl Workers {
                 Ok(offsets)
             });
         }
-        result
+        let offsets = result?;
+        if !self.failed.is_empty() {
+            let failures: Vec<String> = self.failed.values().map(|e| format!("{e:#}")).collect();
+            bail!("{}", failures.join("\n"));
+        }
+        Ok(offsets)
     }
 
     /// The running partitions' live counters.

@@ -104,6 +104,17 @@ impl Partitions for Router {
         Ok(started)
     }
 
+    fn failed(&mut self) -> Result<Vec<u32>> {
+        let failed = self.workers.failed()?;
+        for &p in &failed {
+            // Its records are dropped from now on: they stay in the source, from the
+            // offset its state holds, for its next start.
+            self.next[p as usize] = None;
+            self.pending[p as usize].clear();
+        }
+        Ok(failed)
+    }
+
     fn revoke(&mut self, partition: u32, how: Stop) -> Result<Option<u64>> {
         // What waits for it is dropped: its next owner reads it again from the offset
         // stored with the state.
@@ -145,12 +156,15 @@ impl Partitions for Router {
         self.pending[p].push(record);
         if self.pending[p].len() >= self.batch_size {
             self.hand_over(p, wait, false)?;
+            // A worker that failed took nothing: its partition stops here, once a batch.
+            self.failed()?;
         }
         Ok(self.backed_up(p as u32))
     }
 
     fn flush(&mut self, wait: bool) -> Result<()> {
-        (0..self.pending.len()).try_for_each(|p| self.hand_over(p, wait, true))
+        (0..self.pending.len()).try_for_each(|p| self.hand_over(p, wait, true))?;
+        self.failed().map(drop)
     }
 
     fn backed_up(&self, partition: u32) -> bool {
@@ -159,6 +173,10 @@ impl Partitions for Router {
 
     fn owns(&self, partition: u32) -> bool {
         self.workers.owns(partition)
+    }
+
+    fn owns_any(&self) -> bool {
+        self.workers.owns_any()
     }
 
     fn starting(&self) -> bool {
