@@ -21,7 +21,7 @@ use crate::source::generator::{Fleet, FleetOptions};
 use crate::source::kafka::{self, KafkaOptions};
 use crate::source::{self, DispatchOptions};
 use crate::state::{self, StateDir};
-use crate::stats::{LiveStats, Totals, peak_rss, process_cpu};
+use crate::stats::{DeadLetters, LiveStats, peak_rss, process_cpu};
 use crate::worker::{
     Cadence, Checkpointing, Destinations, DispatchReport, PartitionReport, Router, WorkerSetup, Workers,
 };
@@ -39,9 +39,10 @@ pub const LAG: &str = "lag=";
 /// What follows the count of expired state entries in the final report.
 pub const EXPIRED_REMOVED: &str = " expired state entries removed";
 
-/// Starts the final report's line of dead letters by kind (when there are any):
-/// `dead letters by kind: 2 rejected by the operator, 1 trapped or past a limit, 0
-/// outputs refused by Kafka`.
+/// Starts the final report's line of dead letters by kind, one for each operator
+/// version that had any: `dead letters by kind: 2 rejected by the operator, 1 trapped or
+/// past a limit, 0 outputs refused by Kafka, from probe@…`. The running summary counts
+/// them the same way (`dead letters of probe@…: …`).
 pub const DEAD_LETTERS_BY_KIND: &str = "dead letters by kind";
 
 /// What a job did, per partition and in all.
@@ -97,15 +98,8 @@ impl fmt::Display for JobReport {
             let gaps: Vec<String> = self.source.gaps.iter().map(|(p, n)| format!("partition {p}: {n}")).collect();
             writeln!(f, "offset gaps (offsets the source never delivered, see the log): {}", gaps.join(", "))?;
         }
-        if dead > 0 {
-            let total = |count: fn(&Totals) -> u64| -> u64 { self.partitions.iter().map(|p| count(&p.totals)).sum() };
-            let (trapped, refused) = (total(|t| t.dead_trapped), total(|t| t.dead_refused));
-            writeln!(
-                f,
-                "{DEAD_LETTERS_BY_KIND}: {} rejected by the operator, {trapped} trapped or past a limit, {refused} \
-                 outputs refused by Kafka",
-                dead - trapped - refused
-            )?;
+        for (version, dead) in DeadLetters::by_version(self.partitions.iter().map(|p| &p.dead_letters)) {
+            writeln!(f, "{DEAD_LETTERS_BY_KIND}: {dead}, from {version}")?;
         }
         if let Some(took) = self.restore_took {
             writeln!(f, "restore took {:.3}s before processing began", took.as_secs_f64())?;
@@ -397,6 +391,11 @@ fn print_summary(started: Instant, since: Mark, live: &LiveStats) -> Mark {
         }
         _ => String::new(),
     };
+    let by_partition: Vec<_> = live.values().map(|s| lock(&s.dead_by_version).clone()).collect();
+    let dead: String = DeadLetters::by_version(&by_partition)
+        .iter()
+        .map(|(version, dead)| format!(" | dead letters of {version}: {dead}"))
+        .collect();
     let partitions: Vec<String> = live
         .iter()
         .map(|(p, s)| {
@@ -420,7 +419,7 @@ fn print_summary(started: Instant, since: Mark, live: &LiveStats) -> Mark {
         })
         .collect();
     eprintln!(
-        "[{:>6.1}s] {processed} records, {rate:.0} records/s{cpu} | {}",
+        "[{:>6.1}s] {processed} records, {rate:.0} records/s{cpu}{dead} | {}",
         started.elapsed().as_secs_f64(),
         partitions.join(" | ")
     );

@@ -19,10 +19,8 @@ pub struct PartitionStats {
     pub processed: AtomicU64,
     /// Records sent to the dead-letter file by this worker...
     pub dead_letters: AtomicU64,
-    /// ... of which trapped or passed one of the operator's limits...
-    pub dead_trapped: AtomicU64,
-    /// ... and outputs Kafka refused; the rest the operator rejected.
-    pub dead_refused: AtomicU64,
+    /// ... by the operator version that processed them, and by kind.
+    pub dead_by_version: Mutex<BTreeMap<String, DeadLetters>>,
     /// The next offset to process, as last committed.
     pub committed_offset: AtomicU64,
     /// State entries held, as of the last commit (expired ones not yet removed
@@ -71,8 +69,7 @@ impl PartitionStats {
         PartitionStats {
             processed: AtomicU64::new(0),
             dead_letters: AtomicU64::new(0),
-            dead_trapped: AtomicU64::new(0),
-            dead_refused: AtomicU64::new(0),
+            dead_by_version: Mutex::default(),
             committed_offset: AtomicU64::new(committed_offset),
             entries: AtomicU64::new(entries),
             expired: AtomicU64::new(0),
@@ -99,8 +96,6 @@ impl PartitionStats {
             committed_offset: self.committed_offset.load(Ordering::Relaxed),
             processed: self.processed.load(Ordering::Relaxed),
             dead_letters: self.dead_letters.load(Ordering::Relaxed),
-            dead_trapped: self.dead_trapped.load(Ordering::Relaxed),
-            dead_refused: self.dead_refused.load(Ordering::Relaxed),
             entries: self.entries.load(Ordering::Relaxed),
             expired: self.expired.load(Ordering::Relaxed),
             backlog: self.backlog.load(Ordering::Relaxed),
@@ -114,6 +109,70 @@ impl PartitionStats {
     }
 }
 
+/// Dead letters of one operator version, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeadLetters {
+    /// Records the operator returned an error for.
+    pub rejected: u64,
+    /// Records whose calls trapped (after their retries) or passed one of the
+    /// operator's limits.
+    pub trapped: u64,
+    /// Outputs Kafka refused for themselves.
+    pub refused: u64,
+}
+
+impl DeadLetters {
+    /// All of them.
+    pub fn total(&self) -> u64 {
+        self.rejected + self.trapped + self.refused
+    }
+
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &DeadLetters) {
+        self.rejected += other.rejected;
+        self.trapped += other.trapped;
+        self.refused += other.refused;
+    }
+
+    /// `dead` added up over partitions, by version.
+    pub fn by_version<'a>(
+        dead: impl IntoIterator<Item = &'a BTreeMap<String, DeadLetters>>,
+    ) -> BTreeMap<String, DeadLetters> {
+        let mut all = BTreeMap::<String, DeadLetters>::new();
+        for (version, counts) in dead.into_iter().flatten() {
+            all.entry(version.clone()).or_default().add(counts);
+        }
+        all
+    }
+}
+
+impl std::fmt::Display for DeadLetters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} rejected by the operator, {} trapped or past a limit, {} outputs refused by Kafka",
+            self.rejected, self.trapped, self.refused
+        )
+    }
+}
+
+impl PartitionStats {
+    /// Counts `dead` dead letters of operator `version`.
+    pub fn count_dead(&self, version: &str, dead: DeadLetters) {
+        if dead.total() == 0 {
+            return;
+        }
+        self.dead_letters.fetch_add(dead.total(), Ordering::Relaxed);
+        let mut by_version = self.dead_by_version.lock().expect("no panics under this lock");
+        match by_version.get_mut(version) {
+            Some(counts) => counts.add(&dead),
+            None => {
+                by_version.insert(version.to_string(), dead);
+            }
+        }
+    }
+}
+
 /// What a partition's counters reached, as a run's report keeps them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Totals {
@@ -121,12 +180,8 @@ pub struct Totals {
     pub committed_offset: u64,
     /// Records processed.
     pub processed: u64,
-    /// Records sent to the dead-letter file...
+    /// Records sent to the dead-letter file.
     pub dead_letters: u64,
-    /// ... of which trapped or passed one of the operator's limits...
-    pub dead_trapped: u64,
-    /// ... and outputs Kafka refused.
-    pub dead_refused: u64,
     /// State entries stored, as of the last commit.
     pub entries: u64,
     /// Expired entries removed.
@@ -168,4 +223,29 @@ pub fn peak_rss() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kib = status.lines().find_map(|line| line.strip_prefix("VmHWM:"))?.trim().strip_suffix("kB")?;
     Some(kib.trim().parse::<u64>().ok()? << 10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Dead letters are counted per version as they come, and a report adds the
+    /// partitions' up by version.
+    #[test]
+    fn dead_letters_add_up_by_version_and_kind() {
+        let (p0, p1) = (PartitionStats::new(0, 0, "v1"), PartitionStats::new(0, 0, "v1"));
+        p0.count_dead("v1", DeadLetters { rejected: 1, trapped: 2, refused: 0 });
+        p0.count_dead("v2", DeadLetters { rejected: 0, trapped: 1, refused: 0 });
+        p0.count_dead("v2", DeadLetters::default());
+        p1.count_dead("v2", DeadLetters { rejected: 1, trapped: 0, refused: 3 });
+        assert_eq!(p0.dead_letters.load(Ordering::Relaxed), 4);
+        let partitions = [p0.dead_by_version.lock().unwrap().clone(), p1.dead_by_version.lock().unwrap().clone()];
+        let all = DeadLetters::by_version(&partitions);
+        assert_eq!(all["v1"], DeadLetters { rejected: 1, trapped: 2, refused: 0 });
+        assert_eq!(all["v2"], DeadLetters { rejected: 1, trapped: 1, refused: 3 });
+        assert_eq!(
+            all["v2"].to_string(),
+            "1 rejected by the operator, 1 trapped or past a limit, 3 outputs refused by Kafka"
+        );
+    }
 }

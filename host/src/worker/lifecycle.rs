@@ -25,7 +25,7 @@ use crate::operator::{Operator, OperatorStopped};
 use crate::record::{SourceRecord, Stop};
 use crate::source::Started;
 use crate::state::{StateDir, Transaction};
-use crate::stats::{LiveStats, PartitionStats, Totals};
+use crate::stats::{DeadLetters, LiveStats, PartitionStats, Totals};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
@@ -85,6 +85,9 @@ pub struct PartitionReport {
     pub resumed_at: u64,
     /// What its counters reached.
     pub totals: Totals,
+    /// Its dead letters by the operator version that processed their records, and by
+    /// kind.
+    pub dead_letters: BTreeMap<String, DeadLetters>,
     /// Distinct keys holding state at the end, counted only when the source ended
     /// ([`Stop::Drain`]): counting scans the partition, too slow for a handover.
     pub keys: Option<u64>,
@@ -429,6 +432,7 @@ fn spawn_worker(
                 partition,
                 resumed_at: started.offset,
                 totals: stats.totals(),
+                dead_letters: lock(&stats.dead_by_version).clone(),
                 keys: match stop.get() {
                     None | Some(Stop::Drain) => Some(instance.state().store().count_keys()?),
                     Some(Stop::Handover | Stop::Lost) => None,

@@ -44,7 +44,7 @@ use crate::lock;
 use crate::operator::{Expiration, Operator, Outcome, Output, Processed};
 use crate::record::{Cause, Origin, SourceRecord, Stop};
 use crate::sink::{self, LineSink, PartitionOutputs, Sink};
-use crate::stats::PartitionStats;
+use crate::stats::{DeadLetters, PartitionStats};
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -348,9 +348,8 @@ impl Emitted {
     ) -> Result<()> {
         let refused = to.sink.send(&self.outputs, version, &mut self.lines, outputs, &mut self.dead)?;
         to.dead_letters.write(&self.dead)?;
-        stats.dead_letters.fetch_add(self.dead_count + refused, Ordering::Relaxed);
-        stats.dead_trapped.fetch_add(self.trapped_count, Ordering::Relaxed);
-        stats.dead_refused.fetch_add(refused, Ordering::Relaxed);
+        let rejected = self.dead_count - self.trapped_count;
+        stats.count_dead(version, DeadLetters { rejected, trapped: self.trapped_count, refused });
         self.outputs.clear();
         self.dead.clear();
         (self.dead_count, self.trapped_count) = (0, 0);
