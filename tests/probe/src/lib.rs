@@ -1,4 +1,5 @@
-//! A test operator that probes the sandbox and the guest SDK. Not an example to copy.
+//! The tests' attacker: an operator that probes the sandbox and the guest SDK, kept
+//! under `tests/` with them. Not an example to copy.
 //!
 //! Each record's value is JSON `{"action": ..., ...}`:
 //! - `roundtrip` with `sample`: stores the sample as typed state, reads it back, and
