@@ -325,6 +325,12 @@ fn a_record_that_passes_a_limit_costs_that_record_only() -> Result<()> {
     );
     assert!(log.contains(&by_kind), "the report counts the dead letters by kind and operator version:\n{log}");
     assert!(log.contains("more bytes cut: [operator.limits] log_line_bytes"), "a huge line is cut");
+    // The host's memory stays bounded through all of it (the report's peak RSS; each
+    // attack alone would hold tens of MiB or more without its limit).
+    let peak = log.lines().find_map(|line| line.split_once("peak memory ")).map(|(_, rest)| rest.to_string());
+    eprintln!("peak memory of the attacked host: {peak:?}");
+    let mib = peak.as_deref().and_then(|p| p.strip_suffix(" MiB (RSS)")).and_then(|m| m.parse::<f64>().ok());
+    assert!(mib.is_some_and(|mib| mib < 512.0), "peak memory {peak:?}");
     Ok(())
 }
 
