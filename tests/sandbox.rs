@@ -276,6 +276,20 @@ fn a_partition_that_fails_stops_alone_and_the_others_go_on() -> Result<()> {
     Ok(())
 }
 
+/// Batches that end early at `output_bytes_per_batch` lose and repeat nothing: every
+/// record's output is written once, in order.
+#[test]
+fn batches_cut_at_their_output_bound_lose_and_repeat_nothing() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let records: Vec<Value> = (0..40).map(|_| json!({"action": "outputs", "count": 1, "bytes": 1000})).collect();
+    let bound = "[operator.limits]\noutput_bytes_per_batch = 3000";
+    run_ok(&mut sandbox_job(dir.path(), &operator_wasm("probe"), &records, bound)?)?;
+    let offsets: Vec<u64> =
+        read_jsonl(&dir.path().join("out.jsonl"))?.iter().filter_map(|o| o["offset"].as_u64()).collect();
+    assert_eq!(offsets, (0..40).collect::<Vec<_>>());
+    Ok(())
+}
+
 /// A record that tries to make the host hold without bound — many or large outputs,
 /// many or large state writes, a long name, many reads, an output to a topic not
 /// allowed — costs that record only: it

@@ -26,6 +26,8 @@
 //! log_lines_per_s = 100                 # per instance; lines past these are dropped and counted
 //! log_bytes_per_s = 65536
 //! log_line_bytes = 4096                 # a longer line is cut
+//! output_bytes_per_batch = 67108864     # a batch past these ends there; the rest is the next batch
+//! time_per_batch_ms = 10000
 //! output_topics = []                    # topics an output may name; none: only the sink's own
 //! [operator.retry]            # a record whose call trapped is called again on a fresh instance
 //! attempts = 2                # calls in all; then its dead letter
@@ -218,6 +220,14 @@ pub struct OperatorLimits {
     pub log_bytes_per_s: u64,
     /// Bytes of one log line; a longer line is cut there.
     pub log_line_bytes: usize,
+    /// Bytes of the outputs of one batch together: past them the batch ends at the
+    /// record that passed them, its outputs go to the sink, and the rest of its records
+    /// make the next batch.
+    pub output_bytes_per_batch: usize,
+    /// Milliseconds one batch may take: past them it ends as for
+    /// `output_bytes_per_batch`, so a handover, deploy or stop waits at most this (and
+    /// one record's `call_timeout_ms`) for the batch in hand.
+    pub time_per_batch_ms: u64,
     /// Topics an output may name. An output without a topic goes to the sink's own;
     /// one naming a topic not listed here fails its record (an operator must not
     /// write into its own input or another team's topics).
@@ -238,6 +248,8 @@ impl OperatorLimits {
             log_lines_per_s: u64::MAX,
             log_bytes_per_s: u64::MAX,
             log_line_bytes: usize::MAX,
+            output_bytes_per_batch: usize::MAX,
+            time_per_batch_ms: u64::MAX,
             output_topics: Vec::new(),
         }
     }
@@ -256,6 +268,8 @@ impl Default for OperatorLimits {
             log_lines_per_s: 100,
             log_bytes_per_s: 64 << 10,
             log_line_bytes: 4 << 10,
+            output_bytes_per_batch: 64 << 20,
+            time_per_batch_ms: 10_000,
             output_topics: Vec::new(),
         }
     }
@@ -792,8 +806,13 @@ impl Config {
             ("state_value_bytes", limits.state_value_bytes),
             ("state_name_bytes", limits.state_name_bytes),
             ("log_line_bytes", limits.log_line_bytes),
+            ("output_bytes_per_batch", limits.output_bytes_per_batch),
         ];
-        let rates = [("log_lines_per_s", limits.log_lines_per_s), ("log_bytes_per_s", limits.log_bytes_per_s)];
+        let rates = [
+            ("log_lines_per_s", limits.log_lines_per_s),
+            ("log_bytes_per_s", limits.log_bytes_per_s),
+            ("time_per_batch_ms", limits.time_per_batch_ms),
+        ];
         let zero = sizes.iter().map(|&(name, n)| (name, n as u64)).chain(rates).find(|&(_, n)| n == 0);
         if let Some((name, _)) = zero {
             bail!("[operator.limits] {name} must be at least 1");

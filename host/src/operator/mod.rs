@@ -87,9 +87,12 @@ pub trait Operator: Send {
     fn process(&mut self, record: &SourceRecord) -> Result<Outcome>;
 
     /// Processes `records` in order, each in its own record scope, and returns their
-    /// outcomes in the same order, with the expirations their clock brought. An `Err`
-    /// is a host failure, as for [`process`](Operator::process); the records' writes
-    /// are then never committed.
+    /// outcomes in the same order, with the expirations their clock brought. A batch
+    /// that passes a per-batch bound (`[operator.limits] output_bytes_per_batch`,
+    /// `time_per_batch_ms`) ends at the record that passed it: the outcomes are then
+    /// those of a prefix of `records`, at least one, and the caller hands the rest
+    /// over again as the next batch. An `Err` is a host failure, as for
+    /// [`process`](Operator::process); the records' writes are then never committed.
     fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
         Ok(Processed { outcomes: process_each(self, records)?, expirations: Vec::new() })
     }

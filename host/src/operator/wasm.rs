@@ -198,14 +198,23 @@ struct Batch {
     /// Whether `finish` cut the call short, before an input that makes expiries due
     /// (the call's own writes brought them): the host expires them and goes on.
     cut: bool,
+    /// When the batch (of which this call runs a part) must end, and the bytes of its
+    /// outputs so far, against `[operator.limits]`'s per-batch bounds.
+    ends_at: Option<Instant>,
+    output_bytes: usize,
+    /// Whether `finish` cut the call because the batch passed one of those: the batch
+    /// ends there.
+    full: bool,
 }
 
 impl Batch {
-    /// A call of `records` starts, their first's time observed.
-    fn start(&mut self, records: &[SourceRecord], told: bool) {
+    /// A call of `records` starts, their first's time observed, in a batch that must
+    /// end at `ends_at` and holds `output_bytes` of outputs so far.
+    fn start(&mut self, records: &[SourceRecord], told: bool, ends_at: Instant, output_bytes: usize) {
         self.end();
         self.outcomes.clear();
-        (self.told, self.observed, self.cut) = (told, 1, false);
+        (self.told, self.observed, self.cut, self.full) = (told, 1, false, false);
+        (self.ends_at, self.output_bytes) = (Some(ends_at), output_bytes);
         for record in records {
             self.keys.extend_from_slice(&record.key);
             self.ends.push(self.keys.len());
@@ -546,6 +555,7 @@ fn finish(
         Err(reason) => Outcome::Rejected(reason),
     };
     ctx.txn.end_record(matches!(outcome, Outcome::Emitted(_)));
+    ctx.batch.output_bytes += output_bytes(std::slice::from_ref(&outcome));
     ctx.batch.outcomes.push(outcome);
     let next = ctx.batch.outcomes.len();
     let Some((key, timestamp_ms)) = ctx.batch.input(next) else {
@@ -553,6 +563,11 @@ fn finish(
         ctx.in_record = false;
         return Ok(());
     };
+    if batch_is_full(ctx.batch.output_bytes, ctx.batch.ends_at, &ctx.per_call) {
+        // The batch ends before this input, by a trap the host knows for a cut, as below.
+        (ctx.batch.observed, ctx.batch.cut, ctx.batch.full, ctx.in_record) = (next, true, true, false);
+        wasmtime::bail!("`{PROCESS_BATCH}` cut: the batch reached a per-batch bound of [operator.limits]");
+    }
     let due = ctx.txn.observe(timestamp_ms);
     if due && ctx.batch.told {
         // An operator told of expiries is told before the record that makes them due,
@@ -758,6 +773,21 @@ impl WasmInstance {
     }
 }
 
+/// The bytes of `outcomes`' outputs: keys, values and topic names.
+fn output_bytes(outcomes: &[Outcome]) -> usize {
+    let emitted = outcomes.iter().filter_map(|outcome| match outcome {
+        Outcome::Emitted(outputs) => Some(outputs),
+        _ => None,
+    });
+    emitted.flatten().map(|o| o.key.len() + o.value.len() + o.topic.as_ref().map_or(0, String::len)).sum()
+}
+
+/// Whether a batch holding `output_bytes` of outputs, to end at `ends_at`, passed one of
+/// `limits`' per-batch bounds: it then ends before its next record.
+fn batch_is_full(output_bytes: usize, ends_at: Option<Instant>, limits: &OperatorLimits) -> bool {
+    output_bytes >= limits.output_bytes_per_batch || ends_at.is_some_and(|at| Instant::now() >= at)
+}
+
 /// How many of `records`, at least one, make a `process-batch` call whose inputs' keys
 /// and values take at most `bytes`.
 fn run_length(records: &[SourceRecord], bytes: usize) -> usize {
@@ -853,11 +883,22 @@ impl Operator for WasmInstance {
         // The call the next record is on: a record that trapped runs again (alone, in
         // the fresh instance) as the retry policy says.
         let mut attempt = 1;
+        // The batch's bounds: past one it ends at the record that passed it, and
+        // returns the outcomes of the records before (see `Operator::process_batch`).
+        let time_per_batch = self.operator.limits.per_call.time_per_batch_ms.min(u32::MAX.into());
+        let ends_at = Instant::now() + Duration::from_millis(time_per_batch);
+        // The bytes of the outputs of the first `counted` outcomes.
+        let (mut batch_output_bytes, mut counted) = (0, 0);
         // One call per run of records: a trap ends a run at the record it hit, and the
         // records after it make the next run, in a fresh instance; for an operator told
         // of expiries, an expiry ends a run before the record that makes it due.
         while let Some(rest) = records.get(processed.outcomes.len()..).filter(|rest| !rest.is_empty()) {
             let start = processed.outcomes.len();
+            batch_output_bytes += output_bytes(&processed.outcomes[counted..]);
+            counted = start;
+            if start > 0 && batch_is_full(batch_output_bytes, Some(ends_at), &self.operator.limits.per_call) {
+                break;
+            }
             let first = &rest[0];
             if observed == start {
                 self.state().observe(first.timestamp_ms);
@@ -894,7 +935,7 @@ impl Operator for WasmInstance {
             let process_batch = live.process_batch.expect("checked above; a restart keeps the component");
             let ctx = live.store.data_mut();
             ctx.forget_last_call();
-            ctx.batch.start(run, told);
+            ctx.batch.start(run, told, ends_at, batch_output_bytes);
             ctx.in_record = true;
             arm_deadline(&mut live.store);
             let inputs: Vec<InputRecord<'_>> = run.iter().map(input_record).collect();
@@ -1709,6 +1750,33 @@ mod tests {
             }
             assert!(instance.replaced >= 1, "the leak must fill the instance for this test to mean anything");
         }
+        Ok(())
+    }
+
+    /// A batch ends at the record that takes its outputs past `output_bytes_per_batch`,
+    /// or its time past `time_per_batch_ms`: the outcomes are a prefix, and the rest runs
+    /// as the next batch, its first record in a fresh call.
+    #[test]
+    fn a_batch_ends_early_at_its_output_or_time_bound() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let per_call = OperatorLimits { output_bytes_per_batch: 2_500, ..OperatorLimits::default() };
+        let mut instance = probe(Limits { per_call, ..Limits::default() }, dir.path())?;
+        let output = |offset| probe_record(offset, "k", r#""action":"outputs","count":1,"bytes":1000"#);
+        let records: Vec<SourceRecord> = (0..10).map(output).collect();
+        // 1,001 bytes a record (key and value): the third passes 2,500.
+        assert_eq!(instance.process_batch(&records)?.outcomes.len(), 3);
+        assert_eq!(instance.process_batch(&records[3..])?.outcomes.len(), 3);
+
+        let per_call = OperatorLimits { time_per_batch_ms: 50, ..OperatorLimits::default() };
+        let dir = tempfile::tempdir()?;
+        let mut instance = probe(Limits { per_call, ..Limits::default() }, dir.path())?;
+        let work = |offset| probe_record(offset, "w", r#""action":"work","iterations":30000000"#);
+        let records: Vec<SourceRecord> = (0..10).map(work).collect();
+        let started = Instant::now();
+        let outcomes = instance.process_batch(&records)?.outcomes;
+        assert!(outcomes.len() < records.len(), "{:?} for {} records", started.elapsed(), outcomes.len());
+        let expected: Vec<String> = (1..=outcomes.len()).map(|count| format!(r#"{{"count":{count}}}"#)).collect();
+        assert_eq!(outcome_lines(&outcomes), expected);
         Ok(())
     }
 

@@ -207,8 +207,14 @@ pub fn run(
     let mut emitted = Emitted::default();
     let mut times = BatchTimes::new(cadence.slow_batch);
     let mut uncommitted = Uncommitted::new(outputs);
+    // What is left of a batch that ended early at a per-batch bound: the next batch.
+    let mut rest: Option<Vec<SourceRecord>> = None;
     loop {
-        let batch = match batches.recv_timeout(IDLE_TICK) {
+        let received = match rest.take() {
+            Some(rest) => Ok(rest),
+            None => batches.recv_timeout(IDLE_TICK),
+        };
+        let mut batch = match received {
             Ok(batch) => batch,
             // An idle partition expires what its processing-time clock (the wall
             // clock) made due, commits what it processed, still follows deploys and
@@ -234,20 +240,25 @@ pub fn run(
         if matches!(stop.get(), Some(Stop::Handover | Stop::Lost)) {
             break;
         }
-        let (Some(first), Some(last)) = (batch.first(), batch.last()) else { continue };
+        let Some(first) = batch.first() else { continue };
         // Between two batches: the whole batch runs on one version, and a switch
         // commits what the old version processed.
         if follow_deploys(operator, checkpointer.as_deref_mut(), stats, first.offset)? {
             uncommitted.commit(operator, stats, to)?;
         }
         let started = Instant::now();
-        let next_offset = last.offset + 1;
         // A processing-time clock reads the wall clock once a batch: the batch's
         // expiries are decided at one time.
         operator.state().tick();
         // An error stops the worker; what it processed since the last commit is never
         // committed.
         let Processed { outcomes, expirations } = operator.process_batch(&batch)?;
+        if outcomes.len() < batch.len() {
+            // Ended at a per-batch bound: the rest is the next batch.
+            rest = Some(batch.split_off(outcomes.len()));
+        }
+        let (first, last) = (&batch[0], &batch[batch.len() - 1]);
+        let next_offset = last.offset + 1;
         let version = operator.version();
         // Each expiry's outputs come before those of the record it preceded.
         let mut expirations = expirations.into_iter().peekable();
