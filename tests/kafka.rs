@@ -724,9 +724,7 @@ fn a_partition_that_fails_is_paused_and_the_others_go_on() -> Result<()> {
     broker.create_topic("positions", 2)?;
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
-    let in_partition = |p| keys.iter().find(|k| sluice::source::partition_for(k.as_bytes(), 2) == p).unwrap().clone();
-    let (failing, healthy) = (in_partition(0), in_partition(1));
+    let (failing, healthy) = (key_in_partition(0, 2), key_in_partition(1, 2));
     let record =
         |key: &str, action: &str| Ok((key.to_string(), json!({"vehicle_id": key, "action": action}).to_string()));
     let first = std::iter::once(record(&failing, "hog")).chain((0..EACH / 2).map(|_| record(&healthy, "count")));

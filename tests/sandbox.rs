@@ -242,10 +242,7 @@ fn strict_mode_stops_at_a_record_that_keeps_trapping_and_loses_nothing() -> Resu
 fn a_partition_that_fails_stops_alone_and_the_others_go_on() -> Result<()> {
     const EACH: usize = 1500;
     let dir = tempfile::tempdir()?;
-    // Two keys in different partitions of two.
-    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
-    let in_partition = |p| keys.iter().find(|k| sluice::source::partition_for(k.as_bytes(), 2) == p).unwrap().clone();
-    let (failing, healthy) = (in_partition(0), in_partition(1));
+    let (failing, healthy) = (key_in_partition(0, 2), key_in_partition(1, 2));
     // The failing key's first record traps; records go on arriving for both partitions
     // after it (at 3,000 a second).
     let records: Vec<Value> = (0..EACH)

@@ -156,7 +156,7 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
 
     let alone = operator_alone(&records)?;
     println!("operator alone, no host        {alone}");
-    println!("wasm / native      {:.2} (CPU per record: {:.2})", wasm.rate / native.rate, native.cpu / wasm.cpu);
+    ratio("wasm / native", &wasm, &native);
     println!(
         "batched calls: {:.2}x records/s, {:.2}x less CPU per record",
         wasm.rate / unbatched.rate,
@@ -167,28 +167,18 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
         wasm.rate / uncached.rate,
         uncached.cpu / wasm.cpu
     );
-    println!(
-        "TTL on / off: {:.2} records/s (CPU per record: {:.2})",
-        expiring.rate / wasm.rate,
-        wasm.cpu / expiring.cpu
-    );
-    println!(
-        "limits on / off: {:.2} records/s (CPU per record: {:.2})",
-        wasm.rate / unlimited.rate,
-        unlimited.cpu / wasm.cpu
-    );
-    println!(
-        "instructions counted / not: {:.2} records/s (CPU per record: {:.2})",
-        counted.rate / wasm.rate,
-        wasm.cpu / counted.cpu
-    );
-    println!("wasm / raw RocksDB {:.2} (CPU per record: {:.2})", wasm.rate / raw.rate, raw.cpu / wasm.cpu);
-    println!(
-        "native through the host / operator alone {:.2} (CPU per record: {:.2})",
-        native.rate / alone.rate,
-        alone.cpu / native.cpu
-    );
+    ratio("TTL on / off", &expiring, &wasm);
+    ratio("limits on / off", &wasm, &unlimited);
+    ratio("instructions counted / not", &counted, &wasm);
+    ratio("wasm / raw RocksDB", &wasm, &raw);
+    ratio("native through the host / operator alone", &native, &alone);
     Ok(())
+}
+
+/// Prints `label`: `of`'s records/s over `to`'s, and the same for CPU per record (so
+/// above 1 is `of` doing better either way).
+fn ratio(label: &str, of: &Measured, to: &Measured) {
+    println!("{label}: {:.2} records/s (CPU per record: {:.2})", of.rate / to.rate, to.cpu / of.cpu);
 }
 
 /// What one path measured.

@@ -43,6 +43,13 @@ pub struct Output {
     pub topic: Option<String>,
 }
 
+impl Output {
+    /// What it makes the host hold: its key, value and topic name, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.key.len() + self.value.len() + self.topic.as_ref().map_or(0, String::len)
+    }
+}
+
 /// What made an operator emit an output: where in the partitioned log, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Origin {

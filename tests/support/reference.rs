@@ -23,6 +23,15 @@ pub fn generate(path: &Path, vehicles: u32, count: u64, seed: u64) -> Result<()>
     Ok(())
 }
 
+/// The first of the keys `k0`, `k1`, … that sluice (and a Kafka producer's default
+/// partitioner) puts in `partition` of `partitions`.
+pub fn key_in_partition(partition: u32, partitions: u32) -> String {
+    (0..)
+        .map(|i| format!("k{i}"))
+        .find(|key| sluice::source::partition_for(key.as_bytes(), partitions) == partition)
+        .expect("some key lands in every partition")
+}
+
 /// Parses every line of a JSONL file (a missing file is empty).
 pub fn read_jsonl(path: &Path) -> Result<Vec<Value>> {
     let text = match std::fs::read_to_string(path) {

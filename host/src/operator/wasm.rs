@@ -202,9 +202,6 @@ struct Batch {
     /// outputs so far, against `[operator.limits]`'s per-batch bounds.
     ends_at: Option<Instant>,
     output_bytes: usize,
-    /// Whether `finish` cut the call because the batch passed one of those: the batch
-    /// ends there.
-    full: bool,
 }
 
 impl Batch {
@@ -213,7 +210,7 @@ impl Batch {
     fn start(&mut self, records: &[SourceRecord], told: bool, ends_at: Instant, output_bytes: usize) {
         self.end();
         self.outcomes.clear();
-        (self.told, self.observed, self.cut, self.full) = (told, 1, false, false);
+        (self.told, self.observed, self.cut) = (told, 1, false);
         (self.ends_at, self.output_bytes) = (Some(ends_at), output_bytes);
         for record in records {
             self.keys.extend_from_slice(&record.key);
@@ -565,7 +562,7 @@ fn finish(
     };
     if batch_is_full(ctx.batch.output_bytes, ctx.batch.ends_at, &ctx.per_call) {
         // The batch ends before this input, by a trap the host knows for a cut, as below.
-        (ctx.batch.observed, ctx.batch.cut, ctx.batch.full, ctx.in_record) = (next, true, true, false);
+        (ctx.batch.observed, ctx.batch.cut, ctx.in_record) = (next, true, false);
         wasmtime::bail!("`{PROCESS_BATCH}` cut: the batch reached a per-batch bound of [operator.limits]");
     }
     let due = ctx.txn.observe(timestamp_ms);
@@ -773,13 +770,13 @@ impl WasmInstance {
     }
 }
 
-/// The bytes of `outcomes`' outputs: keys, values and topic names.
+/// The bytes of `outcomes`' outputs (see [`Output::bytes`]).
 fn output_bytes(outcomes: &[Outcome]) -> usize {
     let emitted = outcomes.iter().filter_map(|outcome| match outcome {
         Outcome::Emitted(outputs) => Some(outputs),
         _ => None,
     });
-    emitted.flatten().map(|o| o.key.len() + o.value.len() + o.topic.as_ref().map_or(0, String::len)).sum()
+    emitted.flatten().map(Output::bytes).sum()
 }
 
 /// Whether a batch holding `output_bytes` of outputs, to end at `ends_at`, passed one of
@@ -819,8 +816,8 @@ fn emitted(outputs: Vec<OutputRecord>, limits: &OperatorLimits) -> Outcome {
         let reason = limit_passed("outputs_per_record", limits.outputs_per_record, outputs.len());
         return Outcome::Trapped { reason, attempts: 1 };
     }
-    let bytes: usize =
-        outputs.iter().map(|o| o.key.len() + o.value.len() + o.topic.as_ref().map_or(0, String::len)).sum();
+    let outputs: Vec<Output> = outputs.into_iter().map(Output::from).collect();
+    let bytes: usize = outputs.iter().map(Output::bytes).sum();
     if bytes > limits.output_bytes_per_record {
         let reason = limit_passed("output_bytes_per_record", limits.output_bytes_per_record, bytes);
         return Outcome::Trapped { reason, attempts: 1 };
@@ -833,7 +830,7 @@ fn emitted(outputs: Vec<OutputRecord>, limits: &OperatorLimits) -> Outcome {
         );
         return Outcome::Trapped { reason, attempts: 1 };
     }
-    Outcome::Emitted(outputs.into_iter().map(Output::from).collect())
+    Outcome::Emitted(outputs)
 }
 
 /// The reason a call failed: it reached `used` of something `[operator.limits] name`
@@ -946,6 +943,8 @@ impl Operator for WasmInstance {
             let in_record = std::mem::replace(&mut ctx.in_record, false);
             let finished = ctx.batch.outcomes.len();
             processed.outcomes.append(&mut ctx.batch.outcomes);
+            // `finish` counted their outputs' bytes as they came.
+            (batch_output_bytes, counted) = (ctx.batch.output_bytes, processed.outcomes.len());
             let cut = ctx.batch.cut;
             observed = start + ctx.batch.observed;
             ctx.batch.end();

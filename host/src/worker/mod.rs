@@ -315,9 +315,8 @@ pub fn run(
 struct Emitted {
     outputs: Vec<(Origin, Output)>,
     dead: Vec<u8>,
-    dead_count: u64,
-    /// Of `dead_count`: records that trapped.
-    trapped_count: u64,
+    /// The dead letters in `dead`, by kind (outputs refused are the sink's to count).
+    dead_count: DeadLetters,
     /// The line sink's buffer.
     lines: Vec<u8>,
 }
@@ -328,16 +327,18 @@ impl Emitted {
     fn outcome(&mut self, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome, version: &str) {
         let (error, reason, attempts) = match outcome {
             Outcome::Emitted(outputs) => return self.outputs.extend(outputs.into_iter().map(|o| (origin, o))),
-            Outcome::Rejected(reason) => ("rejected", reason, None),
+            Outcome::Rejected(reason) => {
+                self.dead_count.rejected += 1;
+                ("rejected", reason, None)
+            }
             Outcome::Trapped { reason, attempts } => {
                 let (partition, offset) = (origin.partition, origin.offset);
                 tracing::warn!(partition, offset, cause = ?origin.cause, attempts, "operator trapped: {reason}");
-                self.trapped_count += 1;
+                self.dead_count.trapped += 1;
                 ("trapped", reason, Some(attempts))
             }
         };
         sink::format_dead_letter(&mut self.dead, &origin, key, value, version, error, &reason, attempts);
-        self.dead_count += 1;
     }
 
     /// Adds what became of `expirations` of `partition`.
@@ -359,11 +360,9 @@ impl Emitted {
     ) -> Result<()> {
         let refused = to.sink.send(&self.outputs, version, &mut self.lines, outputs, &mut self.dead)?;
         to.dead_letters.write(&self.dead)?;
-        let rejected = self.dead_count - self.trapped_count;
-        stats.count_dead(version, DeadLetters { rejected, trapped: self.trapped_count, refused });
+        stats.count_dead(version, DeadLetters { refused, ..std::mem::take(&mut self.dead_count) });
         self.outputs.clear();
         self.dead.clear();
-        (self.dead_count, self.trapped_count) = (0, 0);
         Ok(())
     }
 }
