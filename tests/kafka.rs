@@ -8,15 +8,16 @@
 //! partition expires by the wall clock in processing time; pipelined batches lose no output
 //! through `kill -9`, a frozen broker or a deleted topic; exactly-once outputs (on noida-db, which has
 //! transactions) survive `kill -9` at every step of a commit and fence a zombie; a partition
-//! whose worker fails is paused while the others go on. The test
+//! whose worker fails is paused while the others go on; dead letters go to a topic as the
+//! records were. The test
 //! brokers themselves are checked first: tansu serves a fetch from inside a batch, noida-db
 //! hides aborted records and fences zombies.
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
+use sluice::config::DEFAULT_DEAD_LETTER_PATH;
 use sluice::job::{DEAD_LETTERS_BY_KIND, LAG};
-use sluice::record::Stop;
-use sluice::sink::REFUSED;
+use sluice::record::{DeadLetterKind, Stop};
 use sluice::sink::transaction::{FENCED, REPLAYED_SILENTLY};
 use sluice::source::kafka::{ASSIGNED, RESUMED, REVOKED};
 use sluice::worker::{
@@ -138,7 +139,7 @@ fn a_kafka_source_starts_each_partition_at_the_offset_stored_with_its_state() ->
 }
 
 #[test]
-fn an_unreachable_broker_or_a_missing_topic_is_named_before_any_state_is_written() -> Result<()> {
+fn an_unreachable_broker_or_a_missing_topic_is_named_at_the_start() -> Result<()> {
     let broker = KafkaBroker::start()?;
     let closed = free_port()?;
     let dir = tempfile::tempdir()?;
@@ -151,6 +152,24 @@ fn an_unreachable_broker_or_a_missing_topic_is_named_before_any_state_is_written
         let err = run_err(run_job(&operator_wasm("vehicle_stats"), dir, 3).arg("--config").arg(&config))?;
         assert!(err.contains(&expected), "{err}");
         assert!(!dir.join("state").exists(), "refused before any state was written");
+    }
+    // Topics written to are checked at the start too: producers never create one.
+    broker.create_topic("out", 1)?;
+    for (sink_topic, dead_topic, expected) in [
+        ("missing", "out", format!("[sink] topic missing does not exist on {}", broker.bootstrap)),
+        ("out", "missing", format!("[dead_letter] topic missing does not exist on {}", broker.bootstrap)),
+    ] {
+        let config = dir.join("sink.toml");
+        let settings = format!(
+            "[operator]\npath = {:?}\n[sink]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"{sink_topic}\"\n\
+             [dead_letter]\ntopic = \"{dead_topic}\"\n[state]\ndir = {:?}\n",
+            operator_wasm("vehicle_stats"),
+            broker.bootstrap,
+            dir.join("state")
+        );
+        std::fs::write(&config, settings)?;
+        let err = run_err(sluice().arg("run").arg("--config").arg(&config).args(["--count", "10"]))?;
+        assert!(err.contains(&expected), "{err}");
     }
     Ok(())
 }
@@ -677,28 +696,13 @@ fn an_output_kafka_refuses_is_dead_lettered_and_the_partition_goes_on() -> Resul
     broker.create_topic("out", 1)?;
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    let input = dir.join("input.jsonl");
     let records = [
         json!({"vehicle_id": "k", "action": "count"}),
         json!({"vehicle_id": "k", "action": "outputs", "count": 1, "bytes": 5_000}),
         json!({"vehicle_id": "k", "action": "count"}),
     ];
-    std::fs::write(&input, records.iter().map(|r| format!("{r}\n")).collect::<String>())?;
-    let config = dir.join("job.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[operator]\npath = {:?}\n[sink]\nkind = \"kafka\"\nbrokers = {:?}\ntopic = \"out\"\n\
-             [sink.properties]\n\"message.max.bytes\" = \"2000\"\n[state]\ndir = {:?}\npartitions = 1\n",
-            operator_wasm("probe"),
-            broker.bootstrap,
-            dir.join("state")
-        ),
-    )?;
     let dead = dir.join("dead.jsonl");
-    let mut job = sluice();
-    job.arg("run").arg("--config").arg(&config).arg("--input").arg(&input);
-    let run = run_ok(job.arg("--dead-letter").arg(&dead).arg("--no-checkpoints"))?;
+    let run = run_ok(probe_to_out(dir, &broker, &records, "")?.arg("--dead-letter").arg(&dead))?;
     let report = String::from_utf8(run.stderr)?;
     let by_kind = "0 rejected by the operator, 0 trapped or past a limit, 1 outputs refused by Kafka";
     assert!(report.contains(&format!("{DEAD_LETTERS_BY_KIND}: {by_kind}")), "{report}");
@@ -707,10 +711,84 @@ fn an_output_kafka_refuses_is_dead_lettered_and_the_partition_goes_on() -> Resul
     let dead = read_jsonl(&dead)?;
     assert_eq!(dead.len(), 1, "{dead:?}");
     let reason = dead[0]["reason"].as_str().unwrap_or_default();
-    assert!(dead[0]["error"] == REFUSED && dead[0]["offset"] == 1, "{}", dead[0]);
+    assert!(dead[0]["error"] == DeadLetterKind::Refused.name() && dead[0]["offset"] == 1, "{}", dead[0]);
     assert!(reason.contains("Kafka refused this output") && reason.contains("MessageSizeTooLarge"), "{reason}");
     assert_eq!(dead[0]["value"].as_str().map(str::len), Some(5_000), "the dead letter holds the output");
     Ok(())
+}
+
+/// With `[dead_letter] topic`, dead letters are records on that topic: the failed
+/// input's key and value as they were, with why and where in headers; the dead letter of
+/// a refused output, too large for Kafka itself, goes without key and value and says so.
+/// The outputs of the records around them are complete, and the failed records' writes
+/// are not in the state.
+#[test]
+fn dead_letters_go_to_a_kafka_topic_as_the_records_were() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("out", 1)?;
+    broker.create_topic("dead", 1)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let records = [
+        json!({"vehicle_id": "k", "action": "count"}),
+        json!({"vehicle_id": "k", "action": "put-then-fail"}),
+        json!({"vehicle_id": "k", "action": "put-then-panic"}),
+        json!({"vehicle_id": "k", "action": "outputs", "count": 1, "bytes": 5_000}),
+        json!({"vehicle_id": "k", "action": "count"}),
+    ];
+    let more = "[operator.retry]\nbackoff = \"1ms\"\n[dead_letter]\ntopic = \"dead\"\n";
+    let run = run_ok(&mut probe_to_out(dir, &broker, &records, more)?)?;
+    let report = String::from_utf8(run.stderr)?;
+    let by_kind = "1 rejected by the operator, 1 trapped or past a limit, 1 outputs refused by Kafka";
+    assert!(report.contains(&format!("{DEAD_LETTERS_BY_KIND}: {by_kind}")), "{report}");
+    let outputs: Vec<Value> = broker.read_topic("out")?.into_iter().map(|r| r.value).collect();
+    assert_eq!(outputs, [json!({"count": 1}), json!({"count": 2})], "the failed records' writes are not in the state");
+    let dead = broker.read_topic("dead")?;
+    assert_eq!(dead.len(), 3, "{dead:?}");
+    for (letter, (offset, kind, value)) in dead.iter().zip([
+        (1, DeadLetterKind::Rejected, &records[1]),
+        (2, DeadLetterKind::Trapped, &records[2]),
+        (3, DeadLetterKind::Refused, &Value::Null),
+    ]) {
+        let header = |name: &str| letter.headers.get(name).map(String::as_str);
+        assert_eq!((header("sluice-offset"), header("sluice-error")), (Some(&*offset.to_string()), Some(kind.name())));
+        assert_eq!(header("sluice-partition"), Some("0"));
+        assert!(header("sluice-operator").is_some_and(|v| v.starts_with("probe")), "{letter:?}");
+        assert_eq!(&letter.value, value, "{letter:?}");
+    }
+    let reason = |i: usize| dead[i].headers["sluice-reason"].as_str();
+    assert!(reason(0).contains("probe fails after a write"), "{}", reason(0));
+    assert!(reason(1).contains("probe panics after a write"), "{}", reason(1));
+    assert_eq!(dead[1].headers.get("sluice-attempts").map(String::as_str), Some("2"));
+    assert!(reason(2).contains("Kafka refused this output") && reason(2).contains("MessageSizeTooLarge"));
+    let dropped = dead[2].headers.get("sluice-dropped").map(String::as_str).unwrap_or_default();
+    let dropped_bytes: usize = dropped.split(' ').next().unwrap_or_default().parse().unwrap_or_default();
+    assert!(dropped_bytes > 5_000 && dropped.contains("key and value bytes"), "{dead:?}");
+    assert_eq!(dead[2].key, "", "the key went with the value");
+    assert!(!dir.join(DEFAULT_DEAD_LETTER_PATH).exists(), "no dead-letter file");
+    Ok(())
+}
+
+/// A `sluice run` in `dir` (its working directory) of the probe over `records`, one
+/// partition, no checkpoints, outputs to topic `out` of `broker` through a producer whose
+/// `message.max.bytes` is 2000; `more` is TOML added to its config.
+fn probe_to_out(dir: &Path, broker: &KafkaBroker, records: &[Value], more: &str) -> Result<Command> {
+    let input = dir.join("input.jsonl");
+    std::fs::write(&input, records.iter().map(|r| format!("{r}\n")).collect::<String>())?;
+    let config = dir.join("job.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = {:?}\n[sink]\nkind = \"kafka\"\nbrokers = {:?}\ntopic = \"out\"\n\
+             [sink.properties]\n\"message.max.bytes\" = \"2000\"\n[state]\ndir = {:?}\npartitions = 1\n{more}",
+            operator_wasm("probe"),
+            broker.bootstrap,
+            dir.join("state")
+        ),
+    )?;
+    let mut job = sluice();
+    job.current_dir(dir).arg("run").arg("--config").arg(&config).arg("--input").arg(&input).arg("--no-checkpoints");
+    Ok(job)
 }
 
 /// A partition whose worker fails (here: strict mode and a record that keeps trapping)
@@ -950,6 +1028,48 @@ fn a_zombie_owner_of_exactly_once_outputs_is_fenced() -> Result<()> {
     run_ok(&mut restart())?;
     let reference = Reference::fold(&all)?;
     assert_each_input_has_one_output(&broker.read_topic("summaries")?, count, &reference, "after the restart");
+    Ok(())
+}
+
+/// Under exactly-once outputs, dead letters on a topic are in the partition's
+/// transactions: a `read_committed` consumer sees each once, also after a second run
+/// that, its state gone, processes the same records again (silently: a committed
+/// transaction holds their outputs and dead letters).
+#[test]
+fn exactly_once_dead_letters_are_in_the_transactions() -> Result<()> {
+    let broker = KafkaBroker::start_transactional()?;
+    for topic in ["positions", "summaries", "dead"] {
+        broker.create_topic(topic, 1)?;
+    }
+    let record = |action: &str| Ok(("k", json!({"vehicle_id": "k", "action": action}).to_string()));
+    broker.produce("positions", ["count", "put-then-fail", "count"].map(record))?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let config = dir.join("job.toml");
+    let brokers = &broker.bootstrap;
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = {:?}\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\ntopic = \"positions\"\n\
+             group = \"eos-dead\"\nstop_when_idle = \"2s\"\n[sink]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
+             topic = \"summaries\"\nguarantee = \"exactly-once\"\n[dead_letter]\ntopic = \"dead\"\n[state]\n\
+             dir = {:?}\npartitions = 1\n[report]\ninterval = 0\n",
+            operator_wasm("probe"),
+            dir.join("state")
+        ),
+    )?;
+    let run =
+        || run_ok(sluice().env("SLUICE_LOG", "info").arg("run").arg("--config").arg(&config).arg("--no-checkpoints"));
+    run()?;
+    std::fs::remove_dir_all(dir.join("state"))?;
+    let again = String::from_utf8(run()?.stderr)?;
+    assert!(again.contains(REPLAYED_SILENTLY), "{again}");
+    let dead = broker.read_topic("dead")?;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].headers["sluice-offset"], "1");
+    assert_eq!(dead[0].headers["sluice-error"], DeadLetterKind::Rejected.name());
+    let outputs: Vec<Value> = broker.read_topic("summaries")?.into_iter().map(|r| r.value).collect();
+    assert_eq!(outputs, [json!({"count": 1}), json!({"count": 2})]);
     Ok(())
 }
 

@@ -36,7 +36,7 @@ use sluice::config::{OperatorLimits, StateConfig, TtlConfig};
 use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
 use sluice::operator::{Operator, Outcome, Output, Switch};
 use sluice::record::SourceRecord;
-use sluice::sink::{LineSink, Sink};
+use sluice::sink::{DeadLetterSink, LineSink, Sink};
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::{PartitionStore, Transaction};
 use sluice::stats::PartitionStats;
@@ -226,7 +226,7 @@ fn through_worker(
     drop(tx);
     let destinations = Destinations {
         sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"))?),
-        dead_letters: LineSink::file(&dir.join("dead.jsonl"))?,
+        dead_letters: DeadLetterSink::Lines(LineSink::file(&dir.join("dead.jsonl"))?),
     };
     let stats = PartitionStats::new(0, 0, "bench");
     let clock = CpuClock::start()?;

@@ -68,7 +68,8 @@
 //! # summary = "1h"
 //!
 //! [dead_letter]
-//! path = "out/dead-letter.jsonl"
+//! path = "out/dead-letter.jsonl"  # default "dead-letter.jsonl"; or, with a Kafka sink:
+//! # topic = "positions.dead-letters"  # records on this topic (not with path)
 //!
 //! [checkpoint]
 //! enabled = true
@@ -615,22 +616,25 @@ impl Default for TtlConfig {
     }
 }
 
-/// `[dead_letter]`
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// `[dead_letter]`: a JSONL file, or a Kafka topic of the sink's cluster.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeadLetterConfig {
-    /// The JSONL file dead letters are appended to.
-    #[serde(default = "default_dead_letter_path")]
-    pub path: PathBuf,
+    /// The JSONL file dead letters are appended to; absent: [`DEFAULT_DEAD_LETTER_PATH`]
+    /// unless `topic` is set.
+    pub path: Option<PathBuf>,
+    /// The Kafka topic dead letters are produced to, through the sink's producer
+    /// (a Kafka sink only).
+    pub topic: Option<String>,
 }
 
-fn default_dead_letter_path() -> PathBuf {
-    "dead-letter.jsonl".into()
-}
+/// Where dead letters go when `[dead_letter]` names nothing.
+pub const DEFAULT_DEAD_LETTER_PATH: &str = "dead-letter.jsonl";
 
-impl Default for DeadLetterConfig {
-    fn default() -> Self {
-        DeadLetterConfig { path: default_dead_letter_path() }
+impl DeadLetterConfig {
+    /// The dead-letter file, when dead letters go to one.
+    pub fn path(&self) -> &Path {
+        self.path.as_deref().unwrap_or(Path::new(DEFAULT_DEAD_LETTER_PATH))
     }
 }
 
@@ -840,6 +844,15 @@ impl Config {
         if rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
             bail!("[source] rate must be a positive number of records per second");
         }
+        if let (Some(path), Some(topic)) = (&self.dead_letter.path, &self.dead_letter.topic) {
+            bail!(
+                "[dead_letter] names both a file ({}) and a topic ({topic:?}): dead letters go to one of them",
+                path.display()
+            );
+        }
+        if let (Some(topic), SinkConfig::File { .. } | SinkConfig::Stdout) = (&self.dead_letter.topic, &self.sink) {
+            bail!("[dead_letter] topic = {topic:?} needs a Kafka sink: dead letters go through its producer");
+        }
         if let SinkConfig::Kafka { brokers, properties, guarantee: Guarantee::ExactlyOnce, .. } = &self.sink {
             let SourceConfig::Kafka { brokers: source_brokers, .. } = &self.source else {
                 bail!(
@@ -1048,6 +1061,23 @@ mod tests {
         config.validate().unwrap();
         let zero = toml::from_str::<Config>("[operator]\npath = \"op.wasm\"\n[ttl.names]\nsummary = \"0s\"\n").unwrap();
         assert!(zero.validate().unwrap_err().to_string().contains("[ttl] a TTL must be more than 0"));
+    }
+
+    /// Dead letters go to a file or to a topic of a Kafka sink, never both.
+    #[test]
+    fn a_dead_letter_topic_needs_a_kafka_sink_and_no_file() {
+        let config = |more: &str| toml::from_str::<Config>(&format!("[operator]\npath = \"op.wasm\"\n{more}")).unwrap();
+        let kafka = "[sink]\nkind = \"kafka\"\nbrokers = \"b:9092\"\ntopic = \"out\"\n";
+        let on_kafka = config(&format!("{kafka}[dead_letter]\ntopic = \"dead\"\n"));
+        on_kafka.validate().unwrap();
+        assert_eq!(on_kafka.dead_letter.topic.as_deref(), Some("dead"));
+        assert_eq!(config("").dead_letter.path(), Path::new(DEFAULT_DEAD_LETTER_PATH));
+        let both = config(&format!("{kafka}[dead_letter]\ntopic = \"dead\"\npath = \"dead.jsonl\"\n"));
+        let err = both.validate().unwrap_err().to_string();
+        assert!(err.contains("names both a file (dead.jsonl) and a topic (\"dead\")"), "{err}");
+        let on_file = config("[dead_letter]\ntopic = \"dead\"\n");
+        let err = on_file.validate().unwrap_err().to_string();
+        assert!(err.contains("[dead_letter] topic = \"dead\" needs a Kafka sink"), "{err}");
     }
 
     #[test]

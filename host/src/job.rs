@@ -15,7 +15,7 @@ use crate::lock;
 use crate::operator::deploy::{Deployer, Sandbox};
 use crate::operator::wasm::ActiveVersion;
 use crate::record::RawRecord;
-use crate::sink::{LineSink, Sink};
+use crate::sink::{DeadLetterSink, Sink};
 use crate::source::file::JsonlFile;
 use crate::source::generator::{Fleet, FleetOptions};
 use crate::source::kafka::{self, KafkaOptions};
@@ -174,13 +174,14 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let checkpoints = open_checkpoints(config, &runtime)?;
     // Sinks open last, so a job that cannot start leaves no files behind.
     let sink = Sink::open(&config.sink, &config.source)?;
-    let dead_letters = LineSink::file(&config.dead_letter.path)?;
+    let dead_letters = DeadLetterSink::open(&config.dead_letter, &config.sink)?;
     tracing::info!(
         operator = version,
         partitions,
         state = %config.state.dir.display(),
         checkpoints = checkpoints.as_ref().map_or("off", |c| c.store.url()),
         sink = sink.name(),
+        dead_letters = dead_letters.name(),
         "job started"
     );
     let stopping = Arc::new(AtomicBool::new(false));

@@ -12,11 +12,11 @@
 //! The layers point one way: each module imports only modules before it in
 //!
 //! ```text
-//! record, stats, config, checksum → state → checkpoint → operator → sink → source
+//! record → stats, config, checksum → state → checkpoint → operator → sink → source
 //!     → worker → admin → job
 //! ```
 //!
-//! [`record`] (the data every layer shares) and [`stats`] (live counters) are leaves.
+//! [`record`] (the data every layer shares) is the leaf; [`stats`] holds live counters.
 //! A test in this crate fails on an import against the chain.
 
 pub mod admin;

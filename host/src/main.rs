@@ -601,7 +601,7 @@ impl RunArgs {
             config.state.partitions = partitions;
         }
         if let Some(path) = self.dead_letter {
-            config.dead_letter.path = path;
+            config.dead_letter.path = Some(path);
         }
         if let Some(interval) = self.report_interval {
             config.report.interval = interval;

@@ -1,7 +1,7 @@
 //! The data every layer shares: a record as a source reads it ([`RawRecord`]) and at
 //! its place in the partitioned log ([`SourceRecord`]), what an operator emits for it
-//! ([`Output`]) and what caused that ([`Origin`]), and how a partition's run ends
-//! ([`Stop`]).
+//! ([`Output`]) and what caused that ([`Origin`]), what goes to the dead letters
+//! ([`DeadLetter`]), and how a partition's run ends ([`Stop`]).
 //!
 //! This module is a leaf: it imports nothing of the host, and every layer may import
 //! it. It holds data only; what is done with a record belongs to the layer doing it.
@@ -77,6 +77,50 @@ impl Origin {
     pub fn of(record: &SourceRecord) -> Self {
         Origin { partition: record.partition, offset: record.offset, cause: Cause::Record }
     }
+}
+
+/// Why something went to the dead letters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterKind {
+    /// The operator returned an error for the record.
+    Rejected,
+    /// The record's calls trapped (after their retries) or passed one of the
+    /// operator's limits.
+    Trapped,
+    /// Kafka refused an output of the record for the output itself (over
+    /// `message.max.bytes`).
+    Refused,
+}
+
+impl DeadLetterKind {
+    /// Its name in a dead letter's `error` field (or `sluice-error` header).
+    pub fn name(self) -> &'static str {
+        match self {
+            DeadLetterKind::Rejected => "rejected",
+            DeadLetterKind::Trapped => "trapped",
+            DeadLetterKind::Refused => "refused",
+        }
+    }
+}
+
+/// What goes to the dead letters: an input record (or an expired state entry) the
+/// operator failed on, or an output of one that Kafka refused, with why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    /// Where in the partitioned log it happened.
+    pub origin: Origin,
+    /// What went wrong.
+    pub kind: DeadLetterKind,
+    /// The input's key (the expired entry's, the refused output's).
+    pub key: Vec<u8>,
+    /// The input's value (the expired entry's, the refused output's).
+    pub value: Vec<u8>,
+    /// The topic a refused output was for; `None` otherwise, and for the sink's topic.
+    pub topic: Option<String>,
+    /// Why, in words: the operator's error, the trap, Kafka's refusal.
+    pub reason: String,
+    /// The calls a trapped record got (`[operator.retry]`).
+    pub attempts: Option<u32>,
 }
 
 /// How a partition's run on this host ends.

@@ -7,6 +7,7 @@
 //! holds the counters only: it is a leaf, importing nothing of the host's layers, so
 //! that every layer can count without reaching into another.
 
+use crate::record::DeadLetterKind;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -122,6 +123,15 @@ pub struct DeadLetters {
 }
 
 impl DeadLetters {
+    /// Counts one more of `kind`.
+    pub fn count(&mut self, kind: DeadLetterKind) {
+        match kind {
+            DeadLetterKind::Rejected => self.rejected += 1,
+            DeadLetterKind::Trapped => self.trapped += 1,
+            DeadLetterKind::Refused => self.refused += 1,
+        }
+    }
+
     /// All of them.
     pub fn total(&self) -> u64 {
         self.rejected + self.trapped + self.refused

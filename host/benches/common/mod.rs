@@ -11,7 +11,7 @@ pub fn job_config(dir: &Path, source: SourceConfig) -> Config {
     let mut config = Config::for_operator(&operator_wasm("vehicle_stats"));
     config.source = source;
     config.sink = SinkConfig::File { path: dir.join("out.jsonl") };
-    config.dead_letter.path = dir.join("dead.jsonl");
+    config.dead_letter.path = Some(dir.join("dead.jsonl"));
     config.state.dir = dir.join("state");
     config.report.interval = std::time::Duration::ZERO;
     config

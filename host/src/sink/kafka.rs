@@ -6,6 +6,13 @@
 //! (`sluice-partition`, `sluice-offset`) and the operator build that made it
 //! (`sluice-operator`); outputs of an expiry also carry `sluice-cause: expiry`.
 //!
+//! A dead letter on a Kafka topic (`[dead_letter] topic`) is the failed record as it
+//! was — key and value, bytes unchanged — with the same headers and why it failed:
+//! `sluice-error` (`rejected`, `trapped`, `refused`), `sluice-reason`, and where they
+//! apply `sluice-attempts` and `sluice-topic` (the topic a refused output was for). One
+//! too large for Kafka goes without its key and value, `sluice-dropped` saying how
+//! many bytes they held, so a dead letter never stops its partition for its size.
+//!
 //! [`KafkaSink::send`] queues a batch's records and returns at once: a worker goes on
 //! with its next batches while the broker acknowledges, and its next commit waits (in
 //! [`PartitionOutputs::commit`](super::PartitionOutputs::commit)) until every output of the batches it
@@ -17,7 +24,7 @@
 use super::EXPIRY_CAUSE;
 use crate::config::kafka_client;
 use crate::lock;
-use crate::record::{Cause, Origin, Output};
+use crate::record::{Cause, DeadLetter, Origin, Output};
 use anyhow::{Context, Result, bail};
 use rdkafka::ClientContext;
 use rdkafka::config::ClientConfig;
@@ -31,6 +38,27 @@ use std::time::Duration;
 
 /// How long a commit may wait for the broker's acknowledgements of the outputs it covers.
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long reading a topic's metadata at the start may take.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Fails, naming it, unless `topic` (where `what` sends records) exists on `brokers`
+/// (the client's `properties` passed through): producers never create topics, so a
+/// missing one would otherwise fail only at its first record, after the delivery
+/// timeout. Asked through a consumer: a producer's metadata request has the broker create
+/// the topic.
+pub(super) fn check_topic(brokers: &str, properties: &BTreeMap<String, String>, topic: &str, what: &str) -> Result<()> {
+    let consumer: rdkafka::consumer::BaseConsumer =
+        kafka_client(brokers, &[("allow.auto.create.topics", "false")], properties)
+            .create()
+            .with_context(|| format!("creating a Kafka client for {brokers}"))?;
+    let metadata = rdkafka::consumer::Consumer::fetch_metadata(&consumer, Some(topic), METADATA_TIMEOUT)
+        .with_context(|| format!("reading metadata of topic {topic} from {brokers}"))?;
+    match metadata.topics().first() {
+        Some(found) if found.error().is_none() && !found.partitions().is_empty() => Ok(()),
+        _ => bail!("{what} topic {topic} does not exist on {brokers}: create it first (sluice never creates topics)"),
+    }
+}
 
 /// A producer shared by all workers.
 pub struct KafkaSink {
@@ -59,14 +87,15 @@ impl ProducerContext for DeliveryReports {
             Ok(_) => acks.acknowledge(),
             Err((error, message)) => {
                 let topic = rdkafka::Message::topic(message);
-                acks.fail(format!("delivering the output of input {} to topic {topic}: {error}", input_of(message)))
+                acks.fail(format!("delivering {} to topic {topic}: {error}", what_of(message)))
             }
         }
     }
 }
 
-/// `partition/offset` of the input whose output `message` is, from its headers.
-fn input_of(message: &rdkafka::message::BorrowedMessage<'_>) -> String {
+/// What `message` is, from its headers: `the output of input <partition>/<offset>`, or
+/// `the dead letter of input …`.
+fn what_of(message: &rdkafka::message::BorrowedMessage<'_>) -> String {
     use rdkafka::message::Headers;
     let header = |name: &str| {
         let headers = rdkafka::Message::headers(message)?;
@@ -74,7 +103,8 @@ fn input_of(message: &rdkafka::message::BorrowedMessage<'_>) -> String {
         Some(String::from_utf8_lossy(value).into_owned())
     };
     let or_unknown = |value: Option<String>| value.unwrap_or_else(|| "?".into());
-    format!("{}/{}", or_unknown(header("sluice-partition")), or_unknown(header("sluice-offset")))
+    let what = if header("sluice-error").is_some() { "the dead letter" } else { "the output" };
+    format!("{what} of input {}/{}", or_unknown(header("sluice-partition")), or_unknown(header("sluice-offset")))
 }
 
 /// The acknowledgements one partition's outputs since its last commit still wait for,
@@ -161,6 +191,53 @@ pub(super) fn headers(origin: &Origin, version: &str) -> OwnedHeaders {
     }
 }
 
+/// The most bytes of a dead letter's reason kept in the header of one sent without
+/// its key and value.
+const DROPPED_REASON_BYTES: usize = 1024;
+
+/// Queues dead letter `dead` (of operator `version`) on `producer` for `topic`, with
+/// the delivery opaque `opaque` makes. One the producer refuses for its size goes
+/// again without its key and value and with its reason cut short; any other refusal is
+/// the error.
+pub(super) fn send_dead_letter<C: ProducerContext + 'static>(
+    producer: &ThreadedProducer<C>,
+    topic: &str,
+    dead: &DeadLetter,
+    version: &str,
+    opaque: impl Fn() -> C::DeliveryOpaque,
+) -> std::result::Result<(), KafkaError> {
+    let attempts = dead.attempts.map(|a| a.to_string());
+    let headers = |reason: &str, dropped: Option<&str>| {
+        let mut headers = headers(&dead.origin, version)
+            .insert(Header { key: "sluice-error", value: Some(dead.kind.name()) })
+            .insert(Header { key: "sluice-reason", value: Some(reason) });
+        let optional = [("sluice-attempts", attempts.as_deref()), ("sluice-topic", dead.topic.as_deref())];
+        for (key, value) in optional.into_iter().chain([("sluice-dropped", dropped)]) {
+            if let Some(value) = value {
+                headers = headers.insert(Header { key, value: Some(value) });
+            }
+        }
+        headers
+    };
+    let whole = BaseRecord::with_opaque_to(topic, opaque())
+        .key(&dead.key[..])
+        .payload(&dead.value[..])
+        .headers(headers(&dead.reason, None));
+    match send_waiting(producer, whole) {
+        Err(error) if refuses_the_record(&error) => {
+            let mut cut = DROPPED_REASON_BYTES.min(dead.reason.len());
+            while !dead.reason.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let dropped = format!("{} key and value bytes: {error}", dead.key.len() + dead.value.len());
+            let bare = BaseRecord::<[u8], [u8], _>::with_opaque_to(topic, opaque())
+                .headers(headers(&dead.reason[..cut], Some(&dropped)));
+            send_waiting(producer, bare)
+        }
+        sent => sent,
+    }
+}
+
 /// Whether the producer refused `error`'s record for the record itself — it is over
 /// the producer's `message.max.bytes` — rather than failing: such an output is the
 /// operator's error and costs only itself, while any other failure stops the partition.
@@ -188,8 +265,10 @@ pub(super) fn send_waiting<C: ProducerContext + 'static>(
 
 impl KafkaSink {
     /// Connects an idempotent producer to `brokers`; outputs without a topic go to
-    /// `topic`. `properties` are librdkafka settings passed through, and win.
+    /// `topic`, which must exist. `properties` are librdkafka settings passed through,
+    /// and win.
     pub fn open(brokers: &str, topic: &str, properties: &BTreeMap<String, String>) -> Result<Self> {
+        check_topic(brokers, properties, topic, "[sink]")?;
         let producer = producer_config(brokers, properties)
             .create_with_context(DeliveryReports)
             .with_context(|| format!("creating a Kafka producer for {brokers}"))?;
@@ -203,17 +282,16 @@ impl KafkaSink {
 
     /// Queues `outputs` (made by operator `version`, which goes in a header) for the
     /// broker, each counted in `acks` until the broker acknowledges it. The dead letters
-    /// of outputs the producer refuses for themselves go into `refused`; returns how many.
+    /// of outputs the producer refuses for themselves go into `refused`.
     pub fn send(
         &self,
         outputs: &[(Origin, Output)],
         version: &str,
         acks: &Arc<Acks>,
-        refused: &mut Vec<u8>,
-    ) -> Result<u64> {
+        refused: &mut Vec<DeadLetter>,
+    ) -> Result<()> {
         // Counted at once, before any can be acknowledged: one atomic add per batch.
         acks.left.fetch_add(outputs.len(), Ordering::AcqRel);
-        let mut refusals = 0;
         for (sent, (origin, output)) in outputs.iter().enumerate() {
             let record = BaseRecord::with_opaque_to(output.topic.as_deref().unwrap_or(&self.topic), acks.clone())
                 .key(&output.key[..])
@@ -223,8 +301,7 @@ impl KafkaSink {
                 Ok(()) => {}
                 Err(error) if refuses_the_record(&error) => {
                     acks.left.fetch_sub(1, Ordering::AcqRel);
-                    super::format_refused(refused, origin, output, version, &error);
-                    refusals += 1;
+                    refused.push(super::refused(origin, output, &error));
                 }
                 Err(error) => {
                     // This one and the rest were never queued, so never reported: they
@@ -239,7 +316,21 @@ impl KafkaSink {
                 }
             }
         }
-        Ok(refusals)
+        Ok(())
+    }
+
+    /// Queues `dead` (of operator `version`) for `topic`, each counted in `acks` until
+    /// the broker acknowledges it.
+    pub fn send_dead_letters(&self, topic: &str, dead: &[DeadLetter], version: &str, acks: &Arc<Acks>) -> Result<()> {
+        for dead in dead {
+            acks.left.fetch_add(1, Ordering::AcqRel);
+            if let Err(error) = send_dead_letter(&self.producer, topic, dead, version, || acks.clone()) {
+                acks.left.fetch_sub(1, Ordering::AcqRel);
+                let (partition, offset) = (dead.origin.partition, dead.origin.offset);
+                bail!("producing the dead letter of input {partition}/{offset} to topic {topic}: {error}")
+            }
+        }
+        Ok(())
     }
 }
 

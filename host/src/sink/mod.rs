@@ -1,20 +1,21 @@
 //! Where outputs and dead letters go: JSONL lines to a file or stdout, or records on
 //! Kafka topics ([`kafka`]).
 //!
-//! This module owns the line formats and the choice of sink. A worker hands a whole
-//! batch's outputs to [`Sink::send`] (and its dead letters to a [`LineSink`]) and
-//! goes on with its next batch; before it commits state it makes them final through
-//! its [`PartitionOutputs`]: it waits until every output of the batches the commit
-//! covers is where it was sent, or, with exactly-once outputs, commits their Kafka
-//! [transaction]. So an output is never lost: after a crash, the batches processed
-//! since the last commit are processed again, and sent again (at-least-once) or,
-//! where a committed transaction holds their outputs already, not (exactly-once).
+//! This module owns the line formats and the choice of sinks. A worker hands a whole
+//! batch's outputs to [`Sink::send`], and its dead letters to
+//! [`DeadLetterSink::send`], and goes on with its next batch; before it commits state
+//! it makes them final through its [`PartitionOutputs`]: it waits until every output
+//! (and every dead letter on a Kafka topic) of the batches the commit covers is where
+//! it was sent, or, with exactly-once outputs, commits their Kafka [transaction]. So
+//! an output is never lost: after a crash, the batches processed since the last commit
+//! are processed again, and sent again (at-least-once) or, where a committed
+//! transaction holds their outputs already, not (exactly-once).
 
 pub mod kafka;
 pub mod transaction;
 
-use crate::config::{Guarantee, SinkConfig, SourceConfig};
-use crate::record::{Cause, Origin, Output};
+use crate::config::{DeadLetterConfig, Guarantee, SinkConfig, SourceConfig};
+use crate::record::{Cause, DeadLetter, DeadLetterKind, Origin, Output};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::fs::{File, OpenOptions};
@@ -56,18 +57,17 @@ impl Sink {
     /// it holds that plus one line); a Kafka sink has queued them,
     /// counted in `into` until the broker acknowledges them, or in `into`'s open
     /// transaction. An output Kafka refuses for itself (over the producer's
-    /// `message.max.bytes`) is not sent: its dead letter goes into `refused`, and the
-    /// number of those is returned.
+    /// `message.max.bytes`) is not sent: its dead letter goes into `refused`.
     pub fn send(
         &self,
         outputs: &[(Origin, Output)],
         version: &str,
         scratch: &mut Vec<u8>,
         into: &mut PartitionOutputs,
-        refused: &mut Vec<u8>,
-    ) -> Result<u64> {
+        refused: &mut Vec<DeadLetter>,
+    ) -> Result<()> {
         if outputs.is_empty() {
-            return Ok(0);
+            return Ok(());
         }
         match (self, into) {
             (Sink::Lines(lines), _) => {
@@ -80,7 +80,7 @@ impl Sink {
                         scratch.clear();
                     }
                 }
-                lines.write(scratch).map(|()| 0)
+                lines.write(scratch)
             }
             (Sink::Kafka(kafka), PartitionOutputs::Acknowledged(acks)) => {
                 kafka.send(outputs, version, acks.get_or_insert_with(Default::default), refused)
@@ -189,6 +189,77 @@ impl LineSink {
     }
 }
 
+/// Where dead letters go, shared by all workers.
+pub enum DeadLetterSink {
+    /// JSONL lines to a file.
+    Lines(LineSink),
+    /// Records on this Kafka topic, sent through the job's Kafka sink with the
+    /// outputs: a commit waits for their acknowledgements too, and with exactly-once
+    /// outputs they are in the partition's transactions.
+    Topic(String),
+}
+
+impl DeadLetterSink {
+    /// Opens what `config` names; a topic must exist on the cluster of `sink`, which
+    /// must be a Kafka sink.
+    pub fn open(config: &DeadLetterConfig, sink: &SinkConfig) -> Result<Self> {
+        match (&config.topic, sink) {
+            (None, _) => Ok(DeadLetterSink::Lines(LineSink::file(config.path())?)),
+            (Some(topic), SinkConfig::Kafka { brokers, properties, .. }) => {
+                kafka::check_topic(brokers, properties, topic, "[dead_letter]")?;
+                Ok(DeadLetterSink::Topic(topic.clone()))
+            }
+            (Some(topic), _) => anyhow::bail!("[dead_letter] topic = {topic:?} needs a Kafka sink"),
+        }
+    }
+
+    /// Sends `dead`, all of operator `version`'s batch, as part of `into`, the sending
+    /// partition's outputs on `sink` (formatting lines into `scratch`, as
+    /// [`Sink::send`] does).
+    pub fn send(
+        &self,
+        dead: &[DeadLetter],
+        version: &str,
+        sink: &Sink,
+        scratch: &mut Vec<u8>,
+        into: &mut PartitionOutputs,
+    ) -> Result<()> {
+        if dead.is_empty() {
+            return Ok(());
+        }
+        match (self, sink, into) {
+            (DeadLetterSink::Lines(lines), _, _) => {
+                scratch.clear();
+                for dead in dead {
+                    format_dead_letter(scratch, dead, version);
+                    if scratch.len() >= LINE_CHUNK_BYTES {
+                        lines.write(scratch)?;
+                        scratch.clear();
+                    }
+                }
+                lines.write(scratch)
+            }
+            (DeadLetterSink::Topic(topic), Sink::Kafka(kafka), PartitionOutputs::Acknowledged(acks)) => {
+                kafka.send_dead_letters(topic, dead, version, acks.get_or_insert_with(Default::default))
+            }
+            (DeadLetterSink::Topic(topic), Sink::Transactional(_), PartitionOutputs::Transaction(transaction)) => {
+                transaction.send_dead_letters(topic, dead, version)
+            }
+            _ => {
+                unreachable!("a dead-letter topic is opened on a Kafka sink, and a partition's outputs are that sink's")
+            }
+        }
+    }
+
+    /// Where dead letters go, for messages.
+    pub fn name(&self) -> String {
+        match self {
+            DeadLetterSink::Lines(lines) => lines.name().to_string(),
+            DeadLetterSink::Topic(topic) => format!("topic {topic}"),
+        }
+    }
+}
+
 /// Truncates `file` after its last newline.
 fn cut_torn_line(file: &File) -> std::io::Result<()> {
     use std::io::{Read, Seek, SeekFrom};
@@ -236,7 +307,7 @@ impl Sink {
                     group: group.clone(),
                     properties: source_properties.clone(),
                 };
-                Sink::Transactional(transaction::TransactionalSink::new(brokers, topic, properties, input))
+                Sink::Transactional(transaction::TransactionalSink::open(brokers, topic, properties, input)?)
             }
             (SinkConfig::Kafka { .. }, _) => {
                 anyhow::bail!("[sink] guarantee = \"exactly-once\" needs a Kafka source")
@@ -354,47 +425,39 @@ fn format_output(buf: &mut Vec<u8>, origin: &Origin, output: &Output, operator: 
     buf.extend_from_slice(&operator.0);
 }
 
-/// Appends to `buf` the dead-letter line for what the operator failed on at `origin`:
-/// an input record's `key` and `value`, or an expired entry's; a trapped one says how
-/// many calls it got.
-#[allow(clippy::too_many_arguments)]
-pub fn format_dead_letter(
-    buf: &mut Vec<u8>,
-    origin: &Origin,
-    key: &[u8],
-    value: &[u8],
-    operator: &str,
-    error: &str,
-    reason: &str,
-    attempts: Option<u32>,
-) {
+/// Appends to `buf` the dead-letter line of `dead`, by operator `version`.
+pub fn format_dead_letter(buf: &mut Vec<u8>, dead: &DeadLetter, version: &str) {
     Line {
-        partition: origin.partition,
-        offset: origin.offset,
-        cause: cause(origin),
-        key: &String::from_utf8_lossy(key),
-        topic: None,
-        value: Payload::of(value),
-        operator,
-        error: Some(error),
-        reason: Some(reason),
-        attempts,
+        partition: dead.origin.partition,
+        offset: dead.origin.offset,
+        cause: cause(&dead.origin),
+        key: &String::from_utf8_lossy(&dead.key),
+        topic: dead.topic.as_deref(),
+        value: Payload::of(&dead.value),
+        operator: version,
+        error: Some(dead.kind.name()),
+        reason: Some(&dead.reason),
+        attempts: dead.attempts,
     }
     .write_to(buf);
 }
 
-/// The `error` of the dead letter of an output Kafka refused.
-pub const REFUSED: &str = "refused";
-
-/// Writes into `buf` the dead letter of `output` (of `origin`, by operator `version`),
-/// which Kafka refused to take with `error`: the output itself, so it can be sent again.
-fn format_refused(buf: &mut Vec<u8>, origin: &Origin, output: &Output, version: &str, error: &impl std::fmt::Display) {
+/// The dead letter of `output` (of `origin`), which Kafka refused to take with
+/// `error`: the output itself, so it can be sent again.
+fn refused(origin: &Origin, output: &Output, error: &impl std::fmt::Display) -> DeadLetter {
     let topic = output.topic.as_deref().unwrap_or("the sink's topic");
-    let reason = format!(
-        "Kafka refused this output (to {topic}) of the input: {error}; this dead letter holds the output, not the \
-         input"
-    );
-    format_dead_letter(buf, origin, &output.key, &output.value, version, REFUSED, &reason, None);
+    DeadLetter {
+        origin: *origin,
+        kind: DeadLetterKind::Refused,
+        key: output.key.clone(),
+        value: output.value.clone(),
+        topic: output.topic.clone(),
+        reason: format!(
+            "Kafka refused this output (to {topic}) of the input: {error}; this dead letter holds the output, not \
+             the input"
+        ),
+        attempts: None,
+    }
 }
 
 #[cfg(test)]
@@ -416,7 +479,8 @@ mod tests {
             .collect();
         let (mut scratch, mut refused) = (Vec::new(), Vec::new());
         let mut into = PartitionOutputs::Acknowledged(None);
-        assert_eq!(sink.send(&outputs, "v", &mut scratch, &mut into, &mut refused)?, 0);
+        sink.send(&outputs, "v", &mut scratch, &mut into, &mut refused)?;
+        assert_eq!(refused, []);
         let written = std::fs::read_to_string(&path)?;
         assert!(written.len() > 3_000 * 6_000, "each NUL byte is written as six: {} bytes", written.len());
         let offsets: Vec<u64> = written

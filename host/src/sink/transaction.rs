@@ -18,9 +18,9 @@
 //!
 //! This module does not decide when to commit, and does not consume.
 
-use super::kafka::{headers, producer_config, refuses_the_record, send_waiting};
+use super::kafka::{check_topic, headers, producer_config, refuses_the_record, send_dead_letter, send_waiting};
 use crate::config::kafka_client;
-use crate::record::{Origin, Output};
+use crate::record::{DeadLetter, Origin, Output};
 use anyhow::{Context, Result, anyhow};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -56,15 +56,16 @@ pub struct InputGroup {
 
 impl TransactionalSink {
     /// Outputs to `topic` of `brokers` (producer `properties` passed through), in
-    /// transactions that commit input offsets to `input`'s group.
-    pub fn new(brokers: &str, topic: &str, properties: &BTreeMap<String, String>, input: InputGroup) -> Self {
-        TransactionalSink {
+    /// transactions that commit input offsets to `input`'s group; `topic` must exist.
+    pub fn open(brokers: &str, topic: &str, properties: &BTreeMap<String, String>, input: InputGroup) -> Result<Self> {
+        check_topic(brokers, properties, topic, "[sink]")?;
+        Ok(TransactionalSink {
             brokers: brokers.into(),
             topic: topic.into(),
             properties: properties.clone(),
             name: format!("kafka {brokers} topic {topic} (exactly-once)"),
             input,
-        }
+        })
     }
 
     /// Where this sink writes, for messages.
@@ -157,10 +158,8 @@ pub struct PartitionTransaction {
 impl PartitionTransaction {
     /// Produces `outputs` (made by operator `version`) in the open transaction, but for
     /// those of inputs whose outputs a committed transaction already holds. The dead
-    /// letters of outputs the producer refuses for themselves go into `refused`; returns
-    /// how many.
-    pub fn send(&mut self, outputs: &[(Origin, Output)], version: &str, refused: &mut Vec<u8>) -> Result<u64> {
-        let mut refusals = 0;
+    /// letters of outputs the producer refuses for themselves go into `refused`.
+    pub fn send(&mut self, outputs: &[(Origin, Output)], version: &str, refused: &mut Vec<DeadLetter>) -> Result<()> {
         for (origin, output) in outputs.iter().filter(|(origin, _)| origin.offset >= self.covered) {
             let record = BaseRecord::to(output.topic.as_deref().unwrap_or(&self.topic))
                 .key(&output.key[..])
@@ -168,14 +167,23 @@ impl PartitionTransaction {
                 .headers(headers(origin, version));
             match send_waiting(&self.producer, record) {
                 Ok(()) => self.open = true,
-                Err(error) if refuses_the_record(&error) => {
-                    super::format_refused(refused, origin, output, version, &error);
-                    refusals += 1;
-                }
+                Err(error) if refuses_the_record(&error) => refused.push(super::refused(origin, output, &error)),
                 Err(error) => return Err(self.failure("producing to", &error)),
             }
         }
-        Ok(refusals)
+        Ok(())
+    }
+
+    /// Produces `dead` (of operator `version`) to `topic` in the open transaction, but
+    /// for those of inputs a committed transaction already covers.
+    pub fn send_dead_letters(&mut self, topic: &str, dead: &[DeadLetter], version: &str) -> Result<()> {
+        for dead in dead.iter().filter(|dead| dead.origin.offset >= self.covered) {
+            match send_dead_letter(&self.producer, topic, dead, version, || ()) {
+                Ok(()) => self.open = true,
+                Err(error) => return Err(self.failure("producing a dead letter to", &error)),
+            }
+        }
+        Ok(())
     }
 
     /// The producer's fatal error, if it had one (fenced, above all), without waiting.

@@ -42,8 +42,8 @@ use crate::checkpoint::Checkpointer;
 use crate::config::StateConfig;
 use crate::lock;
 use crate::operator::{Expiration, Operator, Outcome, Output, Processed};
-use crate::record::{Cause, Origin, SourceRecord, Stop};
-use crate::sink::{self, LineSink, PartitionOutputs, Sink};
+use crate::record::{Cause, DeadLetter, DeadLetterKind, Origin, SourceRecord, Stop};
+use crate::sink::{DeadLetterSink, PartitionOutputs, Sink};
 use crate::stats::{DeadLetters, PartitionStats};
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
@@ -55,8 +55,8 @@ use std::time::{Duration, Instant};
 pub struct Destinations {
     /// The job's sink.
     pub sink: Sink,
-    /// The dead-letter file.
-    pub dead_letters: LineSink,
+    /// Where dead letters go.
+    pub dead_letters: DeadLetterSink,
 }
 
 /// Tells a running worker how to end; set once, by whoever stops it.
@@ -224,7 +224,7 @@ pub fn run(
                     let next = uncommitted.next_offset.unwrap_or(stats.committed_offset.load(Ordering::Relaxed));
                     let expirations = operator.expire(next)?;
                     let partition = operator.state().store().partition();
-                    emitted.expirations(partition, expirations, operator.version());
+                    emitted.expirations(partition, expirations);
                     emitted.send(to, operator.version(), stats, &mut uncommitted.outputs)?;
                 }
                 uncommitted.commit(operator, stats, to)?;
@@ -264,11 +264,11 @@ pub fn run(
         let mut expirations = expirations.into_iter().peekable();
         for (record, outcome) in batch.iter().zip(outcomes) {
             let before = std::iter::from_fn(|| expirations.next_if(|e| e.offset <= record.offset));
-            emitted.expirations(record.partition, before, version);
-            emitted.outcome(Origin::of(record), &record.key, &record.value, outcome, version);
+            emitted.expirations(record.partition, before);
+            emitted.outcome(Origin::of(record), &record.key, &record.value, outcome);
         }
         // None in practice: every expiry comes before a record of the batch.
-        emitted.expirations(first.partition, expirations, version);
+        emitted.expirations(first.partition, expirations);
         // Outputs first, then state: the commit makes them final first, so a crash in
         // between replays the records since the last commit but never leaves state
         // ahead of what was emitted.
@@ -309,48 +309,44 @@ pub fn run(
     }
 }
 
-/// What a batch (or an idle partition's expiries) emits, gathered to be written at
-/// once: outputs, and dead-letter lines.
+/// What a batch (or an idle partition's expiries) emits, gathered to be sent at
+/// once: outputs, and dead letters.
 #[derive(Default)]
 struct Emitted {
     outputs: Vec<(Origin, Output)>,
-    dead: Vec<u8>,
-    /// The dead letters in `dead`, by kind (outputs refused are the sink's to count).
-    dead_count: DeadLetters,
-    /// The line sink's buffer.
+    dead: Vec<DeadLetter>,
+    /// The line sinks' buffer.
     lines: Vec<u8>,
 }
 
 impl Emitted {
     /// Adds what became of the input (or expired entry) with `key` and `value` at
-    /// `origin`, by operator `version`.
-    fn outcome(&mut self, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome, version: &str) {
-        let (error, reason, attempts) = match outcome {
+    /// `origin`.
+    fn outcome(&mut self, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome) {
+        let (kind, reason, attempts) = match outcome {
             Outcome::Emitted(outputs) => return self.outputs.extend(outputs.into_iter().map(|o| (origin, o))),
-            Outcome::Rejected(reason) => {
-                self.dead_count.rejected += 1;
-                ("rejected", reason, None)
-            }
+            Outcome::Rejected(reason) => (DeadLetterKind::Rejected, reason, None),
             Outcome::Trapped { reason, attempts } => {
                 let (partition, offset) = (origin.partition, origin.offset);
                 tracing::warn!(partition, offset, cause = ?origin.cause, attempts, "operator trapped: {reason}");
-                self.dead_count.trapped += 1;
-                ("trapped", reason, Some(attempts))
+                (DeadLetterKind::Trapped, reason, Some(attempts))
             }
         };
-        sink::format_dead_letter(&mut self.dead, &origin, key, value, version, error, &reason, attempts);
+        let (key, value) = (key.to_vec(), value.to_vec());
+        self.dead.push(DeadLetter { origin, kind, key, value, topic: None, reason, attempts });
     }
 
     /// Adds what became of `expirations` of `partition`.
-    fn expirations(&mut self, partition: u32, expirations: impl IntoIterator<Item = Expiration>, version: &str) {
+    fn expirations(&mut self, partition: u32, expirations: impl IntoIterator<Item = Expiration>) {
         for Expiration { entry, offset, outcome } in expirations {
             let origin = Origin { partition, offset, cause: Cause::Expiry };
-            self.outcome(origin, &entry.key, &entry.value, outcome, version);
+            self.outcome(origin, &entry.key, &entry.value, outcome);
         }
     }
 
-    /// Sends the outputs as part of the partition's `outputs`, writes the dead letters,
-    /// and empties itself.
+    /// Sends the outputs, all of operator `version`, as part of the partition's
+    /// `outputs`, then the dead letters (those of outputs Kafka refused included),
+    /// counts them, and empties itself.
     fn send(
         &mut self,
         to: &Destinations,
@@ -358,9 +354,11 @@ impl Emitted {
         stats: &PartitionStats,
         outputs: &mut PartitionOutputs,
     ) -> Result<()> {
-        let refused = to.sink.send(&self.outputs, version, &mut self.lines, outputs, &mut self.dead)?;
-        to.dead_letters.write(&self.dead)?;
-        stats.count_dead(version, DeadLetters { refused, ..std::mem::take(&mut self.dead_count) });
+        to.sink.send(&self.outputs, version, &mut self.lines, outputs, &mut self.dead)?;
+        to.dead_letters.send(&self.dead, version, &to.sink, &mut self.lines, outputs)?;
+        let mut counts = DeadLetters::default();
+        self.dead.iter().for_each(|dead| counts.count(dead.kind));
+        stats.count_dead(version, counts);
         self.outputs.clear();
         self.dead.clear();
         Ok(())

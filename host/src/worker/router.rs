@@ -220,7 +220,7 @@ mod tests {
 
     use super::*;
     use crate::operator::wasm::{ActiveVersion, Limits, WasmOperator};
-    use crate::sink::{LineSink, Sink};
+    use crate::sink::{DeadLetterSink, LineSink, Sink};
     use crate::source::generator::{Fleet, FleetOptions};
     use crate::state::{PartitionStore, StateDir};
     use crate::worker::{Cadence, Destinations, WorkerSetup};
@@ -251,7 +251,7 @@ mod tests {
             checkpoints: None,
             destinations: Destinations {
                 sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"))?),
-                dead_letters: LineSink::file(&dir.join("dead.jsonl"))?,
+                dead_letters: DeadLetterSink::Lines(LineSink::file(&dir.join("dead.jsonl"))?),
             },
             runtime: runtime.handle().clone(),
             queued_batches: 1,
