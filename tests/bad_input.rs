@@ -101,14 +101,20 @@ fn wasm_files_that_are_not_our_components_are_refused_and_state_is_unharmed() ->
 }
 
 #[test]
-fn a_record_that_is_not_json_goes_to_the_dead_letter_file_and_processing_continues() -> Result<()> {
+fn a_record_that_is_not_json_or_utf8_goes_to_the_dead_letter_file_and_processing_continues() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let input = dir.path().join("input.jsonl");
     generate(&input, 8, 400, 2)?;
     let mut lines: Vec<String> = std::fs::read_to_string(&input)?.lines().map(String::from).collect();
     lines.insert(100, "{not json at all".into());
     lines.insert(200, r#"{"vehicle_id":"veh-00001","ts":"yesterday"}"#.into());
-    std::fs::write(&input, lines.join("\n") + "\n")?;
+    let mut text = lines.join("\n").into_bytes();
+    // A line that is not UTF-8 costs that line too, and its dead letter holds its bytes.
+    let not_utf8 = b"{\"vehicle_id\":\"veh-\xff\"}".to_vec();
+    text.extend_from_slice(b"\n");
+    text.extend_from_slice(&not_utf8);
+    text.extend_from_slice(b"\n");
+    std::fs::write(&input, text)?;
 
     let (out, dead, state) = (dir.path().join("out.jsonl"), dir.path().join("dead.jsonl"), dir.path().join("state"));
     run_ok(&mut run_file_job(&operator_wasm("vehicle_stats"), &input, dir.path(), 4))?;
@@ -117,7 +123,12 @@ fn a_record_that_is_not_json_goes_to_the_dead_letter_file_and_processing_continu
     assert_state_matches(&dump_state(&state)?, &reference, "state beside poison records");
 
     let dead = read_jsonl(&dead)?;
-    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert_eq!(dead.len(), 3, "{dead:?}");
+    let bytes = dead.iter().find(|d| d.get("value_base64").is_some()).expect("the dead letter of the bytes");
+    use base64::Engine;
+    let decoded = base64::engine::general_purpose::STANDARD.decode(bytes["value_base64"].as_str().unwrap_or(""))?;
+    assert_eq!(decoded, not_utf8, "{bytes}");
+    assert!(bytes["reason"].as_str().unwrap().contains("not valid"), "{bytes}");
     let by_value: BTreeMap<String, &serde_json::Value> =
         dead.iter().map(|d| (d["value"].to_string(), d)).collect::<BTreeMap<_, _>>();
     let not_json = by_value[&serde_json::Value::String("{not json at all".into()).to_string()];
@@ -128,6 +139,43 @@ fn a_record_that_is_not_json_goes_to_the_dead_letter_file_and_processing_continu
     assert!(bad_ts["reason"].as_str().unwrap().contains("field `ts`"), "{bad_ts}");
     assert!(bad_ts["partition"].is_u64() && bad_ts["offset"].is_u64(), "{bad_ts}");
     assert!(bad_ts["operator"].as_str().is_some_and(|v| v.starts_with("vehicle_stats@")), "{bad_ts}");
+    Ok(())
+}
+
+/// Numbers out of range are errors naming the setting, not panics or wrapped values,
+/// and stored state is unharmed; `--input` keeps the config's key field, and keys are
+/// taken as written, so numbers no float holds exactly stay two keys.
+#[test]
+fn out_of_range_settings_are_named_and_keys_are_never_merged() -> Result<()> {
+    let seeded = Seeded::new()?;
+    let dir = seeded.dir.path();
+    for (args, config, expected) in [
+        (&["--rate", "1e-300"][..], "", "[source] rate must be at least 0.001"),
+        (&[][..], "memory_limit_mib = 17592186044416\n", "[operator] memory_limit_mib = 17592186044416 is more than"),
+        (&["--cache-mib", "17592186044416"][..], "", "[state] cache_mib = 17592186044416 is more than"),
+    ] {
+        let path = dir.join("edge.toml");
+        std::fs::write(&path, format!("[operator]\npath = {:?}\n{config}", operator_wasm("vehicle_stats")))?;
+        let err = run_err(seeded.run_with(&operator_wasm("vehicle_stats"), 2).arg("--config").arg(&path).args(args))?;
+        assert!(err.contains(expected), "{args:?} {config}: {err}");
+    }
+    seeded.assert_unharmed()?;
+    let config = dir.join("keyed.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = {:?}\n[source]\nkind = \"file\"\npath = \"elsewhere.jsonl\"\nkey_field = \"id\"\n",
+            operator_wasm("probe")
+        ),
+    )?;
+    let input = dir.join("numbers.jsonl");
+    let ids = ["\"a\"", "18446744073709551617", "18446744073709551616"];
+    std::fs::write(&input, ids.map(|id| format!("{{\"id\": {id}, \"action\": \"count\"}}\n")).concat())?;
+    let numbers = dir.join("numbers");
+    run_ok(run_file_job(&operator_wasm("probe"), &input, &numbers, 1).arg("--config").arg(&config))?;
+    let keys: Vec<serde_json::Value> =
+        read_jsonl(&numbers.join("out.jsonl"))?.into_iter().map(|o| o["key"].clone()).collect();
+    assert_eq!(keys, ["a", "18446744073709551617", "18446744073709551616"]);
     Ok(())
 }
 

@@ -362,6 +362,18 @@ fn default_vehicles() -> u32 {
     1000
 }
 
+impl SourceConfig {
+    /// A JSONL file source at `path` with the default key and timestamp fields.
+    pub fn file(path: PathBuf) -> Self {
+        SourceConfig::File {
+            path,
+            key_field: default_key_field(),
+            timestamp_field: default_timestamp_field(),
+            rate: None,
+        }
+    }
+}
+
 fn default_key_field() -> String {
     "vehicle_id".into()
 }
@@ -794,6 +806,15 @@ impl Config {
         if ttl.sweep_limit == 0 {
             bail!("[ttl] sweep_limit must be at least 1, or expired entries would never be removed");
         }
+        let sizes_mib = [
+            ("[operator] memory_limit_mib", self.operator.memory_limit_mib),
+            ("[state] commit_dirty_mib", self.state.commit_dirty_mib as u64),
+            ("[state] cache_mib", self.state.cache_mib as u64),
+            ("[state] rocksdb_memory_mib", self.state.rocksdb_memory_mib as u64),
+        ];
+        if let Some((name, mib)) = sizes_mib.into_iter().find(|&(_, mib)| mib > MAX_MIB) {
+            bail!("{name} = {mib} is more than {MAX_MIB} MiB (16 TiB), more than any host has");
+        }
         if self.operator.call_timeout_ms == 0 || self.operator.memory_limit_mib == 0 {
             bail!("[operator] call_timeout_ms and memory_limit_mib must be positive");
         }
@@ -841,8 +862,8 @@ impl Config {
                 None
             }
         };
-        if rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
-            bail!("[source] rate must be a positive number of records per second");
+        if rate.is_some_and(|r| r.is_nan() || r < MIN_RATE) {
+            bail!("[source] rate must be at least {MIN_RATE} records per second (one record every 1000 s)");
         }
         if let (Some(path), Some(topic)) = (&self.dead_letter.path, &self.dead_letter.topic) {
             bail!(
@@ -883,6 +904,13 @@ impl Config {
         Ok(())
     }
 }
+
+/// The largest size in MiB a setting takes: its bytes fit every counter with room to
+/// spare.
+pub const MAX_MIB: u64 = 1 << 24;
+
+/// The slowest `[source] rate`, records per second.
+pub const MIN_RATE: f64 = 0.001;
 
 /// A librdkafka client configuration for `brokers`: sluice's `defaults`, then the
 /// user's `properties` (from `[source]` or `[sink]`), which win.
@@ -1044,6 +1072,16 @@ mod tests {
             let err = toml::from_str::<Config>(&text).unwrap_err().to_string();
             let line = setting.lines().last().unwrap();
             assert!(err.contains(expected) && err.contains(line), "{setting}: {err}");
+        }
+        for (setting, expected) in [
+            ("memory_limit_mib = 17592186044416", "[operator] memory_limit_mib = 17592186044416 is more than"),
+            ("[state]\ncache_mib = 17592186044416", "[state] cache_mib = 17592186044416 is more than"),
+            ("[source]\nkind = \"generator\"\nrate = 1e-300", "[source] rate must be at least 0.001"),
+            ("[source]\nkind = \"generator\"\nrate = nan", "[source] rate must be at least 0.001"),
+        ] {
+            let config = toml::from_str::<Config>(&format!("[operator]\npath = \"op.wasm\"\n{setting}\n")).unwrap();
+            let err = config.validate().unwrap_err().to_string();
+            assert!(err.contains(expected), "{setting}: {err}");
         }
         let zero = toml::from_str::<Config>("[operator]\npath = \"op.wasm\"\npoll_versions = 0\n").unwrap();
         assert!(zero.validate().unwrap_err().to_string().contains("poll_versions must be more than 0"));

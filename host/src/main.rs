@@ -8,7 +8,7 @@ use sluice::checkpoint::{self, CheckpointStore, bytes};
 use sluice::config::{self, Config, SinkConfig, SourceConfig};
 use sluice::operator::deploy::{self, Sandbox};
 use sluice::operator::registry::{self, Deployment, Registry};
-use sluice::sink::Payload;
+use sluice::sink::BytesField;
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::StateDir;
 use std::io::{ErrorKind, Write};
@@ -368,12 +368,11 @@ fn dump_state(state_dir: &Path) -> Result<()> {
         let store = dir.open_partition(partition)?;
         for entry in store.entries() {
             let entry = entry?;
-            let mut line = serde_json::json!({
-                "partition": partition,
-                "key": String::from_utf8_lossy(&entry.key),
-                "name": entry.name,
-                "value": stored_value(&entry.value),
-            });
+            let mut line = serde_json::json!({ "partition": partition, "name": entry.name });
+            let fields = line.as_object_mut().expect("an object");
+            let mut add = |field: serde_json::Value| fields.extend(field.as_object().cloned().unwrap_or_default());
+            add(serde_json::to_value(BytesField::key(&entry.key))?);
+            add(stored_value(&entry.value));
             if let Some(at) = entry.expires_at_ms {
                 line["expires_at_ms"] = at.into();
             }
@@ -384,15 +383,19 @@ fn dump_state(state_dir: &Path) -> Result<()> {
     Ok(out.flush()?)
 }
 
-/// A state value as `state dump` shows it: one the SDK stored in its binary encoding
-/// as the JSON it decodes to, any other as its bytes are (embedded if JSON, else text).
+/// The `value` field of a state value as `state dump` shows it: one the SDK stored in
+/// its binary encoding as the JSON it decodes to, any other as its bytes are (embedded if
+/// JSON, else text, else `value_base64`).
 fn stored_value(bytes: &[u8]) -> serde_json::Value {
     use sluice_guest::encoding::{self, BINARY_MARKER};
     let decoded = match bytes.first() {
-        Some(&BINARY_MARKER) => encoding::decode(bytes).ok(),
+        Some(&BINARY_MARKER) => encoding::decode::<serde_json::Value>(bytes).ok(),
         _ => None,
     };
-    decoded.unwrap_or_else(|| serde_json::to_value(Payload::of(bytes)).expect("a payload is JSON"))
+    match decoded {
+        Some(value) => serde_json::json!({ "value": value }),
+        None => serde_json::to_value(BytesField::value(bytes)).expect("a field is JSON"),
+    }
 }
 
 /// What `sluice deploy` and `rollback` say after recording `deployment` in a registry.
@@ -548,9 +551,12 @@ impl RunArgs {
         if let Some(path) = self.operator {
             config.operator.path = path;
         }
-        if let Some(path) = self.input {
-            config.source =
-                SourceConfig::File { path, key_field: "vehicle_id".into(), timestamp_field: "ts".into(), rate: None };
+        // A file source of the config keeps its fields and rate; any other becomes one.
+        if let Some(input) = self.input {
+            match &mut config.source {
+                SourceConfig::File { path, .. } => *path = input,
+                source => *source = SourceConfig::file(input),
+            }
         }
         match &mut config.source {
             SourceConfig::Generator { vehicles, count, seed, rate, churn, .. } => {

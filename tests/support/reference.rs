@@ -91,8 +91,9 @@ impl Reference {
     pub fn fold(input: &Path) -> Result<Self> {
         let mut last: BTreeMap<String, Summary> = BTreeMap::new();
         let mut after_each = Vec::new();
-        for line in std::fs::read_to_string(input)?.lines() {
-            let Ok(p) = serde_json::from_str::<Value>(line) else { continue };
+        // Lines that are not UTF-8 are not records of the fleet: read past them.
+        for line in std::fs::read(input)?.split(|&b| b == b'\n') {
+            let Ok(p) = serde_json::from_slice::<Value>(line) else { continue };
             let (Some(id), Some(ts), Some(lat), Some(lon), Some(speed)) = (
                 p["vehicle_id"].as_str(),
                 p["ts"].as_i64(),

@@ -335,10 +335,12 @@ struct Line<'a> {
     /// [`EXPIRY_CAUSE`] for an expiry's output or dead letter.
     #[serde(skip_serializing_if = "Option::is_none")]
     cause: Option<&'a str>,
-    key: &'a str,
+    #[serde(flatten)]
+    key: BytesField<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     topic: Option<&'a str>,
-    value: Payload<'a>,
+    #[serde(flatten)]
+    value: BytesField<'a>,
     /// The operator build that produced it (or that refused the input).
     operator: &'a str,
     /// `rejected` (the operator returned an error) or `trapped`; dead letters only.
@@ -359,30 +361,100 @@ impl Line<'_> {
     }
 }
 
-/// A payload embedded as JSON when it is JSON, else as a (lossy UTF-8) string.
+/// Bytes as a JSON line holds them: embedded as JSON when they are JSON (values only),
+/// else as a string when they are UTF-8, else in base64.
 pub enum Payload<'a> {
     /// Valid JSON, embedded as is.
     Json(&'a serde_json::value::RawValue),
-    /// Anything else, as a string.
-    Text(std::borrow::Cow<'a, str>),
+    /// UTF-8 text, as a string.
+    Text(&'a str),
+    /// Anything else, which a line holds in base64 under the field's name with
+    /// [`BASE64_SUFFIX`].
+    Bytes(&'a [u8]),
 }
 
+/// What a field holding bytes that are not UTF-8 adds to its name: `"key_base64"`,
+/// `"value_base64"`, so no two keys or values ever read the same.
+pub const BASE64_SUFFIX: &str = "_base64";
+
 impl<'a> Payload<'a> {
-    /// Classifies `bytes`.
+    /// Classifies a value's `bytes`.
     pub fn of(bytes: &'a [u8]) -> Self {
-        match std::str::from_utf8(bytes).ok().and_then(|s| serde_json::from_str(s).ok()) {
-            Some(raw) => Payload::Json(raw),
-            None => Payload::Text(String::from_utf8_lossy(bytes)),
+        match std::str::from_utf8(bytes) {
+            Ok(text) => match serde_json::from_str(text) {
+                Ok(raw) => Payload::Json(raw),
+                Err(_) => Payload::Text(text),
+            },
+            Err(_) => Payload::Bytes(bytes),
+        }
+    }
+
+    /// Classifies a key's `bytes`: text or not, never embedded JSON.
+    pub fn of_key(bytes: &'a [u8]) -> Self {
+        std::str::from_utf8(bytes).map_or(Payload::Bytes(bytes), Payload::Text)
+    }
+}
+
+/// A field of a line holding bytes: `"<name>": <payload>`, or for bytes that are not
+/// UTF-8, `"<name>_base64": "<base64>"`.
+pub struct BytesField<'a> {
+    name: &'static str,
+    payload: Payload<'a>,
+}
+
+impl<'a> BytesField<'a> {
+    /// A `"key"` field.
+    pub fn key(bytes: &'a [u8]) -> Self {
+        BytesField { name: "key", payload: Payload::of_key(bytes) }
+    }
+
+    /// A `"value"` field.
+    pub fn value(bytes: &'a [u8]) -> Self {
+        BytesField { name: "value", payload: Payload::of(bytes) }
+    }
+
+    /// Appends `,"<name>":<payload>` (or its base64 form) to `buf`, as serde writes it
+    /// (the names need no escaping).
+    fn write_to(&self, buf: &mut Vec<u8>) {
+        let text = |buf: &mut Vec<u8>, text: &str| serde_json::to_writer(&mut *buf, text).expect("writing to memory");
+        buf.extend_from_slice(b",\"");
+        buf.extend_from_slice(self.name.as_bytes());
+        match &self.payload {
+            Payload::Json(raw) => {
+                buf.extend_from_slice(b"\":");
+                buf.extend_from_slice(raw.get().as_bytes());
+            }
+            Payload::Text(value) => {
+                buf.extend_from_slice(b"\":");
+                text(buf, value);
+            }
+            Payload::Bytes(bytes) => {
+                buf.extend_from_slice(BASE64_SUFFIX.as_bytes());
+                buf.extend_from_slice(b"\":");
+                text(buf, &base64_of(bytes));
+            }
         }
     }
 }
 
-impl Serialize for Payload<'_> {
+/// `bytes` in standard base64.
+fn base64_of(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+impl Serialize for BytesField<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Payload::Json(raw) => raw.serialize(s),
-            Payload::Text(text) => text.serialize(s),
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(1))?;
+        match &self.payload {
+            Payload::Json(raw) => map.serialize_entry(self.name, raw)?,
+            Payload::Text(text) => map.serialize_entry(self.name, text)?,
+            Payload::Bytes(bytes) => {
+                map.serialize_entry(&format!("{}{BASE64_SUFFIX}", self.name), &base64_of(bytes))?
+            }
         }
+        map.end()
     }
 }
 
@@ -411,17 +483,12 @@ fn format_output(buf: &mut Vec<u8>, origin: &Origin, output: &Output, operator: 
         buf.extend_from_slice(br#","cause":"#);
         text(buf, cause);
     }
-    buf.extend_from_slice(br#","key":"#);
-    text(buf, &String::from_utf8_lossy(&output.key));
+    BytesField::key(&output.key).write_to(buf);
     if let Some(topic) = &output.topic {
         buf.extend_from_slice(br#","topic":"#);
         text(buf, topic);
     }
-    buf.extend_from_slice(br#","value":"#);
-    match Payload::of(&output.value) {
-        Payload::Json(raw) => buf.extend_from_slice(raw.get().as_bytes()),
-        Payload::Text(value) => text(buf, &value),
-    }
+    BytesField::value(&output.value).write_to(buf);
     buf.extend_from_slice(&operator.0);
 }
 
@@ -431,9 +498,9 @@ pub fn format_dead_letter(buf: &mut Vec<u8>, dead: &DeadLetter, version: &str) {
         partition: dead.origin.partition,
         offset: dead.origin.offset,
         cause: cause(&dead.origin),
-        key: &String::from_utf8_lossy(&dead.key),
+        key: BytesField::key(&dead.key),
         topic: dead.topic.as_deref(),
-        value: Payload::of(&dead.value),
+        value: BytesField::value(&dead.value),
         operator: version,
         error: Some(dead.kind.name()),
         reason: Some(&dead.reason),
@@ -493,7 +560,8 @@ mod tests {
     }
 
     /// [`format_output`] writes, field by field, the line serde writes for [`Line`]:
-    /// JSON values embedded, other values and keys as (lossy) strings, escapes, topics.
+    /// JSON values embedded, other values and keys as strings, bytes that are not UTF-8
+    /// in base64, escapes, topics.
     #[test]
     fn an_output_line_is_the_line_serde_writes() {
         let record = Origin { partition: 3, offset: 1_234_567, cause: Cause::Record };
@@ -513,9 +581,9 @@ mod tests {
                 partition: origin.partition,
                 offset: origin.offset,
                 cause: cause(origin),
-                key: &String::from_utf8_lossy(&output.key),
+                key: BytesField::key(&output.key),
                 topic: output.topic.as_deref(),
-                value: Payload::of(&output.value),
+                value: BytesField::value(&output.value),
                 operator: version,
                 error: None,
                 reason: None,
@@ -524,5 +592,27 @@ mod tests {
             .write_to(&mut reference);
             assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&reference));
         }
+    }
+
+    /// Keys and values that are not UTF-8 are written losslessly: two that differ only
+    /// in bytes a lossy conversion would merge stay apart, and decode back.
+    #[test]
+    fn bytes_that_are_not_utf8_are_written_in_base64() {
+        use base64::Engine;
+        let origin = Origin { partition: 0, offset: 1, cause: Cause::Record };
+        let line = |key: &[u8], value: &[u8]| {
+            let mut buf = Vec::new();
+            let output = Output { key: key.to_vec(), value: value.to_vec(), topic: None };
+            format_output(&mut buf, &origin, &output, &OperatorField::new("v"));
+            serde_json::from_slice::<serde_json::Value>(&buf).unwrap()
+        };
+        let (a, b) = (line(&[0xff], &[0x80, 0]), line(&[0xfe], &[0x81, 0]));
+        assert_ne!(a, b);
+        let decode =
+            |v: &serde_json::Value| base64::engine::general_purpose::STANDARD.decode(v.as_str().unwrap()).unwrap();
+        assert_eq!((decode(&a["key_base64"]), decode(&a["value_base64"])), (vec![0xff], vec![0x80, 0]));
+        assert!(a.get("key").is_none() && a.get("value").is_none(), "{a}");
+        let text = line(b"k", b"plain");
+        assert_eq!((text["key"].as_str(), text["value"].as_str()), (Some("k"), Some("plain")));
     }
 }

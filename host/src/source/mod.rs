@@ -179,7 +179,8 @@ fn feed(
             break;
         }
         if let Some(rate) = options.rate {
-            let due = Duration::from_secs_f64(read as f64 / rate);
+            // Past what a Duration holds (at the slowest rate, after 10^16 records): never.
+            let due = Duration::try_from_secs_f64(read as f64 / rate).unwrap_or(Duration::MAX);
             if let Some(wait) = due.checked_sub(started.elapsed()) {
                 // Hand over what is buffered before idling so workers stay current.
                 partitions.flush(true)?;
