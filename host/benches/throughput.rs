@@ -225,8 +225,8 @@ fn through_worker(
     }
     drop(tx);
     let destinations = Destinations {
-        sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"))?),
-        dead_letters: DeadLetterSink::Lines(LineSink::file(&dir.join("dead.jsonl"))?),
+        sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"), true)?),
+        dead_letters: DeadLetterSink::Lines(LineSink::file(&dir.join("dead.jsonl"), true)?),
     };
     let stats = PartitionStats::new(0, 0, "bench");
     let clock = CpuClock::start()?;

@@ -55,6 +55,7 @@
 //! commit_interval = "1s"      # a partition commits its state at least this often
 //! commit_every = 100000       # ... and after this many records
 //! commit_dirty_mib = 64       # ... or this much written
+//! sync_outputs = true         # output and dead-letter files reach the disk before each commit
 //! cache_mib = 64              # committed entries kept in memory, per partition
 //! rocksdb_memory_mib = 256    # RocksDB's memtables and block cache, all partitions together
 //!
@@ -465,6 +466,11 @@ pub struct StateConfig {
     /// The most bytes of state written (each entry's last value) before a commit, MiB.
     #[serde(default = "default_commit_dirty_mib")]
     pub commit_dirty_mib: usize,
+    /// Whether each commit first syncs the output and dead-letter files to disk, so that
+    /// after a power loss state is never ahead of the lines it emitted (Kafka outputs
+    /// are acknowledged before a commit whatever this says).
+    #[serde(default = "default_sync_outputs")]
+    pub sync_outputs: bool,
     /// The memory for committed state entries kept per partition (reads of them skip
     /// RocksDB), MiB; 0 keeps none.
     #[serde(default = "default_cache_mib")]
@@ -516,6 +522,10 @@ fn default_commit_dirty_mib() -> usize {
     64
 }
 
+fn default_sync_outputs() -> bool {
+    true
+}
+
 fn default_cache_mib() -> usize {
     64
 }
@@ -533,6 +543,7 @@ impl Default for StateConfig {
             queued_records: default_queued_records(),
             commit_interval: default_commit_interval(),
             commit_every: default_commit_every(),
+            sync_outputs: default_sync_outputs(),
             commit_dirty_mib: default_commit_dirty_mib(),
             cache_mib: default_cache_mib(),
             rocksdb_memory_mib: default_rocksdb_memory_mib(),

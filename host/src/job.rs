@@ -173,8 +173,8 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let active = ActiveVersion::new(operator);
     let checkpoints = open_checkpoints(config, &runtime)?;
     // Sinks open last, so a job that cannot start leaves no files behind.
-    let sink = Sink::open(&config.sink, &config.source)?;
-    let dead_letters = DeadLetterSink::open(&config.dead_letter, &config.sink)?;
+    let sink = Sink::open(&config.sink, &config.source, config.state.sync_outputs)?;
+    let dead_letters = DeadLetterSink::open(&config.dead_letter, &config.sink, config.state.sync_outputs)?;
     tracing::info!(
         operator = version,
         partitions,

@@ -92,6 +92,15 @@ impl Sink {
         }
     }
 
+    /// Makes the lines a line sink wrote durable ([`LineSink::sync`]); a Kafka sink's
+    /// outputs are made final by [`PartitionOutputs::commit`] instead.
+    pub fn sync(&self) -> Result<()> {
+        match self {
+            Sink::Lines(lines) => lines.sync(),
+            Sink::Kafka(_) | Sink::Transactional(_) => Ok(()),
+        }
+    }
+
     /// Where this sink writes, for messages.
     pub fn name(&self) -> &str {
         match self {
@@ -147,15 +156,20 @@ impl PartitionOutputs {
 /// A destination of JSONL lines shared by all workers.
 pub struct LineSink {
     out: Mutex<Box<dyn Write + Send>>,
+    /// The file written to, for [`sync`](Self::sync) (another handle of it, so a sync
+    /// does not hold up the writers); `None` for stdout, and when not syncing.
+    file: Option<File>,
     name: String,
 }
 
 impl LineSink {
-    /// Appends to the file at `path`, creating it and its directory when missing.
+    /// Appends to the file at `path`, creating it and its directory when missing;
+    /// [`sync`](Self::sync) makes what was written durable when `sync` is set, else
+    /// does nothing (`[state] sync_outputs`).
     ///
     /// A torn last line — the host was killed in the middle of a write — is cut off
     /// first: its batch was never committed, so it will be processed and written again.
-    pub fn file(path: &Path) -> Result<Self> {
+    pub fn file(path: &Path, sync: bool) -> Result<Self> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).with_context(|| format!("creating directory {}", parent.display()))?;
         }
@@ -166,12 +180,26 @@ impl LineSink {
             .open(path)
             .with_context(|| format!("opening {} for appending", path.display()))?;
         cut_torn_line(&file).with_context(|| format!("repairing the end of {}", path.display()))?;
-        Ok(LineSink { out: Mutex::new(Box::new(file)), name: path.display().to_string() })
+        let handle = match sync {
+            true => Some(file.try_clone().with_context(|| format!("opening {} for syncing", path.display()))?),
+            false => None,
+        };
+        Ok(LineSink { out: Mutex::new(Box::new(file)), file: handle, name: path.display().to_string() })
     }
 
     /// Writes to standard output.
     pub fn stdout() -> Self {
-        LineSink { out: Mutex::new(Box::new(std::io::stdout())), name: "stdout".into() }
+        LineSink { out: Mutex::new(Box::new(std::io::stdout())), file: None, name: "stdout".into() }
+    }
+
+    /// Makes every line written so far durable (on disk, not only handed to the OS):
+    /// a commit does this before its state, so after a power loss the state is never
+    /// ahead of the lines it emitted. Nothing for stdout.
+    pub fn sync(&self) -> Result<()> {
+        match &self.file {
+            Some(file) => file.sync_data().with_context(|| format!("syncing {} to disk", self.name)),
+            None => Ok(()),
+        }
     }
 
     /// Where this sink writes, for messages.
@@ -185,7 +213,8 @@ impl LineSink {
             return Ok(());
         }
         let mut out = self.out.lock().expect("a sink writer panicked");
-        out.write_all(lines).and_then(|()| out.flush()).with_context(|| format!("writing to {}", self.name))
+        out.write_all(lines).and_then(|()| out.flush()).with_context(|| format!("writing to {}", self.name))?;
+        Ok(())
     }
 }
 
@@ -200,11 +229,11 @@ pub enum DeadLetterSink {
 }
 
 impl DeadLetterSink {
-    /// Opens what `config` names; a topic must exist on the cluster of `sink`, which
-    /// must be a Kafka sink.
-    pub fn open(config: &DeadLetterConfig, sink: &SinkConfig) -> Result<Self> {
+    /// Opens what `config` names (a file synced at each commit when `sync_files` is
+    /// set); a topic must exist on the cluster of `sink`, which must be a Kafka sink.
+    pub fn open(config: &DeadLetterConfig, sink: &SinkConfig, sync_files: bool) -> Result<Self> {
         match (&config.topic, sink) {
-            (None, _) => Ok(DeadLetterSink::Lines(LineSink::file(config.path())?)),
+            (None, _) => Ok(DeadLetterSink::Lines(LineSink::file(config.path(), sync_files)?)),
             (Some(topic), SinkConfig::Kafka { brokers, properties, .. }) => {
                 kafka::check_topic(brokers, properties, topic, "[dead_letter]")?;
                 Ok(DeadLetterSink::Topic(topic.clone()))
@@ -251,6 +280,15 @@ impl DeadLetterSink {
         }
     }
 
+    /// Makes the dead letters written to a file durable ([`LineSink::sync`]); those on a
+    /// topic are made final with the outputs.
+    pub fn sync(&self) -> Result<()> {
+        match self {
+            DeadLetterSink::Lines(lines) => lines.sync(),
+            DeadLetterSink::Topic(_) => Ok(()),
+        }
+    }
+
     /// Where dead letters go, for messages.
     pub fn name(&self) -> String {
         match self {
@@ -287,10 +325,11 @@ fn cut_torn_line(file: &File) -> std::io::Result<()> {
 
 impl Sink {
     /// Opens the sink `config` describes, for a job reading `source` (whose consumer
-    /// group exactly-once outputs commit input offsets to).
-    pub fn open(config: &SinkConfig, source: &SourceConfig) -> Result<Self> {
+    /// group exactly-once outputs commit input offsets to); a file is synced at each
+    /// commit when `sync_files` is set.
+    pub fn open(config: &SinkConfig, source: &SourceConfig, sync_files: bool) -> Result<Self> {
         Ok(match (config, source) {
-            (SinkConfig::File { path }, _) => Sink::Lines(LineSink::file(path)?),
+            (SinkConfig::File { path }, _) => Sink::Lines(LineSink::file(path, sync_files)?),
             (SinkConfig::Stdout, _) => Sink::Lines(LineSink::stdout()),
             (SinkConfig::Kafka { brokers, topic, properties, guarantee: Guarantee::AtLeastOnce }, _) => {
                 Sink::Kafka(kafka::KafkaSink::open(brokers, topic, properties)?)
@@ -537,7 +576,7 @@ mod tests {
     fn a_line_sink_formats_and_writes_a_large_batch_a_piece_at_a_time() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("out.jsonl");
-        let sink = Sink::Lines(LineSink::file(&path)?);
+        let sink = Sink::Lines(LineSink::file(&path, true)?);
         let outputs: Vec<(Origin, Output)> = (0..3_000)
             .map(|offset| {
                 let origin = Origin { partition: 0, offset, cause: Cause::Record };

@@ -406,6 +406,10 @@ impl Uncommitted {
             None => return Ok(()),
         };
         self.outputs.commit(next_offset).with_context(|| format!("sending outputs to {}", to.sink.name()))?;
+        // Lines written to files reach the disk before the state that covers them: after
+        // a power loss, state is never ahead of its outputs.
+        to.sink.sync()?;
+        to.dead_letters.sync()?;
         crate::kill_point(OUTPUTS_COMMITTED);
         state.commit(next_offset)?;
         crate::kill_point(STATE_COMMITTED);

@@ -250,8 +250,8 @@ mod tests {
             operator: ActiveVersion::new(Arc::new(operator)),
             checkpoints: None,
             destinations: Destinations {
-                sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"))?),
-                dead_letters: DeadLetterSink::Lines(LineSink::file(&dir.join("dead.jsonl"))?),
+                sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"), true)?),
+                dead_letters: DeadLetterSink::Lines(LineSink::file(&dir.join("dead.jsonl"), true)?),
             },
             runtime: runtime.handle().clone(),
             queued_batches: 1,
