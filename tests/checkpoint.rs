@@ -6,6 +6,7 @@
 
 use anyhow::Result;
 use serde_json::Value;
+use sluice::checkpoint::restore::NO_RESTORE_HISTORY;
 use sluice_tests::*;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -90,6 +91,18 @@ fn a_wiped_state_directory_is_restored_from_the_store() -> Result<()> {
     let run = run_ok(&mut job(30_000))?;
     assert!(stderr(&run).contains("processed 0 records"), "{}", stderr(&run));
     assert_state_is_fold(dir, 500, 30_000, "after a second restore")?;
+
+    // Restore statistics are best effort: with the store's history neither readable nor
+    // writable (a directory where the file should be), the restore still happens.
+    std::fs::remove_dir_all(dir.join("state"))?;
+    let history = store.join("restores.json");
+    std::fs::remove_file(&history)?;
+    std::fs::create_dir(&history)?;
+    let run = run_ok(job(30_000).env("SLUICE_LOG", "warn"))?;
+    let unrecorded = format!("{NO_RESTORE_HISTORY}: recording this one failed");
+    assert!(stderr(&run).contains(&unrecorded), "{}", stderr(&run));
+    assert!(stderr(&run).contains("30000 records skipped"), "restored: {}", stderr(&run));
+    assert_state_is_fold(dir, 500, 30_000, "after a restore without statistics")?;
     Ok(())
 }
 

@@ -201,12 +201,24 @@ pub async fn plan(
         let candidates = manifests.into_iter().filter(|m| local_offset.is_none_or(|local| m.offset > local)).collect();
         plans.push(PartitionPlan { partition, local_offset, candidates, newest, last_id, unreadable });
     }
+    // The history only informs the prediction: a store that cannot give it predicts from
+    // the assumed bandwidth.
     let measured_bytes_per_s = match store {
-        Some(store) => store.restore_history().await?.bandwidth(),
+        Some(store) => match store.restore_history().await {
+            Ok(history) => history.bandwidth(),
+            Err(e) => {
+                tracing::warn!("{NO_RESTORE_HISTORY}: reading it failed: {e:#}");
+                None
+            }
+        },
         None => None,
     };
     Ok(RestorePlan { partitions: plans, measured_bytes_per_s })
 }
+
+/// Logged when the store's history of restore times cannot be read or written: the
+/// restore goes on, its prediction from an assumed bandwidth.
+pub const NO_RESTORE_HISTORY: &str = "restore statistics unavailable";
 
 /// What [`restore`] did.
 #[derive(Debug, Clone)]
@@ -274,7 +286,10 @@ pub async fn restore(
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        store.record_restore(fetched, took).await?;
+        // Statistics are best effort: failing to record them fails no restore.
+        if let Err(e) = store.record_restore(fetched, took).await {
+            tracing::warn!("{NO_RESTORE_HISTORY}: recording this one failed: {e:#}");
+        }
     }
     Ok(RestoreReport { plan, restored, took })
 }
