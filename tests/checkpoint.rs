@@ -6,10 +6,10 @@
 
 use anyhow::Result;
 use serde_json::Value;
-use sluice::checkpoint::restore::NO_RESTORE_HISTORY;
+use sluice::checkpoint::restore::{LOCAL_MOVED_ASIDE, NO_RESTORE_HISTORY};
 use sluice_tests::*;
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -104,6 +104,28 @@ fn a_wiped_state_directory_is_restored_from_the_store() -> Result<()> {
     assert!(stderr(&run).contains("30000 records skipped"), "restored: {}", stderr(&run));
     assert_state_is_fold(dir, 500, 30_000, "after a restore without statistics")?;
     Ok(())
+}
+
+/// A local database RocksDB finds corrupt does not stop the start while the store has
+/// checkpoints: it is moved aside, kept as it was, and the newest checkpoint takes its
+/// place; the other partition recovers locally.
+#[test]
+fn a_corrupt_local_database_is_moved_aside_and_restored_from_the_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let job = |count| checkpoint_at_end(dir, 200, count, 2);
+    run_ok(&mut job(5_000))?;
+    std::fs::write(dir.join("state/partition-0001/CURRENT"), "garbage")?;
+    let run = run_ok(&mut job(5_000))?;
+    assert!(stderr(&run).contains(LOCAL_MOVED_ASIDE), "{}", stderr(&run));
+    assert!(stderr(&run).contains("processed 0 records"), "{}", stderr(&run));
+    let aside: Vec<PathBuf> = std::fs::read_dir(dir.join("state"))?
+        .map(|entry| entry.map(|e| e.path()))
+        .filter(|path| path.as_ref().map_or(true, |p| p.to_string_lossy().contains("partition-0001.unreadable-")))
+        .collect::<std::io::Result<_>>()?;
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read_to_string(aside[0].join("CURRENT"))?, "garbage", "kept as it was");
+    assert_state_is_fold(dir, 200, 5_000, "after the corrupt database was replaced")
 }
 
 /// With a TTL that expires many vehicles' summaries (vehicle-stats is told of each and

@@ -33,8 +33,11 @@ const ASSUMED_BYTES_PER_S: f64 = 100.0 * 1024.0 * 1024.0;
 pub struct PartitionPlan {
     /// The partition.
     pub partition: u32,
-    /// The offset of the local database, if there is one.
+    /// The offset of the local database, if there is one it can read.
     pub local_offset: Option<u64>,
+    /// Why the local database, which exists, could not be opened: a restore moves it
+    /// aside (and keeps it) once a checkpoint has taken its place.
+    pub local_unreadable: Option<String>,
     /// Checkpoints newer than the local state, newest first: the restore candidates.
     pub candidates: Vec<Manifest>,
     /// The newest readable checkpoint in the store, if any.
@@ -89,7 +92,11 @@ impl RestorePlan {
 impl fmt::Display for RestorePlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for p in &self.partitions {
-            let local = p.local_offset.map_or("none".to_string(), |o| format!("offset {o}"));
+            let local = match (p.local_offset, &p.local_unreadable) {
+                (Some(offset), _) => format!("offset {offset}"),
+                (None, Some(_)) => "unreadable".to_string(),
+                (None, None) => "none".to_string(),
+            };
             match (p.candidates.first(), &p.newest) {
                 (Some(m), _) => writeln!(
                     f,
@@ -169,19 +176,31 @@ pub async fn plan(
     let mut plans = Vec::new();
     for &partition in partitions {
         let path = state.map(|state| state.partition_path(partition)).filter(|path| path.exists());
-        let local_offset = match path {
+        let local = match path {
             Some(path) => Some(
-                tokio::task::spawn_blocking(move || PartitionStore::open(&path, partition)?.committed_offset())
-                    .await??,
+                tokio::task::spawn_blocking(move || PartitionStore::open(&path, partition)?.committed_offset()).await?,
             ),
             None => None,
+        };
+        let (local_offset, local_unreadable) = match local {
+            Some(Ok(offset)) => (Some(offset), None),
+            Some(Err(e)) if is_corruption(&e) => (None, Some(format!("{e:#}"))),
+            // Locked by another process, of another format: not this restore's to replace.
+            Some(Err(e)) => return Err(e),
+            None => (None, None),
         };
         let mut manifests = Vec::new();
         let mut unreadable = Vec::new();
         let Some(store) = store else {
+            if let Some(why) = local_unreadable {
+                bail!(
+                    "partition {partition}: the local state cannot be opened and there is no checkpoint store: {why}"
+                );
+            }
             plans.push(PartitionPlan {
                 partition,
                 local_offset,
+                local_unreadable,
                 candidates: vec![],
                 newest: None,
                 last_id: None,
@@ -199,7 +218,15 @@ pub async fn plan(
         }
         let newest = manifests.first().cloned();
         let candidates = manifests.into_iter().filter(|m| local_offset.is_none_or(|local| m.offset > local)).collect();
-        plans.push(PartitionPlan { partition, local_offset, candidates, newest, last_id, unreadable });
+        plans.push(PartitionPlan {
+            partition,
+            local_offset,
+            local_unreadable,
+            candidates,
+            newest,
+            last_id,
+            unreadable,
+        });
     }
     // The history only informs the prediction: a store that cannot give it predicts from
     // the assumed bandwidth.
@@ -216,9 +243,18 @@ pub async fn plan(
     Ok(RestorePlan { partitions: plans, measured_bytes_per_s })
 }
 
+/// Logged when a local database that cannot be opened is moved aside for a checkpoint.
+pub const LOCAL_MOVED_ASIDE: &str = "the local state cannot be opened; moved aside";
+
 /// Logged when the store's history of restore times cannot be read or written: the
 /// restore goes on, its prediction from an assumed bandwidth.
 pub const NO_RESTORE_HISTORY: &str = "restore statistics unavailable";
+
+/// Whether RocksDB found a database corrupt — not locked by another process, not of
+/// another format — so that a checkpoint may take its place.
+fn is_corruption(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<rocksdb::Error>().is_some_and(|e| e.kind() == rocksdb::ErrorKind::Corruption))
+}
 
 /// What [`restore`] did.
 #[derive(Debug, Clone)]
@@ -308,6 +344,18 @@ async fn restore_partition(
         match fetch(store, manifest, &side, progress).await {
             Ok(()) => {
                 let (live, old) = (state.partition_path(partition), state.replaced_path(partition));
+                if let Some(why) = &plan.local_unreadable {
+                    // Never deleted: it may hold what no checkpoint does.
+                    let aside = state.unreadable_path(partition);
+                    tracing::warn!(
+                        partition,
+                        "{LOCAL_MOVED_ASIDE} to {}: {why}; restoring checkpoint {} instead",
+                        aside.display(),
+                        manifest.id
+                    );
+                    std::fs::rename(&live, &aside)
+                        .with_context(|| format!("moving {} aside to {}", live.display(), aside.display()))?;
+                }
                 tokio::task::spawn_blocking(move || replace_dir(&side, &live, &old)).await??;
                 return Ok(RestoredFrom::Checkpoint {
                     id: manifest.id,
@@ -335,11 +383,14 @@ async fn restore_partition(
             Ok(RestoredFrom::Local { offset })
         }
         Some(_) => Ok(plan.local()),
-        None if failures.is_empty() && plan.unreadable.is_empty() => Ok(plan.local()),
+        None if failures.is_empty() && plan.unreadable.is_empty() && plan.local_unreadable.is_none() => {
+            Ok(plan.local())
+        }
         None => bail!(
-            "partition {partition}: no checkpoint in {} could be restored, and there is no local state; refusing \
+            "partition {partition}: no checkpoint in {} could be restored, and there is no local state{}; refusing \
              to start it from empty state. {}",
             store.url(),
+            plan.local_unreadable.as_ref().map_or(String::new(), |why| format!(" it can read ({why})")),
             failures.iter().chain(&plan.unreadable).cloned().collect::<Vec<_>>().join("; ")
         ),
     }

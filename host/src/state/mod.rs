@@ -180,6 +180,13 @@ impl StateDir {
         self.root.join(format!("partition-{partition:04}.replaced"))
     }
 
+    /// Where partition `partition`'s database goes when it cannot be opened and a
+    /// checkpoint takes its place: kept, never deleted, named by when it was moved.
+    pub fn unreadable_path(&self, partition: u32) -> PathBuf {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        self.root.join(format!("partition-{partition:04}.unreadable-{}", now.as_secs()))
+    }
+
     /// Where partition `partition`'s checkpoint snapshots are staged while they upload
     /// (hard links into the live database, so on the same file system).
     pub fn snapshot_path(&self, partition: u32) -> PathBuf {
