@@ -250,6 +250,10 @@ demo)
     sluice="$CARGO_TARGET_DIR/debug/sluice"
     rm -rf "$out"
     mkdir -p "$out"
+    # The admin API deploys only for a caller with the host's token: the job and the
+    # deploy below share one through the environment (never the command line).
+    SLUICE_ADMIN_TOKEN="demo-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')"
+    export SLUICE_ADMIN_TOKEN
     "$sluice" run \
         --operator "$WASM_DIR/vehicle_stats.wasm" \
         --vehicles 10000 --count 1000000 --seed 42 --rate 100000 --partitions 4 \

@@ -2,8 +2,8 @@
 //! job (through its admin API, and through the registry with `sluice deploy --config`)
 //! takes over between two batches in every partition, continues the state the old
 //! version wrote, and can be rolled back; a restart runs the newest deployed version;
-//! a component that cannot run is refused and the old version keeps processing.
-//! The registry works the same in an S3 store. (Two hosts switching together:
+//! a component that cannot run is refused and the old version keeps processing; the
+//! admin API lets in only who it must. The registry works the same in an S3 store. (Two hosts switching together:
 //! tests/kafka.rs.)
 
 use anyhow::Result;
@@ -40,6 +40,70 @@ impl PacedJob {
         let admin = host.admin_url()?;
         Ok(PacedJob { input, config, host, admin })
     }
+}
+
+/// The admin API refuses strangers, each with its reason: a deploy or rollback without
+/// the token or with another (401); a request from another site's page (403); an
+/// unauthenticated upload is answered before its body is read; connections past the
+/// limit are closed, and idle ones are closed after the header timeout, freeing their
+/// slots. Questions on loopback need no token. A host told to listen beyond loopback
+/// without a token does not start.
+#[test]
+fn the_admin_api_lets_in_only_who_it_must() -> Result<()> {
+    use sluice::admin::{CROSS_ORIGIN, HEADER_TIMEOUT, MAX_CONNECTIONS, UNAUTHORIZED};
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let PacedJob { mut host, admin, .. } =
+        PacedJob::start(dir, (20, 100_000), 1_000, &operator_wasm("vehicle_stats"), "")?;
+    let address = admin.trim_start_matches("http://").to_string();
+    // One request on its own connection; the answer's status line and body.
+    let ask = |head: &str| -> Result<String> {
+        let mut stream = TcpStream::connect(&address)?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        stream.write_all(format!("{head}Host: {address}\r\nConnection: close\r\n\r\n").as_bytes())?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer)?;
+        Ok(answer)
+    };
+    let rollback = "POST /operators/vehicle_stats/rollback HTTP/1.1\r\n";
+    let answer = ask(rollback)?;
+    assert!(answer.starts_with("HTTP/1.1 401") && answer.contains(UNAUTHORIZED), "{answer}");
+    let answer = ask(&format!("{rollback}Authorization: Bearer wrong\r\n"))?;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    let answer = ask(&format!("{rollback}Authorization: Bearer {ADMIN_TOKEN}\r\n"))?;
+    assert!(answer.starts_with("HTTP/1.1 409") && answer.contains("nothing to roll back to"), "{answer}");
+    let versions = "GET /operators/vehicle_stats/versions HTTP/1.1\r\n";
+    assert!(ask(versions)?.starts_with("HTTP/1.1 200"), "a question on loopback needs no token");
+    let answer = ask(&format!("{versions}Origin: http://elsewhere.example\r\n"))?;
+    assert!(answer.starts_with("HTTP/1.1 403") && answer.contains(CROSS_ORIGIN), "{answer}");
+    // 100 MB announced, none sent: the refusal comes without waiting for them.
+    let answer = ask("POST /operators/vehicle_stats/versions HTTP/1.1\r\nContent-Length: 100000000\r\n")?;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+
+    let idle: Vec<TcpStream> =
+        (0..MAX_CONNECTIONS).map(|_| TcpStream::connect(&address)).collect::<std::io::Result<_>>()?;
+    std::thread::sleep(Duration::from_millis(300));
+    let mut over = TcpStream::connect(&address)?;
+    over.set_read_timeout(Some(Duration::from_secs(10)))?;
+    assert_eq!(over.read(&mut [0; 16])?, 0, "the connection past the limit is closed at once");
+    let started = std::time::Instant::now();
+    for mut connection in idle {
+        connection.set_read_timeout(Some(HEADER_TIMEOUT * 4))?;
+        let closed = connection.read(&mut [0; 1024]).map(|_| true).unwrap_or(false);
+        assert!(closed, "an idle connection is closed after the header timeout");
+    }
+    assert!(started.elapsed() < HEADER_TIMEOUT * 3, "closed after {:?}", started.elapsed());
+    assert!(ask(versions)?.starts_with("HTTP/1.1 200"), "their slots are free again");
+    host.kill_9()?;
+
+    let config = paced_job(dir, &dir.join("input.jsonl"), 1_000, &operator_wasm("vehicle_stats"), "")?;
+    let open = std::fs::read_to_string(&config)?.replace("127.0.0.1:0", "0.0.0.0:0");
+    std::fs::write(&config, open)?;
+    let err = run_err(sluice().env_remove(sluice::admin::TOKEN_VARIABLE).arg("run").arg("--config").arg(&config))?;
+    assert!(err.contains("is beyond loopback") && err.contains("needs a token"), "{err}");
+    Ok(())
 }
 
 /// The config of a [`PacedJob`].

@@ -13,10 +13,22 @@
 //! says what kind of failure it was: 400 a component that cannot run, 404 another
 //! operator's name, 409 a request the history does not allow (already in force,
 //! nothing to roll back to, changed meanwhile), 503 the store holding the registry
-//! unavailable, 500 this host's own failure. The API listens where `[admin] listen`
-//! says (loopback is the safe choice: it has no authentication). This module owns the
-//! HTTP surface only; what a deploy does is the [deployer](crate::operator::deploy)'s.
+//! unavailable, 500 this host's own failure. This module owns the HTTP surface only;
+//! what a deploy does is the [deployer](crate::operator::deploy)'s.
+//!
+//! The API runs whatever a caller uploads on every host of the job, so it lets in
+//! only who it must, and a stranger spends little of the host:
+//! - a deploy or rollback presents the bearer token (`[admin] token_file` or
+//!   `SLUICE_ADMIN_TOKEN`; never in argv): 401 without it, 403 when the host has none;
+//! - beyond loopback a host refuses to start without a token, and every request needs it;
+//! - a request a browser makes for another site's page (an `Origin` that is not this
+//!   host) is refused, 403;
+//! - only a deploy's body is read, after its token is checked, up to
+//!   [`MAX_COMPONENT_BYTES`] (413) and within [`BODY_TIMEOUT`]; headers must arrive
+//!   within [`HEADER_TIMEOUT`]; at most [`MAX_CONNECTIONS`] connections are open at once,
+//!   the next closed at once.
 
+use crate::config::AdminConfig;
 use crate::operator::deploy::{self, DeployReport, Deployer};
 use crate::operator::registry::{DeployError, Deployment};
 use anyhow::{Context, Result, anyhow, bail};
@@ -27,8 +39,9 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 
@@ -36,7 +49,83 @@ use tokio::runtime::Runtime;
 pub const LISTENING: &str = "admin API listening on ";
 
 /// The largest component a deploy accepts.
-const MAX_COMPONENT_BYTES: usize = 256 << 20;
+pub const MAX_COMPONENT_BYTES: usize = 256 << 20;
+
+/// The longest a connection may take to send a request's headers.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest a deploy may take to upload its component.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The most connections open at once; more are closed as they arrive.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// The environment variable holding the admin token, for the host (without `[admin]
+/// token_file`) and for `sluice deploy`, `rollback` and `versions --admin`.
+pub const TOKEN_VARIABLE: &str = "SLUICE_ADMIN_TOKEN";
+
+/// The token a host requires, from `[admin] token_file`, else [`TOKEN_VARIABLE`];
+/// `None`: no token, and the API changes nothing.
+pub fn token(config: &AdminConfig) -> Result<Option<String>> {
+    let token = match &config.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("[admin] token_file: reading {}", path.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => std::env::var(TOKEN_VARIABLE).ok().map(|token| token.trim().to_string()),
+    };
+    match token {
+        Some(token) if token.is_empty() => bail!("the admin token is empty ([admin] token_file or {TOKEN_VARIABLE})"),
+        token => Ok(token),
+    }
+}
+
+/// Who may call the API.
+struct Access {
+    token: Option<String>,
+    /// Whether the API listens on loopback only: then questions need no token.
+    loopback: bool,
+}
+
+impl Access {
+    /// Why `request` (changing state or not) may not go on, as the answer's status and
+    /// body; `None`: it may.
+    fn refusal(&self, request: &Request<Incoming>, changes_state: bool) -> Option<(StatusCode, String)> {
+        let header = |name| request.headers().get(name).and_then(|v| v.to_str().ok());
+        if let Some(origin) = header(hyper::header::ORIGIN) {
+            let own = header(hyper::header::HOST).map(|host| format!("http://{host}"));
+            if own.as_deref() != Some(origin) {
+                return Some((StatusCode::FORBIDDEN, format!("requests from {origin} are refused: {CROSS_ORIGIN}")));
+            }
+        }
+        if !changes_state && self.loopback {
+            return None;
+        }
+        let Some(token) = &self.token else {
+            let reason = format!("{NO_TOKEN}: set [admin] token_file or {TOKEN_VARIABLE} on the host");
+            return Some((StatusCode::FORBIDDEN, reason));
+        };
+        let presented = header(hyper::header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
+        match presented {
+            Some(presented) if same(presented.as_bytes(), token.as_bytes()) => None,
+            _ => Some((StatusCode::UNAUTHORIZED, format!("{UNAUTHORIZED} (Authorization: Bearer <token>)"))),
+        }
+    }
+}
+
+/// Whether `a` and `b` are equal, in a time that does not say where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
+/// Why a request without the right token is refused.
+pub const UNAUTHORIZED: &str = "this request needs the admin token";
+/// Why a deploy or rollback is refused by a host that has no token.
+pub const NO_TOKEN: &str = "this host has no admin token, so its API changes nothing";
+/// Why a request a browser makes for another site is refused.
+pub const CROSS_ORIGIN: &str = "the admin API is not for other sites' pages";
 
 /// The answer to a deploy or rollback.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -81,13 +170,26 @@ pub struct VersionsAnswer {
 }
 
 /// Starts serving the API for `deployer` on `listen` (`host:port`; port 0 picks one)
-/// on `runtime`; returns the address it listens on, which is also logged.
-pub fn serve(listen: &str, deployer: Arc<Deployer>, runtime: &Runtime) -> Result<SocketAddr> {
+/// on `runtime`, letting in callers with `token` as the module says; returns the
+/// address it listens on, which is also logged. Beyond loopback without a token it
+/// refuses to start.
+pub fn serve(listen: &str, token: Option<String>, deployer: Arc<Deployer>, runtime: &Runtime) -> Result<SocketAddr> {
+    let addresses: Vec<SocketAddr> =
+        listen.to_socket_addrs().with_context(|| format!("[admin] listen = {listen:?}: not a host:port"))?.collect();
+    let loopback = addresses.iter().all(|a| a.ip().is_loopback());
+    if !loopback && token.is_none() {
+        bail!(
+            "[admin] listen = {listen:?} is beyond loopback: anyone who reaches it could deploy code, so it needs a \
+             token ([admin] token_file or {TOKEN_VARIABLE})"
+        );
+    }
     let listener = runtime
-        .block_on(TcpListener::bind(listen))
+        .block_on(TcpListener::bind(&addresses[..]))
         .with_context(|| format!("[admin] listen = {listen:?}: cannot listen there"))?;
     let address = listener.local_addr()?;
     tracing::info!("{LISTENING}http://{address}");
+    let access = Arc::new(Access { token, loopback });
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     runtime.spawn(async move {
         loop {
             let stream = match listener.accept().await {
@@ -97,35 +199,68 @@ pub fn serve(listen: &str, deployer: Arc<Deployer>, runtime: &Runtime) -> Result
                     continue;
                 }
             };
-            let deployer = deployer.clone();
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::warn!("admin API: {MAX_CONNECTIONS} connections open already; closing a new one");
+                continue;
+            };
+            let (deployer, access) = (deployer.clone(), access.clone());
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| answer(deployer.clone(), request));
-                if let Err(e) =
-                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await
-                {
+                let service =
+                    hyper::service::service_fn(move |request| answer(deployer.clone(), access.clone(), request));
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), service);
+                if let Err(e) = connection.await {
                     tracing::debug!("admin API connection: {e}");
                 }
+                drop(slot);
             });
         }
     });
     Ok(address)
 }
 
-async fn answer(deployer: Arc<Deployer>, request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(
+    deployer: Arc<Deployer>,
+    access: Arc<Access>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let (method, path) = (request.method().clone(), request.uri().path().to_string());
-    let (status, body) = match Limited::new(request.into_body(), MAX_COMPONENT_BYTES).collect().await {
-        Ok(body) => {
-            let body = body.to_bytes();
-            // Deploys compile and wait for partitions: off the runtime's threads.
-            tokio::task::spawn_blocking(move || route(&deployer, &method, &path, &body))
-                .await
-                .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("the request panicked: {e}")))
+    let changes_state = method != Method::GET;
+    let (status, body) = match access.refusal(&request, changes_state) {
+        Some(refusal) => {
+            tracing::warn!("admin API: {method} {path}: {}: {}", refusal.0, refusal.1);
+            refusal
         }
-        Err(e) => (StatusCode::PAYLOAD_TOO_LARGE, format!("reading the request body: {e}")),
+        None => {
+            // Only a deploy has a body worth reading.
+            let takes_body = method == Method::POST && path.ends_with("/versions");
+            let body = match takes_body {
+                true => read_body(request.into_body()).await,
+                false => Ok(Bytes::new()),
+            };
+            match body {
+                // Deploys compile and wait for partitions: off the runtime's threads.
+                Ok(body) => tokio::task::spawn_blocking(move || route(&deployer, &method, &path, &body))
+                    .await
+                    .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("the request panicked: {e}"))),
+                Err(refusal) => refusal,
+            }
+        }
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     Ok(response)
+}
+
+/// A deploy's body: at most [`MAX_COMPONENT_BYTES`], within [`BODY_TIMEOUT`].
+async fn read_body(body: Incoming) -> std::result::Result<Bytes, (StatusCode, String)> {
+    match tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_COMPONENT_BYTES).collect()).await {
+        Ok(Ok(body)) => Ok(body.to_bytes()),
+        Ok(Err(e)) => Err((StatusCode::PAYLOAD_TOO_LARGE, format!("reading the request body: {e}"))),
+        Err(_) => Err((StatusCode::REQUEST_TIMEOUT, format!("the body took more than {BODY_TIMEOUT:?}"))),
+    }
 }
 
 fn route(deployer: &Deployer, method: &Method, path: &str, body: &[u8]) -> (StatusCode, String) {
@@ -180,7 +315,8 @@ fn json(answer: &impl Serialize) -> String {
 }
 
 /// Calls the admin API at `admin` (`http://host:port` or `host:port`): `method` on
-/// `path` with `body`; returns the answer's body, or an error with the host's reason.
+/// `path` with `body`, presenting the token in [`TOKEN_VARIABLE`] if it is set; returns
+/// the answer's body, or an error with the host's reason.
 pub fn call(admin: &str, method: Method, path: &str, body: Vec<u8>) -> Result<String> {
     let address = admin.strip_prefix("http://").unwrap_or(admin).trim_end_matches('/').to_string();
     if address.contains('/') || address.contains("://") {
@@ -192,11 +328,11 @@ pub fn call(admin: &str, method: Method, path: &str, body: Vec<u8>) -> Result<St
             let stream = TcpStream::connect(&address).await?;
             let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
             tokio::spawn(connection);
-            let request = Request::builder()
-                .method(method.clone())
-                .uri(path)
-                .header(hyper::header::HOST, &address)
-                .body(Full::new(Bytes::from(body)))?;
+            let mut request = Request::builder().method(method.clone()).uri(path).header(hyper::header::HOST, &address);
+            if let Ok(token) = std::env::var(TOKEN_VARIABLE) {
+                request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {}", token.trim()));
+            }
+            let request = request.body(Full::new(Bytes::from(body)))?;
             let response = sender.send_request(request).await?;
             let status = response.status();
             let text = response.into_body().collect().await?.to_bytes();

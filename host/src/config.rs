@@ -82,6 +82,7 @@
 //!
 //! [admin]                     # the admin HTTP API (deploy, rollback, versions)
 //! # listen = "127.0.0.1:9464" # absent: no API; port 0 picks a free port (logged)
+//! # token_file = "admin-token" # bearer token deploys need; absent: $SLUICE_ADMIN_TOKEN
 //! ```
 
 use anyhow::{Context, Result, bail};
@@ -746,8 +747,13 @@ impl Default for ReportConfig {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminConfig {
-    /// `host:port` the admin HTTP API listens on; absent: no API.
+    /// `host:port` the admin HTTP API listens on; absent: no API. Beyond loopback it
+    /// needs a token.
     pub listen: Option<String>,
+    /// A file holding the bearer token deploys and rollbacks must present (and, beyond
+    /// loopback, every request); absent: the `SLUICE_ADMIN_TOKEN` environment variable,
+    /// else no token, and the API only answers questions.
+    pub token_file: Option<PathBuf>,
 }
 
 impl Config {

@@ -202,7 +202,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let router = Router::new(workers, partitions, config.state.batch_size());
     let deployer = Arc::new(Deployer::new(registry, sandbox, active, live.clone(), runtime.handle().clone()));
     if let Some(listen) = &config.admin.listen {
-        admin::serve(listen, deployer.clone(), &runtime)?;
+        admin::serve(listen, admin::token(&config.admin)?, deployer.clone(), &runtime)?;
     }
 
     let (started, cpu) = (Instant::now(), process_cpu());

@@ -7,7 +7,7 @@
 //! directory the running test or benchmark was built into.
 
 use anyhow::{Context, Result, bail};
-use sluice::admin::LISTENING;
+use sluice::admin::{LISTENING, TOKEN_VARIABLE};
 use sluice::job::EXPIRED_REMOVED;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -40,10 +40,14 @@ pub fn operator_wasm(name: &str) -> PathBuf {
     wasm
 }
 
-/// A `sluice` command with logging kept to warnings.
+/// The admin token the tests' hosts require and their `sluice deploy`s present.
+pub const ADMIN_TOKEN: &str = "sluice-tests-token";
+
+/// A `sluice` command with logging kept to warnings, and [`ADMIN_TOKEN`] in its
+/// environment (a host requires it, a client presents it).
 pub fn sluice() -> Command {
     let mut command = Command::new(sluice_bin());
-    command.env("SLUICE_LOG", "warn");
+    command.env("SLUICE_LOG", "warn").env(TOKEN_VARIABLE, ADMIN_TOKEN);
     command
 }
 
