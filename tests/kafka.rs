@@ -174,6 +174,39 @@ fn an_unreachable_broker_or_a_missing_topic_is_named_at_the_start() -> Result<()
     Ok(())
 }
 
+/// A state whose offset its log no longer holds is never jumped over in silence (as
+/// librdkafka's `auto.offset.reset` would): the topic deleted and recreated shorter, the
+/// job stops naming the partition, the state's offset and the log's end, whatever
+/// `offset_out_of_range` says, and the state is untouched. (A log whose head retention
+/// deleted is the unit tests' `resume_offset`: the test broker cannot delete records.)
+#[test]
+fn a_state_past_the_end_of_a_recreated_topic_stops_the_job_untouched() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 1)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let input = dir.join("input.jsonl");
+    generate(&input, 10, 100, SEED)?;
+    broker.produce_lines("positions", &input)?;
+    let more = "stop_when_idle = \"2s\"\noffset_out_of_range = \"earliest\"\n";
+    let config = positions_source(dir, &broker.bootstrap, more)?;
+    let job = || {
+        let mut job = run_job(&operator_wasm("vehicle_stats"), dir, 1);
+        job.arg("--config").arg(&config).arg("--no-checkpoints");
+        job
+    };
+    run_ok(&mut job())?;
+    assert_eq!(stored_offsets(&dir.join("state"), 1)?, [100]);
+    broker.delete_topic("positions")?;
+    broker.create_topic("positions", 1)?;
+    generate(&input, 10, 30, SEED)?;
+    broker.produce_lines("positions", &input)?;
+    let err = run_err(&mut job())?;
+    assert!(err.contains("partition 0: its state holds offset 100, past the end of its log (30)"), "{err}");
+    assert_eq!(stored_offsets(&dir.join("state"), 1)?, [100], "the state is untouched");
+    Ok(())
+}
+
 #[test]
 fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Result<()> {
     let broker = KafkaBroker::start_in_memory()?;

@@ -35,7 +35,8 @@
 //! strict = false              # true: after the last attempt stop the partition instead
 //!
 //! [source]                    # or: kind = "file", path = "input.jsonl", key_field = "vehicle_id"
-//!                             # or: kind = "kafka", brokers = "host:9092", topic = "positions"
+//!                             # or: kind = "kafka", brokers = "host:9092", topic = "positions",
+//!                             #     offset_out_of_range = "fail" (or "earliest")
 //! kind = "generator"
 //! vehicles = 10000
 //! count = 1000000             # or duration = "1m"; neither = unbounded
@@ -353,7 +354,24 @@ pub enum SourceConfig {
         /// Stop once no record arrived for this long; absent runs until killed.
         #[serde(default, alias = "stop_when_idle_s", deserialize_with = "optional_duration")]
         stop_when_idle: Option<Duration>,
+        /// What a partition whose state's offset is older than its log's earliest
+        /// retained record does.
+        #[serde(default)]
+        offset_out_of_range: OutOfRange,
     },
+}
+
+/// `[source] offset_out_of_range`: what a partition does when the records after its
+/// state's offset are gone (retention deleted them while the job was down, a restore
+/// from an old checkpoint). A state offset past the log's end always stops the job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutOfRange {
+    /// Stop the job, naming the partition, the state's offset and the log's range.
+    #[default]
+    Fail,
+    /// Resume at the earliest retained record; the gap is logged and counted.
+    Earliest,
 }
 
 fn default_group() -> String {

@@ -312,7 +312,15 @@ impl OpenSource {
                 Box::new(JsonlFile::open(path, key_field, timestamp_field)?),
                 DispatchOptions { rate: *rate, duration: None },
             ),
-            SourceConfig::Kafka { brokers, topic, group, instance_id, properties, stop_when_idle } => {
+            SourceConfig::Kafka {
+                brokers,
+                topic,
+                group,
+                instance_id,
+                properties,
+                stop_when_idle,
+                offset_out_of_range,
+            } => {
                 OpenSource::Kafka(KafkaOptions {
                     brokers: brokers.clone(),
                     topic: topic.clone(),
@@ -320,6 +328,7 @@ impl OpenSource {
                     instance_id: instance_id.clone(),
                     properties: properties.clone(),
                     stop_when_idle: *stop_when_idle,
+                    offset_out_of_range: *offset_out_of_range,
                     // Exactly-once outputs commit the group's offsets in their transactions.
                     commits_group_offsets: !matches!(sink, SinkConfig::Kafka { guarantee: Guarantee::ExactlyOnce, .. }),
                 })

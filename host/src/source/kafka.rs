@@ -12,12 +12,17 @@
 //! last checkpoint uploaded) inside the revocation callback, before the group lets the
 //! new owner have it, and the new owner keeps it paused until its state is restored.
 //!
+//! Before a partition resumes, its state's offset is checked against the log's range
+//! ([`resume_offset`]): records retention deleted before the job read them, or a log
+//! shorter than the state (another topic, a recreated one), are never jumped over in
+//! silence, and librdkafka's own reset is off (`auto.offset.reset = error`).
+//!
 //! This module owns the consumer, the rebalance callbacks and the poll loop. It drives
 //! partition ownership through [`Partitions`] only; it does not process records or
 //! restore state (the [worker](crate::worker) module does).
 
 use super::{Partitions, Started};
-use crate::config::kafka_client;
+use crate::config::{OutOfRange, kafka_client};
 use crate::lock;
 use crate::record::{SourceRecord, Stop};
 use anyhow::{Context, Result, bail};
@@ -72,6 +77,8 @@ pub struct KafkaOptions {
     /// group; not when exactly-once outputs commit them in their transactions, which
     /// a commit of their own could move back.
     pub commits_group_offsets: bool,
+    /// What a partition whose state is older than its log's retained records does.
+    pub offset_out_of_range: OutOfRange,
 }
 
 impl KafkaOptions {
@@ -81,6 +88,9 @@ impl KafkaOptions {
             ("partition.assignment.strategy", "cooperative-sticky"),
             ("enable.auto.commit", "false"),
             ("enable.partition.eof", "false"),
+            // Never jump to the log's end (librdkafka's default) or start: the checks at
+            // resume decide, and an offset lost later stalls its partition, logged.
+            ("auto.offset.reset", "error"),
             // Statistics every second carry the high watermarks the lag is measured from.
             ("statistics.interval.ms", "1000"),
         ];
@@ -345,7 +355,8 @@ fn poll<P: Partitions + Send>(
         let mut guard = lock(&context.partitions);
         let partitions = guard.as_mut().expect("the poll loop holds them");
         for started in partitions.started(false)? {
-            resume(consumer, &options.topic, &started)?;
+            let offset = checked_offset(consumer, &options.topic, &started, options.offset_out_of_range)?;
+            resume(consumer, &options.topic, &started, offset)?;
         }
         let failed = partitions.failed()?;
         for &p in &failed {
@@ -425,16 +436,69 @@ fn source_record(message: &BorrowedMessage<'_>) -> SourceRecord {
     }
 }
 
-/// Moves `started`'s partition to the offset its state holds — whatever the assignment
-/// expected: a restore may have fallen back to an older checkpoint — and resumes it.
-fn resume<C: ConsumerContext>(consumer: &BaseConsumer<C>, topic: &str, started: &Started) -> Result<()> {
+/// Where partition `p`, whose state holds offset `stored`, resumes in a log whose
+/// records run from `low` to `high` (its end), or why it may not: a state past the end
+/// belongs to another log; a state before the start lost the records retention deleted,
+/// which `on_gap` decides about. A state at offset 0 has read nothing, so it starts at
+/// the earliest record there is.
+pub fn resume_offset(p: u32, stored: u64, (low, high): (u64, u64), on_gap: OutOfRange) -> Result<u64> {
+    if stored > high {
+        bail!(
+            "partition {p}: its state holds offset {stored}, past the end of its log ({high}): this is another \
+             topic, or the topic was recreated since the state was written; the state belongs to the old log, so \
+             the job stops rather than mix them (start it with a new state dir and checkpoint store)"
+        );
+    }
+    if stored >= low || stored == 0 {
+        return Ok(stored.max(low));
+    }
+    let lost = low - stored;
+    match on_gap {
+        OutOfRange::Fail => bail!(
+            "partition {p}: {OUT_OF_RANGE}: its state holds offset {stored}, but the log now starts at {low} (it \
+             holds {low}..{high}): the {lost} records between were deleted (retention) before this job read them. \
+             Set [source] offset_out_of_range = \"earliest\" to resume at {low} without them"
+        ),
+        OutOfRange::Earliest => {
+            tracing::warn!(
+                partition = p,
+                "{OUT_OF_RANGE}: its state holds offset {stored}, the log starts at {low}: resuming there, {lost} \
+                 records never read ([source] offset_out_of_range = \"earliest\")"
+            );
+            Ok(low)
+        }
+    }
+}
+
+/// Said when a partition's state is older than its log's earliest record.
+pub const OUT_OF_RANGE: &str = "records after the state's offset are gone";
+
+/// Where `started`'s partition resumes in `topic` as it now is: [`resume_offset`] of
+/// the offsets the broker holds.
+fn checked_offset<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    started: &Started,
+    on_gap: OutOfRange,
+) -> Result<u64> {
     let p = started.partition;
-    consumer.seek(topic, p as i32, Offset::Offset(started.offset as i64), SEEK_TIMEOUT)?;
+    let (low, high) = consumer
+        .fetch_watermarks(topic, p as i32, METADATA_TIMEOUT)
+        .with_context(|| format!("reading the offsets partition {p} of {topic} holds"))?;
+    resume_offset(p, started.offset, (low.max(0) as u64, high.max(0) as u64), on_gap)
+        .with_context(|| format!("topic {topic}"))
+}
+
+/// Moves `started`'s partition to `offset` — where its state is, whatever the
+/// assignment expected (a restore may have fallen back to an older checkpoint), unless
+/// its log no longer holds that — and resumes it.
+fn resume<C: ConsumerContext>(consumer: &BaseConsumer<C>, topic: &str, started: &Started, offset: u64) -> Result<()> {
+    let p = started.partition;
+    consumer.seek(topic, p as i32, Offset::Offset(offset as i64), SEEK_TIMEOUT)?;
     consumer.resume(&partition_list(topic, p))?;
     tracing::info!(
         partition = p,
-        "{RESUMED} {} after {:.0} ms paused (state from {}, ready in {:.0} ms)",
-        started.offset,
+        "{RESUMED} {offset} after {:.0} ms paused (state from {}, ready in {:.0} ms)",
         started.assigned.elapsed().as_secs_f64() * 1e3,
         started.restored_from,
         started.took.as_secs_f64() * 1e3
@@ -564,6 +628,7 @@ mod tests {
             properties: BTreeMap::new(),
             stop_when_idle: None,
             commits_group_offsets: true,
+            offset_out_of_range: OutOfRange::Fail,
         }
     }
 
@@ -662,6 +727,23 @@ mod tests {
             took: Duration::ZERO,
         };
         // Seeking needs the partition assigned; resuming a paused one is local.
-        resume(&consumer, "positions", &started).expect("seek and resume an assigned partition");
+        resume(&consumer, "positions", &started, 42).expect("seek and resume an assigned partition");
+    }
+
+    /// A state inside its log resumes where it is; one at 0 starts at the earliest
+    /// record; one past the end is refused whatever the setting; one before the start
+    /// is refused, naming the range and the setting, or resumes at the start with it.
+    #[test]
+    fn a_state_outside_its_log_is_never_jumped_over_in_silence() {
+        use OutOfRange::{Earliest, Fail};
+        assert_eq!(resume_offset(0, 50, (10, 100), Fail).unwrap(), 50);
+        assert_eq!(resume_offset(0, 100, (10, 100), Fail).unwrap(), 100, "at the end: waits for records");
+        assert_eq!(resume_offset(0, 0, (10, 100), Fail).unwrap(), 10, "a state that read nothing");
+        let past = resume_offset(3, 101, (0, 100), Earliest).unwrap_err().to_string();
+        assert!(past.contains("partition 3: its state holds offset 101, past the end of its log (100)"), "{past}");
+        let gone = resume_offset(1, 5, (10, 100), Fail).unwrap_err().to_string();
+        assert!(gone.contains(OUT_OF_RANGE) && gone.contains("holds 10..100") && gone.contains("5 records"), "{gone}");
+        assert!(gone.contains("offset_out_of_range = \"earliest\""), "{gone}");
+        assert_eq!(resume_offset(1, 5, (10, 100), Earliest).unwrap(), 10);
     }
 }
