@@ -376,7 +376,7 @@ fn retention_keeps_the_newest_checkpoints_and_exactly_their_files() -> Result<()
 }
 
 #[test]
-fn a_store_of_another_partition_count_is_refused() -> Result<()> {
+fn a_store_of_another_partition_count_or_job_is_refused() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
     run_ok(&mut run_generator_job(dir, 100, 1_000, SEED, 2))?;
@@ -384,6 +384,20 @@ fn a_store_of_another_partition_count_is_refused() -> Result<()> {
     let err = run_err(&mut run_generator_job(dir, 100, 1_000, SEED, 3))?;
     assert!(err.contains("holds 2 partitions but the job asks for 3"), "{err}");
     assert!(!dir.join("state").join("partition-0000").exists() || dump_state(&dir.join("state"))?.is_empty());
+
+    // Another job (another operator) with the same partition count: refused, the
+    // store's checkpoints untouched, where it once restored the first job's state.
+    // (Its operator's registry entry is written before: the component is checked first.)
+    let manifests = checkpoint_manifests(&dir.join("state.checkpoints"), 0)?;
+    std::fs::remove_dir_all(dir.join("state"))?;
+    let mut other_job = run_generator_job(dir, 100, 1_000, SEED, 2);
+    with_config(&mut other_job, dir, "name = \"another_operator\"\n")?;
+    let err = run_err(&mut other_job)?;
+    assert!(
+        err.contains("belongs to another job (operator vehicle_stats), not this one (operator another_operator)"),
+        "{err}"
+    );
+    assert_eq!(checkpoint_manifests(&dir.join("state.checkpoints"), 0)?, manifests);
 
     // Checkpoints off: no store is touched.
     let other = dir.join("off");

@@ -17,7 +17,7 @@
 //! not the disk. `SLUICE_BENCH_RECORDS` sets the job runs' length.
 
 use anyhow::Result;
-use sluice::checkpoint::{self, CheckpointSettings, CheckpointStore, Checkpointer, bytes, restore};
+use sluice::checkpoint::{self, CheckpointSettings, CheckpointStore, Checkpointer, JobIdentity, bytes, restore};
 use sluice::config::{Config, SourceConfig};
 use sluice::state::{StateDir, Transaction};
 use sluice::stats::PartitionStats;
@@ -167,7 +167,7 @@ fn fill_and_checkpoint(runtime: &tokio::runtime::Runtime, dir: &Path, size: u64)
     }
     drop(txn);
     let store = CheckpointStore::open(dir.join("store").to_str().expect("UTF-8 temp path"))?;
-    runtime.block_on(store.check_partitions(1))?;
+    runtime.block_on(store.claim(1, &JobIdentity { operator: "bench".into(), input: None }))?;
     let plan = runtime.block_on(restore::plan(Some(&state), &[0], Some(&store)))?;
     let partition = state.open_partition(0)?;
     let settings = CheckpointSettings { interval: Duration::ZERO, retain: 1, upload_bytes_per_s: None };

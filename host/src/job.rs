@@ -9,7 +9,7 @@
 //! final [`JobReport`]. Each piece's behaviour lives in its own module.
 
 use crate::admin;
-use crate::checkpoint::{self, CheckpointSettings, CheckpointStore};
+use crate::checkpoint::{self, CheckpointSettings, CheckpointStore, JobIdentity};
 use crate::config::{Config, Guarantee, SinkConfig, SourceConfig};
 use crate::lock;
 use crate::operator::deploy::{Deployer, Sandbox};
@@ -171,6 +171,8 @@ pub fn run(config: &Config) -> Result<JobReport> {
     )?;
     let version = operator.version().to_string();
     let active = ActiveVersion::new(operator);
+    // After the operator loaded, so a component that cannot run is the error a start
+    // names first.
     let checkpoints = open_checkpoints(config, &runtime)?;
     // Sinks open last, so a job that cannot start leaves no files behind.
     let sink = Sink::open(&config.sink, &config.source, config.state.sync_outputs)?;
@@ -226,7 +228,7 @@ fn open_checkpoints(config: &Config, runtime: &Runtime) -> Result<Option<Checkpo
         return Ok(None);
     }
     let store = CheckpointStore::open(&config.checkpoint.store_url(&config.state.dir))?;
-    runtime.block_on(store.check_partitions(config.state.partitions))?;
+    runtime.block_on(store.claim(config.state.partitions, &job_identity(config)))?;
     Ok(Some(Checkpointing {
         store,
         settings: CheckpointSettings {
@@ -236,6 +238,17 @@ fn open_checkpoints(config: &Config, runtime: &Runtime) -> Result<Option<Checkpo
         },
         restore_budget: config.checkpoint.restore_budget,
     }))
+}
+
+/// Which job `config` runs, as its checkpoint store records it.
+fn job_identity(config: &Config) -> JobIdentity {
+    let input = match &config.source {
+        // Not the group: it only shares the partitions out (where each starts is the
+        // state's), and a job may move to a new one with its state.
+        SourceConfig::Kafka { topic, .. } => Some(format!("kafka topic {topic}")),
+        SourceConfig::Generator { .. } | SourceConfig::File { .. } => None,
+    };
+    JobIdentity { operator: config.operator.name(), input }
 }
 
 /// Runs the source into `router` on a thread of its own and follows the operator's

@@ -26,7 +26,7 @@ pub mod store;
 
 pub use checkpointer::{CheckpointSettings, Checkpointer};
 pub use restore::{RestorePlan, RestoreReport, RestoredFrom};
-pub use store::{CheckpointStore, Manifest, ManifestFile};
+pub use store::{CheckpointStore, JobIdentity, Manifest, ManifestFile};
 
 use anyhow::Result;
 

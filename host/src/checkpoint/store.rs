@@ -2,7 +2,7 @@
 //! get in and out of it verified.
 //!
 //! ```text
-//! <store>/sluice-checkpoints.json                   format and partition count of the job
+//! <store>/sluice-checkpoints.json                   format, partition count and identity of the job
 //! <store>/restores.json                             measured restore bandwidth
 //! <store>/partition-0000/manifests/0000000012.json  one per checkpoint, written last
 //! <store>/partition-0000/files/000042.sst.1f3a…     a file, under its name and checksum
@@ -57,6 +57,31 @@ pub struct StoreManifest {
     pub partitions: u32,
     /// The sluice version that created the store, for error messages.
     pub created_by: String,
+    /// The job the store belongs to; absent in stores older than the field, which the
+    /// next job to open them claims.
+    #[serde(default)]
+    pub job: Option<JobIdentity>,
+}
+
+/// Which job a store's checkpoints belong to: two jobs of the same partition count
+/// must never restore each other's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobIdentity {
+    /// The operator's name (`[operator] name`), the same across its versions.
+    pub operator: String,
+    /// The input it reads, where that names a job: `kafka topic <topic>`; `None` for
+    /// the embedded sources, whose input may change between runs.
+    pub input: Option<String>,
+}
+
+impl std::fmt::Display for JobIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "operator {}", self.operator)?;
+        match &self.input {
+            Some(input) => write!(f, " reading {input}"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// One checkpoint of one partition. It exists once this manifest is in the store.
@@ -203,27 +228,32 @@ impl CheckpointStore {
         Ok(Some(manifest))
     }
 
-    /// Checks that the store belongs to a job with `partitions` partitions, and claims
-    /// it for one when it is new.
-    pub async fn check_partitions(&self, partitions: u32) -> Result<()> {
-        match self.store_manifest().await? {
-            Some(manifest) if manifest.partitions == partitions => Ok(()),
-            Some(manifest) => bail!(
+    /// Checks that the store belongs to `job`, with `partitions` partitions, and claims
+    /// it for that job when it is new (or older than job identities).
+    pub async fn claim(&self, partitions: u32, job: &JobIdentity) -> Result<()> {
+        let manifest = match self.store_manifest().await? {
+            Some(manifest) if manifest.partitions != partitions => bail!(
                 "checkpoint store {} holds {} partitions but the job asks for {partitions}; keys would hash to \
                  partitions whose checkpoints do not hold their state. Use partitions = {} or another store",
                 self.url,
                 manifest.partitions,
                 manifest.partitions
             ),
-            None => {
-                let manifest = StoreManifest {
-                    format: CHECKPOINT_FORMAT,
-                    partitions,
-                    created_by: env!("CARGO_PKG_VERSION").to_string(),
-                };
-                self.put_bytes(STORE_MANIFEST, serde_json::to_vec_pretty(&manifest)?).await
-            }
-        }
+            Some(StoreManifest { job: Some(owner), .. }) if owner != *job => bail!(
+                "checkpoint store {} belongs to another job ({owner}), not this one ({job}): restoring its \
+                 checkpoints would start from state this job never wrote. Give this job a store of its own",
+                self.url
+            ),
+            Some(StoreManifest { job: Some(_), .. }) => return Ok(()),
+            Some(manifest) => StoreManifest { job: Some(job.clone()), ..manifest },
+            None => StoreManifest {
+                format: CHECKPOINT_FORMAT,
+                partitions,
+                created_by: env!("CARGO_PKG_VERSION").to_string(),
+                job: Some(job.clone()),
+            },
+        };
+        self.put_bytes(STORE_MANIFEST, serde_json::to_vec_pretty(&manifest)?).await
     }
 
     /// The ids of `partition`'s checkpoints, oldest first.
