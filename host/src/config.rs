@@ -34,7 +34,8 @@
 //! backoff = "10ms"            # before the first retry, doubling
 //! strict = false              # true: after the last attempt stop the partition instead
 //!
-//! [source]                    # or: kind = "file", path = "input.jsonl", key_field = "vehicle_id"
+//! [source]                    # or: kind = "file", path = "input.jsonl", key_field = "vehicle_id",
+//!                             #     max_line_bytes = 16777216 (a longer line is skipped, logged)
 //!                             # or: kind = "kafka", brokers = "host:9092", topic = "positions",
 //!                             #     offset_out_of_range = "fail" (or "earliest")
 //! kind = "generator"
@@ -336,6 +337,10 @@ pub enum SourceConfig {
         timestamp_field: String,
         /// Records per second; absent is as fast as possible.
         rate: Option<f64>,
+        /// The longest line read as a record; a longer one is skipped, logged, so one
+        /// line cannot make the host hold a file's worth of memory.
+        #[serde(default = "default_max_line_bytes")]
+        max_line_bytes: usize,
     },
     /// A Kafka topic, consumed as a member of a consumer group.
     Kafka {
@@ -390,8 +395,13 @@ impl SourceConfig {
             key_field: default_key_field(),
             timestamp_field: default_timestamp_field(),
             rate: None,
+            max_line_bytes: default_max_line_bytes(),
         }
     }
+}
+
+fn default_max_line_bytes() -> usize {
+    16 << 20
 }
 
 fn default_key_field() -> String {
@@ -889,6 +899,7 @@ impl Config {
         }
         let rate = match &self.source {
             SourceConfig::Generator { vehicles: 0, .. } => bail!("[source] vehicles must be at least 1"),
+            SourceConfig::File { max_line_bytes: 0, .. } => bail!("[source] max_line_bytes must be at least 1"),
             SourceConfig::Generator { rate, .. } | SourceConfig::File { rate, .. } => *rate,
             SourceConfig::Kafka { stop_when_idle, .. } => {
                 if stop_when_idle.is_some_and(|idle| idle.is_zero()) {

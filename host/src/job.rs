@@ -321,8 +321,8 @@ impl OpenSource {
                 Box::new(Fleet::new(&FleetOptions { vehicles: *vehicles, count: *count, seed: *seed, churn: *churn })),
                 DispatchOptions { rate: *rate, duration: *duration },
             ),
-            SourceConfig::File { path, key_field, timestamp_field, rate } => OpenSource::Embedded(
-                Box::new(JsonlFile::open(path, key_field, timestamp_field)?),
+            SourceConfig::File { path, key_field, timestamp_field, rate, max_line_bytes } => OpenSource::Embedded(
+                Box::new(JsonlFile::open(path, key_field, timestamp_field, *max_line_bytes)?),
                 DispatchOptions { rate: *rate, duration: None },
             ),
             SourceConfig::Kafka {

@@ -14,18 +14,21 @@ use std::path::{Path, PathBuf};
 /// A line that is not a JSON object with a key — not JSON, or not even UTF-8 — gets the
 /// empty key, like a Kafka record with a null key, and still reaches the operator, its
 /// bytes as they are, which decides what to do with it (a JSON operator rejects it to
-/// the dead letters with the reason): one bad line costs that line, never the job.
+/// the dead letters with the reason): one bad line costs that line, never the job. A
+/// line longer than `max_line_bytes` is skipped, with an error in the log naming it,
+/// without ever being held whole.
 pub struct JsonlFile {
     path: PathBuf,
     reader: BufReader<File>,
     line: u64,
     key_field: String,
     timestamp_field: String,
+    max_line_bytes: usize,
 }
 
 impl JsonlFile {
     /// Opens `path`.
-    pub fn open(path: &Path, key_field: &str, timestamp_field: &str) -> Result<Self> {
+    pub fn open(path: &Path, key_field: &str, timestamp_field: &str, max_line_bytes: usize) -> Result<Self> {
         let file = File::open(path).with_context(|| format!("opening source file {}", path.display()))?;
         Ok(JsonlFile {
             path: path.to_path_buf(),
@@ -33,7 +36,33 @@ impl JsonlFile {
             line: 0,
             key_field: key_field.to_string(),
             timestamp_field: timestamp_field.to_string(),
+            max_line_bytes,
         })
+    }
+
+    /// Reads the next line into `line` (its newline included), up to `max_line_bytes`
+    /// of it and its newline; returns the bytes the line had, its newline not counted
+    /// (more than `max_line_bytes`: it was too long), and `None` at the end of the file.
+    fn read_line(&mut self, line: &mut Vec<u8>) -> std::io::Result<Option<usize>> {
+        let mut read = 0;
+        loop {
+            let buffer = self.reader.fill_buf()?;
+            if buffer.is_empty() {
+                return Ok((read > 0).then_some(read));
+            }
+            let (chunk, ends) = match buffer.iter().position(|&b| b == b'\n') {
+                Some(at) => (&buffer[..=at], true),
+                None => (buffer, false),
+            };
+            let room = (self.max_line_bytes + 1).saturating_sub(line.len());
+            line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            let taken = chunk.len();
+            self.reader.consume(taken);
+            read += taken;
+            if ends {
+                return Ok(Some(read - 1));
+            }
+        }
     }
 
     /// The key in `line`'s `key_field`: a string's text, or a number as written (so two
@@ -54,6 +83,9 @@ impl JsonlFile {
     }
 }
 
+/// Logged for a line skipped for its length.
+pub const LINE_TOO_LONG: &str = "line skipped, too long";
+
 impl Iterator for JsonlFile {
     type Item = Result<RawRecord>;
 
@@ -61,10 +93,19 @@ impl Iterator for JsonlFile {
         loop {
             self.line += 1;
             let mut line = Vec::new();
-            match self.reader.read_until(b'\n', &mut line) {
-                Ok(0) => return None,
-                Ok(_) => {}
+            let read = match self.read_line(&mut line) {
+                Ok(None) => return None,
+                Ok(Some(read)) => read,
                 Err(e) => return Some(Err(e).context(format!("reading {} line {}", self.path.display(), self.line))),
+            };
+            if read > self.max_line_bytes {
+                tracing::error!(
+                    "{} line {}: {LINE_TOO_LONG}: {read} bytes, over [source] max_line_bytes = {}",
+                    self.path.display(),
+                    self.line,
+                    self.max_line_bytes
+                );
+                continue;
             }
             if line.ends_with(b"\n") {
                 line.pop();
@@ -89,7 +130,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("input.jsonl");
         std::fs::write(&path, text)?;
-        JsonlFile::open(&path, "id", "ts")?.collect()
+        JsonlFile::open(&path, "id", "ts", 64)?.collect()
     }
 
     /// Keys are taken as written: numbers past what a float holds exactly stay apart,
@@ -117,6 +158,21 @@ mod tests {
         assert_eq!(keys, [&b"a"[..], b"", b"", b"b"]);
         assert_eq!(read[1].value, b"{\"id\": \"\xff\xfe\"}");
         assert_eq!(read[3].value, b"{\"id\": \"b\"}", "a last line without a newline");
+        Ok(())
+    }
+
+    /// A line over the cap is skipped, whatever its length, and the next read as usual;
+    /// one exactly at the cap is a record.
+    #[test]
+    fn a_line_over_the_cap_is_skipped() -> Result<()> {
+        let at_cap = format!("{{\"id\": \"a\", \"pad\": \"{}\"}}", "x".repeat(64 - 22));
+        assert_eq!(at_cap.len(), 64);
+        let over = format!("{{\"id\": \"b\", \"pad\": \"{}\"}}", "x".repeat(100_000));
+        let just_over = format!("{at_cap} ");
+        let text = format!("{at_cap}\n{over}\n{{\"id\": \"c\"}}\n{over}\n{at_cap}\n{just_over}");
+        let read = records(text.as_bytes())?;
+        let keys: Vec<&[u8]> = read.iter().map(|r| &r.key[..]).collect();
+        assert_eq!(keys, [&b"a"[..], b"c", b"a"], "the last line, a byte over and without a newline, is skipped");
         Ok(())
     }
 }
