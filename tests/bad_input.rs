@@ -179,6 +179,62 @@ fn out_of_range_settings_are_named_and_keys_are_never_merged() -> Result<()> {
     Ok(())
 }
 
+/// Every numeric setting, at the extremes a typo or a fuzzer reaches (negative, zero,
+/// huge, NaN, infinite): the job either runs or stops with an error naming a setting —
+/// never a panic.
+#[test]
+fn no_setting_at_any_extreme_panics_the_host() -> Result<()> {
+    let settings = [
+        "memory_limit_mib",
+        "call_timeout_ms",
+        "poll_versions",
+        "instructions_per_call",
+        "[operator.retry]\nattempts",
+        "[operator.retry]\nbackoff",
+        "[operator.limits]\ntime_per_batch_ms",
+        "[operator.limits]\noutputs_per_record",
+        "[state]\nbatch_records",
+        "[state]\nqueued_records",
+        "[state]\ncommit_interval",
+        "[state]\ncommit_every",
+        "[state]\ncommit_dirty_mib",
+        "[state]\ncache_mib",
+        "[state]\nrocksdb_memory_mib",
+        "[ttl]\ndefault",
+        "[ttl]\nlateness",
+        "[ttl]\nsweep_limit",
+        "[checkpoint]\ninterval",
+        "[checkpoint]\nretain",
+        "[checkpoint]\nrestore_budget",
+        "[checkpoint]\nupload_bytes_per_s",
+        "[report]\ninterval",
+        "[source]\nkind = \"generator\"\nrate",
+        "[source]\nkind = \"generator\"\nduration",
+        "[source]\nkind = \"generator\"\nvehicles",
+    ];
+    let extremes = ["-1", "0", "1e300", "18446744073709551615", "nan", "inf", "1e-300"];
+    let dir = tempfile::tempdir()?;
+    for setting in settings {
+        for value in extremes {
+            let case = dir.path().join(format!("case-{}", setting.len() * 31 + value.len()));
+            std::fs::create_dir_all(&case)?;
+            let config = case.join("job.toml");
+            std::fs::write(
+                &config,
+                format!("[operator]\npath = {:?}\n{setting} = {value}\n", operator_wasm("vehicle_stats")),
+            )?;
+            let mut job = run_job(&operator_wasm("vehicle_stats"), &case, 2);
+            let run = job.arg("--config").arg(&config).args(["--count", "50"]).output()?;
+            let stderr = String::from_utf8_lossy(&run.stderr);
+            let what = format!("{} = {value}", setting.replace('\n', " "));
+            assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+            assert!(run.status.code().is_some_and(|code| code <= 1), "{what}: {:?} {stderr}", run.status);
+            std::fs::remove_dir_all(&case)?;
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn a_state_directory_of_another_format_or_partition_count_is_refused_untouched() -> Result<()> {
     let seeded = Seeded::new()?;

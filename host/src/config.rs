@@ -835,6 +835,13 @@ impl Config {
         if self.state.partitions == 0 {
             bail!("[state] partitions must be at least 1");
         }
+        if self.state.queued_records > MAX_QUEUED_RECORDS {
+            bail!(
+                "[state] queued_records = {} is more than {MAX_QUEUED_RECORDS}: each partition's queue is allocated \
+                 for that many",
+                self.state.queued_records
+            );
+        }
         if self.state.commit_every == 0 || self.state.batch_records == 0 {
             bail!("[state] commit_every and batch_records must be at least 1");
         }
@@ -954,6 +961,9 @@ impl Config {
 /// The largest size in MiB a setting takes: its bytes fit every counter with room to
 /// spare.
 pub const MAX_MIB: u64 = 1 << 24;
+
+/// The most records a partition's queue may hold (`[state] queued_records`).
+pub const MAX_QUEUED_RECORDS: usize = 1 << 24;
 
 /// The slowest `[source] rate`, records per second.
 pub const MIN_RATE: f64 = 0.001;
