@@ -19,7 +19,7 @@ use sluice::config::DEFAULT_DEAD_LETTER_PATH;
 use sluice::job::{DEAD_LETTERS_BY_KIND, LAG};
 use sluice::record::{DeadLetterKind, Stop};
 use sluice::sink::transaction::{FENCED, REPLAYED_SILENTLY};
-use sluice::source::kafka::{ASSIGNED, RESUMED, REVOKED};
+use sluice::source::kafka::{ASSIGNED, PARTITIONS_ADDED, RESUMED, REVOKED};
 use sluice::worker::{
     AFTER_SEND, BEFORE_SEND, OFFSETS_JUMP, OUTPUTS_COMMITTED, SLOW_BATCH, STATE_COMMITTED, STOPPED, STOPPED_ALONE,
 };
@@ -106,6 +106,7 @@ fn a_kafka_source_starts_each_partition_at_the_offset_stored_with_its_state() ->
     };
     let err = run_err(run_job(&operator_wasm("vehicle_stats"), dir, 2).arg("--config").arg(&config))?;
     assert!(err.contains("topic positions has 3 partitions but the job has 2"), "{err}");
+    assert!(err.contains(PARTITIONS_ADDED), "what to do if partitions were added: {err}");
     assert!(!dir.join("state").exists(), "refused before any state was written");
 
     let (vehicles, first, total) = (150, 4_000, 6_000usize);

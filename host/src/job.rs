@@ -18,7 +18,7 @@ use crate::record::RawRecord;
 use crate::sink::{DeadLetterSink, Sink};
 use crate::source::file::JsonlFile;
 use crate::source::generator::{Fleet, FleetOptions};
-use crate::source::kafka::{self, KafkaOptions};
+use crate::source::kafka::{self, KafkaOptions, PARTITIONS_ADDED};
 use crate::source::{self, DispatchOptions};
 use crate::state::{self, StateDir};
 use crate::stats::{DeadLetters, LiveStats, peak_rss, process_cpu};
@@ -358,7 +358,7 @@ impl OpenSource {
         if topic_partitions != partitions {
             bail!(
                 "topic {} has {topic_partitions} partitions but the job has {partitions}: a partition's state must be \
-                 the state of the topic partition of the same number. Set [state] partitions = {topic_partitions}",
+                 the state of the topic partition of the same number; {PARTITIONS_ADDED}",
                 kafka.topic
             );
         }

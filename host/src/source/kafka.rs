@@ -240,11 +240,19 @@ impl<P: Partitions + Send> Membership<P> {
     }
 }
 
+/// What to do when a topic has more partitions than the job's state: the state is kept
+/// per partition, and Kafka's partitioner now sends some keys elsewhere.
+pub const PARTITIONS_ADDED: &str = "if partitions were added to the topic since the job's state was written, \
+     Kafka now sends some keys to other partitions than before, and their state (kept per partition) cannot follow \
+     them: the job stops rather than split a key's state. Run a new job for the new partition count (a new state \
+     dir, checkpoint store and consumer group, [state] partitions = the topic's) that reads the topic from the \
+     start; a new job on this topic only needs [state] partitions set to the topic's";
+
 /// Starts `partitions` of `topic` in `owner`; returns the offset each is expected to
 /// resume at. A partition the job does not have is refused before any starts.
 fn assign(owner: &mut impl Partitions, topic: &str, partitions: &[u32]) -> Result<Vec<(u32, u64)>> {
     if let Some(p) = partitions.iter().find(|&&p| p >= owner.count()) {
-        bail!("topic {topic} has partition {p}, but the job has {} partitions", owner.count());
+        bail!("topic {topic} has partition {p}, but the job has {} partitions: {}", owner.count(), PARTITIONS_ADDED);
     }
     owner.assign(partitions)
 }
