@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use sluice::config::DEFAULT_DEAD_LETTER_PATH;
 use sluice::job::{DEAD_LETTERS_BY_KIND, LAG};
-use sluice::record::{DeadLetterKind, Stop};
+use sluice::record::{DeadLetterKind, NULL_KEY_HEADER, Stop, TOMBSTONE_HEADER};
 use sluice::sink::transaction::{FENCED, REPLAYED_SILENTLY};
 use sluice::source::kafka::{ASSIGNED, PARTITIONS_ADDED, RESUMED, REVOKED};
 use sluice::worker::{
@@ -172,6 +172,34 @@ fn an_unreachable_broker_or_a_missing_topic_is_named_at_the_start() -> Result<()
         let err = run_err(sluice().arg("run").arg("--config").arg(&config).args(["--count", "10"]))?;
         assert!(err.contains(&expected), "{err}");
     }
+    Ok(())
+}
+
+/// What Kafka carries reaches the operator: its headers; a tombstone (no value)
+/// marked by `sluice-tombstone`, a record without a key by `sluice-null-key` (its key
+/// empty, as an empty key is), so the operator can tell them from empty ones.
+#[test]
+fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 1)?;
+    let producer: BaseProducer = broker.client_config().create()?;
+    let traced = OwnedHeaders::new()
+        .insert(Header { key: "trace", value: Some("abc") })
+        .insert(Header { key: "span", value: Some("1") });
+    producer.send(BaseRecord::<str, str>::to("positions").key("k").headers(traced)).map_err(|(e, _)| e)?;
+    producer.send(BaseRecord::<str, str>::to("positions").payload("")).map_err(|(e, _)| e)?;
+    producer.flush(Duration::from_secs(30))?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let config = positions_source(dir, &broker.bootstrap, "stop_when_idle = \"2s\"\n")?;
+    run_ok(run_job(&operator_wasm("probe"), dir, 1).arg("--config").arg(&config).arg("--no-checkpoints"))?;
+    let outputs: Vec<(Value, Value)> =
+        read_jsonl(&dir.join("out.jsonl"))?.into_iter().map(|o| (o["key"].clone(), o["value"].clone())).collect();
+    let tombstone = json!({"empty": true, "headers": {"trace": "abc", "span": "1", TOMBSTONE_HEADER: ""}});
+    let keyless = json!({"empty": true, "headers": {NULL_KEY_HEADER: ""}});
+    assert_eq!(outputs, [(json!("k"), tombstone), (json!(""), keyless)]);
     Ok(())
 }
 

@@ -78,16 +78,7 @@ fn run(count: u64, vehicles: u64, state: &StateConfig) -> Result<()> {
     let records: Vec<SourceRecord> =
         Fleet::new(&FleetOptions { vehicles: vehicles as u32, count: Some(count), seed: 42, churn: None })
             .enumerate()
-            .map(|(offset, raw)| {
-                let raw = raw.expect("the generator does not fail");
-                SourceRecord {
-                    partition: 0,
-                    offset: offset as u64,
-                    key: raw.key,
-                    value: raw.value,
-                    timestamp_ms: raw.timestamp_ms,
-                }
-            })
+            .map(|(offset, raw)| raw.expect("the generator does not fail").at(0, offset as u64))
             .collect();
     let dir = tempfile::tempdir()?;
     let cache_bytes = state.cache_mib << 20;

@@ -17,6 +17,14 @@ pub struct RawRecord {
     pub timestamp_ms: i64,
 }
 
+impl RawRecord {
+    /// This record placed at `offset` of `partition`.
+    pub fn at(self, partition: u32, offset: u64) -> SourceRecord {
+        let RawRecord { key, value, timestamp_ms } = self;
+        SourceRecord { partition, offset, key, value, timestamp_ms, headers: Vec::new() }
+    }
+}
+
 /// A record at its place in the partitioned log.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SourceRecord {
@@ -30,7 +38,18 @@ pub struct SourceRecord {
     pub value: Vec<u8>,
     /// Event time, milliseconds since the Unix epoch.
     pub timestamp_ms: i64,
+    /// Its headers, in order, as a Kafka source read them (with [`TOMBSTONE_HEADER`]
+    /// and [`NULL_KEY_HEADER`] where they apply); none from the embedded sources.
+    pub headers: Vec<(String, Vec<u8>)>,
 }
+
+/// The header a Kafka record without a value (a tombstone) reaches the operator with,
+/// its value empty: the operator can tell it from a record whose value is empty.
+pub const TOMBSTONE_HEADER: &str = "sluice-tombstone";
+
+/// The header a Kafka record without a key reaches the operator with, its key empty:
+/// the operator can tell it from a record whose key is empty, which shares its state.
+pub const NULL_KEY_HEADER: &str = "sluice-null-key";
 
 /// One record an operator emitted.
 #[derive(Debug, Clone, PartialEq)]

@@ -790,21 +790,27 @@ fn batch_is_full(output_bytes: usize, ends_at: Option<Instant>, limits: &Operato
 fn run_length(records: &[SourceRecord], bytes: usize) -> usize {
     let mut total = 0;
     let within = records.iter().take_while(|record| {
-        total += record.key.len() + record.value.len();
+        let headers: usize = record.headers.iter().map(|(key, value)| key.len() + value.len()).sum();
+        total += record.key.len() + record.value.len() + headers;
         total <= bytes
     });
     within.count().max(1)
 }
 
-/// `record` as the guest receives it, borrowing its bytes.
-fn input_record(record: &SourceRecord) -> InputRecord<'_> {
+/// `record`'s headers as the guest receives them, borrowing their bytes.
+fn headers(record: &SourceRecord) -> Vec<types::Header<'_>> {
+    record.headers.iter().map(|(key, value)| types::Header { key, value }).collect()
+}
+
+/// `record` with its `headers` as the guest receives it, borrowing its bytes.
+fn input_record<'a>(record: &'a SourceRecord, headers: &'a [types::Header<'a>]) -> InputRecord<'a> {
     InputRecord {
         key: &record.key,
         value: &record.value,
         timestamp_ms: record.timestamp_ms,
         partition: record.partition,
         offset: record.offset,
-        headers: &[],
+        headers,
     }
 }
 
@@ -850,7 +856,8 @@ impl Operator for WasmInstance {
         // Fields borrowed apart, so nothing is cloned per record.
         let live = self.live.as_mut().expect("instance is live between calls");
         arm_deadline(&mut live.store);
-        let input = input_record(record);
+        let headers = headers(record);
+        let input = input_record(record, &headers);
         live.store.data_mut().forget_last_call();
         live.store.data_mut().in_record = true;
         let result = live.bindings.call_process(&mut live.store, input);
@@ -935,7 +942,8 @@ impl Operator for WasmInstance {
             ctx.batch.start(run, told, ends_at, batch_output_bytes);
             ctx.in_record = true;
             arm_deadline(&mut live.store);
-            let inputs: Vec<InputRecord<'_>> = run.iter().map(input_record).collect();
+            let headers: Vec<Vec<types::Header<'_>>> = run.iter().map(headers).collect();
+            let inputs: Vec<InputRecord<'_>> = run.iter().zip(&headers).map(|(r, h)| input_record(r, h)).collect();
             let result = process_batch
                 .typed::<(&[InputRecord<'_>],), ()>(&live.store)
                 .and_then(|process_batch| process_batch.call(&mut live.store, (&inputs,)));
@@ -1357,7 +1365,7 @@ mod tests {
     /// A record asking the probe to do `action` (a JSON object's fields) for `key`.
     fn probe_record(offset: u64, key: &str, action: &str) -> SourceRecord {
         let value = format!("{{{action}}}").into_bytes();
-        SourceRecord { partition: 0, offset, key: key.as_bytes().to_vec(), value, timestamp_ms: 0 }
+        SourceRecord { partition: 0, offset, key: key.as_bytes().to_vec(), value, timestamp_ms: 0, headers: Vec::new() }
     }
 
     /// Has the probe do `action` for the record at `offset`, one call per record.

@@ -24,7 +24,7 @@
 use super::{Partitions, Started};
 use crate::config::{OutOfRange, kafka_client};
 use crate::lock;
-use crate::record::{SourceRecord, Stop};
+use crate::record::{NULL_KEY_HEADER, SourceRecord, Stop, TOMBSTONE_HEADER};
 use anyhow::{Context, Result, bail};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
@@ -433,14 +433,28 @@ impl PollState {
     }
 }
 
-/// The record `message` carries, at the broker's partition and offset.
+/// The record `message` carries, at the broker's partition and offset, with its
+/// headers; a missing key or value (a tombstone) is empty and marked by a header.
 fn source_record(message: &BorrowedMessage<'_>) -> SourceRecord {
+    use rdkafka::message::Headers;
+    let mut headers: Vec<(String, Vec<u8>)> = message
+        .headers()
+        .map(|headers| {
+            headers
+                .iter()
+                .map(|h| (String::from_utf8_lossy(h.key.as_bytes()).into_owned(), h.value.unwrap_or_default().to_vec()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let marks = [(message.key().is_none(), NULL_KEY_HEADER), (message.payload().is_none(), TOMBSTONE_HEADER)];
+    headers.extend(marks.into_iter().filter(|(missing, _)| *missing).map(|(_, name)| (name.to_string(), Vec::new())));
     SourceRecord {
         partition: message.partition() as u32,
         offset: message.offset() as u64,
         key: message.key().unwrap_or_default().to_vec(),
         value: message.payload().unwrap_or_default().to_vec(),
         timestamp_ms: message.timestamp().to_millis().unwrap_or(0),
+        headers,
     }
 }
 

@@ -190,14 +190,7 @@ fn feed(
         let p = partition_for(&raw.key, count) as usize;
         let offset = next_offset[p];
         next_offset[p] += 1;
-        let record = SourceRecord {
-            partition: p as u32,
-            offset,
-            key: raw.key,
-            value: raw.value,
-            timestamp_ms: raw.timestamp_ms,
-        };
-        partitions.push(record, true)?;
+        partitions.push(raw.at(p as u32, offset), true)?;
         if !partitions.owns_any() {
             // Every partition stopped alone: the run ends in their errors.
             return Ok(Stop::Handover);

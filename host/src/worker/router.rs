@@ -272,14 +272,7 @@ mod tests {
     fn records(count: u64) -> Vec<SourceRecord> {
         let fleet = Fleet::new(&FleetOptions { vehicles: 1, count: Some(count), seed: 7, churn: None });
         let records = fleet.map(|raw| raw.expect("the generator does not fail"));
-        let at = |(offset, raw): (usize, crate::record::RawRecord)| SourceRecord {
-            partition: 0,
-            offset: offset as u64,
-            key: raw.key,
-            value: raw.value,
-            timestamp_ms: raw.timestamp_ms,
-        };
-        records.enumerate().map(at).collect()
+        records.enumerate().map(|(offset, raw)| raw.at(0, offset as u64)).collect()
     }
 
     /// The records partition 0's state has folded in: vehicle-stats counts them.

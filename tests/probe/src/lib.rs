@@ -1,7 +1,9 @@
 //! The tests' attacker: an operator that probes the sandbox and the guest SDK, kept
 //! under `tests/` with them. Not an example to copy.
 //!
-//! Each record's value is JSON `{"action": ..., ...}`:
+//! A record with an empty value (a Kafka tombstone, say) emits `{"empty": true,
+//! "headers": {...}}`, the headers it arrived with. Every other record's value is JSON
+//! `{"action": ..., ...}`:
 //! - `roundtrip` with `sample`: stores the sample as typed state, reads it back, and
 //!   emits `{"previous": <sample stored before>, "readback_equal": bool}`;
 //! - `count`: increments a counter and emits it;
@@ -106,6 +108,12 @@ impl Operator for Probe {
 
     fn process(record: Record, state: &State<'_>) -> Result<Vec<Output>> {
         let key = record.key.clone();
+        if record.value.is_empty() {
+            // A tombstone, say: what the record carried, headers and all.
+            let headers: serde_json::Map<String, serde_json::Value> =
+                record.headers.iter().map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into())).collect();
+            return Ok(vec![Output::json(key, &serde_json::json!({ "empty": true, "headers": headers }))?]);
+        }
         let emitted = match record.json::<Action>()? {
             Action::Roundtrip { sample } => {
                 let previous: Option<Sample> = state.get("sample")?;
