@@ -204,35 +204,38 @@ fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
 }
 
 /// A state whose offset its log no longer holds is never jumped over in silence (as
-/// librdkafka's `auto.offset.reset` would): the topic deleted and recreated shorter, the
-/// job stops naming the partition, the state's offset and the log's end, whatever
-/// `offset_out_of_range` says, and the state is untouched. (A log whose head retention
-/// deleted is the unit tests' `resume_offset`: the test broker cannot delete records.)
+/// librdkafka's `auto.offset.reset` would): the topic deleted and recreated shorter for
+/// partition 0 (longer for partition 1), partition 0 stops alone, naming its state's
+/// offset and the log's end, whatever `offset_out_of_range` says, its state untouched;
+/// partition 1 goes on with its new records. (A log whose head retention deleted is the
+/// unit tests' `resume_offset`: the test broker cannot delete records.)
 #[test]
-fn a_state_past_the_end_of_a_recreated_topic_stops_the_job_untouched() -> Result<()> {
+fn a_state_past_the_end_of_a_recreated_topic_stops_its_partition_alone_untouched() -> Result<()> {
     let broker = KafkaBroker::start()?;
-    broker.create_topic("positions", 1)?;
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    let input = dir.join("input.jsonl");
-    generate(&input, 10, 100, SEED)?;
-    broker.produce_lines("positions", &input)?;
+    let (short, long) = (key_in_partition(0, 2), key_in_partition(1, 2));
+    let produce = |records: &[(&str, usize)]| -> Result<()> {
+        broker.create_topic("positions", 2)?;
+        let count = |key: &str| Ok((key.to_string(), json!({"vehicle_id": key, "action": "count"}).to_string()));
+        broker.produce("positions", records.iter().flat_map(|&(key, n)| (0..n).map(move |_| count(key))))?;
+        Ok(())
+    };
+    produce(&[(&short, 50), (&long, 50)])?;
     let more = "stop_when_idle = \"2s\"\noffset_out_of_range = \"earliest\"\n";
     let config = positions_source(dir, &broker.bootstrap, more)?;
     let job = || {
-        let mut job = run_job(&operator_wasm("vehicle_stats"), dir, 1);
+        let mut job = run_job(&operator_wasm("probe"), dir, 2);
         job.arg("--config").arg(&config).arg("--no-checkpoints");
         job
     };
     run_ok(&mut job())?;
-    assert_eq!(stored_offsets(&dir.join("state"), 1)?, [100]);
+    assert_eq!(stored_offsets(&dir.join("state"), 2)?, [50, 50]);
     broker.delete_topic("positions")?;
-    broker.create_topic("positions", 1)?;
-    generate(&input, 10, 30, SEED)?;
-    broker.produce_lines("positions", &input)?;
+    produce(&[(&short, 20), (&long, 80)])?;
     let err = run_err(&mut job())?;
-    assert!(err.contains("partition 0: its state holds offset 100, past the end of its log (30)"), "{err}");
-    assert_eq!(stored_offsets(&dir.join("state"), 1)?, [100], "the state is untouched");
+    assert!(err.contains("partition 0: its state holds offset 50, past the end of its log (20)"), "{err}");
+    assert_eq!(stored_offsets(&dir.join("state"), 2)?, [50, 80], "partition 0 untouched, partition 1 went on");
     Ok(())
 }
 

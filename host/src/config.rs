@@ -368,11 +368,12 @@ pub enum SourceConfig {
 
 /// `[source] offset_out_of_range`: what a partition does when the records after its
 /// state's offset are gone (retention deleted them while the job was down, a restore
-/// from an old checkpoint). A state offset past the log's end always stops the job.
+/// from an old checkpoint). A state offset past the log's end always stops its
+/// partition.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OutOfRange {
-    /// Stop the job, naming the partition, the state's offset and the log's range.
+    /// Stop the partition alone, naming it, the state's offset and the log's range.
     #[default]
     Fail,
     /// Resume at the earliest retained record; the gap is logged and counted.

@@ -363,8 +363,12 @@ fn poll<P: Partitions + Send>(
         let mut guard = lock(&context.partitions);
         let partitions = guard.as_mut().expect("the poll loop holds them");
         for started in partitions.started(false)? {
-            let offset = checked_offset(consumer, &options.topic, &started, options.offset_out_of_range)?;
-            resume(consumer, &options.topic, &started, offset)?;
+            let (low, high) = watermarks(consumer, &options.topic, started.partition)?;
+            match resume_offset(started.partition, started.offset, (low, high), options.offset_out_of_range) {
+                Ok(offset) => resume(consumer, &options.topic, &started, offset)?,
+                // Left paused: the others go on.
+                Err(e) => partitions.stop_alone(started.partition, e.context(format!("topic {}", options.topic)))?,
+            }
         }
         let failed = partitions.failed()?;
         for &p in &failed {
@@ -468,7 +472,7 @@ pub fn resume_offset(p: u32, stored: u64, (low, high): (u64, u64), on_gap: OutOf
         bail!(
             "partition {p}: its state holds offset {stored}, past the end of its log ({high}): this is another \
              topic, or the topic was recreated since the state was written; the state belongs to the old log, so \
-             the job stops rather than mix them (start it with a new state dir and checkpoint store)"
+             the partition stops rather than mix them (run the job with a new state dir and checkpoint store)"
         );
     }
     if stored >= low || stored == 0 {
@@ -495,20 +499,12 @@ pub fn resume_offset(p: u32, stored: u64, (low, high): (u64, u64), on_gap: OutOf
 /// Said when a partition's state is older than its log's earliest record.
 pub const OUT_OF_RANGE: &str = "records after the state's offset are gone";
 
-/// Where `started`'s partition resumes in `topic` as it now is: [`resume_offset`] of
-/// the offsets the broker holds.
-fn checked_offset<C: ConsumerContext>(
-    consumer: &BaseConsumer<C>,
-    topic: &str,
-    started: &Started,
-    on_gap: OutOfRange,
-) -> Result<u64> {
-    let p = started.partition;
+/// The offsets partition `p` of `topic` holds: its earliest and its end.
+fn watermarks<C: ConsumerContext>(consumer: &BaseConsumer<C>, topic: &str, p: u32) -> Result<(u64, u64)> {
     let (low, high) = consumer
         .fetch_watermarks(topic, p as i32, METADATA_TIMEOUT)
         .with_context(|| format!("reading the offsets partition {p} of {topic} holds"))?;
-    resume_offset(p, started.offset, (low.max(0) as u64, high.max(0) as u64), on_gap)
-        .with_context(|| format!("topic {topic}"))
+    Ok((low.max(0) as u64, high.max(0) as u64))
 }
 
 /// Moves `started`'s partition to `offset` — where its state is, whatever the
@@ -596,6 +592,10 @@ mod tests {
         }
         fn failed(&mut self) -> Result<Vec<u32>> {
             Ok(Vec::new())
+        }
+        fn stop_alone(&mut self, partition: u32, _error: anyhow::Error) -> Result<()> {
+            self.running.remove(&partition);
+            Ok(())
         }
         fn revoke(&mut self, partition: u32, how: Stop) -> Result<Option<u64>> {
             self.revoked.push((partition, how));

@@ -50,6 +50,10 @@ pub trait Partitions {
     /// what waits for it here, and returns the offset committed with its state; `None`
     /// if it did not run here. A start in progress completes first.
     fn revoke(&mut self, partition: u32, how: Stop) -> Result<Option<u64>>;
+    /// Stops `partition` alone for `error`, which the source found (its log cannot
+    /// serve the partition's state): like one the operator stopped, it is returned by
+    /// [`Partitions::failed`], reported with `error` at the end, and the others go on.
+    fn stop_alone(&mut self, partition: u32, error: anyhow::Error) -> Result<()>;
 
     /// Queues `record` for its partition, handing full batches to its worker. When the
     /// worker's queue is full, `wait` says whether to wait or keep the batch here.

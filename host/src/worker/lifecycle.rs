@@ -361,6 +361,19 @@ impl Workers {
         Ok(self.reports.last())
     }
 
+    /// Stops `partition` alone for `error`, found outside its worker: it hands over
+    /// what it has (nothing, if it never ran), is logged and kept with `error` for the
+    /// end of the run, and [`failed`](Self::failed) returns it next, as a partition the
+    /// operator stopped.
+    pub fn stop_alone(&mut self, partition: u32, error: anyhow::Error) -> Result<()> {
+        self.stop(partition, Stop::Handover)?;
+        let error = error.context(format!("partition {partition} stopped"));
+        tracing::error!(partition, "{error:#}; {STOPPED_ALONE}");
+        self.failed.insert(partition, error);
+        self.newly_failed.push(partition);
+        Ok(())
+    }
+
     /// Stops every partition as `how` says, waiting for starts in progress first, and
     /// returns the offset each one's state holds at the end. Every partition is stopped
     /// even when one fails; the first failure is returned, or else, if partitions

@@ -115,6 +115,12 @@ impl Partitions for Router {
         Ok(failed)
     }
 
+    fn stop_alone(&mut self, partition: u32, error: anyhow::Error) -> Result<()> {
+        self.next[partition as usize] = None;
+        self.pending[partition as usize].clear();
+        self.workers.stop_alone(partition, error)
+    }
+
     fn revoke(&mut self, partition: u32, how: Stop) -> Result<Option<u64>> {
         // What waits for it is dropped: its next owner reads it again from the offset
         // stored with the state.
