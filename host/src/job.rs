@@ -159,9 +159,12 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let source = OpenSource::open(&config.source, &config.sink)?;
     let slow_batch = source.slow_batch(partitions)?;
     state::limit_memory(config.state.rocksdb_memory_mib << 20)?;
+    let runtime = checkpoint::runtime()?;
+    // Before the state directory, which records its partition count when it is new: a
+    // store of another count refuses the start before that.
+    let checkpoints = open_checkpoints(config, &runtime)?;
     let state = StateDir::open(&config.state.dir, partitions)?;
     let sandbox = Sandbox::new(&config.operator, state.scratch_path());
-    let runtime = checkpoint::runtime()?;
     let (registry, operator) = Deployer::starting_version(
         &config.registry_url(),
         &config.operator.name(),
@@ -173,7 +176,9 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let active = ActiveVersion::new(operator);
     // After the operator loaded, so a component that cannot run is the error a start
     // names first.
-    let checkpoints = open_checkpoints(config, &runtime)?;
+    if let Some(checkpoints) = &checkpoints {
+        runtime.block_on(checkpoints.store.claim(partitions, &job_identity(config)))?;
+    }
     // Sinks open last, so a job that cannot start leaves no files behind.
     let sink = Sink::open(&config.sink, &config.source, config.state.sync_outputs)?;
     let dead_letters = DeadLetterSink::open(&config.dead_letter, &config.sink, config.state.sync_outputs)?;
@@ -228,7 +233,7 @@ fn open_checkpoints(config: &Config, runtime: &Runtime) -> Result<Option<Checkpo
         return Ok(None);
     }
     let store = CheckpointStore::open(&config.checkpoint.store_url(&config.state.dir))?;
-    runtime.block_on(store.claim(config.state.partitions, &job_identity(config)))?;
+    runtime.block_on(store.check_partitions(config.state.partitions))?;
     Ok(Some(Checkpointing {
         store,
         settings: CheckpointSettings {

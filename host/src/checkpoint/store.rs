@@ -228,10 +228,10 @@ impl CheckpointStore {
         Ok(Some(manifest))
     }
 
-    /// Checks that the store belongs to `job`, with `partitions` partitions, and claims
-    /// it for that job when it is new (or older than job identities).
-    pub async fn claim(&self, partitions: u32, job: &JobIdentity) -> Result<()> {
-        let manifest = match self.store_manifest().await? {
+    /// Fails unless the store holds checkpoints of `partitions` partitions, or none yet;
+    /// writes nothing. Returns what the store says of itself.
+    pub async fn check_partitions(&self, partitions: u32) -> Result<Option<StoreManifest>> {
+        match self.store_manifest().await? {
             Some(manifest) if manifest.partitions != partitions => bail!(
                 "checkpoint store {} holds {} partitions but the job asks for {partitions}; keys would hash to \
                  partitions whose checkpoints do not hold their state. Use partitions = {} or another store",
@@ -239,6 +239,14 @@ impl CheckpointStore {
                 manifest.partitions,
                 manifest.partitions
             ),
+            manifest => Ok(manifest),
+        }
+    }
+
+    /// Checks that the store belongs to `job`, with `partitions` partitions, and claims
+    /// it for that job when it is new (or older than job identities).
+    pub async fn claim(&self, partitions: u32, job: &JobIdentity) -> Result<()> {
+        let manifest = match self.check_partitions(partitions).await? {
             Some(StoreManifest { job: Some(owner), .. }) if owner != *job => bail!(
                 "checkpoint store {} belongs to another job ({owner}), not this one ({job}): restoring its \
                  checkpoints would start from state this job never wrote. Give this job a store of its own",
