@@ -40,6 +40,9 @@ pub struct Router {
     pending: Vec<Vec<SourceRecord>>,
     batch_size: usize,
     report: DispatchReport,
+    /// Partitions that stopped alone since the source last asked
+    /// ([`Partitions::failed`]): found while pushing and flushing too.
+    stopped: Vec<u32>,
 }
 
 impl Router {
@@ -52,6 +55,7 @@ impl Router {
             pending: vec![Vec::new(); partitions as usize],
             batch_size,
             report: DispatchReport::default(),
+            stopped: Vec::new(),
         }
     }
 
@@ -70,6 +74,23 @@ impl Router {
         for started in started {
             self.next[started.partition as usize] = Some(started.offset);
         }
+    }
+
+    /// Drops what waits for partition `p` and takes no more of its records: they stay in
+    /// the source, from the offset its state holds, for its next start.
+    fn close(&mut self, p: u32) {
+        self.next[p as usize] = None;
+        self.pending[p as usize].clear();
+    }
+
+    /// Closes the partitions whose worker stopped alone since the last look, and keeps
+    /// them for [`Partitions::failed`].
+    fn close_failed(&mut self) -> Result<()> {
+        for p in self.workers.failed()? {
+            self.close(p);
+            self.stopped.push(p);
+        }
+        Ok(())
     }
 
     fn hand_over(&mut self, p: usize, wait: bool, partial: bool) -> Result<()> {
@@ -105,27 +126,19 @@ impl Partitions for Router {
     }
 
     fn failed(&mut self) -> Result<Vec<u32>> {
-        let failed = self.workers.failed()?;
-        for &p in &failed {
-            // Its records are dropped from now on: they stay in the source, from the
-            // offset its state holds, for its next start.
-            self.next[p as usize] = None;
-            self.pending[p as usize].clear();
-        }
-        Ok(failed)
+        self.close_failed()?;
+        Ok(std::mem::take(&mut self.stopped))
     }
 
     fn stop_alone(&mut self, partition: u32, error: anyhow::Error) -> Result<()> {
-        self.next[partition as usize] = None;
-        self.pending[partition as usize].clear();
+        self.close(partition);
         self.workers.stop_alone(partition, error)
     }
 
     fn revoke(&mut self, partition: u32, how: Stop) -> Result<Option<u64>> {
-        // What waits for it is dropped: its next owner reads it again from the offset
-        // stored with the state.
-        self.next[partition as usize] = None;
-        self.pending[partition as usize].clear();
+        // Its next owner reads what waits for it again from the offset stored with the
+        // state.
+        self.close(partition);
         Ok(self.workers.stop(partition, how)?.map(|report| report.totals.committed_offset))
     }
 
@@ -163,14 +176,14 @@ impl Partitions for Router {
         if self.pending[p].len() >= self.batch_size {
             self.hand_over(p, wait, false)?;
             // A worker that failed took nothing: its partition stops here, once a batch.
-            self.failed()?;
+            self.close_failed()?;
         }
         Ok(self.backed_up(p as u32))
     }
 
     fn flush(&mut self, wait: bool) -> Result<()> {
         (0..self.pending.len()).try_for_each(|p| self.hand_over(p, wait, true))?;
-        self.failed().map(drop)
+        self.close_failed()
     }
 
     fn backed_up(&self, partition: u32) -> bool {
