@@ -17,7 +17,7 @@ use sluice::config::SourceConfig;
 use sluice::operator::Operator;
 use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
 use sluice::state::{PartitionStore, Transaction};
-use sluice_tests::{bench_setting, free_port, operator_wasm, wait_listening};
+use sluice_tests::{ADMIN_TOKEN, bench_setting, free_port, operator_wasm, wait_listening};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +29,10 @@ const RATE: f64 = 20_000.0;
 const DWELL: Duration = Duration::from_millis(300);
 
 fn main() -> Result<()> {
+    // The job's admin API deploys only for a caller with its token, and this process is
+    // both: the host and the client read it from the environment.
+    // SAFETY: set before any other thread starts, so nothing reads the environment meanwhile.
+    unsafe { std::env::set_var(admin::TOKEN_VARIABLE, ADMIN_TOKEN) };
     let swaps: usize = bench_setting("SLUICE_BENCH_SWAPS", 20)?;
     let versions = [operator_wasm("vehicle_stats_v2"), operator_wasm("vehicle_stats")];
     let components: Vec<Vec<u8>> = versions.iter().map(std::fs::read).collect::<Result<_, _>>()?;
