@@ -4,8 +4,8 @@
 //! A partition's worker counts into its [`PartitionStats`] as it goes (the
 //! checkpointer counts its checkpoints there too); the running summary, the deployer
 //! (waiting for partitions to switch) and the final report read them. This module
-//! holds the counters only: it is a leaf, importing nothing of the host's layers, so
-//! that every layer can count without reaching into another.
+//! holds the counters only: it imports nothing of the host's layers but the shared
+//! record types, so that every layer can count without reaching into another.
 
 use crate::record::DeadLetterKind;
 use std::collections::BTreeMap;
@@ -18,7 +18,7 @@ use std::time::Duration;
 pub struct PartitionStats {
     /// Records processed (emitted or dead-lettered) by this worker.
     pub processed: AtomicU64,
-    /// Records sent to the dead-letter file by this worker...
+    /// Dead letters this worker sent (to the dead-letter file or topic)...
     pub dead_letters: AtomicU64,
     /// ... by the operator version that processed them, and by kind.
     pub dead_by_version: Mutex<BTreeMap<String, DeadLetters>>,
@@ -190,7 +190,7 @@ pub struct Totals {
     pub committed_offset: u64,
     /// Records processed.
     pub processed: u64,
-    /// Records sent to the dead-letter file.
+    /// Dead letters sent (to the dead-letter file or topic).
     pub dead_letters: u64,
     /// State entries stored, as of the last commit.
     pub entries: u64,

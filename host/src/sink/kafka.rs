@@ -225,10 +225,7 @@ pub(super) fn send_dead_letter<C: ProducerContext + 'static>(
         .headers(headers(&dead.reason, None));
     match send_waiting(producer, whole) {
         Err(error) if refuses_the_record(&error) => {
-            let mut cut = DROPPED_REASON_BYTES.min(dead.reason.len());
-            while !dead.reason.is_char_boundary(cut) {
-                cut -= 1;
-            }
+            let cut = dead.reason.floor_char_boundary(DROPPED_REASON_BYTES);
             let dropped = format!("{} key and value bytes: {error}", dead.key.len() + dead.value.len());
             let bare = BaseRecord::<[u8], [u8], _>::with_opaque_to(topic, opaque())
                 .headers(headers(&dead.reason[..cut], Some(&dropped)));

@@ -382,7 +382,7 @@ struct Line<'a> {
     value: BytesField<'a>,
     /// The operator build that produced it (or that refused the input).
     operator: &'a str,
-    /// `rejected` (the operator returned an error) or `trapped`; dead letters only.
+    /// The [`DeadLetterKind`]'s name; dead letters only.
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
