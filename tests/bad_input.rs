@@ -205,6 +205,7 @@ fn no_setting_at_any_extreme_panics_the_host() -> Result<()> {
         "[checkpoint]\ninterval",
         "[checkpoint]\nretain",
         "[checkpoint]\nrestore_budget",
+        "[checkpoint]\nrestore_retry_timeout",
         "[checkpoint]\nupload_bytes_per_s",
         "[source]\nkind = \"generator\"\nrate",
         "[source]\nkind = \"generator\"\nduration",

@@ -1,8 +1,9 @@
 //! Checkpoints and restore through the real binary and a local checkpoint store:
 //! a wiped state directory restores from the store, `kill -9` during an upload
 //! leaves the last complete checkpoint usable, a corrupt and a missing file are named
-//! and fallen back past, checkpoints upload only what changed, and retention leaves
-//! exactly the referenced files.
+//! and fallen back past, checkpoints upload only what changed, retention leaves
+//! exactly the referenced files, and a host whose partitions another host claimed
+//! changes nothing in the store.
 
 use anyhow::Result;
 use serde_json::Value;
@@ -403,5 +404,47 @@ fn a_store_of_another_partition_count_or_job_is_refused() -> Result<()> {
     std::fs::create_dir(&other)?;
     run_ok(run_generator_job(&other, 100, 1_000, SEED, 2).arg("--no-checkpoints"))?;
     assert!(!other.join("state.checkpoints").exists());
+    Ok(())
+}
+
+/// Host `a` still runs a job when host `b` takes its partitions (as after an eviction
+/// `a` has not noticed yet) and restores them from the shared store: from `b`'s claim
+/// on, `a` writes no checkpoint and deletes nothing there, and says so; every
+/// checkpoint left in the store can be restored.
+#[test]
+fn a_host_whose_partitions_were_claimed_by_another_stops_writing_to_the_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (dir, store) = (dir.path(), dir.path().join("store"));
+    let host = |name: &str, count: u64| -> Result<Command> {
+        let home = dir.join(name);
+        std::fs::create_dir_all(&home)?;
+        let mut command = run_generator_job(&home, 200, count, SEED, 2);
+        command.arg("--checkpoint-store").arg(&store);
+        with_config(&mut command, &home, "[checkpoint]\ninterval = \"200ms\"\nretain = 1\n")?;
+        Ok(command)
+    };
+    let mut a = Host::spawn("a", host("a", 10_000_000)?.args(["--rate", "2000"]), &dir.join("a.log"))?;
+    let started = Instant::now();
+    while (0..2).any(|p| checkpoint_manifests(&store, p).is_ok_and(|m| m.is_empty())) {
+        assert!(started.elapsed() < Duration::from_secs(60), "a took no checkpoint:\n{}", a.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    run_ok(&mut host("b", 1_000)?)?;
+    a.wait_for("claimed by host", 2, Duration::from_secs(60))?;
+    let manifests: Vec<Vec<Value>> = (0..2).map(|p| checkpoint_manifests(&store, p)).collect::<Result<_>>()?;
+    std::thread::sleep(Duration::from_secs(1));
+    a.kill_9()?;
+    let log = std::fs::read_to_string(dir.join("a.log"))?;
+    assert!(log.contains("no longer owns it"), "{log}");
+    for p in 0..2 {
+        assert_eq!(checkpoint_manifests(&store, p)?, manifests[p as usize], "partition {p}: a wrote or deleted one");
+        let stored = checkpoint_files(&store, p)?;
+        for manifest in &manifests[p as usize] {
+            let missing: Vec<String> =
+                manifest_objects(manifest).into_iter().filter(|o| !stored.contains_key(o)).collect();
+            assert!(missing.is_empty(), "partition {p}: checkpoint {} lost {missing:?}", manifest["id"]);
+        }
+    }
+    run_ok(&mut host("c", 1_000)?)?;
     Ok(())
 }

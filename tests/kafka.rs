@@ -9,19 +9,21 @@
 //! through `kill -9`, a frozen broker or a deleted topic; exactly-once outputs (on noida-db, which has
 //! transactions) survive `kill -9` at every step of a commit and fence a zombie; a partition
 //! whose worker fails is paused while the others go on; dead letters go to a topic as the
-//! records were. The test
+//! records were; a checkpoint store that fails at an assignment keeps the partition paused
+//! and the host in its group until the store answers. The test
 //! brokers themselves are checked first: tansu serves a fetch from inside a batch, noida-db
 //! hides aborted records and fences zombies.
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use sluice::config::DEFAULT_DEAD_LETTER_PATH;
-use sluice::job::{DEAD_LETTERS_BY_KIND, LAG};
+use sluice::job::{DEAD_LETTERS_BY_KIND, JOB_STARTED, LAG};
 use sluice::record::{DeadLetterKind, NULL_KEY_HEADER, Stop, TOMBSTONE_HEADER};
 use sluice::sink::transaction::{FENCED, REPLAYED_SILENTLY};
 use sluice::source::kafka::{ASSIGNED, PARTITIONS_ADDED, RESUMED, REVOKED};
 use sluice::worker::{
     AFTER_SEND, BEFORE_SEND, OFFSETS_JUMP, OUTPUTS_COMMITTED, SLOW_BATCH, STATE_COMMITTED, STOPPED, STOPPED_ALONE,
+    STORE_RETRY,
 };
 use sluice_tests::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -349,6 +351,59 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
     let from_store = report.lines().filter(|l| l.split_whitespace().nth(1) == Some("checkpoint")).count();
     assert_eq!(from_store, 6, "every partition came from the store:\n{report}");
     assert_state_matches(&dump_state(&check.join("state"))?, &reference, "restored from the shared store");
+    Ok(())
+}
+
+/// The checkpoint store fails (its directory replaced by a file) just as host `b` joins
+/// `a`'s group: `b` keeps the partition it is given paused, stays in the group and says
+/// so, trying the store again with backoff, while `a` hands the partition over without
+/// its last checkpoint and goes on with the other. Once the store answers, `b` restores
+/// the partition and processes on, and the store ends up with every record's state.
+#[test]
+fn a_store_outage_at_an_assignment_keeps_the_host_in_its_group_until_the_store_answers() -> Result<()> {
+    let broker = KafkaBroker::start_in_memory()?;
+    broker.create_topic("positions", 2)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let all = dir.join("all.jsonl");
+    generate(&all, 100, 4_000, SEED)?;
+    let chunks = split_lines(&all, 2)?;
+    let (store, away) = (dir.join("store"), dir.join("store.away"));
+    let config = positions_source(dir, &broker.bootstrap, "group = \"outage\"\n")?;
+    let host = |name: &str| -> Result<Host> {
+        let home = dir.join(name);
+        std::fs::create_dir_all(&home)?;
+        let mut command = run_job(&operator_wasm("vehicle_stats"), &home, 2);
+        command.arg("--config").arg(&config).arg("--checkpoint-store").arg(&store);
+        Host::spawn(name, command.args(["--checkpoint-interval", "1"]), &home.join("log"))
+    };
+    let minute = Duration::from_secs(60);
+    broker.produce_lines("positions", &chunks[0])?;
+    let mut a = host("a")?;
+    a.wait_for(RESUMED, 2, minute)?;
+    broker.wait_committed("outage", "positions", 2_000, minute)?;
+
+    // b has checked the store at its start; its assignment comes seconds later.
+    let mut b = host("b")?;
+    b.wait_for(JOB_STARTED, 1, minute)?;
+    std::fs::rename(&store, &away)?;
+    std::fs::write(&store, "not a directory")?;
+    b.wait_for(STORE_RETRY, 2, minute)?;
+    assert!(!b.log().contains(RESUMED), "b resumed a partition without its state:\n{}", b.log());
+    std::fs::remove_file(&store)?;
+    std::fs::rename(&away, &store)?;
+    b.wait_for(RESUMED, 1, minute)?;
+    broker.produce_lines("positions", &chunks[1])?;
+    let caught_up = broker.wait_committed("outage", "positions", 4_000, minute);
+    caught_up.with_context(|| format!("host logs:\n{}\n{}", a.log(), b.log()))?;
+    b.terminate()?;
+    a.terminate()?;
+
+    let check = dir.join("check");
+    let config = positions_source(dir, &broker.bootstrap, "group = \"outage-check\"\nstop_when_idle_s = 2\n")?;
+    let mut command = run_job(&operator_wasm("vehicle_stats"), &check, 2);
+    run_ok(command.arg("--config").arg(&config).arg("--checkpoint-store").arg(&store))?;
+    assert_state_matches(&dump_state(&check.join("state"))?, &Reference::fold(&all)?, "restored after the outage");
     Ok(())
 }
 

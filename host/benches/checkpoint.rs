@@ -170,7 +170,12 @@ fn fill_and_checkpoint(runtime: &tokio::runtime::Runtime, dir: &Path, size: u64)
     runtime.block_on(store.claim(1, &JobIdentity { operator: "bench".into(), input: None }))?;
     let plan = runtime.block_on(restore::plan(Some(&state), &[0], Some(&store)))?;
     let partition = state.open_partition(0)?;
-    let settings = CheckpointSettings { interval: Duration::ZERO, retain: 1, upload_bytes_per_s: None };
+    let settings = CheckpointSettings {
+        interval: Duration::ZERO,
+        retain: 1,
+        upload_bytes_per_s: None,
+        host: sluice::checkpoint::host_id().to_string(),
+    };
     let restored = checkpoint::RestoredFrom::Local { offset: keys };
     let mut checkpointer = Checkpointer::new(
         store.clone(),

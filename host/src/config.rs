@@ -80,6 +80,7 @@
 //! interval = "10s"
 //! retain = 3                  # checkpoints kept per partition
 //! restore_budget = "1m"       # warn when a restore is predicted to take longer
+//! restore_retry_timeout = "5m" # a partition's start retries a failing store this long
 //! # upload_bytes_per_s = 50000000
 //!
 //! [admin]                     # the admin HTTP API (deploy, rollback, versions)
@@ -710,6 +711,10 @@ pub struct CheckpointConfig {
     /// A restore predicted to take longer than this logs a warning.
     #[serde(default = "default_restore_budget", alias = "restore_budget_s", deserialize_with = "duration")]
     pub restore_budget: Duration,
+    /// How long a partition's start tries the store again while it fails to answer
+    /// (the partition paused, the host in its group) before the start fails.
+    #[serde(default = "default_restore_retry_timeout", deserialize_with = "duration")]
+    pub restore_retry_timeout: Duration,
     /// Upload bandwidth cap in bytes per second; absent is unlimited.
     pub upload_bytes_per_s: Option<u64>,
 }
@@ -730,6 +735,11 @@ fn default_restore_budget() -> Duration {
     Duration::from_secs(60)
 }
 
+/// Kafka Streams' `task.timeout.ms` default: a store outage this long is not a blip.
+fn default_restore_retry_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+
 impl Default for CheckpointConfig {
     fn default() -> Self {
         CheckpointConfig {
@@ -738,6 +748,7 @@ impl Default for CheckpointConfig {
             interval: default_checkpoint_interval(),
             retain: default_checkpoint_retain(),
             restore_budget: default_restore_budget(),
+            restore_retry_timeout: default_restore_retry_timeout(),
             upload_bytes_per_s: None,
         }
     }

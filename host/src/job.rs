@@ -32,6 +32,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 
+/// Logged once a job has checked its store and sinks, before its source starts.
+pub const JOB_STARTED: &str = "job started";
+
 /// A partition's lag in a running-summary line: ` lag=N`, present when the source
 /// knows its end (Kafka).
 pub const LAG: &str = "lag=";
@@ -189,7 +192,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
         checkpoints = checkpoints.as_ref().map_or("off", |c| c.store.url()),
         sink = sink.name(),
         dead_letters = dead_letters.name(),
-        "job started"
+        "{JOB_STARTED}"
     );
     let stopping = Arc::new(AtomicBool::new(false));
     runtime.spawn(stop_on_signal(stopping.clone()));
@@ -240,8 +243,10 @@ fn open_checkpoints(config: &Config, runtime: &Runtime) -> Result<Option<Checkpo
             interval: config.checkpoint.interval,
             retain: config.checkpoint.retain,
             upload_bytes_per_s: config.checkpoint.upload_bytes_per_s,
+            host: checkpoint::host_id().to_string(),
         },
         restore_budget: config.checkpoint.restore_budget,
+        retry_timeout: config.checkpoint.restore_retry_timeout,
     }))
 }
 

@@ -36,6 +36,9 @@ pub struct CheckpointSettings {
     pub retain: usize,
     /// Upload bandwidth cap in bytes/s, so checkpoints do not starve the job's own I/O.
     pub upload_bytes_per_s: Option<u64>,
+    /// The name this host claims partitions under ([`host_id`](super::host_id)): a
+    /// checkpoint is written, and garbage collected, only while the claim is its own.
+    pub host: String,
 }
 
 /// Checkpoints one partition. Owned by the partition's worker.
@@ -224,7 +227,8 @@ impl Upload {
         let dir = self.dir.clone();
         tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await?.ok();
         result?;
-        let collected = collect_garbage(&self.store, self.manifest.partition, self.settings.retain).await;
+        let (partition, settings) = (self.manifest.partition, &self.settings);
+        let collected = collect_garbage(&self.store, partition, settings.retain, &settings.host).await;
         if let Err(e) = collected {
             tracing::warn!(partition = self.manifest.partition, "checkpoint garbage collection failed: {e:#}");
         }
@@ -267,6 +271,9 @@ impl Upload {
         drop(uploads);
         self.manifest.files = files;
         self.manifest.uploaded_bytes = uploading;
+        // A host that lost the partition without knowing must not add a checkpoint the
+        // new owner did not write (nor collect, below, what the new owner restores).
+        self.store.check_claim(partition, &self.settings.host).await?;
         self.store.put_manifest(&self.manifest).await?;
         tracing::info!(
             partition,
@@ -307,8 +314,10 @@ fn describe_snapshot(dir: &Path, sst_checksums: &Mutex<HashMap<(String, u64), St
 
 /// Deletes all but the newest `retain` checkpoints of `partition`, then every file no
 /// remaining checkpoint lists and the store wrote before the newest manifest. Returns
-/// how many files it deleted.
-pub async fn collect_garbage(store: &CheckpointStore, partition: u32, retain: usize) -> Result<usize> {
+/// how many files it deleted. Deletes nothing unless `host` holds the partition's
+/// claim, checked before each of the two rounds of deletes.
+pub async fn collect_garbage(store: &CheckpointStore, partition: u32, retain: usize, host: &str) -> Result<usize> {
+    store.check_claim(partition, host).await?;
     let written = store.manifests_written(partition).await?;
     // A file written after the newest manifest may belong to a checkpoint another host
     // is uploading right now (after a rebalance): only older ones can be orphans.
@@ -324,6 +333,7 @@ pub async fn collect_garbage(store: &CheckpointStore, partition: u32, retain: us
         let manifest = store.manifest(partition, id).await.context("keeping every file")?;
         referenced.extend(manifest.files.iter().map(store::object_name));
     }
+    store.check_claim(partition, host).await?;
     let mut deleted = store.remove_partial_uploads(partition).await?;
     for (object, file) in store.files(partition).await? {
         if !referenced.contains(&object) && file.written < newest {
@@ -371,12 +381,68 @@ mod tests {
         pause();
         // Another host's checkpoint 2, files uploaded, manifest not yet written.
         let in_flight = store::object_name(&upload("000002.sst")?);
-        assert_eq!(runtime.block_on(collect_garbage(&store, 0, 1))?, 0, "nothing newer than checkpoint 1 goes");
+        assert_eq!(runtime.block_on(collect_garbage(&store, 0, 1, "a"))?, 0, "nothing newer than checkpoint 1 goes");
         pause();
         checkpoint(2, vec![kept])?;
-        assert_eq!(runtime.block_on(collect_garbage(&store, 0, 1))?, 1, "now it is an orphan");
+        assert_eq!(runtime.block_on(collect_garbage(&store, 0, 1, "a"))?, 1, "now it is an orphan");
         let left = runtime.block_on(store.files(0))?;
         assert!(!left.contains_key(&in_flight) && left.len() == 1, "{left:?}");
+        Ok(())
+    }
+
+    /// Host `a` was evicted without knowing it, and `b` claimed partition 0 to restore
+    /// checkpoint 1: `a`'s next checkpoint would expire checkpoint 1 (retain 1) and
+    /// collect its files under `b`'s restore. Fenced by `b`'s claim, `a` writes no
+    /// manifest and deletes nothing.
+    #[test]
+    fn a_host_whose_partition_was_claimed_by_another_writes_and_deletes_nothing() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let store = CheckpointStore::open(dir.path().join("store").to_str().expect("UTF-8 temp path"))?;
+        let runtime = super::super::runtime()?;
+        let settings = |host: &str| CheckpointSettings {
+            interval: Duration::ZERO,
+            retain: 1,
+            upload_bytes_per_s: None,
+            host: host.to_string(),
+        };
+        let checkpoint = |host: &str, id: u64, file: &str| -> Result<Manifest> {
+            let snapshot = dir.path().join(format!("snapshot-{id}"));
+            std::fs::create_dir_all(&snapshot)?;
+            std::fs::write(snapshot.join(file), file.repeat(10))?;
+            let upload = Upload {
+                store: store.clone(),
+                settings: settings(host),
+                manifest: Manifest {
+                    format: store::CHECKPOINT_FORMAT,
+                    state_format: STATE_FORMAT,
+                    partition: 0,
+                    id,
+                    offset: id,
+                    entries: 0,
+                    operator: "probe@0".into(),
+                    created_at_ms: 0,
+                    uploaded_bytes: 0,
+                    files: Vec::new(),
+                },
+                dir: snapshot,
+                sst_checksums: Arc::default(),
+            };
+            runtime.block_on(upload.run())
+        };
+        runtime.block_on(store.claim_partition(0, "a"))?;
+        let restored = checkpoint("a", 1, "000001.sst")?;
+        runtime.block_on(store.claim_partition(0, "b"))?;
+
+        let refused = checkpoint("a", 2, "000002.sst").expect_err("a's claim was taken");
+        assert!(refused.downcast_ref::<store::ClaimedElsewhere>().is_some(), "{refused:#}");
+        let collected = runtime.block_on(collect_garbage(&store, 0, 1, "a")).expect_err("nor may a collect");
+        assert!(format!("{collected:#}").contains("claimed by host b"), "{collected:#}");
+        assert_eq!(runtime.block_on(store.checkpoint_ids(0))?, [1], "b's restore still finds checkpoint 1");
+        let files = runtime.block_on(store.files(0))?;
+        assert!(restored.files.iter().all(|f| files.contains_key(&store::object_name(f))), "{files:?}");
+
+        checkpoint("b", 2, "000002.sst")?;
+        assert_eq!(runtime.block_on(store.checkpoint_ids(0))?, [2], "the owner's checkpoints and collection go on");
         Ok(())
     }
 }

@@ -29,6 +29,20 @@ pub use restore::{RestorePlan, RestoreReport, RestoredFrom};
 pub use store::{CheckpointStore, JobIdentity, Manifest, ManifestFile};
 
 use anyhow::Result;
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// This process's name in partition claims: `<hostname>/<pid>/<start ms>`, so two runs
+/// on one machine, or one machine's run and its restart, never share a name.
+pub fn host_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| {
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname");
+        let hostname = hostname.as_deref().map_or("unknown", str::trim);
+        let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        format!("{hostname}/{}/{started}", std::process::id())
+    })
+}
 
 /// The runtime checkpoint I/O runs on: two threads beside the partition workers.
 pub fn runtime() -> Result<tokio::runtime::Runtime> {

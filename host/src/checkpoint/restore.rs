@@ -6,13 +6,15 @@
 //! downloaded into a side directory, every file checked against its manifest, the
 //! database opened to confirm it holds the manifest's offset, and only then moved into
 //! place; a missing or corrupt file is named and the previous checkpoint tried. A
-//! half-restored database is never where the job will open it.
+//! half-restored database is never where the job will open it. A store that fails to
+//! answer is the caller's to try again ([`store::is_unavailable`]): falling back would
+//! meet the same store.
 //!
 //! This module owns that decision and the copying; the [state](crate::state) module
 //! owns the directory layout it writes into.
 
 use super::bytes;
-use super::store::{CheckpointStore, Manifest};
+use super::store::{self, CheckpointStore, Manifest};
 use crate::state::{PartitionStore, StateDir};
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt};
@@ -53,12 +55,6 @@ impl PartitionPlan {
     /// The bytes a restore fetches: the newest candidate's size, 0 for local recovery.
     pub fn bytes_to_fetch(&self) -> u64 {
         self.candidates.first().map_or(0, Manifest::bytes)
-    }
-
-    /// The offset the partition will resume at unless the newest candidate turns out
-    /// broken: the newest candidate's, else the local state's, else 0.
-    pub fn expected_offset(&self) -> u64 {
-        self.candidates.first().map(|m| m.offset).or(self.local_offset).unwrap_or(0)
     }
 
     /// Where the state comes from when nothing is restored: the local state or none.
@@ -363,6 +359,8 @@ async fn restore_partition(
                     bytes: manifest.bytes(),
                 });
             }
+            // An older checkpoint is in the same store: the caller tries this one again.
+            Err(e) if store::is_unavailable(&e) => return Err(e),
             Err(e) => {
                 tracing::error!(
                     partition,
@@ -414,9 +412,13 @@ async fn fetch(store: &CheckpointStore, manifest: &Manifest, side: &Path, progre
         .collect();
     let downloads: Vec<Result<()>> =
         futures::stream::iter(downloads).buffer_unordered(PARALLEL_DOWNLOADS).collect().await;
+    let mut failures: Vec<anyhow::Error> = downloads.into_iter().filter_map(Result::err).collect();
+    if let Some(unavailable) = failures.iter().position(store::is_unavailable) {
+        return Err(failures.swap_remove(unavailable));
+    }
     // Every bad file is named, not just the first: the operator fixing the store needs
     // the whole list.
-    let failures: Vec<String> = downloads.into_iter().filter_map(|d| d.err()).map(|e| format!("{e:#}")).collect();
+    let failures: Vec<String> = failures.iter().map(|e| format!("{e:#}")).collect();
     if !failures.is_empty() {
         bail!("{} of {} files failed: {}", failures.len(), manifest.files.len(), failures.join("; "));
     }

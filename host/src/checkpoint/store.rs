@@ -4,6 +4,7 @@
 //! ```text
 //! <store>/sluice-checkpoints.json                   format, partition count and identity of the job
 //! <store>/restores.json                             measured restore bandwidth
+//! <store>/partition-0000/claim.json                 the host that took the partition last
 //! <store>/partition-0000/manifests/0000000012.json  one per checkpoint, written last
 //! <store>/partition-0000/files/000042.sst.1f3a…     a file, under its name and checksum
 //! <store>/operators/vehicle_stats/…                 deployed operator versions (see
@@ -14,8 +15,15 @@
 //! `object_store` crate, so one code path serves both. Files are addressed by content
 //! (name plus checksum): a file the store holds is never uploaded again, and a file
 //! uploaded by a checkpoint that never finished is garbage, found and deleted by the
-//! next checkpoint's collection. This module owns the layout, the manifest format and
-//! verification; it does not decide what to upload, keep or restore.
+//! next checkpoint's collection.
+//!
+//! Each host that takes a partition first writes its [`PartitionClaim`]; a host whose
+//! claim was overwritten (it was evicted from its group without knowing yet) writes no
+//! manifest and deletes nothing of that partition ([`CheckpointStore::check_claim`]), so
+//! it cannot collect files the new owner restores or references.
+//!
+//! This module owns the layout, the manifest format, claims and verification; it does
+//! not decide what to upload, keep or restore.
 
 use crate::checksum::{self, Checksum};
 use anyhow::{Context, Result, anyhow, bail};
@@ -82,6 +90,34 @@ impl std::fmt::Display for JobIdentity {
             None => Ok(()),
         }
     }
+}
+
+/// Who took a partition last: the only host that may write its checkpoints and
+/// collect its garbage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionClaim {
+    /// The claiming host's [id](crate::checkpoint::host_id): one per process.
+    pub host: String,
+    /// When it claimed, milliseconds since the Unix epoch (its clock).
+    pub claimed_at_ms: u64,
+}
+
+/// A host checked its claim on a partition and found another host's: it no longer owns
+/// the partition, whatever its consumer still believes.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "partition {partition} was claimed by host {} at {} ms since the epoch; this host ({host}) no longer owns it \
+     (evicted from its group?), so it writes no checkpoint of it and deletes nothing",
+    claim.host,
+    claim.claimed_at_ms
+)]
+pub struct ClaimedElsewhere {
+    /// The partition.
+    pub partition: u32,
+    /// This host.
+    pub host: String,
+    /// The claim found.
+    pub claim: PartitionClaim,
 }
 
 /// One checkpoint of one partition. It exists once this manifest is in the store.
@@ -262,6 +298,27 @@ impl CheckpointStore {
             },
         };
         self.put_bytes(STORE_MANIFEST, serde_json::to_vec_pretty(&manifest)?).await
+    }
+
+    /// Records that `host` owns `partition` from now on: the host that took it before
+    /// (if it still runs) stops checkpointing and collecting it.
+    pub async fn claim_partition(&self, partition: u32, host: &str) -> Result<()> {
+        let claimed_at_ms = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let claim = PartitionClaim { host: host.to_string(), claimed_at_ms };
+        self.put_bytes(&claim_path(partition), serde_json::to_vec_pretty(&claim)?).await
+    }
+
+    /// Fails with [`ClaimedElsewhere`] unless `host` holds the newest claim on
+    /// `partition` (or nobody claimed it: a store older than claims).
+    pub async fn check_claim(&self, partition: u32, host: &str) -> Result<()> {
+        let path = claim_path(partition);
+        let Some(bytes) = self.get_optional(&path).await? else { return Ok(()) };
+        let claim: PartitionClaim =
+            serde_json::from_slice(&bytes).with_context(|| format!("{path} is not a sluice partition claim"))?;
+        if claim.host != host {
+            return Err(ClaimedElsewhere { partition, host: host.to_string(), claim }.into());
+        }
+        Ok(())
     }
 
     /// The ids of `partition`'s checkpoints, oldest first.
@@ -549,8 +606,22 @@ fn file_path(partition: u32, file: &ManifestFile) -> String {
     format!("{}/{}", files_dir(partition), object_name(file))
 }
 
+fn claim_path(partition: u32) -> String {
+    format!("{}/claim.json", partition_dir(partition))
+}
+
 fn manifest_path(partition: u32, id: u64) -> String {
     format!("{}/manifests/{id:010}.json", partition_dir(partition))
+}
+
+/// Whether `error` is the store failing to answer — unreachable, refusing, erring —
+/// rather than answering that something is missing or wrong: worth trying again later.
+pub fn is_unavailable(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause.downcast_ref::<object_store::Error>().is_some_and(|e| {
+            !matches!(e, object_store::Error::NotFound { .. } | object_store::Error::AlreadyExists { .. })
+        })
+    })
 }
 
 /// Compares what was read of `file` (at object `path`) with its manifest entry.

@@ -210,8 +210,12 @@ impl<P: Partitions + Send> ConsumerContext for Membership<P> {
 }
 
 impl<P: Partitions + Send> Membership<P> {
-    /// Starts `partitions`, assigns each at the offset its state will hold, and pauses
-    /// them until their workers run.
+    /// Starts `partitions` and assigns them paused until their workers run. Where each
+    /// resumes is known only once its state is restored (which may wait for the
+    /// checkpoint store), so they are assigned at offset 0 and moved to their state's
+    /// offset when they resume. The offset must be a number: a logical one (the log's
+    /// end) makes librdkafka look it up, and the answer can land after the move and
+    /// undo it.
     fn assign(
         &self,
         consumer: &BaseConsumer<Self>,
@@ -223,9 +227,8 @@ impl<P: Partitions + Send> Membership<P> {
         let mut owner = owner.filter(|_| !partitions.is_empty());
         let now = Instant::now();
         if let Some(owner) = owner.as_deref_mut() {
-            for (p, offset) in assign(owner, &self.topic, partitions)? {
-                tpl.set_partition_offset(&self.topic, p as i32, Offset::Offset(offset as i64))?;
-            }
+            assign(owner, &self.topic, partitions)?;
+            tpl.set_all_offsets(Offset::Offset(0))?;
         }
         if cooperative {
             consumer.incremental_assign(tpl)?
@@ -248,9 +251,9 @@ pub const PARTITIONS_ADDED: &str = "if partitions were added to the topic since 
      dir, checkpoint store and consumer group, [state] partitions = the topic's) that reads the topic from the \
      start; a new job on this topic only needs [state] partitions set to the topic's";
 
-/// Starts `partitions` of `topic` in `owner`; returns the offset each is expected to
-/// resume at. A partition the job does not have is refused before any starts.
-fn assign(owner: &mut impl Partitions, topic: &str, partitions: &[u32]) -> Result<Vec<(u32, u64)>> {
+/// Starts `partitions` of `topic` in `owner`. A partition the job does not have is
+/// refused before any starts.
+fn assign(owner: &mut impl Partitions, topic: &str, partitions: &[u32]) -> Result<()> {
     if let Some(p) = partitions.iter().find(|&&p| p >= owner.count()) {
         bail!("topic {topic} has partition {p}, but the job has {} partitions: {}", owner.count(), PARTITIONS_ADDED);
     }
@@ -580,9 +583,9 @@ mod tests {
         fn count(&self) -> u32 {
             self.count
         }
-        fn assign(&mut self, partitions: &[u32]) -> Result<Vec<(u32, u64)>> {
+        fn assign(&mut self, partitions: &[u32]) -> Result<()> {
             self.assigned.extend(partitions);
-            Ok(partitions.iter().map(|&p| (p, 100 + p as u64)).collect())
+            Ok(())
         }
         fn started(&mut self, _wait: bool) -> Result<Vec<Started>> {
             if std::mem::take(&mut self.fail_start) {
@@ -675,14 +678,14 @@ mod tests {
     }
 
     #[test]
-    fn an_assignment_starts_the_partitions_at_their_states_offsets_and_pauses_them() {
+    fn an_assignment_starts_the_partitions_and_pauses_them_at_an_offset_that_exists() {
         let consumer = consumer(fake(2, &[]));
         let mut tpl = list(&[0, 1]);
         consumer.context().rebalance(&consumer, RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS, &mut tpl);
         assert!(lock(&consumer.context().failure).is_none());
         assert_eq!(lock(&consumer.context().partitions).as_ref().unwrap().assigned, [0, 1]);
         let offsets: Vec<Offset> = tpl.elements().iter().map(|e| e.offset()).collect();
-        assert_eq!(offsets, [Offset::Offset(100), Offset::Offset(101)], "each starts where its state is");
+        assert_eq!(offsets, [Offset::Offset(0), Offset::Offset(0)], "moved to their states' offsets on resuming");
         assert_eq!(consumer.assignment().unwrap().count(), 2);
         assert!(lock(&consumer.context().assigned_at).is_some(), "idleness counts from the assignment");
     }

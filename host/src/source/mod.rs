@@ -30,10 +30,10 @@ pub trait Partitions {
     /// The job's partition count.
     fn count(&self) -> u32;
 
-    /// Starts `partitions`: plans their restores and returns the offset each is expected
-    /// to resume at. They take records once [`Partitions::started`] returns them (a
-    /// restore that falls back to an older checkpoint resumes earlier).
-    fn assign(&mut self, partitions: &[u32]) -> Result<Vec<(u32, u64)>>;
+    /// Starts `partitions`: their state is restored in the background, and they take
+    /// records once [`Partitions::started`] returns them, each at the offset its state
+    /// holds.
+    fn assign(&mut self, partitions: &[u32]) -> Result<()>;
 
     /// The partitions whose start completed since the last call, each taking records
     /// from its `offset`; with `wait`, waits until no partition is starting. A start

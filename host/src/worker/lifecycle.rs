@@ -1,11 +1,12 @@
 //! The partitions this host owns, each with a running worker.
 //!
-//! A partition is started when the source assigns it: its restore is planned at once
-//! (so the source knows the offset it resumes at), then, on a thread of its own, its
-//! state is restored (local recovery or the checkpoint store), opened, bound to an
-//! operator instance and a checkpointer, and handed to a new worker thread. The source
-//! learns from [`Workers::started`] when it may feed the partition. Partitions that
-//! stay keep running throughout: only the ones that move wait for a restore.
+//! A partition is started when the source assigns it: on a thread of its own, it is
+//! claimed in the checkpoint store, its state restored (local recovery or the store),
+//! opened, bound to an operator instance and a checkpointer, and handed to a new worker
+//! thread. A store that fails to answer is tried again with backoff, the partition
+//! waiting, rather than failing the host. The source learns from [`Workers::started`]
+//! when it may feed the partition, and at which offset. Partitions that stay keep
+//! running throughout: only the ones that move wait for a restore.
 //!
 //! A partition is stopped as [`Stop`] says: drained at the end of the source, handed
 //! over (batch in hand finished, last checkpoint uploaded) when revoked, or dropped
@@ -17,6 +18,7 @@
 
 use super::{Cadence, Destinations, StopSignal};
 use crate::checkpoint::restore::{self, PartitionPlan};
+use crate::checkpoint::store;
 use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
 use crate::config::TtlConfig;
 use crate::lock;
@@ -29,9 +31,9 @@ use crate::stats::{DeadLetters, LiveStats, PartitionStats, Totals};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
@@ -74,6 +76,8 @@ pub struct Checkpointing {
     pub settings: CheckpointSettings,
     /// A restore predicted to take longer than this is warned about.
     pub restore_budget: Duration,
+    /// How long a partition's start tries again while the store fails to answer.
+    pub retry_timeout: Duration,
 }
 
 /// What one run of a partition on this host did, from its start to its stop.
@@ -118,6 +122,9 @@ pub struct Workers {
     running: BTreeMap<u32, Running>,
     /// Partitions being restored.
     starting: BTreeSet<u32>,
+    /// Of `starting`, those stopped meanwhile: a start waiting to try the store again
+    /// gives them up.
+    given_up: Arc<Mutex<BTreeSet<u32>>>,
     started_tx: Sender<StartResult>,
     started_rx: Receiver<StartResult>,
     /// Partitions that started and were not yet returned by [`Workers::started`].
@@ -140,6 +147,7 @@ impl Workers {
             setup: Arc::new(setup),
             running: BTreeMap::new(),
             starting: BTreeSet::new(),
+            given_up: Arc::default(),
             started_tx,
             started_rx,
             arrived: Vec::new(),
@@ -151,56 +159,50 @@ impl Workers {
         }
     }
 
-    /// Starts `partitions`: plans their restores now and returns the offset each is
-    /// expected to resume at, then restores and starts them in the background. A
-    /// restore that falls back to an older checkpoint resumes earlier; [`started`]
-    /// says where each actually resumes.
-    ///
-    /// [`started`]: Workers::started
-    pub fn start(&mut self, partitions: &[u32]) -> Result<Vec<(u32, u64)>> {
+    /// Starts `partitions` in the background: claims them in the checkpoint store,
+    /// restores their state (local recovery or a checkpoint) and starts their workers;
+    /// [`started`](Workers::started) returns each once it runs, at the offset its state
+    /// holds. While the store fails to answer, the start is tried again with backoff for
+    /// up to `[checkpoint] restore_retry_timeout`, its partitions waiting (a Kafka source
+    /// keeps them paused and this host in its group); a partition stopped meanwhile is
+    /// given up.
+    pub fn start(&mut self, partitions: &[u32]) -> Result<()> {
         let setup = self.setup.clone();
-        let store = setup.checkpoints.as_ref().map(|c| &c.store);
-        let plan = setup.runtime.block_on(restore::plan(Some(&setup.state), partitions, store))?;
         let now = Instant::now();
         self.starting.extend(partitions);
         for p in partitions {
             self.failed.remove(p);
+            lock(&self.given_up).remove(p);
         }
-        let expected = plan.partitions.iter().map(|p| (p.partition, p.expected_offset())).collect();
-        let tx = self.started_tx.clone();
+        let (tx, given_up, mut partitions) = (self.started_tx.clone(), self.given_up.clone(), partitions.to_vec());
         std::thread::Builder::new().name("sluice-restore".into()).spawn(move || {
             let mut sent = Vec::new();
             let finished = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                let restored = match &setup.checkpoints {
-                    Some(c) => setup
-                        .runtime
-                        .block_on(restore::restore(&setup.state, &c.store, plan.clone(), c.restore_budget))
-                        .map(|report| report.restored),
-                    None => Ok(plan.partitions.iter().map(PartitionPlan::local).collect()),
+                let mut report = |partition: u32, result: Result<Running>| {
+                    tx.send((partition, result)).ok();
+                    sent.push(partition);
                 };
-                match restored {
-                    Ok(restored) => {
-                        for (plan, restored) in plan.partitions.iter().zip(restored) {
-                            tx.send((plan.partition, spawn_worker(&setup, plan, restored, now))).ok();
-                            sent.push(plan.partition);
+                match restore_retrying(&setup, &mut partitions, &given_up, &mut report) {
+                    Ok((plans, restored)) => {
+                        for (plan, restored) in plans.iter().zip(restored) {
+                            report(plan.partition, spawn_worker(&setup, plan, restored, now));
                         }
                     }
                     Err(e) => {
-                        for p in &plan.partitions {
-                            tx.send((p.partition, Err(anyhow!("restoring: {e:#}")))).ok();
-                            sent.push(p.partition);
+                        for &p in &partitions {
+                            report(p, Err(anyhow!("restoring: {e:#}")));
                         }
                     }
                 }
             }));
             // Whoever waits for these partitions must hear of them, whatever happened.
             if finished.is_err() {
-                for p in plan.partitions.iter().map(|p| p.partition).filter(|p| !sent.contains(p)) {
+                for &p in partitions.iter().filter(|p| !sent.contains(p)) {
                     tx.send((p, Err(anyhow!("the restore thread panicked")))).ok();
                 }
             }
         })?;
-        Ok(expected)
+        Ok(())
     }
 
     /// The partitions whose start completed since the last call, each running from
@@ -271,6 +273,7 @@ impl Workers {
                 lock(&self.live).insert(partition, running.stats.clone());
                 self.running.insert(partition, running);
             }
+            Err(e) if e.is::<StartGivenUp>() => {}
             Err(e) => {
                 let e = e.context(format!("starting partition {partition}"));
                 tracing::error!("{e:#}");
@@ -338,6 +341,9 @@ impl Workers {
     /// Stops `partition` as `how` says and waits until it has (a start in progress
     /// completes first). Returns what the stopped run did; `None` if it did not run here.
     pub fn stop(&mut self, partition: u32, how: Stop) -> Result<Option<&PartitionReport>> {
+        if self.starting.contains(&partition) {
+            lock(&self.given_up).insert(partition);
+        }
         while self.starting.contains(&partition) {
             self.receive_start();
         }
@@ -379,6 +385,8 @@ impl Workers {
     /// even when one fails; the first failure is returned, or else, if partitions
     /// stopped alone during the run, why each did.
     pub fn stop_all(&mut self, how: Stop) -> Result<Vec<(u32, u64)>> {
+        // A start still waiting for the store has nothing to hand over or drain.
+        lock(&self.given_up).extend(&self.starting);
         let mut result = self.wait_started().and_then(|_| self.failed()).map(|_| Vec::new());
         for partition in self.running() {
             let stopped = self.stop(partition, how).map(|r| r.map(|r| (partition, r.totals.committed_offset)));
@@ -403,6 +411,77 @@ impl Workers {
     /// The reports of every stopped run, in the order they stopped.
     pub fn reports(&self) -> &[PartitionReport] {
         &self.reports
+    }
+}
+
+/// The first wait before a start tries the store again; each retry doubles it.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+/// The longest wait between two tries.
+const LONGEST_RETRY: Duration = Duration::from_secs(30);
+
+/// Logged while a start waits for the checkpoint store: `partitions [1, 3]: the
+/// checkpoint store failed; trying again in 2s, …`.
+pub const STORE_RETRY: &str = "the checkpoint store failed; trying again in";
+
+/// A start given up because its partition was stopped while it waited for the store.
+#[derive(Debug, thiserror::Error)]
+#[error("the partition was stopped while its start waited for the checkpoint store")]
+struct StartGivenUp;
+
+/// Restores `partitions` as [`Workers::start`] says: their plans and where each one's
+/// state came from. While the store fails to answer, tries again with backoff; before
+/// each try, the partitions in `given_up` leave `partitions` and are `report`ed.
+fn restore_retrying(
+    setup: &WorkerSetup,
+    partitions: &mut Vec<u32>,
+    given_up: &Mutex<BTreeSet<u32>>,
+    report: &mut impl FnMut(u32, Result<Running>),
+) -> Result<(Vec<PartitionPlan>, Vec<RestoredFrom>)> {
+    let Some(c) = &setup.checkpoints else {
+        let plan = setup.runtime.block_on(restore::plan(Some(&setup.state), partitions, None))?;
+        let restored = plan.partitions.iter().map(PartitionPlan::local).collect();
+        return Ok((plan.partitions, restored));
+    };
+    let began = Instant::now();
+    let mut wait = FIRST_RETRY;
+    loop {
+        let attempt = setup.runtime.block_on(async {
+            // Claimed first: a host that had them and has not noticed losing them stops
+            // collecting the checkpoints this restore reads.
+            futures::future::try_join_all(partitions.iter().map(|&p| c.store.claim_partition(p, &c.settings.host)))
+                .await?;
+            let plan = restore::plan(Some(&setup.state), partitions, Some(&c.store)).await?;
+            restore::restore(&setup.state, &c.store, plan, c.restore_budget).await
+        });
+        match attempt {
+            Ok(report) => return Ok((report.plan.partitions, report.restored)),
+            Err(e) if store::is_unavailable(&e) && began.elapsed() + wait < c.retry_timeout => tracing::warn!(
+                "partitions {partitions:?}: {STORE_RETRY} {}s, for up to {}s in all ([checkpoint] \
+                 restore_retry_timeout); they stay paused and this host stays in its group: {e:#}",
+                wait.as_secs(),
+                c.retry_timeout.as_secs()
+            ),
+            Err(e) if store::is_unavailable(&e) => {
+                return Err(e.context(format!(
+                    "the checkpoint store failed for {:.0}s of tries ([checkpoint] restore_retry_timeout)",
+                    began.elapsed().as_secs_f64()
+                )));
+            }
+            Err(e) => return Err(e),
+        }
+        let until = Instant::now() + wait;
+        while Instant::now() < until && !partitions.iter().all(|p| lock(given_up).contains(p)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let gone = lock(given_up).clone();
+        for &p in partitions.iter().filter(|p| gone.contains(p)) {
+            report(p, Err(StartGivenUp.into()));
+        }
+        partitions.retain(|p| !gone.contains(p));
+        if partitions.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        wait = (wait * 2).min(LONGEST_RETRY);
     }
 }
 

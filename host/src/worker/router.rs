@@ -115,7 +115,7 @@ impl Partitions for Router {
         self.next.len() as u32
     }
 
-    fn assign(&mut self, partitions: &[u32]) -> Result<Vec<(u32, u64)>> {
+    fn assign(&mut self, partitions: &[u32]) -> Result<()> {
         self.workers.start(partitions)
     }
 
@@ -262,9 +262,20 @@ mod tests {
         partitions: u32,
         runtime: &tokio::runtime::Runtime,
     ) -> anyhow::Result<Router> {
+        Ok(Router::new(Workers::new(setup(name, config, dir, partitions, runtime)?), partitions, BATCH))
+    }
+
+    /// What [`router_of`] starts partitions with: no checkpoints.
+    fn setup(
+        name: &str,
+        config: Vec<(String, String)>,
+        dir: &Path,
+        partitions: u32,
+        runtime: &tokio::runtime::Runtime,
+    ) -> anyhow::Result<WorkerSetup> {
         let limits = Limits { call_timeout: Some(Duration::from_secs(5)), memory_bytes: 64 << 20, ..Limits::default() };
         let operator = WasmOperator::load(&sluice_tests::operator_wasm(name), limits, config)?;
-        let workers = Workers::new(WorkerSetup {
+        Ok(WorkerSetup {
             state: StateDir::open(&dir.join("state"), partitions)?,
             operator: ActiveVersion::new(Arc::new(operator)),
             checkpoints: None,
@@ -283,8 +294,7 @@ mod tests {
             },
             cache_bytes: 1 << 20,
             ttl: Default::default(),
-        });
-        Ok(Router::new(workers, partitions, BATCH))
+        })
     }
 
     /// The first `count` records of partition 0 (one vehicle, so all in one partition).
@@ -311,7 +321,7 @@ mod tests {
         let runtime = crate::checkpoint::runtime()?;
         let all = records(45);
         let mut router = router(dir.path(), 1, &runtime)?;
-        assert_eq!(router.assign(&[0])?, [(0, 0)]);
+        router.assign(&[0])?;
         assert_eq!(router.started(true)?.len(), 1);
         for record in &all[..25] {
             router.push(record.clone(), true)?;
@@ -325,7 +335,7 @@ mod tests {
 
         // Assigned again: it resumes at the offset its state holds, and records it
         // already holds are skipped.
-        assert_eq!(router.assign(&[0])?, [(0, committed)]);
+        router.assign(&[0])?;
         let started = router.started(true)?;
         assert_eq!((started[0].partition, started[0].offset), (0, committed));
         for record in &all {
@@ -402,12 +412,66 @@ mod tests {
         // The probe operator traps in `init` with this config: no instance can start.
         let config = vec![("trap_init".to_string(), "true".to_string())];
         let mut router = router_of("probe", config, dir.path(), 1, &runtime)?;
-        assert_eq!(router.assign(&[0])?, [(0, 0)]);
+        router.assign(&[0])?;
         let err = router.started(true).expect_err("partition 0 cannot start");
         let err = format!("{err:#}");
         assert!(err.contains("starting partition 0") && err.contains("trap_init is set"), "{err}");
         assert!(!router.owns(0) && !router.starting());
         assert_eq!(router.finish(Ok(Stop::Drain))?, []);
+        Ok(())
+    }
+
+    /// A router of one partition whose checkpoint store at `dir/store` fails to answer
+    /// (a file stands where its directory was), its starts trying again for `retry`.
+    fn router_with_failing_store(
+        dir: &Path,
+        retry: Duration,
+        runtime: &tokio::runtime::Runtime,
+    ) -> anyhow::Result<Router> {
+        let path = dir.join("store");
+        let store = crate::checkpoint::CheckpointStore::open(path.to_str().expect("UTF-8 temp path"))?;
+        std::fs::remove_dir(&path)?;
+        std::fs::write(&path, "not a directory")?;
+        let mut setup = setup("vehicle_stats", Vec::new(), dir, 1, runtime)?;
+        setup.checkpoints = Some(crate::worker::Checkpointing {
+            store,
+            settings: crate::checkpoint::CheckpointSettings {
+                interval: Duration::from_secs(60),
+                retain: 1,
+                upload_bytes_per_s: None,
+                host: "test".into(),
+            },
+            restore_budget: Duration::from_secs(60),
+            retry_timeout: retry,
+        });
+        Ok(Router::new(Workers::new(setup), 1, BATCH))
+    }
+
+    #[test]
+    fn a_start_waiting_for_a_failing_store_is_given_up_when_its_partition_is_revoked() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::checkpoint::runtime()?;
+        // Ten minutes of tries: only giving up ends this start within the test.
+        let mut router = router_with_failing_store(dir.path(), Duration::from_secs(600), &runtime)?;
+        router.assign(&[0])?;
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(router.starting() && router.started(false)?.is_empty(), "still trying");
+        assert_eq!(router.revoke(0, Stop::Handover)?, None, "it never ran");
+        assert!(!router.owns(0) && !router.starting());
+        assert!(router.started(false)?.is_empty(), "giving up is no failure");
+        assert_eq!(router.finish(Ok(Stop::Handover))?, []);
+        Ok(())
+    }
+
+    #[test]
+    fn a_start_fails_once_the_store_failed_for_its_retry_timeout() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::checkpoint::runtime()?;
+        let mut router = router_with_failing_store(dir.path(), Duration::ZERO, &runtime)?;
+        router.assign(&[0])?;
+        let err = format!("{:#}", router.started(true).expect_err("the store never answers"));
+        assert!(err.contains("starting partition 0") && err.contains("restore_retry_timeout"), "{err}");
+        assert!(err.contains("Not a directory"), "the store's own error is kept: {err}");
         Ok(())
     }
 }
