@@ -177,9 +177,10 @@ fn an_unreachable_broker_or_a_missing_topic_is_named_at_the_start() -> Result<()
     Ok(())
 }
 
-/// What Kafka carries reaches the operator: its headers; a tombstone (no value)
-/// marked by `sluice-tombstone`, a record without a key by `sluice-null-key` (its key
-/// empty, as an empty key is), so the operator can tell them from empty ones.
+/// What Kafka carries reaches the operator: its headers, and a tombstone (no value)
+/// marked by `sluice-tombstone`. A record without a key goes to the dead letters by
+/// default, its state would be every keyless record's; with `null_keys = "operator"` it
+/// reaches the operator, its key empty and marked by `sluice-null-key`.
 #[test]
 fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
     use rdkafka::message::{Header, OwnedHeaders};
@@ -192,16 +193,32 @@ fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
         .insert(Header { key: "span", value: Some("1") });
     producer.send(BaseRecord::<str, str>::to("positions").key("k").headers(traced)).map_err(|(e, _)| e)?;
     producer.send(BaseRecord::<str, str>::to("positions").payload("")).map_err(|(e, _)| e)?;
+    producer.send(BaseRecord::<str, str>::to("positions").key("").payload("")).map_err(|(e, _)| e)?;
     producer.flush(Duration::from_secs(30))?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let config = positions_source(dir, &broker.bootstrap, "stop_when_idle = \"2s\"\n")?;
-    run_ok(run_job(&operator_wasm("probe"), dir, 1).arg("--config").arg(&config).arg("--no-checkpoints"))?;
-    let outputs: Vec<(Value, Value)> =
-        read_jsonl(&dir.join("out.jsonl"))?.into_iter().map(|o| (o["key"].clone(), o["value"].clone())).collect();
     let tombstone = json!({"empty": true, "headers": {"trace": "abc", "span": "1", TOMBSTONE_HEADER: ""}});
+    let empty_key = json!({"empty": true, "headers": {}});
+    /// A run's outputs as (key, value), and its dead letters.
+    type Run = (Vec<(Value, Value)>, Vec<Value>);
+    let root = tempfile::tempdir()?;
+    let run = |name: &str, more: &str| -> Result<Run> {
+        let dir = root.path().join(name);
+        std::fs::create_dir_all(&dir)?;
+        let config = positions_source(&dir, &broker.bootstrap, &format!("stop_when_idle = \"2s\"\n{more}"))?;
+        run_ok(run_job(&operator_wasm("probe"), &dir, 1).arg("--config").arg(&config).arg("--no-checkpoints"))?;
+        let outputs = read_jsonl(&dir.join("out.jsonl"))?.into_iter().map(|o| (o["key"].clone(), o["value"].clone()));
+        let dead = if dir.join("dead.jsonl").exists() { read_jsonl(&dir.join("dead.jsonl"))? } else { Vec::new() };
+        Ok((outputs.collect(), dead))
+    };
+
+    let (outputs, dead) = run("refused", "")?;
+    assert_eq!(outputs, [(json!("k"), tombstone.clone()), (json!(""), empty_key.clone())]);
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(dead[0]["error"] == DeadLetterKind::NullKey.name() && dead[0]["offset"] == 1, "{}", dead[0]);
+
+    let (outputs, dead) = run("passed", "null_keys = \"operator\"\n")?;
     let keyless = json!({"empty": true, "headers": {NULL_KEY_HEADER: ""}});
-    assert_eq!(outputs, [(json!("k"), tombstone), (json!(""), keyless)]);
+    assert_eq!(outputs, [(json!("k"), tombstone), (json!(""), keyless), (json!(""), empty_key)]);
+    assert!(dead.is_empty(), "{dead:?}");
     Ok(())
 }
 
@@ -824,7 +841,7 @@ fn an_output_kafka_refuses_is_dead_lettered_and_the_partition_goes_on() -> Resul
     let dead = dir.join("dead.jsonl");
     let run = run_ok(probe_to_out(dir, &broker, &records, "")?.arg("--dead-letter").arg(&dead))?;
     let report = String::from_utf8(run.stderr)?;
-    let by_kind = "0 rejected by the operator, 0 trapped or past a limit, 1 outputs refused by Kafka";
+    let by_kind = "0 rejected by the operator, 0 trapped or past a limit, 1 outputs refused by Kafka, 0 records";
     assert!(report.contains(&format!("{DEAD_LETTERS_BY_KIND}: {by_kind}")), "{report}");
     let outputs: Vec<Value> = broker.read_topic("out")?.into_iter().map(|r| r.value).collect();
     assert_eq!(outputs, [json!({"count": 1}), json!({"count": 2})]);
@@ -859,7 +876,7 @@ fn dead_letters_go_to_a_kafka_topic_as_the_records_were() -> Result<()> {
     let more = "[operator.retry]\nbackoff = \"1ms\"\n[dead_letter]\ntopic = \"dead\"\n";
     let run = run_ok(&mut probe_to_out(dir, &broker, &records, more)?)?;
     let report = String::from_utf8(run.stderr)?;
-    let by_kind = "1 rejected by the operator, 1 trapped or past a limit, 1 outputs refused by Kafka";
+    let by_kind = "1 rejected by the operator, 1 trapped or past a limit, 1 outputs refused by Kafka, 0 records";
     assert!(report.contains(&format!("{DEAD_LETTERS_BY_KIND}: {by_kind}")), "{report}");
     let outputs: Vec<Value> = broker.read_topic("out")?.into_iter().map(|r| r.value).collect();
     assert_eq!(outputs, [json!({"count": 1}), json!({"count": 2})], "the failed records' writes are not in the state");

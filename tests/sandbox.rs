@@ -332,7 +332,7 @@ fn a_record_that_passes_a_limit_costs_that_record_only() -> Result<()> {
     assert!(log.contains(LOG_LINES_DROPPED), "the dropped lines are warned about:\n{log}");
     let by_kind = format!(
         "{DEAD_LETTERS_BY_KIND}: 0 rejected by the operator, 8 trapped or past a limit, 0 outputs refused by Kafka, \
-         from probe@"
+         0 records without a key, from probe@"
     );
     assert!(log.contains(&by_kind), "the report counts the dead letters by kind and operator version:\n{log}");
     assert!(log.contains("more bytes cut: [operator.limits] log_line_bytes"), "a huge line is cut");

@@ -184,6 +184,7 @@ fn job(broker: &KafkaBroker, idle: Duration, dir: &Path, group: &str, setting: &
         properties: Default::default(),
         stop_when_idle: Some(idle),
         offset_out_of_range: Default::default(),
+        null_keys: Default::default(),
     };
     let mut config = common::job_config(dir, source);
     if let Outputs::Kafka(guarantee) = setting.outputs {

@@ -32,7 +32,7 @@
 //! `SLUICE_BENCH_VEHICLES` runs one fleet size only.
 
 use anyhow::Result;
-use sluice::config::{OperatorLimits, StateConfig, TtlConfig};
+use sluice::config::{NullKeys, OperatorLimits, StateConfig, TtlConfig};
 use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
 use sluice::operator::{Operator, Outcome, Output, Switch};
 use sluice::record::SourceRecord;
@@ -223,7 +223,17 @@ fn through_worker(
     let clock = CpuClock::start()?;
     let outputs = destinations.sink.partition(0, 0)?;
     let stop = StopSignal::default();
-    worker::run(&mut operator, rx, &destinations, outputs, &stats, None, &stop, Cadence::of(state, None))?;
+    worker::run(
+        &mut operator,
+        rx,
+        &destinations,
+        outputs,
+        &stats,
+        None,
+        &stop,
+        Cadence::of(state, None),
+        NullKeys::default(),
+    )?;
     let (wall, cpu) = clock.stop()?;
     let (hits, misses) = operator.state().cache().hits_and_misses();
     Ok(Measured {

@@ -38,6 +38,7 @@
 //!                             #     max_line_bytes = 16777216 (a longer line is skipped, logged)
 //!                             # or: kind = "kafka", brokers = "host:9092", topic = "positions",
 //!                             #     offset_out_of_range = "fail" (or "earliest")
+//!                             #     null_keys = "dead_letter" (or "operator")
 //! kind = "generator"
 //! vehicles = 10000
 //! count = 1000000             # or duration = "1m"; neither = unbounded
@@ -364,7 +365,24 @@ pub enum SourceConfig {
         /// retained record does.
         #[serde(default)]
         offset_out_of_range: OutOfRange,
+        /// What becomes of a record without a key.
+        #[serde(default)]
+        null_keys: NullKeys,
     },
+}
+
+/// `[source] null_keys`: what becomes of a Kafka record without a key. Keyed state is
+/// scoped to the key's bytes, so keyless records — which producers spread over every
+/// partition — would share one state per partition with each other and with empty keys.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NullKeys {
+    /// To the dead letters (kind `null-key`), the operator not called.
+    #[default]
+    DeadLetter,
+    /// To the operator, with an empty key and the `sluice-null-key` header: for
+    /// operators that keep no state for such records.
+    Operator,
 }
 
 /// `[source] offset_out_of_range`: what a partition does when the records after its

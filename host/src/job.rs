@@ -10,7 +10,7 @@
 
 use crate::admin;
 use crate::checkpoint::{self, CheckpointSettings, CheckpointStore, JobIdentity};
-use crate::config::{Config, Guarantee, SinkConfig, SourceConfig};
+use crate::config::{Config, Guarantee, NullKeys, SinkConfig, SourceConfig};
 use crate::lock;
 use crate::operator::deploy::{Deployer, Sandbox};
 use crate::operator::wasm::ActiveVersion;
@@ -44,7 +44,7 @@ pub const EXPIRED_REMOVED: &str = " expired state entries removed";
 
 /// Starts the final report's line of dead letters by kind, one for each operator
 /// version that had any: `dead letters by kind: 2 rejected by the operator, 1 trapped or
-/// past a limit, 0 outputs refused by Kafka, from probe@…`. The running summary counts
+/// past a limit, 0 outputs refused by Kafka, 0 records without a key, from probe@…`. The running summary counts
 /// them the same way (`dead letters of probe@…: …`).
 pub const DEAD_LETTERS_BY_KIND: &str = "dead letters by kind";
 
@@ -207,6 +207,11 @@ pub fn run(config: &Config) -> Result<JobReport> {
         cadence: Cadence::of(&config.state, slow_batch),
         cache_bytes: config.state.cache_mib << 20,
         ttl: Arc::new(config.ttl.clone()),
+        null_keys: match &config.source {
+            SourceConfig::Kafka { null_keys, .. } => *null_keys,
+            // Only Kafka has records without a key.
+            SourceConfig::Generator { .. } | SourceConfig::File { .. } => NullKeys::default(),
+        },
     });
     let live = workers.live();
     let router = Router::new(workers, partitions, config.state.batch_size());
@@ -343,6 +348,7 @@ impl OpenSource {
                 properties,
                 stop_when_idle,
                 offset_out_of_range,
+                null_keys: _, // the workers apply it
             } => {
                 OpenSource::Kafka(KafkaOptions {
                     brokers: brokers.clone(),

@@ -51,6 +51,14 @@ pub const TOMBSTONE_HEADER: &str = "sluice-tombstone";
 /// the operator can tell it from a record whose key is empty, which shares its state.
 pub const NULL_KEY_HEADER: &str = "sluice-null-key";
 
+impl SourceRecord {
+    /// Whether Kafka had no key for it (not an empty one): its key is empty and it
+    /// carries [`NULL_KEY_HEADER`].
+    pub fn has_null_key(&self) -> bool {
+        self.key.is_empty() && self.headers.iter().any(|(name, _)| name == NULL_KEY_HEADER)
+    }
+}
+
 /// One record an operator emitted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Output {
@@ -109,6 +117,9 @@ pub enum DeadLetterKind {
     /// Kafka refused an output of the record for the output itself (over
     /// `message.max.bytes`).
     Refused,
+    /// A Kafka record without a key, never given to the operator (`[source] null_keys`):
+    /// keyed state would put it with every other keyless record of its partition.
+    NullKey,
 }
 
 impl DeadLetterKind {
@@ -118,6 +129,7 @@ impl DeadLetterKind {
             DeadLetterKind::Rejected => "rejected",
             DeadLetterKind::Trapped => "trapped",
             DeadLetterKind::Refused => "refused",
+            DeadLetterKind::NullKey => "null-key",
         }
     }
 }

@@ -120,6 +120,8 @@ pub struct DeadLetters {
     pub trapped: u64,
     /// Outputs Kafka refused for themselves.
     pub refused: u64,
+    /// Kafka records without a key, refused before the operator.
+    pub null_key: u64,
 }
 
 impl DeadLetters {
@@ -129,12 +131,13 @@ impl DeadLetters {
             DeadLetterKind::Rejected => self.rejected += 1,
             DeadLetterKind::Trapped => self.trapped += 1,
             DeadLetterKind::Refused => self.refused += 1,
+            DeadLetterKind::NullKey => self.null_key += 1,
         }
     }
 
     /// All of them.
     pub fn total(&self) -> u64 {
-        self.rejected + self.trapped + self.refused
+        self.rejected + self.trapped + self.refused + self.null_key
     }
 
     /// Adds `other`'s counts.
@@ -142,6 +145,7 @@ impl DeadLetters {
         self.rejected += other.rejected;
         self.trapped += other.trapped;
         self.refused += other.refused;
+        self.null_key += other.null_key;
     }
 
     /// `dead` added up over partitions, by version.
@@ -160,8 +164,9 @@ impl std::fmt::Display for DeadLetters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} rejected by the operator, {} trapped or past a limit, {} outputs refused by Kafka",
-            self.rejected, self.trapped, self.refused
+            "{} rejected by the operator, {} trapped or past a limit, {} outputs refused by Kafka, {} records \
+             without a key",
+            self.rejected, self.trapped, self.refused, self.null_key
         )
     }
 }
@@ -244,18 +249,18 @@ mod tests {
     #[test]
     fn dead_letters_add_up_by_version_and_kind() {
         let (p0, p1) = (PartitionStats::new(0, 0, "v1"), PartitionStats::new(0, 0, "v1"));
-        p0.count_dead("v1", DeadLetters { rejected: 1, trapped: 2, refused: 0 });
-        p0.count_dead("v2", DeadLetters { rejected: 0, trapped: 1, refused: 0 });
+        p0.count_dead("v1", DeadLetters { rejected: 1, trapped: 2, ..DeadLetters::default() });
+        p0.count_dead("v2", DeadLetters { trapped: 1, null_key: 2, ..DeadLetters::default() });
         p0.count_dead("v2", DeadLetters::default());
-        p1.count_dead("v2", DeadLetters { rejected: 1, trapped: 0, refused: 3 });
-        assert_eq!(p0.dead_letters.load(Ordering::Relaxed), 4);
+        p1.count_dead("v2", DeadLetters { rejected: 1, refused: 3, ..DeadLetters::default() });
+        assert_eq!(p0.dead_letters.load(Ordering::Relaxed), 6);
         let partitions = [p0.dead_by_version.lock().unwrap().clone(), p1.dead_by_version.lock().unwrap().clone()];
         let all = DeadLetters::by_version(&partitions);
-        assert_eq!(all["v1"], DeadLetters { rejected: 1, trapped: 2, refused: 0 });
-        assert_eq!(all["v2"], DeadLetters { rejected: 1, trapped: 1, refused: 3 });
+        assert_eq!(all["v1"], DeadLetters { rejected: 1, trapped: 2, ..DeadLetters::default() });
+        assert_eq!(all["v2"], DeadLetters { rejected: 1, trapped: 1, refused: 3, null_key: 2 });
         assert_eq!(
             all["v2"].to_string(),
-            "1 rejected by the operator, 1 trapped or past a limit, 3 outputs refused by Kafka"
+            "1 rejected by the operator, 1 trapped or past a limit, 3 outputs refused by Kafka, 2 records without a key"
         );
     }
 }

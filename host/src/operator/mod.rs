@@ -40,6 +40,9 @@ pub enum Outcome {
         /// last of which failed like this.
         attempts: u32,
     },
+    /// The record had no key, and `[source] null_keys` sends such records to the dead
+    /// letters: the operator was not called.
+    NullKey,
 }
 
 /// What an operator made of a state entry that expired. The entry is removed whatever

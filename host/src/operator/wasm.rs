@@ -1392,6 +1392,7 @@ mod tests {
                 Outcome::Emitted(outputs) => String::from_utf8_lossy(&outputs[0].value).into_owned(),
                 Outcome::Rejected(reason) => format!("rejected: {}", first_line(reason)),
                 Outcome::Trapped { reason, .. } => format!("trapped: {}", first_line(reason)),
+                Outcome::NullKey => "no key".to_string(),
             })
             .collect()
     }

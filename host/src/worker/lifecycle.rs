@@ -20,7 +20,7 @@ use super::{Cadence, Destinations, StopSignal};
 use crate::checkpoint::restore::{self, PartitionPlan};
 use crate::checkpoint::store;
 use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
-use crate::config::TtlConfig;
+use crate::config::{NullKeys, TtlConfig};
 use crate::lock;
 use crate::operator::wasm::ActiveVersion;
 use crate::operator::{Operator, OperatorStopped};
@@ -66,6 +66,8 @@ pub struct WorkerSetup {
     pub cache_bytes: usize,
     /// When each partition's state expires.
     pub ttl: Arc<TtlConfig>,
+    /// What becomes of records without a key.
+    pub null_keys: NullKeys,
 }
 
 /// The checkpoint store and how partitions use it.
@@ -519,7 +521,8 @@ fn spawn_worker(
         move || -> Result<PartitionReport> {
             let to = &setup.destinations;
             let checkpointer = checkpointer.as_mut();
-            super::run(&mut instance, batches, to, outputs, &stats, checkpointer, &stop, setup.cadence)?;
+            let null_keys = setup.null_keys;
+            super::run(&mut instance, batches, to, outputs, &stats, checkpointer, &stop, setup.cadence, null_keys)?;
             Ok(PartitionReport {
                 partition,
                 resumed_at: started.offset,

@@ -39,7 +39,7 @@ pub use lifecycle::{Checkpointing, PartitionReport, STOPPED, STOPPED_ALONE, STOR
 pub use router::{DispatchReport, OFFSETS_JUMP, Router};
 
 use crate::checkpoint::Checkpointer;
-use crate::config::StateConfig;
+use crate::config::{NullKeys, StateConfig};
 use crate::lock;
 use crate::operator::{Expiration, Operator, Outcome, Output, Processed};
 use crate::record::{Cause, DeadLetter, DeadLetterKind, Origin, SourceRecord, Stop};
@@ -184,6 +184,10 @@ impl Cadence {
     }
 }
 
+/// The reason a dead letter of a record without a key gives.
+pub const NULL_KEY_REFUSED: &str = "the record has no key, and keyed state would put it with every other keyless record \
+     of its partition; [source] null_keys = \"operator\" gives such records to the operator instead";
+
 /// Processes batches from `batches` until the sender goes away or `stop` says to end.
 /// After each batch it sends the batch's outputs, as part of the partition's
 /// `outputs`, and writes its dead letters; it commits the state writes with the next
@@ -191,7 +195,8 @@ impl Cadence {
 /// after a deploy switched the version, and at the end (unless the partition was lost).
 /// After a commit `checkpointer` checkpoints when one is due; at the end (unless the partition
 /// was lost), a last checkpoint holds the final state — its failure is an error when
-/// the source ended, a warning at a handover.
+/// the source ended, a warning at a handover. Records without a key go to the dead
+/// letters unseen by the operator unless `null_keys` says otherwise.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     operator: &mut dyn Operator,
@@ -202,6 +207,7 @@ pub fn run(
     mut checkpointer: Option<&mut Checkpointer>,
     stop: &StopSignal,
     cadence: Cadence,
+    null_keys: NullKeys,
 ) -> Result<()> {
     // Its buffers are reused from batch to batch.
     let mut emitted = Emitted::default();
@@ -251,8 +257,17 @@ pub fn run(
         // expiries are decided at one time.
         operator.state().tick();
         // An error stops the worker; what it processed since the last commit is never
-        // committed.
-        let Processed { outcomes, expirations } = operator.process_batch(&batch)?;
+        // committed. A keyless record the job refuses ends the batch before it, and a
+        // batch starting with such records has them refused and ends after them.
+        let refused = |record: &SourceRecord| null_keys == NullKeys::DeadLetter && record.has_null_key();
+        let Processed { outcomes, expirations } = match batch.iter().position(refused) {
+            Some(0) => Processed {
+                outcomes: batch.iter().take_while(|r| refused(r)).map(|_| Outcome::NullKey).collect(),
+                expirations: Vec::new(),
+            },
+            Some(keyed) => operator.process_batch(&batch[..keyed])?,
+            None => operator.process_batch(&batch)?,
+        };
         if outcomes.len() < batch.len() {
             // Ended at a per-batch bound: the rest is the next batch.
             rest = Some(batch.split_off(outcomes.len()));
@@ -326,6 +341,7 @@ impl Emitted {
         let (kind, reason, attempts) = match outcome {
             Outcome::Emitted(outputs) => return self.outputs.extend(outputs.into_iter().map(|o| (origin, o))),
             Outcome::Rejected(reason) => (DeadLetterKind::Rejected, reason, None),
+            Outcome::NullKey => (DeadLetterKind::NullKey, NULL_KEY_REFUSED.to_string(), None),
             Outcome::Trapped { reason, attempts } => {
                 let (partition, offset) = (origin.partition, origin.offset);
                 tracing::warn!(partition, offset, cause = ?origin.cause, attempts, "operator trapped: {reason}");
