@@ -321,3 +321,54 @@ fn downgrade_to_format_1(state: &Path, partitions: u32) -> Result<()> {
     }
     Ok(())
 }
+
+/// The log as a platform team reads it: no escape sequences in a file or a pipe, colours
+/// on a terminal unless `NO_COLOR` is set, one JSON object a line with `--log-format
+/// json` (running summary included, partitions as fields), and a running summary of an
+/// 8-partition job that lists only the partitions worth attention.
+#[test]
+fn logs_are_plain_in_files_coloured_on_terminals_and_json_when_asked() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let job = |name: &str| {
+        let home = dir.path().join(name);
+        let mut command = run_generator_job(&home, 200, 12_000, 11, 8);
+        command.args(["--rate", "4000", "--report-interval", "0.3"]).env("SLUICE_LOG", "info");
+        command
+    };
+    let piped = String::from_utf8(run_ok(&mut job("piped"))?.stderr)?;
+    assert!(!piped.contains('\x1b'), "escape sequences in a pipe:\n{piped}");
+    let summaries: Vec<&str> = piped.split("sluice::summary").skip(1).collect();
+    assert!(!summaries.is_empty(), "{piped}");
+    for summary in &summaries {
+        let lines: Vec<&str> = summary.lines().skip(1).take_while(|l| l.starts_with("  p")).collect();
+        assert!(lines.len() <= 4, "8 partitions, only those worth attention:\n{summary}");
+    }
+    assert!(summaries.iter().any(|s| s.contains("(slowest") || s.contains("largest")), "{piped}");
+    assert!(summaries[0].contains("8 partitions"), "{}", summaries[0]);
+
+    // `script` gives the job a terminal.
+    let on_terminal = |no_color: bool| -> Result<String> {
+        let command = job(if no_color { "plain" } else { "terminal" });
+        let words = std::iter::once(command.get_program()).chain(command.get_args());
+        let line: Vec<String> = words.map(|w| format!("'{}'", w.to_string_lossy())).collect();
+        let mut script = std::process::Command::new("script");
+        script.args(["-qec", &format!("{} 2>&1", line.join(" ")), "/dev/null"]);
+        script.envs(command.get_envs().filter_map(|(key, value)| Some((key, value?))));
+        if no_color {
+            script.env("NO_COLOR", "1");
+        }
+        Ok(String::from_utf8_lossy(&run_ok(&mut script)?.stdout).into_owned())
+    };
+    assert!(on_terminal(false)?.contains("\x1b["), "colours on a terminal");
+    assert!(!on_terminal(true)?.contains("\x1b["), "NO_COLOR is respected");
+
+    let json = String::from_utf8(run_ok(job("json").arg("--log-format").arg("json"))?.stderr)?;
+    let events: Vec<Value> =
+        json.lines().filter(|l| l.starts_with('{')).map(serde_json::from_str).collect::<Result<_, _>>()?;
+    assert!(events.iter().all(|e| e["level"].is_string() && e["message"].is_string()), "{json}");
+    assert!(events.iter().any(|e| e["target"] == "sluice::summary"), "{json}");
+    assert!(events.iter().any(|e| e["partition"].is_u64()), "partitions as fields:\n{json}");
+    let report = json.lines().skip_while(|l| l.starts_with('{')).collect::<Vec<_>>();
+    assert!(report.iter().all(|l| !l.starts_with('{')), "only the final report follows the events:\n{json}");
+    Ok(())
+}

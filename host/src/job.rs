@@ -21,14 +21,15 @@ use crate::source::generator::{Fleet, FleetOptions};
 use crate::source::kafka::{self, KafkaOptions, PARTITIONS_ADDED};
 use crate::source::{self, DispatchOptions};
 use crate::state::{self, StateDir};
-use crate::stats::{DeadLetters, LiveStats, peak_rss, process_cpu};
+use crate::stats::{DeadLetters, LiveStats, PartitionStats, peak_rss, process_cpu};
 use crate::worker::{
     Cadence, Checkpointing, Destinations, DispatchReport, PartitionReport, Router, WorkerSetup, Workers,
 };
 use anyhow::{Result, anyhow, bail};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 
@@ -292,7 +293,7 @@ fn drive(
         while !dispatcher.is_finished() {
             std::thread::sleep(Duration::from_millis(20).min(summary.max(Duration::from_millis(1))));
             if !summary.is_zero() && last.at.elapsed() >= summary {
-                last = print_summary(started, last, live);
+                last = log_summary(started, last, live);
             }
         }
         source_ended.store(true, Ordering::Relaxed);
@@ -416,11 +417,15 @@ impl Mark {
     }
 }
 
-/// Prints one running-summary line to stderr — records/s and the process's CPU time
-/// per record since `since`, then each partition — and returns the new mark.
-fn print_summary(started: Instant, since: Mark, live: &LiveStats) -> Mark {
+/// Logs the running summary — a line of totals (records/s and the process's CPU time
+/// per record since `since`, partitions, entries, lag, checkpoints, dead letters), then
+/// a line per partition [worth attention](worth_attention) — and returns the new mark.
+fn log_summary(started: Instant, since: Mark, live: &LiveStats) -> Mark {
     let live = lock(live);
-    let processed: u64 = live.values().map(|s| s.processed.load(Ordering::Relaxed)).sum();
+    let sum = |counter: fn(&PartitionStats) -> &AtomicU64| -> u64 {
+        live.values().map(|s| counter(s).load(Ordering::Relaxed)).sum()
+    };
+    let processed = sum(|s| &s.processed);
     let now = Mark::now(processed);
     let records = processed.saturating_sub(since.processed);
     let rate = records as f64 / since.at.elapsed().as_secs_f64();
@@ -430,37 +435,75 @@ fn print_summary(started: Instant, since: Mark, live: &LiveStats) -> Mark {
         }
         _ => String::new(),
     };
+    let lags: Vec<i64> = live.values().map(|s| s.lag.load(Ordering::Relaxed)).filter(|&lag| lag >= 0).collect();
+    let lag = if lags.is_empty() { String::new() } else { format!(" {LAG}{}", lags.iter().sum::<i64>()) };
+    let failed = match sum(|s| &s.checkpoint_failures) {
+        0 => String::new(),
+        failed => format!(" ({failed} failed)"),
+    };
     let by_partition: Vec<_> = live.values().map(|s| lock(&s.dead_by_version).clone()).collect();
     let dead: String = DeadLetters::by_version(&by_partition)
         .iter()
         .map(|(version, dead)| format!(" | dead letters of {version}: {dead}"))
         .collect();
-    let partitions: Vec<String> = live
-        .iter()
-        .map(|(p, s)| {
-            let lag = s.lag.load(Ordering::Relaxed);
-            let ttl = match s.expired.load(Ordering::Relaxed) {
-                0 => String::new(),
-                expired => format!(
-                    " expired={expired} backlog={} clock={}",
-                    s.backlog.load(Ordering::Relaxed),
-                    clock_time(s.clock_ms.load(Ordering::Relaxed))
-                ),
-            };
-            format!(
-                "p{p}@{} entries={}{ttl} ckpt@{} batch-p99={:.1}ms{}",
-                s.committed_offset.load(Ordering::Relaxed),
-                s.entries.load(Ordering::Relaxed),
-                s.checkpoint_offset.load(Ordering::Relaxed),
-                s.batch_p99_us.load(Ordering::Relaxed) as f64 / 1e3,
-                if lag >= 0 { format!(" {LAG}{lag}") } else { String::new() }
-            )
-        })
-        .collect();
-    eprintln!(
-        "[{:>6.1}s] {processed} records, {rate:.0} records/s{cpu}{dead} | {}",
+    let mut summary = format!(
+        "[{:>6.1}s] {processed} records, {rate:.0} records/s{cpu} | {} partitions, {} entries{lag}, {} checkpoints{failed}{dead}",
         started.elapsed().as_secs_f64(),
-        partitions.join(" | ")
+        live.len(),
+        sum(|s| &s.entries),
+        sum(|s| &s.checkpoints),
     );
+    for (p, why) in worth_attention(&live) {
+        let s = &live[&p];
+        let lag = s.lag.load(Ordering::Relaxed);
+        let ttl = match s.expired.load(Ordering::Relaxed) {
+            0 => String::new(),
+            expired => format!(
+                " expired={expired} backlog={} clock={}",
+                s.backlog.load(Ordering::Relaxed),
+                clock_time(s.clock_ms.load(Ordering::Relaxed))
+            ),
+        };
+        summary += &format!(
+            "\n  p{p}@{} entries={}{ttl} ckpt@{} batch-p99={:.2}ms{}{}",
+            s.committed_offset.load(Ordering::Relaxed),
+            s.entries.load(Ordering::Relaxed),
+            s.checkpoint_offset.load(Ordering::Relaxed),
+            s.batch_p99_us.load(Ordering::Relaxed) as f64 / 1e3,
+            if lag >= 0 { format!(" {LAG}{lag}") } else { String::new() },
+            if why.is_empty() { String::new() } else { format!(" ({})", why.join(", ")) }
+        );
+    }
+    // Through the log, so `--log-format json` keeps one JSON object a line.
+    tracing::info!(target: "sluice::summary", "{summary}");
     now
+}
+
+/// Partitions the running summary lists one by one; a job with more lists only those
+/// [worth attention](worth_attention).
+const SUMMARY_PARTITIONS: usize = 4;
+
+/// The partitions a running summary shows, each with why: every one of a small job;
+/// of a larger one the slowest (batch p99), the largest (entries), the furthest behind
+/// (lag) and the one with the largest expiry backlog, where that is above 0.
+fn worth_attention(live: &BTreeMap<u32, Arc<PartitionStats>>) -> BTreeMap<u32, Vec<&'static str>> {
+    if live.len() <= SUMMARY_PARTITIONS {
+        return live.keys().map(|&p| (p, Vec::new())).collect();
+    }
+    let mut shown: BTreeMap<u32, Vec<&'static str>> = BTreeMap::new();
+    /// A reason to show a partition, and the measure whose largest it is.
+    type Criterion = (&'static str, fn(&PartitionStats) -> i64);
+    let criteria: [Criterion; 4] = [
+        ("slowest", |s| s.batch_p99_us.load(Ordering::Relaxed) as i64),
+        ("largest", |s| s.entries.load(Ordering::Relaxed) as i64),
+        ("furthest behind", |s| s.lag.load(Ordering::Relaxed)),
+        ("largest expiry backlog", |s| s.backlog.load(Ordering::Relaxed) as i64),
+    ];
+    for (why, measure) in criteria {
+        let top = live.iter().map(|(&p, s)| (measure(s), p)).max_by_key(|&(value, p)| (value, std::cmp::Reverse(p)));
+        if let Some((_, p)) = top.filter(|&(value, _)| value > 0) {
+            shown.entry(p).or_default().push(why);
+        }
+    }
+    shown
 }

@@ -11,7 +11,7 @@ use sluice::operator::registry::{self, Deployment, Registry};
 use sluice::sink::BytesField;
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::StateDir;
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
@@ -24,6 +24,17 @@ use tokio::runtime::Runtime;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines are written to stderr: `text` (coloured only on a terminal without
+    /// `NO_COLOR` set) or `json`, one object a line. Levels come from `SLUICE_LOG`.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -236,11 +247,18 @@ struct FleetArgs {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
+    let cli = Cli::parse();
+    let log = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "info".into()))
-        .init();
-    match run(Cli::parse()) {
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "info".into()));
+    match cli.log_format {
+        // Escape sequences only where a terminal shows them, never in a file or a pipe.
+        LogFormat::Text => {
+            log.with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()).init()
+        }
+        LogFormat::Json => log.json().flatten_event(true).with_current_span(false).init(),
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         // `sluice state dump | head` closing the pipe early is not a failure.
         Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,

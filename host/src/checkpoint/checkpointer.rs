@@ -275,7 +275,8 @@ impl Upload {
         // new owner did not write (nor collect, below, what the new owner restores).
         self.store.check_claim(partition, &self.settings.host).await?;
         self.store.put_manifest(&self.manifest).await?;
-        tracing::info!(
+        // One a partition per interval: the running summary counts them at info.
+        tracing::debug!(
             partition,
             checkpoint = self.manifest.id,
             offset = self.manifest.offset,
