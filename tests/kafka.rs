@@ -272,19 +272,10 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
     let store = dir.join("store");
     let properties = "[source.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n";
     let config = positions_source(dir, &broker.bootstrap, &format!("group = \"fleet\"\n{properties}"))?;
+    let output = format!("kafka://{}/summaries", broker.bootstrap);
     let host = |name: &str| -> Result<Host> {
-        let home = dir.join(name);
-        std::fs::create_dir_all(&home)?;
-        let mut command = run_job(&operator_wasm("vehicle_stats"), &home, 6);
-        command
-            .arg("--config")
-            .arg(&config)
-            .arg("--checkpoint-store")
-            .arg(&store)
-            .args(["--checkpoint-interval", "1", "--report-interval", "1"])
-            .arg("--output")
-            .arg(format!("kafka://{}/summaries", broker.bootstrap));
-        Host::spawn(name, &mut command, &home.join("log"))
+        let flags = ["--checkpoint-interval", "1", "--report-interval", "1", "--output", &output];
+        spawn_host(dir, name, 6, &config, Some(&store), &flags)
     };
     let minute = Duration::from_secs(60);
 
@@ -371,6 +362,88 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
     Ok(())
 }
 
+/// `GET /metrics` during a 4-partition run says what the run did: the records
+/// processed, the state entries (one per vehicle), a lag of 0 once caught up, the
+/// partitions assigned and restored; a second host joining makes the first count a
+/// rebalance that revoked partitions; a deploy changes every partition's version label.
+#[test]
+fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
+    let broker = KafkaBroker::start_in_memory()?;
+    broker.create_topic("positions", 4)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let all = dir.join("all.jsonl");
+    let (vehicles, count) = (100, 4_000);
+    generate(&all, vehicles, count, SEED)?;
+    broker.produce_lines("positions", &all)?;
+    let config = positions_source(dir, &broker.bootstrap, "group = \"metrics\"\n")?;
+    let store = dir.join("store");
+    let host = |name: &str| spawn_host(dir, name, 4, &config, Some(&store), &["--admin", "127.0.0.1:0"]);
+    let minute = Duration::from_secs(60);
+    let mut a = host("a")?;
+    let admin = a.admin_url()?;
+    broker.wait_committed("metrics", "positions", count as i64, minute)?;
+    let scrape = || sluice::admin::call(&admin, hyper::Method::GET, "/metrics", Vec::new());
+    let metrics = scrape()?;
+    assert_eq!(sum(&metrics, "sluice_records_processed_total"), count as f64, "{metrics}");
+    assert_eq!(sum(&metrics, "sluice_state_entries"), vehicles as f64, "{metrics}");
+    assert_eq!(samples(&metrics, "sluice_consumer_lag_records").len(), 4, "{metrics}");
+    assert_eq!(sum(&metrics, "sluice_consumer_lag_records"), 0.0, "{metrics}");
+    assert_eq!(sum(&metrics, "sluice_partitions_assigned_total"), 4.0, "{metrics}");
+    assert_eq!(sum(&metrics, "sluice_partitions_running"), 4.0, "{metrics}");
+    assert_eq!(sum(&metrics, "sluice_max_poll_interval_seconds"), 300.0, "{metrics}");
+    assert!(sum(&metrics, "sluice_restore_duration_seconds_count") >= 1.0, "{metrics}");
+    let rebalances = sum(&metrics, "sluice_rebalance_duration_seconds_count");
+    assert!(rebalances >= 1.0, "{metrics}");
+    assert!(sum(&metrics, "sluice_batch_duration_seconds_count") >= 4.0, "{metrics}");
+
+    let mut b = host("b")?;
+    b.wait_for(RESUMED, 1, minute)?;
+    let metrics = scrape()?;
+    assert!(sum(&metrics, "sluice_rebalance_duration_seconds_count") > rebalances, "{metrics}");
+    assert!(sum(&metrics, "sluice_partitions_revoked_total") >= 1.0, "{metrics}");
+    assert!(sum(&metrics, "sluice_partitions_running") < 4.0, "{metrics}");
+
+    let versions = |metrics: &str| -> BTreeSet<String> {
+        samples(metrics, "sluice_partition_operator_info")
+            .into_iter()
+            .map(|(labels, _)| labels["version"].clone())
+            .collect()
+    };
+    let before = versions(&metrics);
+    run_ok(
+        sluice().arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats_v2")).arg("--admin").arg(&admin),
+    )?;
+    let after = versions(&scrape()?);
+    assert!(after.len() == 1 && after != before, "{before:?} then {after:?}");
+    b.terminate()?;
+    a.terminate()?;
+    Ok(())
+}
+
+/// The samples of metric `name` in a scrape's `text`: labels and value.
+fn samples(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+    let mut found = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = line.rsplit_once(' ').unwrap_or((line, ""));
+        let (metric, labels) = series.split_once('{').unwrap_or((series, "}"));
+        if metric != name {
+            continue;
+        }
+        let labels = labels.trim_end_matches('}').split(',').filter_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            Some((key.to_string(), value.trim_matches('"').to_string()))
+        });
+        found.push((labels.collect(), value.parse().unwrap_or(f64::NAN)));
+    }
+    found
+}
+
+/// The sum of metric `name`'s samples in `text`.
+fn sum(text: &str, name: &str) -> f64 {
+    samples(text, name).iter().map(|(_, value)| value).sum()
+}
+
 /// The checkpoint store fails (its directory replaced by a file) just as host `b` joins
 /// `a`'s group: `b` keeps the partition it is given paused, stays in the group and says
 /// so, trying the store again with backoff, while `a` hands the partition over without
@@ -387,13 +460,7 @@ fn a_store_outage_at_an_assignment_keeps_the_host_in_its_group_until_the_store_a
     let chunks = split_lines(&all, 2)?;
     let (store, away) = (dir.join("store"), dir.join("store.away"));
     let config = positions_source(dir, &broker.bootstrap, "group = \"outage\"\n")?;
-    let host = |name: &str| -> Result<Host> {
-        let home = dir.join(name);
-        std::fs::create_dir_all(&home)?;
-        let mut command = run_job(&operator_wasm("vehicle_stats"), &home, 2);
-        command.arg("--config").arg(&config).arg("--checkpoint-store").arg(&store);
-        Host::spawn(name, command.args(["--checkpoint-interval", "1"]), &home.join("log"))
-    };
+    let host = |name: &str| spawn_host(dir, name, 2, &config, Some(&store), &["--checkpoint-interval", "1"]);
     let minute = Duration::from_secs(60);
     broker.produce_lines("positions", &chunks[0])?;
     let mut a = host("a")?;
@@ -567,9 +634,7 @@ fn a_static_member_restarted_within_its_session_timeout_moves_no_partitions() ->
             "group = \"static\"\ninstance_id = \"{name}\"\n[source.properties]\n\"session.timeout.ms\" = \"20000\"\n"
         );
         let config = positions_source(&home, &broker.bootstrap, &settings)?;
-        let mut command = run_job(&operator_wasm("vehicle_stats"), &home, 4);
-        command.arg("--config").arg(&config).arg("--checkpoint-store").arg(dir.join("store"));
-        Host::spawn(name, &mut command, &home.join("log"))
+        spawn_host(dir, name, 4, &config, Some(&dir.join("store")), &[])
     };
     let minute = Duration::from_secs(60);
     // Both join the group's first generation (tansu waits ~3 s for members to gather).
@@ -659,13 +724,8 @@ fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result
             dir.join("store")
         ),
     )?;
-    let host = |name: &str| -> Result<Host> {
-        let home = dir.join(name);
-        std::fs::create_dir_all(&home)?;
-        let mut command = run_job(&operator_wasm("vehicle_stats"), &home, 4);
-        command.arg("--config").arg(&config).arg("--output").arg(format!("kafka://{}/summaries", broker.bootstrap));
-        Host::spawn(name, &mut command, &home.join("log"))
-    };
+    let output = format!("kafka://{}/summaries", broker.bootstrap);
+    let host = |name: &str| spawn_host(dir, name, 4, &config, None, &["--output", &output]);
     let minute = Duration::from_secs(60);
     let mut a = host("a")?;
     a.wait_for(RESUMED, 4, minute)?;
@@ -1277,6 +1337,27 @@ fn positions_source(dir: &Path, brokers: &str, more: &str) -> Result<PathBuf> {
         ),
     )?;
     Ok(config)
+}
+
+/// Spawns host `name`: vehicle-stats over `partitions` partitions in `dir/name` (its log
+/// in `dir/name/log`), configured by `config`, checkpointing to `store` when given (else
+/// beside its state), with `flags` after.
+fn spawn_host(
+    dir: &Path,
+    name: &str,
+    partitions: u32,
+    config: &Path,
+    store: Option<&Path>,
+    flags: &[&str],
+) -> Result<Host> {
+    let home = dir.join(name);
+    std::fs::create_dir_all(&home)?;
+    let mut command = run_job(&operator_wasm("vehicle_stats"), &home, partitions);
+    command.arg("--config").arg(config);
+    if let Some(store) = store {
+        command.arg("--checkpoint-store").arg(store);
+    }
+    Host::spawn(name, command.args(flags), &home.join("log"))
 }
 
 /// What a host logs when a partition of it hands over in a graceful stop.

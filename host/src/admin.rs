@@ -1,6 +1,7 @@
 //! The admin HTTP API of a running host, and the client `sluice` uses to call it.
 //!
 //! ```text
+//! GET  /metrics                     the host's metrics, Prometheus text (see [metrics](crate::metrics))
 //! GET  /operators/<name>/versions   the history of deployed versions (JSON)
 //! POST /operators/<name>/versions   deploy the component in the body (application/wasm)
 //! POST /operators/<name>/rollback   roll back to the version before the newest deploy
@@ -29,6 +30,7 @@
 //!   the next closed at once.
 
 use crate::config::AdminConfig;
+use crate::metrics::{self, CONTENT_TYPE};
 use crate::operator::deploy::{self, DeployReport, Deployer};
 use crate::operator::registry::{DeployError, Deployment};
 use anyhow::{Context, Result, anyhow, bail};
@@ -37,6 +39,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use std::convert::Infallible;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -169,11 +172,17 @@ pub struct VersionsAnswer {
     pub running: String,
 }
 
-/// Starts serving the API for `deployer` on `listen` (`host:port`; port 0 picks one)
+/// Starts serving the API for `deployer` and `metrics` on `listen` (`host:port`; port 0 picks one)
 /// on `runtime`, letting in callers with `token` as the module says; returns the
 /// address it listens on, which is also logged. Beyond loopback without a token it
 /// refuses to start.
-pub fn serve(listen: &str, token: Option<String>, deployer: Arc<Deployer>, runtime: &Runtime) -> Result<SocketAddr> {
+pub fn serve(
+    listen: &str,
+    token: Option<String>,
+    deployer: Arc<Deployer>,
+    metrics: Arc<Registry>,
+    runtime: &Runtime,
+) -> Result<SocketAddr> {
     let addresses: Vec<SocketAddr> =
         listen.to_socket_addrs().with_context(|| format!("[admin] listen = {listen:?}: not a host:port"))?.collect();
     let loopback = addresses.iter().all(|a| a.ip().is_loopback());
@@ -203,10 +212,10 @@ pub fn serve(listen: &str, token: Option<String>, deployer: Arc<Deployer>, runti
                 tracing::warn!("admin API: {MAX_CONNECTIONS} connections open already; closing a new one");
                 continue;
             };
-            let (deployer, access) = (deployer.clone(), access.clone());
+            let host = Arc::new(Served { deployer: deployer.clone(), metrics: metrics.clone() });
+            let access = access.clone();
             tokio::spawn(async move {
-                let service =
-                    hyper::service::service_fn(move |request| answer(deployer.clone(), access.clone(), request));
+                let service = hyper::service::service_fn(move |request| answer(host.clone(), access.clone(), request));
                 let connection = hyper::server::conn::http1::Builder::new()
                     .timer(hyper_util::rt::TokioTimer::new())
                     .header_read_timeout(HEADER_TIMEOUT)
@@ -221,12 +230,19 @@ pub fn serve(listen: &str, token: Option<String>, deployer: Arc<Deployer>, runti
     Ok(address)
 }
 
-async fn answer(
+/// What the API serves.
+struct Served {
     deployer: Arc<Deployer>,
+    metrics: Arc<Registry>,
+}
+
+async fn answer(
+    served: Arc<Served>,
     access: Arc<Access>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let metrics = path == METRICS_PATH;
     let changes_state = method != Method::GET;
     let (status, body) = match access.refusal(&request, changes_state) {
         Some(refusal) => {
@@ -242,7 +258,7 @@ async fn answer(
             };
             match body {
                 // Deploys compile and wait for partitions: off the runtime's threads.
-                Ok(body) => tokio::task::spawn_blocking(move || route(&deployer, &method, &path, &body))
+                Ok(body) => tokio::task::spawn_blocking(move || route(&served, &method, &path, &body))
                     .await
                     .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("the request panicked: {e}"))),
                 Err(refusal) => refusal,
@@ -251,6 +267,11 @@ async fn answer(
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
+    if metrics && status == StatusCode::OK {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(CONTENT_TYPE));
+    }
     Ok(response)
 }
 
@@ -263,7 +284,17 @@ async fn read_body(body: Incoming) -> std::result::Result<Bytes, (StatusCode, St
     }
 }
 
-fn route(deployer: &Deployer, method: &Method, path: &str, body: &[u8]) -> (StatusCode, String) {
+/// Where the metrics are served.
+pub const METRICS_PATH: &str = "/metrics";
+
+fn route(served: &Served, method: &Method, path: &str, body: &[u8]) -> (StatusCode, String) {
+    if path == METRICS_PATH {
+        return match *method {
+            Method::GET => (StatusCode::OK, metrics::encode(&served.metrics)),
+            _ => (StatusCode::METHOD_NOT_ALLOWED, format!("{method} {path} is not part of the admin API")),
+        };
+    }
+    let deployer = &served.deployer;
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (name, what) = match segments.as_slice() {
         ["operators", name, what] => (*name, *what),

@@ -12,6 +12,7 @@ use crate::admin;
 use crate::checkpoint::{self, CheckpointSettings, CheckpointStore, JobIdentity};
 use crate::config::{Config, Guarantee, NullKeys, SinkConfig, SourceConfig};
 use crate::lock;
+use crate::metrics::Metrics;
 use crate::operator::deploy::{Deployer, Sandbox};
 use crate::operator::wasm::ActiveVersion;
 use crate::record::RawRecord;
@@ -161,7 +162,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     config.validate()?;
     let partitions = config.state.partitions;
     let source = OpenSource::open(&config.source, &config.sink)?;
-    let slow_batch = source.slow_batch(partitions)?;
+    let max_poll_interval = source.max_poll_interval(partitions)?;
     state::limit_memory(config.state.rocksdb_memory_mib << 20)?;
     let runtime = checkpoint::runtime()?;
     // Before the state directory, which records its partition count when it is new: a
@@ -205,7 +206,8 @@ pub fn run(config: &Config) -> Result<JobReport> {
         checkpoints,
         runtime: runtime.handle().clone(),
         queued_batches: config.state.queued_batches(),
-        cadence: Cadence::of(&config.state, slow_batch),
+        // A batch half the poll timeout long is warned about: a rebalance waits for it.
+        cadence: Cadence::of(&config.state, max_poll_interval.map(|interval| interval / 2)),
         cache_bytes: config.state.cache_mib << 20,
         ttl: Arc::new(config.ttl.clone()),
         null_keys: match &config.source {
@@ -214,11 +216,12 @@ pub fn run(config: &Config) -> Result<JobReport> {
             SourceConfig::Generator { .. } | SourceConfig::File { .. } => NullKeys::default(),
         },
     });
-    let live = workers.live();
+    let (live, host_stats) = (workers.live(), workers.host_stats());
     let router = Router::new(workers, partitions, config.state.batch_size());
     let deployer = Arc::new(Deployer::new(registry, sandbox, active, live.clone(), runtime.handle().clone()));
     if let Some(listen) = &config.admin.listen {
-        admin::serve(listen, admin::token(&config.admin)?, deployer.clone(), &runtime)?;
+        let metrics = Arc::new(Metrics::new(live.clone(), host_stats, max_poll_interval).registry());
+        admin::serve(listen, admin::token(&config.admin)?, deployer.clone(), metrics, &runtime)?;
     }
 
     let (started, cpu) = (Instant::now(), process_cpu());
@@ -366,10 +369,10 @@ impl OpenSource {
         })
     }
 
-    /// How long a batch may take before the worker warns that it nears the consumer's
-    /// poll timeout (`None`: an embedded source has none). A Kafka topic must have the
-    /// job's number of partitions.
-    fn slow_batch(&self, partitions: u32) -> Result<Option<Duration>> {
+    /// The consumer's poll timeout, which a rebalance may wait for a batch (`None`: an
+    /// embedded source has none). A Kafka topic must have the job's number of
+    /// partitions.
+    fn max_poll_interval(&self, partitions: u32) -> Result<Option<Duration>> {
         let OpenSource::Kafka(kafka) = self else { return Ok(None) };
         let topic_partitions = kafka.partition_count()?;
         if topic_partitions != partitions {
@@ -379,7 +382,7 @@ impl OpenSource {
                 kafka.topic
             );
         }
-        Ok(Some(kafka.max_poll_interval()? / 2))
+        Ok(Some(kafka.max_poll_interval()?))
     }
 
     /// Reads the source into `router` until it ends or `stopping` is set, then stops

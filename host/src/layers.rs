@@ -15,6 +15,7 @@ const CHAIN: &[&[&str]] = &[
     &["sink"],
     &["source"],
     &["worker"],
+    &["metrics"],
     &["admin"],
     &["job"],
 ];

@@ -7,13 +7,13 @@
 //! [`checkpoint`]s its state to a checkpoint store, from which a job restores when its
 //! local state is gone. A [`job`] wires these from a [`config`]; new operator versions
 //! arrive through the [`admin`] API or the registry in the store (see
-//! [`operator::deploy`]).
+//! [`operator::deploy`]); the admin API also serves the host's [`metrics`].
 //!
 //! The layers point one way: each module imports only modules before it in
 //!
 //! ```text
 //! record → stats, config, checksum → state → checkpoint → operator → sink → source
-//!     → worker → admin → job
+//!     → worker → metrics → admin → job
 //! ```
 //!
 //! [`record`] (the data every layer shares) is the leaf; [`stats`] holds live counters.
@@ -24,6 +24,7 @@ pub mod checkpoint;
 pub mod checksum;
 pub mod config;
 pub mod job;
+pub mod metrics;
 pub mod operator;
 pub mod record;
 pub mod sink;

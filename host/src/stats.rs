@@ -2,12 +2,15 @@
 //! time.
 //!
 //! A partition's worker counts into its [`PartitionStats`] as it goes (the
-//! checkpointer counts its checkpoints there too); the running summary, the deployer
-//! (waiting for partitions to switch) and the final report read them. This module
-//! holds the counters only: it imports nothing of the host's layers but the shared
-//! record types, so that every layer can count without reaching into another.
+//! checkpointer counts its checkpoints there too), and the host's rebalances and
+//! restores go into its [`HostStats`]; the running summary, the deployer (waiting for
+//! partitions to switch), the final report and the [metrics](crate::metrics) read
+//! them. This module holds the counters only: it imports nothing of the host's layers
+//! but the shared record types, so that every layer can count without reaching into
+//! another.
 
 use crate::record::DeadLetterKind;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -50,6 +53,10 @@ pub struct PartitionStats {
     pub batch_p99_us: AtomicU64,
     /// The longest of the worker's recent batches' processing time, µs.
     pub batch_max_us: AtomicU64,
+    /// Every batch's processing time, s.
+    pub batch_seconds: Histogram,
+    /// When the newest checkpoint completed, ms since the epoch (0: none yet).
+    pub checkpoint_at_ms: AtomicU64,
     /// Records in the partition beyond the state's offset, as of the source's last
     /// report; -1 where the source does not report it (the embedded sources).
     pub lag: AtomicI64,
@@ -83,6 +90,8 @@ impl PartitionStats {
             checkpoint_failures: AtomicU64::new(0),
             batch_p99_us: AtomicU64::new(0),
             batch_max_us: AtomicU64::new(0),
+            batch_seconds: Histogram::new(duration_buckets()),
+            checkpoint_at_ms: AtomicU64::new(0),
             lag: AtomicI64::new(-1),
             switches: AtomicU64::new(0),
             last_switch_stall_us: AtomicU64::new(0),
@@ -137,7 +146,17 @@ impl DeadLetters {
 
     /// All of them.
     pub fn total(&self) -> u64 {
-        self.rejected + self.trapped + self.refused + self.null_key
+        self.by_kind().iter().map(|(_, count)| count).sum()
+    }
+
+    /// Each kind's count.
+    pub fn by_kind(&self) -> [(DeadLetterKind, u64); 4] {
+        [
+            (DeadLetterKind::Rejected, self.rejected),
+            (DeadLetterKind::Trapped, self.trapped),
+            (DeadLetterKind::Refused, self.refused),
+            (DeadLetterKind::NullKey, self.null_key),
+        ]
     }
 
     /// Adds `other`'s counts.
@@ -219,6 +238,79 @@ pub struct Totals {
 
 /// The live counters of the running partitions, by partition, for the running summary.
 pub type LiveStats = Arc<Mutex<BTreeMap<u32, Arc<PartitionStats>>>>;
+
+/// Histogram buckets for durations from 100 µs to about 52 s, doubling.
+fn duration_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0001, 2.0, 20)
+}
+
+/// What a rebalance did to this member's partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RebalanceChange {
+    /// Partitions were assigned to it.
+    Assigned,
+    /// Partitions were taken from it, handed over.
+    Revoked,
+    /// Partitions were taken from it after it was evicted: another member had them.
+    Lost,
+}
+
+/// The host's counters beyond any one partition: its rebalances and restores.
+#[derive(Debug)]
+pub struct HostStats {
+    /// Each rebalance callback's duration, s (its count is the number of rebalances).
+    pub rebalance_seconds: Histogram,
+    /// Partitions assigned to this member so far.
+    pub assigned: AtomicU64,
+    /// Partitions revoked (handed over) so far.
+    pub revoked: AtomicU64,
+    /// Partitions lost (taken after an eviction) so far.
+    pub lost: AtomicU64,
+    /// Each restore's duration (one start of one or more partitions), s.
+    pub restore_seconds: Histogram,
+    /// Bytes fetched from the checkpoint store by restores.
+    pub restored_bytes: AtomicU64,
+    /// The latest restore's predicted duration, µs.
+    pub restore_predicted_us: AtomicU64,
+    /// The latest restore's actual duration, µs.
+    pub restore_actual_us: AtomicU64,
+}
+
+impl Default for HostStats {
+    fn default() -> Self {
+        HostStats {
+            rebalance_seconds: Histogram::new(duration_buckets()),
+            assigned: AtomicU64::new(0),
+            revoked: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            restore_seconds: Histogram::new(duration_buckets()),
+            restored_bytes: AtomicU64::new(0),
+            restore_predicted_us: AtomicU64::new(0),
+            restore_actual_us: AtomicU64::new(0),
+        }
+    }
+}
+
+impl HostStats {
+    /// Counts a rebalance that made `change` to `partitions` partitions in `took`.
+    pub fn record_rebalance(&self, change: RebalanceChange, partitions: usize, took: Duration) {
+        self.rebalance_seconds.observe(took.as_secs_f64());
+        let counter = match change {
+            RebalanceChange::Assigned => &self.assigned,
+            RebalanceChange::Revoked => &self.revoked,
+            RebalanceChange::Lost => &self.lost,
+        };
+        counter.fetch_add(partitions as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a restore that fetched `bytes` in `took`, predicted to take `predicted`.
+    pub fn record_restore(&self, bytes: u64, took: Duration, predicted: Duration) {
+        self.restore_seconds.observe(took.as_secs_f64());
+        self.restored_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.restore_predicted_us.store(predicted.as_micros() as u64, Ordering::Relaxed);
+        self.restore_actual_us.store(took.as_micros() as u64, Ordering::Relaxed);
+    }
+}
 
 /// User plus system CPU time of the whole process so far — every thread, RocksDB's
 /// background work included — from `/proc/self/stat`, in clock ticks of 10 ms (Linux's

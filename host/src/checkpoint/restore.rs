@@ -263,6 +263,13 @@ pub struct RestoreReport {
     pub took: Duration,
 }
 
+impl RestoreReport {
+    /// The bytes fetched from the store.
+    pub fn fetched(&self) -> u64 {
+        self.restored.iter().map(|r| if let RestoredFrom::Checkpoint { bytes, .. } = r { *bytes } else { 0 }).sum()
+    }
+}
+
 /// Brings every partition of `plan` to the newest state it can have in `state`: local
 /// recovery or a download from `store`. Logs the prediction (warning when it exceeds
 /// `budget`), progress, and the measured duration, which it adds to the store's history.
@@ -303,17 +310,15 @@ pub async fn restore(
         reporter.thread().unpark();
         reporter.join().ok();
     }
-    let restored = restores?;
-    let fetched: u64 =
-        restored.iter().map(|r| if let RestoredFrom::Checkpoint { bytes, .. } = r { *bytes } else { 0 }).sum();
-    let took = started.elapsed();
+    let report = RestoreReport { plan, restored: restores?, took: started.elapsed() };
+    let (fetched, took, plan) = (report.fetched(), report.took, &report.plan);
     if fetched > 0 {
         tracing::info!(
             "restored {} in {:.2}s ({}/s): {}",
             bytes(fetched),
             took.as_secs_f64(),
             bytes((fetched as f64 / took.as_secs_f64().max(1e-9)) as u64),
-            (plan.partitions.iter().zip(&restored))
+            (plan.partitions.iter().zip(&report.restored))
                 .map(|(p, r)| format!("p{} {r}", p.partition))
                 .collect::<Vec<_>>()
                 .join(", ")
@@ -323,7 +328,7 @@ pub async fn restore(
             tracing::warn!("{NO_RESTORE_HISTORY}: recording this one failed: {e:#}");
         }
     }
-    Ok(RestoreReport { plan, restored, took })
+    Ok(report)
 }
 
 /// Restores one partition as `plan` says, falling back checkpoint by checkpoint.

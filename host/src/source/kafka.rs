@@ -25,6 +25,7 @@ use super::{Partitions, Started};
 use crate::config::{OutOfRange, kafka_client};
 use crate::lock;
 use crate::record::{NULL_KEY_HEADER, SourceRecord, Stop, TOMBSTONE_HEADER};
+use crate::stats::RebalanceChange;
 use anyhow::{Context, Result, bail};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
@@ -168,6 +169,11 @@ impl<P: Partitions + Send> ConsumerContext for Membership<P> {
         let rebalance = self.rebalances.fetch_add(1, Ordering::Relaxed) + 1;
         let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
         let partitions: Vec<u32> = tpl.elements().iter().map(|e| e.partition() as u32).collect();
+        let change = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => RebalanceChange::Assigned,
+            _ if consumer.assignment_lost() => RebalanceChange::Lost,
+            _ => RebalanceChange::Revoked,
+        };
         let mut owner = lock(&self.partitions);
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
@@ -181,7 +187,7 @@ impl<P: Partitions + Send> ConsumerContext for Membership<P> {
                 })
             }
             _ => {
-                let lost = consumer.assignment_lost();
+                let lost = change == RebalanceChange::Lost;
                 let (offsets, revoked) = match owner.as_mut() {
                     Some(owner) => revoke(owner, &partitions, lost),
                     None => (Vec::new(), Ok(())),
@@ -202,6 +208,9 @@ impl<P: Partitions + Send> ConsumerContext for Membership<P> {
                 revoked.and(unassigned.map_err(anyhow::Error::from))
             }
         };
+        if let Some(owner) = owner.as_ref() {
+            owner.record_rebalance(change, partitions.len(), began.elapsed());
+        }
         if let Err(e) = result {
             tracing::error!("rebalance {rebalance} of {}: {e:#}", self.topic);
             lock(&self.failure).get_or_insert(e);
@@ -633,6 +642,7 @@ mod tests {
             self.running.iter().map(|(&p, &o)| (p, o)).collect()
         }
         fn record_lag(&self, _partition: u32, _high_watermark: u64) {}
+        fn record_rebalance(&self, _change: RebalanceChange, _partitions: usize, _took: Duration) {}
         fn finish(&mut self, outcome: Result<Stop>) -> Result<Vec<(u32, u64)>> {
             outcome?;
             Ok(std::mem::take(&mut self.running).into_iter().collect())

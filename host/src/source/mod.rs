@@ -19,6 +19,7 @@ pub mod kafka;
 
 use crate::checkpoint::RestoredFrom;
 use crate::record::{RawRecord, SourceRecord, Stop};
+use crate::stats::RebalanceChange;
 use anyhow::Result;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -86,6 +87,10 @@ pub trait Partitions {
     /// Records how far `partition`'s state is behind `high_watermark`, the end of its
     /// log as the broker last reported it.
     fn record_lag(&self, partition: u32, high_watermark: u64);
+
+    /// Records a rebalance that made `change` to `partitions` partitions of this member
+    /// in `took`.
+    fn record_rebalance(&self, change: RebalanceChange, partitions: usize, took: Duration);
 
     /// Ends the run as `outcome` says: after the source ended ([`Stop::Drain`]) every
     /// waiting record is handed over and processed; otherwise (and after an error)

@@ -27,7 +27,7 @@ use crate::operator::{Operator, OperatorStopped};
 use crate::record::{SourceRecord, Stop};
 use crate::source::Started;
 use crate::state::{StateDir, Transaction};
-use crate::stats::{DeadLetters, LiveStats, PartitionStats, Totals};
+use crate::stats::{DeadLetters, HostStats, LiveStats, PartitionStats, Totals};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
@@ -138,6 +138,7 @@ pub struct Workers {
     /// Of `failed`, those not yet returned by [`Workers::failed`].
     newly_failed: Vec<u32>,
     live: LiveStats,
+    host: Arc<HostStats>,
     reports: Vec<PartitionReport>,
 }
 
@@ -157,6 +158,7 @@ impl Workers {
             failed: BTreeMap::new(),
             newly_failed: Vec::new(),
             live: LiveStats::default(),
+            host: Arc::default(),
             reports: Vec::new(),
         }
     }
@@ -177,6 +179,7 @@ impl Workers {
             lock(&self.given_up).remove(p);
         }
         let (tx, given_up, mut partitions) = (self.started_tx.clone(), self.given_up.clone(), partitions.to_vec());
+        let host = self.host.clone();
         std::thread::Builder::new().name("sluice-restore".into()).spawn(move || {
             let mut sent = Vec::new();
             let finished = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -184,7 +187,7 @@ impl Workers {
                     tx.send((partition, result)).ok();
                     sent.push(partition);
                 };
-                match restore_retrying(&setup, &mut partitions, &given_up, &mut report) {
+                match restore_retrying(&setup, &host, &mut partitions, &given_up, &mut report) {
                     Ok((plans, restored)) => {
                         for (plan, restored) in plans.iter().zip(restored) {
                             report(plan.partition, spawn_worker(&setup, plan, restored, now));
@@ -410,6 +413,11 @@ impl Workers {
         self.live.clone()
     }
 
+    /// The host's counters of rebalances and restores.
+    pub fn host_stats(&self) -> Arc<HostStats> {
+        self.host.clone()
+    }
+
     /// The reports of every stopped run, in the order they stopped.
     pub fn reports(&self) -> &[PartitionReport] {
         &self.reports
@@ -435,6 +443,7 @@ struct StartGivenUp;
 /// each try, the partitions in `given_up` leave `partitions` and are `report`ed.
 fn restore_retrying(
     setup: &WorkerSetup,
+    host: &HostStats,
     partitions: &mut Vec<u32>,
     given_up: &Mutex<BTreeSet<u32>>,
     report: &mut impl FnMut(u32, Result<Running>),
@@ -456,7 +465,10 @@ fn restore_retrying(
             restore::restore(&setup.state, &c.store, plan, c.restore_budget).await
         });
         match attempt {
-            Ok(report) => return Ok((report.plan.partitions, report.restored)),
+            Ok(report) => {
+                host.record_restore(report.fetched(), report.took, report.plan.predicted().0);
+                return Ok((report.plan.partitions, report.restored));
+            }
             Err(e) if store::is_unavailable(&e) && began.elapsed() + wait < c.retry_timeout => tracing::warn!(
                 "partitions {partitions:?}: {STORE_RETRY} {}s, for up to {}s in all ([checkpoint] \
                  restore_retry_timeout); they stay paused and this host stays in its group: {e:#}",

@@ -128,6 +128,7 @@ impl BatchTimes {
     }
 
     fn record(&mut self, took: Duration, partition: u32, stats: &PartitionStats) {
+        stats.batch_seconds.observe(took.as_secs_f64());
         if self.recent.len() == BATCH_TIMES {
             self.recent.pop_front();
         }

@@ -13,8 +13,10 @@
 use super::{PartitionReport, Workers};
 use crate::record::{SourceRecord, Stop};
 use crate::source::{Partitions, Started};
+use crate::stats::RebalanceChange;
 use anyhow::Result;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// Logged at a partition's first jump ahead in a run: `offsets jump from N to M`.
 pub const OFFSETS_JUMP: &str = "offsets jump from";
@@ -218,6 +220,10 @@ impl Partitions for Router {
 
     fn record_lag(&self, partition: u32, high_watermark: u64) {
         self.workers.record_lag(partition, high_watermark);
+    }
+
+    fn record_rebalance(&self, change: RebalanceChange, partitions: usize, took: Duration) {
+        self.workers.host_stats().record_rebalance(change, partitions, took);
     }
 
     fn finish(&mut self, outcome: Result<Stop>) -> Result<Vec<(u32, u64)>> {
