@@ -177,7 +177,20 @@ build_operators() {
 # resolves features exactly as `cargo test` does, so nothing (RocksDB above all) is
 # built twice.
 build_host() {
+    prune_cache
     cargo build --workspace --bins --tests
+}
+
+# The cached target directory keeps every test executable each build linked (hundreds of
+# MiB each with debug info) and incremental caches of old sources: those untouched for
+# two days go, so the disk CI shares with it does not fill. Dependencies' compiled
+# libraries stay; a pruned executable is only linked again.
+prune_cache() {
+    local debug="$CARGO_TARGET_DIR/debug"
+    [ -d "$debug/deps" ] || return 0
+    find "$debug/deps" -maxdepth 1 -type f -perm -u+x ! -name '*.so' -mtime +2 -delete
+    [ -d "$debug/incremental" ] && find "$debug/incremental" -mindepth 1 -maxdepth 1 -mtime +2 -exec rm -rf {} +
+    return 0
 }
 
 # Clippy over every target of the workspace as the host builds it, then over the guest
