@@ -372,3 +372,66 @@ fn logs_are_plain_in_files_coloured_on_terminals_and_json_when_asked() -> Result
     assert!(report.iter().all(|l| !l.starts_with('{')), "only the final report follows the events:\n{json}");
     Ok(())
 }
+
+/// Warnings say what is wrong and the setting that tunes it: one partition holding most
+/// of the state and taking most of the time, and records failing into the dead letters
+/// (the probe over a paced file); then checkpoints falling behind once the store fails.
+#[test]
+fn warnings_name_skew_failing_records_and_checkpoints_behind_with_their_settings() -> Result<()> {
+    use sluice::warnings::{CHECKPOINTS_BEHIND, DEAD_LETTERS_RISING, SKEWED_STATE, SKEWED_TIME};
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let keys_in = |partition: u32| {
+        (0..).map(|i| format!("v{i}")).filter(move |k| sluice::source::partition_for(k.as_bytes(), 4) == partition)
+    };
+    let record = |key: &str, action: serde_json::Value| {
+        let mut line = action;
+        line["vehicle_id"] = key.into();
+        line.to_string()
+    };
+    let mut hot = Vec::new();
+    for (i, key) in keys_in(0).take(3000).enumerate() {
+        hot.push(record(&key, serde_json::json!({"action": "count"})));
+        if i % 50 == 0 {
+            hot.push(record(&key, serde_json::json!({"action": "work", "iterations": 40_000_000})));
+        }
+        if i % 10 == 0 {
+            hot.push(record(&key, serde_json::json!({"action": "put-then-fail"})));
+        }
+    }
+    let cold: Vec<String> = (1..4)
+        .flat_map(|p| keys_in(p).take(20).collect::<Vec<_>>())
+        .flat_map(|key| (0..5).map(move |_| key.clone()))
+        .map(|key| record(&key, serde_json::json!({"action": "count"})))
+        .collect();
+    // The cold records spread over the whole run, between the hot ones.
+    let (mut lines, step) = (Vec::new(), hot.len() / cold.len());
+    for (i, line) in hot.iter().enumerate() {
+        lines.push(line.clone());
+        if i % step == 0 {
+            lines.extend(cold.get(i / step).cloned());
+        }
+    }
+    let input = dir.join("skewed.jsonl");
+    std::fs::write(&input, lines.join("\n") + "\n")?;
+    let run = run_ok(run_file_job(&operator_wasm("probe"), &input, dir, 4).args(["--rate", "600"]))?;
+    let log = String::from_utf8_lossy(&run.stderr);
+    for warning in [SKEWED_STATE, SKEWED_TIME] {
+        assert!(log.contains(&format!("{warning}: partition 0")) && log.contains("skew_ratio"), "{warning}:\n{log}");
+    }
+    assert!(log.contains(DEAD_LETTERS_RISING) && log.contains("dead_letter_ratio"), "{log}");
+    assert!(!log.contains(CHECKPOINTS_BEHIND), "{log}");
+
+    let store = dir.join("store");
+    let home = dir.join("behind");
+    let mut job = run_generator_job(&home, 100, 20_000, 11, 2);
+    job.args(["--rate", "1000", "--checkpoint-interval", "0.5", "--report-interval", "0.5"]).arg("--checkpoint-store");
+    let mut host = Host::spawn("behind", job.arg(&store), &dir.join("behind.log"))?;
+    host.wait_for("sluice::summary", 1, std::time::Duration::from_secs(60))?;
+    std::fs::rename(&store, dir.join("store.away"))?;
+    std::fs::write(&store, "not a directory")?;
+    host.wait_for(CHECKPOINTS_BEHIND, 1, std::time::Duration::from_secs(30))?;
+    host.kill_9()?;
+    assert!(host.log().contains("checkpoint_age_intervals = 3"), "{}", host.log());
+    Ok(())
+}

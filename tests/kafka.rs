@@ -21,6 +21,7 @@ use sluice::job::{DEAD_LETTERS_BY_KIND, JOB_STARTED, LAG};
 use sluice::record::{DeadLetterKind, NULL_KEY_HEADER, Stop, TOMBSTONE_HEADER};
 use sluice::sink::transaction::{FENCED, REPLAYED_SILENTLY};
 use sluice::source::kafka::{ASSIGNED, PARTITIONS_ADDED, RESUMED, REVOKED};
+use sluice::warnings::REBALANCING_OFTEN;
 use sluice::worker::{
     AFTER_SEND, BEFORE_SEND, OFFSETS_JUMP, OUTPUTS_COMMITTED, SLOW_BATCH, STATE_COMMITTED, STOPPED, STOPPED_ALONE,
     STORE_RETRY,
@@ -376,7 +377,8 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     let (vehicles, count) = (100, 4_000);
     generate(&all, vehicles, count, SEED)?;
     broker.produce_lines("positions", &all)?;
-    let config = positions_source(dir, &broker.bootstrap, "group = \"metrics\"\n")?;
+    let more = "group = \"metrics\"\n[report]\nrebalances_per_hour = 1\n";
+    let config = positions_source(dir, &broker.bootstrap, more)?;
     let store = dir.join("store");
     let host = |name: &str| spawn_host(dir, name, 4, &config, Some(&store), &["--admin", "127.0.0.1:0"]);
     let minute = Duration::from_secs(60);
@@ -403,6 +405,8 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     assert!(sum(&metrics, "sluice_rebalance_duration_seconds_count") > rebalances, "{metrics}");
     assert!(sum(&metrics, "sluice_partitions_revoked_total") >= 1.0, "{metrics}");
     assert!(sum(&metrics, "sluice_partitions_running") < 4.0, "{metrics}");
+    a.wait_for(REBALANCING_OFTEN, 1, minute)?;
+    assert!(a.log().contains("rebalances_per_hour = 1"), "{}", a.log());
 
     let versions = |metrics: &str| -> BTreeSet<String> {
         samples(metrics, "sluice_partition_operator_info")

@@ -789,15 +789,52 @@ pub struct ReportConfig {
     /// Between running-summary lines; 0 turns them off.
     #[serde(default = "default_report_interval", alias = "interval_s", deserialize_with = "duration")]
     pub interval: Duration,
+    /// Warn when the largest partition's state (or slowest partition's batch p99) is
+    /// this many times the median partition's.
+    #[serde(default = "default_skew_ratio")]
+    pub skew_ratio: f64,
+    /// Warn when a partition's newest checkpoint is older than this many checkpoint
+    /// intervals.
+    #[serde(default = "default_checkpoint_age_intervals")]
+    pub checkpoint_age_intervals: u32,
+    /// Warn when this member took part in more rebalances than this in the last hour.
+    #[serde(default = "default_rebalances_per_hour")]
+    pub rebalances_per_hour: u32,
+    /// Warn when more than this share of the records processed went to the dead
+    /// letters (over the last check's window).
+    #[serde(default = "default_dead_letter_ratio")]
+    pub dead_letter_ratio: f64,
 }
 
 fn default_report_interval() -> Duration {
     Duration::from_secs(2)
 }
 
+fn default_skew_ratio() -> f64 {
+    4.0
+}
+
+fn default_checkpoint_age_intervals() -> u32 {
+    3
+}
+
+fn default_rebalances_per_hour() -> u32 {
+    12
+}
+
+fn default_dead_letter_ratio() -> f64 {
+    0.01
+}
+
 impl Default for ReportConfig {
     fn default() -> Self {
-        ReportConfig { interval: default_report_interval() }
+        ReportConfig {
+            interval: default_report_interval(),
+            skew_ratio: default_skew_ratio(),
+            checkpoint_age_intervals: default_checkpoint_age_intervals(),
+            rebalances_per_hour: default_rebalances_per_hour(),
+            dead_letter_ratio: default_dead_letter_ratio(),
+        }
     }
 }
 
@@ -877,6 +914,16 @@ impl Config {
         }
         if self.state.commit_interval.is_zero() || self.state.commit_dirty_mib == 0 {
             bail!("[state] commit_interval and commit_dirty_mib must be more than 0");
+        }
+        let report = &self.report;
+        if !(report.skew_ratio >= 1.0 && report.skew_ratio.is_finite()) {
+            bail!("[report] skew_ratio = {} must be a number of at least 1", report.skew_ratio);
+        }
+        if !(report.dead_letter_ratio > 0.0 && report.dead_letter_ratio <= 1.0) {
+            bail!("[report] dead_letter_ratio = {} must be more than 0 and at most 1", report.dead_letter_ratio);
+        }
+        if report.checkpoint_age_intervals == 0 || report.rebalances_per_hour == 0 {
+            bail!("[report] checkpoint_age_intervals and rebalances_per_hour must be at least 1");
         }
         if self.state.rocksdb_memory_mib == 0 {
             bail!("[state] rocksdb_memory_mib must be at least 1: RocksDB needs memory for its memtables");

@@ -23,6 +23,7 @@ use crate::source::kafka::{self, KafkaOptions, PARTITIONS_ADDED};
 use crate::source::{self, DispatchOptions};
 use crate::state::{self, StateDir};
 use crate::stats::{DeadLetters, LiveStats, PartitionStats, peak_rss, process_cpu};
+use crate::warnings::Watch;
 use crate::worker::{
     Cadence, Checkpointing, Destinations, DispatchReport, PartitionReport, Router, WorkerSetup, Workers,
 };
@@ -220,12 +221,14 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let router = Router::new(workers, partitions, config.state.batch_size());
     let deployer = Arc::new(Deployer::new(registry, sandbox, active, live.clone(), runtime.handle().clone()));
     if let Some(listen) = &config.admin.listen {
-        let metrics = Arc::new(Metrics::new(live.clone(), host_stats, max_poll_interval).registry());
+        let metrics = Arc::new(Metrics::new(live.clone(), host_stats.clone(), max_poll_interval).registry());
         admin::serve(listen, admin::token(&config.admin)?, deployer.clone(), metrics, &runtime)?;
     }
+    let checkpoint_interval = checkpoints_on.then_some(config.checkpoint.interval);
+    let watch = Watch::new(config.report.clone(), checkpoint_interval, live.clone(), host_stats);
 
     let (started, cpu) = (Instant::now(), process_cpu());
-    let router = drive(config, source, router, &deployer, &live, &stopping, started)?;
+    let router = drive(config, source, router, &deployer, &live, watch, &stopping, started)?;
     let mut reports = router.partition_reports().to_vec();
     reports.sort_by_key(|r| r.partition);
     Ok(JobReport {
@@ -271,14 +274,17 @@ fn job_identity(config: &Config) -> JobIdentity {
 }
 
 /// Runs the source into `router` on a thread of its own and follows the operator's
-/// deployed versions on another, printing the running summary (timed from `started`)
-/// meanwhile; returns the router once the source has ended and every partition stopped.
+/// deployed versions on another, logging the running summary (timed from `started`) and
+/// `watch`'s warnings meanwhile; returns the router once the source has ended and every
+/// partition stopped.
+#[allow(clippy::too_many_arguments)]
 fn drive(
     config: &Config,
     source: OpenSource,
     router: Router,
     deployer: &Deployer,
     live: &LiveStats,
+    mut watch: Watch,
     stopping: &AtomicBool,
     started: Instant,
 ) -> Result<Router> {
@@ -298,6 +304,7 @@ fn drive(
             if !summary.is_zero() && last.at.elapsed() >= summary {
                 last = log_summary(started, last, live);
             }
+            watch.check_if_due();
         }
         source_ended.store(true, Ordering::Relaxed);
         dispatcher.join().map_err(|_| anyhow!("the source panicked"))?

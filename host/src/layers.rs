@@ -15,7 +15,7 @@ const CHAIN: &[&[&str]] = &[
     &["sink"],
     &["source"],
     &["worker"],
-    &["metrics"],
+    &["metrics", "warnings"],
     &["admin"],
     &["job"],
 ];

@@ -13,7 +13,7 @@
 //!
 //! ```text
 //! record → stats, config, checksum → state → checkpoint → operator → sink → source
-//!     → worker → metrics → admin → job
+//!     → worker → metrics, warnings → admin → job
 //! ```
 //!
 //! [`record`] (the data every layer shares) is the leaf; [`stats`] holds live counters.
@@ -31,6 +31,7 @@ pub mod sink;
 pub mod source;
 pub mod state;
 pub mod stats;
+pub mod warnings;
 pub mod worker;
 
 #[cfg(test)]

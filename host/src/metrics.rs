@@ -10,7 +10,7 @@
 //! every per-partition series carries a `partition` label. The README lists them all.
 
 use crate::lock;
-use crate::stats::{HostStats, LiveStats, PartitionStats};
+use crate::stats::{HostStats, LiveStats, PartitionStats, Skew, now_ms};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// The content type of [`Metrics::encode`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -97,10 +97,10 @@ impl Collector for Metrics {
         counters(e, "sluice_checkpoint_uploaded_bytes", "Bytes uploaded by checkpoints", &partitions, |s| {
             load(&s.uploaded_bytes)
         })?;
-        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        gauges(e, "sluice_checkpoint_age_seconds", "Time since the newest checkpoint completed", &partitions, |s| {
-            let at = load(&s.checkpoint_at_ms);
-            (at > 0).then(|| now_ms.saturating_sub(at) as f64 / 1e3)
+        let now = now_ms();
+        let help = "Time since the newest checkpoint completed (or the partition started here)";
+        gauges(e, "sluice_checkpoint_age_seconds", help, &partitions, |s| {
+            Some(now.saturating_sub(load(&s.checkpoint_at_ms)) as f64 / 1e3)
         })?;
         counters(e, "sluice_expired_entries", "State entries removed by expiry", &partitions, |s| load(&s.expired))?;
         gauges(e, "sluice_expiry_backlog_entries", "Entries due but not yet expired", &partitions, |s| {
@@ -140,6 +140,7 @@ impl Metrics {
             let help = "The Kafka consumer's max.poll.interval.ms: the longest a rebalance may wait for a batch";
             gauge(e, "sluice_max_poll_interval_seconds", help, interval.as_secs_f64())?;
         }
+        counter(e, "sluice_rebalances", "Rebalance callbacks of this member", load(&host.rebalances))?;
         let help = "Rebalance callbacks of this member, by duration";
         host.rebalance_seconds.encode(e.encode_descriptor(
             "sluice_rebalance_duration_seconds",
@@ -267,12 +268,9 @@ fn skew(
     partitions: &Partitions,
     value: impl Fn(&PartitionStats) -> u64,
 ) -> fmt::Result {
-    let mut values: Vec<u64> = partitions.iter().map(|(_, stats)| value(stats)).collect();
-    values.sort_unstable();
-    let median = values.get(values.len() / 2).copied().unwrap_or(0);
     let metric = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    match values.last() {
-        Some(&largest) if median > 0 => ConstGauge::new(largest as f64 / median as f64).encode(metric),
-        _ => Ok(()),
+    match Skew::of(partitions.iter().map(|(_, stats)| value(stats))) {
+        Some(skew) => ConstGauge::new(skew.ratio).encode(metric),
+        None => Ok(()),
     }
 }

@@ -55,7 +55,8 @@ pub struct PartitionStats {
     pub batch_max_us: AtomicU64,
     /// Every batch's processing time, s.
     pub batch_seconds: Histogram,
-    /// When the newest checkpoint completed, ms since the epoch (0: none yet).
+    /// When the newest checkpoint completed, or the partition started here if none
+    /// did since, ms since the epoch.
     pub checkpoint_at_ms: AtomicU64,
     /// Records in the partition beyond the state's offset, as of the source's last
     /// report; -1 where the source does not report it (the embedded sources).
@@ -91,7 +92,7 @@ impl PartitionStats {
             batch_p99_us: AtomicU64::new(0),
             batch_max_us: AtomicU64::new(0),
             batch_seconds: Histogram::new(duration_buckets()),
-            checkpoint_at_ms: AtomicU64::new(0),
+            checkpoint_at_ms: AtomicU64::new(now_ms()),
             lag: AtomicI64::new(-1),
             switches: AtomicU64::new(0),
             last_switch_stall_us: AtomicU64::new(0),
@@ -239,6 +240,32 @@ pub struct Totals {
 /// The live counters of the running partitions, by partition, for the running summary.
 pub type LiveStats = Arc<Mutex<BTreeMap<u32, Arc<PartitionStats>>>>;
 
+/// The wall clock, ms since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// How unevenly a measure spreads over partitions: the largest value over the median.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Skew {
+    /// `largest / median`.
+    pub ratio: f64,
+    /// The largest value.
+    pub largest: u64,
+    /// The median value.
+    pub median: u64,
+}
+
+impl Skew {
+    /// The skew of `values`; `None` without values or while the median is 0.
+    pub fn of(values: impl IntoIterator<Item = u64>) -> Option<Skew> {
+        let mut values: Vec<u64> = values.into_iter().collect();
+        values.sort_unstable();
+        let (median, largest) = (*values.get(values.len() / 2)?, *values.last()?);
+        (median > 0).then(|| Skew { ratio: largest as f64 / median as f64, largest, median })
+    }
+}
+
 /// Histogram buckets for durations from 100 µs to about 52 s, doubling.
 fn duration_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.0001, 2.0, 20)
@@ -258,7 +285,9 @@ pub enum RebalanceChange {
 /// The host's counters beyond any one partition: its rebalances and restores.
 #[derive(Debug)]
 pub struct HostStats {
-    /// Each rebalance callback's duration, s (its count is the number of rebalances).
+    /// Rebalance callbacks of this member.
+    pub rebalances: AtomicU64,
+    /// Each rebalance callback's duration, s.
     pub rebalance_seconds: Histogram,
     /// Partitions assigned to this member so far.
     pub assigned: AtomicU64,
@@ -279,6 +308,7 @@ pub struct HostStats {
 impl Default for HostStats {
     fn default() -> Self {
         HostStats {
+            rebalances: AtomicU64::new(0),
             rebalance_seconds: Histogram::new(duration_buckets()),
             assigned: AtomicU64::new(0),
             revoked: AtomicU64::new(0),
@@ -294,6 +324,7 @@ impl Default for HostStats {
 impl HostStats {
     /// Counts a rebalance that made `change` to `partitions` partitions in `took`.
     pub fn record_rebalance(&self, change: RebalanceChange, partitions: usize, took: Duration) {
+        self.rebalances.fetch_add(1, Ordering::Relaxed);
         self.rebalance_seconds.observe(took.as_secs_f64());
         let counter = match change {
             RebalanceChange::Assigned => &self.assigned,

@@ -185,8 +185,7 @@ impl Checkpointer {
             Ok(manifest) => {
                 stats.checkpoints.fetch_add(1, Ordering::Relaxed);
                 stats.checkpoint_offset.store(manifest.offset, Ordering::Relaxed);
-                let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-                stats.checkpoint_at_ms.store(now, Ordering::Relaxed);
+                stats.checkpoint_at_ms.store(crate::stats::now_ms(), Ordering::Relaxed);
                 stats.uploaded_bytes.fetch_add(manifest.uploaded_bytes, Ordering::Relaxed);
                 Ok(())
             }

@@ -1,0 +1,218 @@
+//! Warnings about the numbers that break a stream job before they break it: a skewed
+//! partition, checkpoints falling behind, a member rebalancing over and over, records
+//! pouring into the dead letters. (Batch times near the poll timeout and restores over
+//! their budget are warned about where they are measured, by the
+//! [worker](crate::worker) and the [restore](crate::checkpoint::restore).)
+//!
+//! A [`Watch`] reads the counters the job keeps anyway ([`PartitionStats`],
+//! [`HostStats`]) every [`CHECK_EVERY`] and logs each warning with the setting that
+//! tunes it, at most once a minute per kind. It changes nothing in the job.
+
+use crate::config::ReportConfig;
+use crate::lock;
+use crate::stats::{HostStats, LiveStats, PartitionStats, Skew, now_ms};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// How often the numbers are looked at, and the window the rates are taken over.
+pub const CHECK_EVERY: Duration = Duration::from_secs(5);
+/// The least time between two warnings of one kind.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+/// A partition holding fewer entries than this is not called skewed, whatever the ratio.
+const SKEW_LEAST_ENTRIES: u64 = 1000;
+/// A batch p99 shorter than this is not called skewed: fast is fast.
+const SKEW_LEAST_BATCH_P99: Duration = Duration::from_millis(10);
+
+/// Starts the warning of a partition whose state is much larger than the others'.
+pub const SKEWED_STATE: &str = "state skew";
+/// Starts the warning of a partition whose batches are much slower than the others'.
+pub const SKEWED_TIME: &str = "processing-time skew";
+/// Starts the warning of checkpoints falling behind.
+pub const CHECKPOINTS_BEHIND: &str = "checkpoints behind";
+/// Starts the warning of a member rebalancing often.
+pub const REBALANCING_OFTEN: &str = "frequent rebalances";
+/// Starts the warning of many dead letters.
+pub const DEAD_LETTERS_RISING: &str = "dead-letter rate";
+
+/// Watches a running job's numbers against `[report]`'s thresholds.
+pub struct Watch {
+    thresholds: ReportConfig,
+    checkpoint_interval: Option<Duration>,
+    live: LiveStats,
+    host: Arc<HostStats>,
+    /// Records processed and dead-lettered per partition at the last check.
+    last: BTreeMap<u32, (u64, u64)>,
+    last_rebalances: u64,
+    /// When each rebalance of the last hour was seen.
+    rebalances: VecDeque<Instant>,
+    checked: Instant,
+    warned: BTreeMap<&'static str, Instant>,
+}
+
+impl Watch {
+    /// Watches the partitions in `live` and `host` against `thresholds`; checkpoints
+    /// are expected every `checkpoint_interval` (`None`: checkpoints are off).
+    pub fn new(
+        thresholds: ReportConfig,
+        checkpoint_interval: Option<Duration>,
+        live: LiveStats,
+        host: Arc<HostStats>,
+    ) -> Self {
+        Watch {
+            thresholds,
+            checkpoint_interval,
+            live,
+            host,
+            last: BTreeMap::new(),
+            last_rebalances: 0,
+            rebalances: VecDeque::new(),
+            checked: Instant::now(),
+            warned: BTreeMap::new(),
+        }
+    }
+
+    /// Checks the numbers if [`CHECK_EVERY`] has passed since the last check, logging
+    /// what is wrong.
+    pub fn check_if_due(&mut self) {
+        if self.checked.elapsed() < CHECK_EVERY {
+            return;
+        }
+        self.checked = Instant::now();
+        let partitions: Vec<(u32, Arc<PartitionStats>)> =
+            lock(&self.live).iter().map(|(&p, stats)| (p, stats.clone())).collect();
+        let mut found = Vec::new();
+        found.extend(self.skew(&partitions));
+        found.extend(self.checkpoints_behind(&partitions));
+        found.extend(self.rebalancing_often());
+        found.extend(self.dead_letters_rising(&partitions));
+        for (kind, warning) in found {
+            if self.warned.get(kind).is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+                self.warned.insert(kind, Instant::now());
+                tracing::warn!("{warning}");
+            }
+        }
+    }
+
+    fn skew(&self, partitions: &[(u32, Arc<PartitionStats>)]) -> Vec<(&'static str, String)> {
+        let ratio = self.thresholds.skew_ratio;
+        let largest = |value: fn(&PartitionStats) -> u64| {
+            partitions.iter().max_by_key(|(_, s)| value(s)).map(|(p, _)| *p).unwrap_or_default()
+        };
+        let mut found = Vec::new();
+        let entries = |s: &PartitionStats| s.entries.load(Ordering::Relaxed);
+        if let Some(skew) = Skew::of(partitions.iter().map(|(_, s)| entries(s)))
+            && skew.ratio >= ratio
+            && skew.largest >= SKEW_LEAST_ENTRIES
+        {
+            found.push((
+                SKEWED_STATE,
+                format!(
+                    "{SKEWED_STATE}: partition {} holds {} state entries, {:.1} times the median partition's {} \
+                     ([report] skew_ratio = {ratio}): it sets how long its restore and every rebalance that moves it \
+                     take. A key that spreads better, or more partitions, evens it out",
+                    largest(entries),
+                    skew.largest,
+                    skew.ratio,
+                    skew.median
+                ),
+            ));
+        }
+        let p99 = |s: &PartitionStats| s.batch_p99_us.load(Ordering::Relaxed);
+        if let Some(skew) = Skew::of(partitions.iter().map(|(_, s)| p99(s)))
+            && skew.ratio >= ratio
+            && Duration::from_micros(skew.largest) >= SKEW_LEAST_BATCH_P99
+        {
+            found.push((
+                SKEWED_TIME,
+                format!(
+                    "{SKEWED_TIME}: partition {}'s batches take {:.1} ms at p99, {:.1} times the median partition's \
+                     ([report] skew_ratio = {ratio}): the slowest partition sets the job's pace. Look for a hot key",
+                    largest(p99),
+                    skew.largest as f64 / 1e3,
+                    skew.ratio
+                ),
+            ));
+        }
+        found
+    }
+
+    fn checkpoints_behind(&self, partitions: &[(u32, Arc<PartitionStats>)]) -> Option<(&'static str, String)> {
+        let intervals = self.thresholds.checkpoint_age_intervals;
+        let limit = self.checkpoint_interval? * intervals;
+        let now = now_ms();
+        let behind: Vec<String> = partitions
+            .iter()
+            .filter_map(|(p, s)| {
+                let age = Duration::from_millis(now.saturating_sub(s.checkpoint_at_ms.load(Ordering::Relaxed)));
+                (age > limit).then(|| format!("{p} ({:.0}s)", age.as_secs_f64()))
+            })
+            .collect();
+        if behind.is_empty() {
+            return None;
+        }
+        Some((
+            CHECKPOINTS_BEHIND,
+            format!(
+                "{CHECKPOINTS_BEHIND}: partitions {} have no checkpoint newer than {intervals} checkpoint intervals \
+                 ([report] checkpoint_age_intervals = {intervals}): a restore would replay that much. See the \
+                 checkpoint failures logged, the store, or [checkpoint] upload_bytes_per_s",
+                behind.join(", ")
+            ),
+        ))
+    }
+
+    fn rebalancing_often(&mut self) -> Option<(&'static str, String)> {
+        let count = self.host.rebalances.load(Ordering::Relaxed);
+        let now = Instant::now();
+        for _ in self.last_rebalances..count {
+            self.rebalances.push_back(now);
+        }
+        self.last_rebalances = count;
+        while self.rebalances.front().is_some_and(|at| at.elapsed() > Duration::from_secs(3600)) {
+            self.rebalances.pop_front();
+        }
+        let limit = self.thresholds.rebalances_per_hour;
+        (self.rebalances.len() > limit as usize).then(|| {
+            (
+                REBALANCING_OFTEN,
+                format!(
+                    "{REBALANCING_OFTEN}: {} rebalances in the last hour ([report] rebalances_per_hour = {limit}): \
+                     each pauses the partitions that move until they are restored. Members evicted for slow batches \
+                     (max.poll.interval.ms) or missed heartbeats (session.timeout.ms), or restarts without \
+                     instance_id (static membership), are the usual causes",
+                    self.rebalances.len()
+                ),
+            )
+        })
+    }
+
+    fn dead_letters_rising(&mut self, partitions: &[(u32, Arc<PartitionStats>)]) -> Option<(&'static str, String)> {
+        let (mut processed, mut dead) = (0, 0);
+        let mut now = BTreeMap::new();
+        for (p, s) in partitions {
+            let counts = (s.processed.load(Ordering::Relaxed), s.dead_letters.load(Ordering::Relaxed));
+            // A partition new since the last check counts from 0.
+            let (before_processed, before_dead) = self.last.get(p).copied().unwrap_or_default();
+            processed += counts.0.saturating_sub(before_processed);
+            dead += counts.1.saturating_sub(before_dead);
+            now.insert(*p, counts);
+        }
+        self.last = now;
+        let limit = self.thresholds.dead_letter_ratio;
+        let share = dead as f64 / processed.max(1) as f64;
+        (dead > 0 && share > limit).then(|| {
+            (
+                DEAD_LETTERS_RISING,
+                format!(
+                    "{DEAD_LETTERS_RISING}: {dead} of the {processed} records of the last {}s went to the dead letters \
+                     ({:.1}%, [report] dead_letter_ratio = {limit}): see their reasons in the dead letters; a deploy \
+                     that fails records can be rolled back",
+                    CHECK_EVERY.as_secs(),
+                    share * 100.0
+                ),
+            )
+        })
+    }
+}
