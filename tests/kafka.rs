@@ -366,7 +366,9 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
 /// `GET /metrics` during a 4-partition run says what the run did: the records
 /// processed, the state entries (one per vehicle), a lag of 0 once caught up, the
 /// partitions assigned and restored; a second host joining makes the first count a
-/// rebalance that revoked partitions; a deploy changes every partition's version label.
+/// rebalance that revoked partitions, past `rebalances_per_hour` = 1, a warning that
+/// `sluice status` shows with every partition of the two hosts; a deploy changes every
+/// partition's version label.
 #[test]
 fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     let broker = KafkaBroker::start_in_memory()?;
@@ -386,7 +388,16 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     let admin = a.admin_url()?;
     broker.wait_committed("metrics", "positions", count as i64, minute)?;
     let scrape = || sluice::admin::call(&admin, hyper::Method::GET, "/metrics", Vec::new());
-    let metrics = scrape()?;
+    // The lag follows librdkafka's statistics, which come every second.
+    let started = Instant::now();
+    let mut metrics = scrape()?;
+    let caught_up = |metrics: &str| {
+        samples(metrics, "sluice_consumer_lag_records").len() == 4 && sum(metrics, "sluice_consumer_lag_records") == 0.0
+    };
+    while !caught_up(&metrics) && started.elapsed() < minute {
+        std::thread::sleep(Duration::from_millis(200));
+        metrics = scrape()?;
+    }
     assert_eq!(sum(&metrics, "sluice_records_processed_total"), count as f64, "{metrics}");
     assert_eq!(sum(&metrics, "sluice_state_entries"), vehicles as f64, "{metrics}");
     assert_eq!(samples(&metrics, "sluice_consumer_lag_records").len(), 4, "{metrics}");
@@ -407,6 +418,11 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     assert!(sum(&metrics, "sluice_partitions_running") < 4.0, "{metrics}");
     a.wait_for(REBALANCING_OFTEN, 1, minute)?;
     assert!(a.log().contains("rebalances_per_hour = 1"), "{}", a.log());
+    let status = run_ok(sluice().arg("status").args(["--admin", &admin, "--admin", &b.admin_url()?]))?;
+    let status = String::from_utf8(status.stdout)?;
+    let rows = status.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit())).count();
+    assert_eq!(rows, 4, "every partition once, on the host that runs it:\n{status}");
+    assert!(status.contains(&format!("{admin}: ")) && status.contains(REBALANCING_OFTEN), "{status}");
 
     let versions = |metrics: &str| -> BTreeSet<String> {
         samples(metrics, "sluice_partition_operator_info")
@@ -427,20 +443,8 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
 
 /// The samples of metric `name` in a scrape's `text`: labels and value.
 fn samples(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
-    let mut found = Vec::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let (series, value) = line.rsplit_once(' ').unwrap_or((line, ""));
-        let (metric, labels) = series.split_once('{').unwrap_or((series, "}"));
-        if metric != name {
-            continue;
-        }
-        let labels = labels.trim_end_matches('}').split(',').filter_map(|pair| {
-            let (key, value) = pair.split_once('=')?;
-            Some((key.to_string(), value.trim_matches('"').to_string()))
-        });
-        found.push((labels.collect(), value.parse().unwrap_or(f64::NAN)));
-    }
-    found
+    let samples = sluice::metrics::parse(text).into_iter().filter(|sample| sample.name == name);
+    samples.map(|sample| (sample.labels, sample.value)).collect()
 }
 
 /// The sum of metric `name`'s samples in `text`.

@@ -6,6 +6,7 @@ use hyper::Method;
 use sluice::admin::{self, DeployAnswer, VersionsAnswer};
 use sluice::checkpoint::{self, CheckpointStore, bytes};
 use sluice::config::{self, Config, SinkConfig, SourceConfig};
+use sluice::metrics;
 use sluice::operator::deploy::{self, Sandbox};
 use sluice::operator::registry::{self, Deployment, Registry};
 use sluice::sink::BytesField;
@@ -76,6 +77,15 @@ enum Command {
         name: String,
         #[command(flatten)]
         job: JobTarget,
+    },
+    /// Show the partitions of running hosts as a table (owner, offset, lag, entries,
+    /// batch p99, checkpoint age, version), then each host's rebalances, latest restore
+    /// and warnings, from their metrics.
+    Status {
+        /// A running host's admin API (`http://host:port`); repeat it for every host of
+        /// the job.
+        #[arg(long, required = true)]
+        admin: Vec<String>,
     },
 }
 
@@ -289,6 +299,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Deploy { name, file, job } => deploy_version(&name, &file, job),
         Command::Rollback { name, job } => roll_back(&name, job),
         Command::Versions { name, job } => versions(&name, job),
+        Command::Status { admin } => status(&admin),
         Command::State { command: StateCommand::Dump { state_dir } } => dump_state(&state_dir),
     }
 }
@@ -375,6 +386,75 @@ fn versions(name: &str, job: JobTarget) -> Result<()> {
         println!("this host runs {running}");
     }
     Ok(())
+}
+
+/// `sluice status`
+fn status(hosts: &[String]) -> Result<()> {
+    println!(
+        "{:>9}  {:<24}  {:>10}  {:>8}  {:>9}  {:>10}  {:>14}  version",
+        "partition", "host", "offset", "lag", "entries", "batch-p99", "checkpoint-age"
+    );
+    let mut footers = Vec::new();
+    for host in hosts {
+        let samples = metrics::parse(&admin::call(host, Method::GET, admin::METRICS_PATH, Vec::new())?);
+        let value = |name: &str, partition: Option<&str>| {
+            let found = samples.iter().find(|s| {
+                s.name == name && partition.is_none_or(|p| s.labels.get("partition").map(String::as_str) == Some(p))
+            });
+            found.map(|s| s.value)
+        };
+        let partitions: Vec<&str> = samples
+            .iter()
+            .filter(|s| s.name == "sluice_committed_offset")
+            .filter_map(|s| s.labels.get("partition").map(String::as_str))
+            .collect();
+        for p in partitions {
+            let shown = |name: &str| value(name, Some(p)).map_or("-".to_string(), |v| format!("{v}"));
+            let version = samples.iter().find(|s| {
+                s.name == "sluice_partition_operator_info" && s.labels.get("partition").map(String::as_str) == Some(p)
+            });
+            println!(
+                "{p:>9}  {host:<24}  {:>10}  {:>8}  {:>9}  {:>10}  {:>14}  {}",
+                shown("sluice_committed_offset"),
+                shown("sluice_consumer_lag_records"),
+                shown("sluice_state_entries"),
+                batch_p99(&samples, p).map_or("-".to_string(), |s| format!("≤{:.1}ms", s * 1e3)),
+                value("sluice_checkpoint_age_seconds", Some(p)).map_or("-".to_string(), |s| format!("{s:.0}s")),
+                version.and_then(|s| s.labels.get("version")).map_or("-", String::as_str)
+            );
+        }
+        let warnings: Vec<&str> = samples
+            .iter()
+            .filter(|s| s.name == "sluice_warning")
+            .filter_map(|s| s.labels.get("kind").map(String::as_str))
+            .collect();
+        footers.push(format!(
+            "{host}: {} rebalances; latest restore {:.2}s (predicted {:.2}s); warnings: {}",
+            value("sluice_rebalances_total", None).unwrap_or(0.0),
+            value("sluice_restore_last_seconds", None).unwrap_or(0.0),
+            value("sluice_restore_predicted_seconds", None).unwrap_or(0.0),
+            if warnings.is_empty() { "none".to_string() } else { warnings.join(", ") }
+        ));
+    }
+    for footer in footers {
+        println!("{footer}");
+    }
+    Ok(())
+}
+
+/// The upper bound of the histogram bucket that holds the 99th percentile of
+/// `partition`'s batch times, in seconds.
+fn batch_p99(samples: &[metrics::Sample], partition: &str) -> Option<f64> {
+    let buckets: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|s| {
+            s.name == "sluice_batch_duration_seconds_bucket"
+                && s.labels.get("partition").map(String::as_str) == Some(partition)
+        })
+        .filter_map(|s| Some((s.labels.get("le")?.parse().ok()?, s.value)))
+        .collect();
+    let count = buckets.iter().map(|&(_, n)| n).fold(0.0, f64::max);
+    (count > 0.0).then(|| buckets.iter().find(|&&(_, n)| n >= count * 0.99).map(|&(le, _)| le)).flatten()
 }
 
 /// `sluice state dump`

@@ -17,6 +17,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,6 +55,35 @@ pub fn encode(registry: &Registry) -> String {
     // Writing into a String fails only if a collector fails, and these do not.
     prometheus_client::encoding::text::encode(&mut text, registry).expect("encoding metrics into a String");
     text
+}
+
+/// One sample of a scrape: a metric's name (with its `_total`, `_count`… suffix), its
+/// labels and its value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// The sample's name.
+    pub name: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its value.
+    pub value: f64,
+}
+
+/// The samples of a scrape's `text` (what [`encode`] writes; label values without
+/// escaped quotes or commas, as sluice's are).
+pub fn parse(text: &str) -> Vec<Sample> {
+    let mut samples = Vec::new();
+    for line in text.lines().filter(|line| !line.starts_with('#') && !line.is_empty()) {
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+        let labels = labels.trim_end_matches('}').split(',').filter_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            Some((key.to_string(), value.trim_matches('"').to_string()))
+        });
+        let value = value.parse().unwrap_or(f64::NAN);
+        samples.push(Sample { name: name.to_string(), labels: labels.collect(), value });
+    }
+    samples
 }
 
 /// The running partitions, each with its counters.
@@ -176,7 +206,13 @@ impl Metrics {
             "sluice_restore_last_seconds",
             "The latest restore's actual duration",
             seconds(&host.restore_actual_us),
-        )
+        )?;
+        let help = "A warning that held at the latest check (value 1), by kind";
+        let mut metric = e.encode_descriptor("sluice_warning", help, None, MetricType::Gauge)?;
+        for kind in lock(&host.warnings).iter() {
+            ConstGauge::new(1).encode(metric.encode_family(&[("kind", *kind)])?)?;
+        }
+        Ok(())
     }
 }
 

@@ -303,6 +303,9 @@ pub struct HostStats {
     pub restore_predicted_us: AtomicU64,
     /// The latest restore's actual duration, µs.
     pub restore_actual_us: AtomicU64,
+    /// The kinds of warning that held at the latest check (see
+    /// [`warnings`](crate::warnings)).
+    pub warnings: Mutex<Vec<&'static str>>,
 }
 
 impl Default for HostStats {
@@ -317,6 +320,7 @@ impl Default for HostStats {
             restored_bytes: AtomicU64::new(0),
             restore_predicted_us: AtomicU64::new(0),
             restore_actual_us: AtomicU64::new(0),
+            warnings: Mutex::default(),
         }
     }
 }

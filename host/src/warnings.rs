@@ -6,7 +6,8 @@
 //!
 //! A [`Watch`] reads the counters the job keeps anyway ([`PartitionStats`],
 //! [`HostStats`]) every [`CHECK_EVERY`] and logs each warning with the setting that
-//! tunes it, at most once a minute per kind. It changes nothing in the job.
+//! tunes it, at most once a minute per kind; the kinds that hold are kept in the
+//! [`HostStats`] for the metrics. It changes nothing in the job.
 
 use crate::config::ReportConfig;
 use crate::lock;
@@ -87,6 +88,7 @@ impl Watch {
         found.extend(self.checkpoints_behind(&partitions));
         found.extend(self.rebalancing_often());
         found.extend(self.dead_letters_rising(&partitions));
+        *lock(&self.host.warnings) = found.iter().map(|&(kind, _)| kind).collect();
         for (kind, warning) in found {
             if self.warned.get(kind).is_none_or(|at| at.elapsed() >= WARN_EVERY) {
                 self.warned.insert(kind, Instant::now());
