@@ -221,7 +221,8 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let router = Router::new(workers, partitions, config.state.batch_size());
     let deployer = Arc::new(Deployer::new(registry, sandbox, active, live.clone(), runtime.handle().clone()));
     if let Some(listen) = &config.admin.listen {
-        let metrics = Arc::new(Metrics::new(live.clone(), host_stats.clone(), max_poll_interval).registry());
+        let metrics = Metrics::new(live.clone(), host_stats.clone(), max_poll_interval, checkpoints_on);
+        let metrics = Arc::new(metrics.registry());
         admin::serve(listen, admin::token(&config.admin)?, deployer.clone(), metrics, &runtime)?;
     }
     let checkpoint_interval = checkpoints_on.then_some(config.checkpoint.interval);

@@ -394,9 +394,18 @@ fn status(hosts: &[String]) -> Result<()> {
         "{:>9}  {:<24}  {:>10}  {:>8}  {:>9}  {:>10}  {:>14}  version",
         "partition", "host", "offset", "lag", "entries", "batch-p99", "checkpoint-age"
     );
-    let mut footers = Vec::new();
+    let (mut footers, mut unreachable) = (Vec::new(), 0);
     for host in hosts {
-        let samples = metrics::parse(&admin::call(host, Method::GET, admin::METRICS_PATH, Vec::new())?);
+        let scraped = admin::call(host, Method::GET, admin::METRICS_PATH, Vec::new());
+        let samples = match scraped {
+            Ok(text) => metrics::parse(&text),
+            // One host down must not hide the others.
+            Err(e) => {
+                footers.push(format!("{host}: unreachable: {e:#}"));
+                unreachable += 1;
+                continue;
+            }
+        };
         let value = |name: &str, partition: Option<&str>| {
             let found = samples.iter().find(|s| {
                 s.name == name && partition.is_none_or(|p| s.labels.get("partition").map(String::as_str) == Some(p))
@@ -438,6 +447,9 @@ fn status(hosts: &[String]) -> Result<()> {
     }
     for footer in footers {
         println!("{footer}");
+    }
+    if unreachable > 0 {
+        bail!("{unreachable} of {} hosts did not answer", hosts.len());
     }
     Ok(())
 }

@@ -32,13 +32,15 @@ pub struct Metrics {
     live: LiveStats,
     host: Arc<HostStats>,
     max_poll_interval: Option<Duration>,
+    checkpoints: bool,
 }
 
 impl Metrics {
     /// Metrics of the partitions in `live` and of `host`; `max_poll_interval` is the
-    /// Kafka consumer's (`None` for the embedded sources).
-    pub fn new(live: LiveStats, host: Arc<HostStats>, max_poll_interval: Option<Duration>) -> Self {
-        Metrics { live, host, max_poll_interval }
+    /// Kafka consumer's (`None` for the embedded sources); `checkpoints` says whether
+    /// the job takes any.
+    pub fn new(live: LiveStats, host: Arc<HostStats>, max_poll_interval: Option<Duration>, checkpoints: bool) -> Self {
+        Metrics { live, host, max_poll_interval, checkpoints }
     }
 
     /// A registry holding these metrics, for [`encode`].
@@ -128,9 +130,9 @@ impl Collector for Metrics {
             load(&s.uploaded_bytes)
         })?;
         let now = now_ms();
-        let help = "Time since the newest checkpoint completed (or the partition started here)";
+        let help = "Time since the newest checkpoint held the partition's state (or it started here)";
         gauges(e, "sluice_checkpoint_age_seconds", help, &partitions, |s| {
-            Some(now.saturating_sub(load(&s.checkpoint_at_ms)) as f64 / 1e3)
+            self.checkpoints.then(|| now.saturating_sub(load(&s.checkpoint_at_ms)) as f64 / 1e3)
         })?;
         counters(e, "sluice_expired_entries", "State entries removed by expiry", &partitions, |s| load(&s.expired))?;
         gauges(e, "sluice_expiry_backlog_entries", "Entries due but not yet expired", &partitions, |s| {
@@ -170,8 +172,9 @@ impl Metrics {
             let help = "The Kafka consumer's max.poll.interval.ms: the longest a rebalance may wait for a batch";
             gauge(e, "sluice_max_poll_interval_seconds", help, interval.as_secs_f64())?;
         }
-        counter(e, "sluice_rebalances", "Rebalance callbacks of this member", load(&host.rebalances))?;
-        let help = "Rebalance callbacks of this member, by duration";
+        let help = "Rebalance callbacks that moved partitions of this member";
+        counter(e, "sluice_rebalances", help, load(&host.rebalances))?;
+        let help = "Rebalance callbacks that moved partitions of this member, by duration";
         host.rebalance_seconds.encode(e.encode_descriptor(
             "sluice_rebalance_duration_seconds",
             help,

@@ -55,7 +55,8 @@ pub struct PartitionStats {
     pub batch_max_us: AtomicU64,
     /// Every batch's processing time, s.
     pub batch_seconds: Histogram,
-    /// When the newest checkpoint completed, or the partition started here if none
+    /// When the newest checkpoint last held the partition's state (it completed, or a
+    /// checkpoint found nothing changed since), or the partition started here if none
     /// did since, ms since the epoch.
     pub checkpoint_at_ms: AtomicU64,
     /// Records in the partition beyond the state's offset, as of the source's last
@@ -261,7 +262,8 @@ impl Skew {
     pub fn of(values: impl IntoIterator<Item = u64>) -> Option<Skew> {
         let mut values: Vec<u64> = values.into_iter().collect();
         values.sort_unstable();
-        let (median, largest) = (*values.get(values.len() / 2)?, *values.last()?);
+        // The lower median: of two partitions, the smaller.
+        let (median, largest) = (*values.get(values.len().checked_sub(1)? / 2)?, *values.last()?);
         (median > 0).then(|| Skew { ratio: largest as f64 / median as f64, largest, median })
     }
 }
@@ -285,9 +287,10 @@ pub enum RebalanceChange {
 /// The host's counters beyond any one partition: its rebalances and restores.
 #[derive(Debug)]
 pub struct HostStats {
-    /// Rebalance callbacks of this member.
+    /// Rebalance callbacks that moved partitions of this member (an eager rebalance
+    /// makes two: the revocation and the assignment).
     pub rebalances: AtomicU64,
-    /// Each rebalance callback's duration, s.
+    /// Each of those callbacks' duration, s.
     pub rebalance_seconds: Histogram,
     /// Partitions assigned to this member so far.
     pub assigned: AtomicU64,
@@ -389,5 +392,13 @@ mod tests {
             all["v2"].to_string(),
             "1 rejected by the operator, 1 trapped or past a limit, 3 outputs refused by Kafka, 2 records without a key"
         );
+    }
+
+    #[test]
+    fn skew_is_the_largest_over_the_lower_median() {
+        assert_eq!(Skew::of([10, 40]).map(|s| s.ratio), Some(4.0), "of two, the larger over the smaller");
+        assert_eq!(Skew::of([5, 10, 10, 100]).map(|s| (s.median, s.largest)), Some((10, 100)));
+        assert_eq!(Skew::of([0, 0, 7]), None, "a median of 0 has no ratio");
+        assert_eq!(Skew::of([]), None);
     }
 }

@@ -142,7 +142,8 @@ impl Watch {
 
     fn checkpoints_behind(&self, partitions: &[(u32, Arc<PartitionStats>)]) -> Option<(&'static str, String)> {
         let intervals = self.thresholds.checkpoint_age_intervals;
-        let limit = self.checkpoint_interval? * intervals;
+        // A checkpoint interval of 0 checkpoints at every commit: no age is too old.
+        let limit = self.checkpoint_interval.filter(|i| !i.is_zero())?.checked_mul(intervals)?;
         let now = now_ms();
         let behind: Vec<String> = partitions
             .iter()
@@ -194,7 +195,9 @@ impl Watch {
         let (mut processed, mut dead) = (0, 0);
         let mut now = BTreeMap::new();
         for (p, s) in partitions {
-            let counts = (s.processed.load(Ordering::Relaxed), s.dead_letters.load(Ordering::Relaxed));
+            // Records without a key are refused by design (`[source] null_keys`), not failed.
+            let failed: u64 = lock(&s.dead_by_version).values().map(|d| d.total() - d.null_key).sum();
+            let counts = (s.processed.load(Ordering::Relaxed), failed);
             // A partition new since the last check counts from 0.
             let (before_processed, before_dead) = self.last.get(p).copied().unwrap_or_default();
             processed += counts.0.saturating_sub(before_processed);

@@ -103,7 +103,7 @@ impl Checkpointer {
         }
         if self.in_flight.is_none() && self.started.elapsed() >= self.settings.interval {
             // A snapshot that fails (a full disk, say) costs this checkpoint, not the job.
-            let started = self.start(state);
+            let started = self.start(state, stats);
             self.count_failure(started, stats);
         }
     }
@@ -126,7 +126,7 @@ impl Checkpointer {
     pub fn finish(&mut self, state: &PartitionStore, stats: &PartitionStats) -> Result<()> {
         let waited = self.wait(stats);
         self.count_failure(waited, stats);
-        self.start(state)?;
+        self.start(state, stats)?;
         self.wait(stats)
     }
 
@@ -139,11 +139,12 @@ impl Checkpointer {
     }
 
     /// Snapshots `state` and starts uploading it, unless the newest checkpoint already
-    /// holds this offset.
-    fn start(&mut self, state: &PartitionStore) -> Result<()> {
+    /// holds this offset (then it is as good as new: `stats` say so).
+    fn start(&mut self, state: &PartitionStore, stats: &PartitionStats) -> Result<()> {
         self.started = Instant::now();
         let offset = state.committed_offset()?;
         if self.checkpointed_offset == Some(offset) {
+            stats.checkpoint_at_ms.store(crate::stats::now_ms(), Ordering::Relaxed);
             return Ok(());
         }
         let id = self.next_id;
@@ -317,7 +318,7 @@ fn describe_snapshot(dir: &Path, sst_checksums: &Mutex<HashMap<(String, u64), St
 /// Deletes all but the newest `retain` checkpoints of `partition`, then every file no
 /// remaining checkpoint lists and the store wrote before the newest manifest. Returns
 /// how many files it deleted. Deletes nothing unless `host` holds the partition's
-/// claim, checked before each of the two rounds of deletes.
+/// claim, checked before the manifests go and before each file does.
 pub async fn collect_garbage(store: &CheckpointStore, partition: u32, retain: usize, host: &str) -> Result<usize> {
     store.check_claim(partition, host).await?;
     let written = store.manifests_written(partition).await?;
@@ -339,6 +340,8 @@ pub async fn collect_garbage(store: &CheckpointStore, partition: u32, retain: us
     let mut deleted = store.remove_partial_uploads(partition).await?;
     for (object, file) in store.files(partition).await? {
         if !referenced.contains(&object) && file.written < newest {
+            // A new owner's checkpoint may reference this very file from now on.
+            store.check_claim(partition, host).await?;
             store.delete_file(partition, &object).await?;
             deleted += 1;
         }

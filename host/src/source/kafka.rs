@@ -208,7 +208,8 @@ impl<P: Partitions + Send> ConsumerContext for Membership<P> {
                 revoked.and(unassigned.map_err(anyhow::Error::from))
             }
         };
-        if let Some(owner) = owner.as_ref() {
+        // A callback that moved none of this member's partitions is not counted.
+        if let Some(owner) = owner.as_ref().filter(|_| !partitions.is_empty()) {
             owner.record_rebalance(change, partitions.len(), began.elapsed());
         }
         if let Err(e) = result {
@@ -519,9 +520,9 @@ fn watermarks<C: ConsumerContext>(consumer: &BaseConsumer<C>, topic: &str, p: u3
     Ok((low.max(0) as u64, high.max(0) as u64))
 }
 
-/// Moves `started`'s partition to `offset` — where its state is, whatever the
-/// assignment expected (a restore may have fallen back to an older checkpoint), unless
-/// its log no longer holds that — and resumes it.
+/// Moves `started`'s partition, assigned paused at offset 0, to `offset` — where its
+/// state is, or where [`resume_offset`] says when its log no longer holds that — and
+/// resumes it.
 fn resume<C: ConsumerContext>(consumer: &BaseConsumer<C>, topic: &str, started: &Started, offset: u64) -> Result<()> {
     let p = started.partition;
     consumer.seek(topic, p as i32, Offset::Offset(offset as i64), SEEK_TIMEOUT)?;
@@ -688,7 +689,7 @@ mod tests {
     }
 
     #[test]
-    fn an_assignment_starts_the_partitions_and_pauses_them_at_an_offset_that_exists() {
+    fn an_assignment_starts_the_partitions_and_assigns_them_paused_at_a_numeric_offset() {
         let consumer = consumer(fake(2, &[]));
         let mut tpl = list(&[0, 1]);
         consumer.context().rebalance(&consumer, RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS, &mut tpl);

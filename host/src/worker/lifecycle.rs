@@ -18,7 +18,7 @@
 
 use super::{Cadence, Destinations, StopSignal};
 use crate::checkpoint::restore::{self, PartitionPlan};
-use crate::checkpoint::store;
+use crate::checkpoint::store::{self, ClaimedElsewhere};
 use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
 use crate::config::{NullKeys, TtlConfig};
 use crate::lock;
@@ -194,8 +194,11 @@ impl Workers {
                         }
                     }
                     Err(e) => {
+                        // A partition stopped meanwhile is no longer this host's to fail on.
+                        let gone = lock(&given_up).clone();
                         for &p in &partitions {
-                            report(p, Err(anyhow!("restoring: {e:#}")));
+                            let why = if gone.contains(&p) { StartGivenUp.into() } else { anyhow!("restoring: {e:#}") };
+                            report(p, Err(why));
                         }
                     }
                 }
@@ -343,8 +346,10 @@ impl Workers {
         self.running.get(&partition).ok_or_else(|| anyhow!("partition {partition} is not running here"))
     }
 
-    /// Stops `partition` as `how` says and waits until it has (a start in progress
-    /// completes first). Returns what the stopped run did; `None` if it did not run here.
+    /// Stops `partition` as `how` says and waits until it has. A start in progress is
+    /// given up if it waits to try the store again, and otherwise completes first (the
+    /// store request in flight). Returns what the stopped run did; `None` if it did not
+    /// run here.
     pub fn stop(&mut self, partition: u32, how: Stop) -> Result<Option<&PartitionReport>> {
         if self.starting.contains(&partition) {
             lock(&self.given_up).insert(partition);
@@ -455,14 +460,19 @@ fn restore_retrying(
     };
     let began = Instant::now();
     let mut wait = FIRST_RETRY;
+    let mut claimed = BTreeSet::new();
     loop {
-        let attempt = setup.runtime.block_on(async {
-            // Claimed first: a host that had them and has not noticed losing them stops
-            // collecting the checkpoints this restore reads.
-            futures::future::try_join_all(partitions.iter().map(|&p| c.store.claim_partition(p, &c.settings.host)))
-                .await?;
-            let plan = restore::plan(Some(&setup.state), partitions, Some(&c.store)).await?;
-            restore::restore(&setup.state, &c.store, plan, c.restore_budget).await
+        let claims = setup.runtime.block_on(claim(&c.store, &c.settings.host, partitions, &mut claimed));
+        let attempt = claims.and_then(|taken| {
+            for &p in &taken {
+                tracing::warn!(partition = p, "another host claimed the partition while its start waited; given up");
+                report(p, Err(StartGivenUp.into()));
+            }
+            partitions.retain(|p| !taken.contains(p));
+            setup.runtime.block_on(async {
+                let plan = restore::plan(Some(&setup.state), partitions, Some(&c.store)).await?;
+                restore::restore(&setup.state, &c.store, plan, c.restore_budget).await
+            })
         });
         match attempt {
             Ok(report) => {
@@ -484,7 +494,7 @@ fn restore_retrying(
             Err(e) => return Err(e),
         }
         let until = Instant::now() + wait;
-        while Instant::now() < until && !partitions.iter().all(|p| lock(given_up).contains(p)) {
+        while Instant::now() < until && !partitions.iter().any(|p| lock(given_up).contains(p)) {
             std::thread::sleep(Duration::from_millis(50));
         }
         let gone = lock(given_up).clone();
@@ -497,6 +507,32 @@ fn restore_retrying(
         }
         wait = (wait * 2).min(LONGEST_RETRY);
     }
+}
+
+/// Claims for `host` each of `partitions` not in `claimed` yet (adding it there), so that
+/// a host that had it and has not noticed losing it stops collecting the checkpoints a
+/// restore reads; of those claimed on an earlier try, checks the claim is still `host`'s
+/// — a host retrying past its own eviction must not take a partition back from its new
+/// owner — and returns those another host claimed since.
+async fn claim(
+    store: &CheckpointStore,
+    host: &str,
+    partitions: &[u32],
+    claimed: &mut BTreeSet<u32>,
+) -> Result<Vec<u32>> {
+    let mut taken = Vec::new();
+    for &p in partitions {
+        if claimed.contains(&p) {
+            match store.check_claim(p, host).await {
+                Err(e) if e.is::<ClaimedElsewhere>() => taken.push(p),
+                checked => checked?,
+            }
+        } else {
+            store.claim_partition(p, host).await?;
+            claimed.insert(p);
+        }
+    }
+    Ok(taken)
 }
 
 /// Opens `plan`'s partition as `restored` left it and starts its worker thread.
