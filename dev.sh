@@ -307,7 +307,7 @@ test)
 bench)
     setup test
     build_operators
-    cargo bench -p sluice --bench throughput --bench checkpoint --bench kafka --bench swap --bench churn
+    cargo bench -p sluice --bench throughput --bench checkpoint --bench kafka --bench swap --bench churn --bench metrics
     cargo build --release -p sluice --bin sluice
     bench_run 10000
     bench_run 1000000

@@ -179,6 +179,7 @@ impl<P: Partitions + Send> ConsumerContext for Membership<P> {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 self.assign(consumer, owner.as_mut(), &partitions, tpl, cooperative).map(|()| {
                     tracing::info!(
+                        rebalance,
                         "rebalance {rebalance}: {ASSIGNED} {partitions:?} of {} in {:.0} ms; paused until their state \
                          is restored",
                         self.topic,
@@ -200,6 +201,7 @@ impl<P: Partitions + Send> ConsumerContext for Membership<P> {
                 if revoked.is_ok() {
                     let stopped: Vec<u32> = offsets.iter().map(|(p, _)| *p).collect();
                     tracing::info!(
+                        rebalance,
                         "rebalance {rebalance}: {REVOKED} {partitions:?} of {}: {how} {stopped:?} in {:.0} ms",
                         self.topic,
                         began.elapsed().as_secs_f64() * 1e3
@@ -213,7 +215,7 @@ impl<P: Partitions + Send> ConsumerContext for Membership<P> {
             owner.record_rebalance(change, partitions.len(), began.elapsed());
         }
         if let Err(e) = result {
-            tracing::error!("rebalance {rebalance} of {}: {e:#}", self.topic);
+            tracing::error!(rebalance, "rebalance {rebalance} of {}: {e:#}", self.topic);
             lock(&self.failure).get_or_insert(e);
         }
     }
