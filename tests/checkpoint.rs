@@ -448,3 +448,26 @@ fn a_host_whose_partitions_were_claimed_by_another_stops_writing_to_the_store() 
     run_ok(&mut host("c", 1_000)?)?;
     Ok(())
 }
+
+/// `sluice status --state-dir --store` of a job that ended: each partition's offset and
+/// entries as its state holds them, and its newest checkpoint, which holds the same
+/// offset.
+#[test]
+fn status_of_a_stopped_job_reads_its_state_and_its_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (dir, store) = (dir.path(), dir.path().join("state.checkpoints"));
+    run_ok(&mut checkpoint_at_end(dir, 200, 5_000, 3))?;
+    let status = run_ok(sluice().arg("status").arg("--state-dir").arg(dir.join("state")).arg("--store").arg(&store))?;
+    let status = String::from_utf8(status.stdout)?;
+    let rows: Vec<Vec<&str>> = status.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
+    let offsets = stored_offsets(&dir.join("state"), 3)?;
+    assert_eq!(rows.len(), 3, "{status}");
+    for (p, row) in rows.iter().enumerate() {
+        let offset = offsets[p].to_string();
+        assert_eq!(row[..2], [p.to_string().as_str(), offset.as_str()], "{status}");
+        assert!(row.windows(3).any(|w| w[..2] == ["at", "offset"] && w[2] == format!("{offset},")), "{status}");
+    }
+    let entries: u64 = rows.iter().map(|row| row[2].parse::<u64>().unwrap_or(0)).sum();
+    assert_eq!(entries, 200, "one entry per vehicle:\n{status}");
+    Ok(())
+}

@@ -12,6 +12,7 @@ use sluice::operator::registry::{self, Deployment, Registry};
 use sluice::sink::BytesField;
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::StateDir;
+use sluice::stats;
 use std::io::{ErrorKind, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -78,14 +79,23 @@ enum Command {
         #[command(flatten)]
         job: JobTarget,
     },
-    /// Show the partitions of running hosts as a table (owner, offset, lag, entries,
-    /// batch p99, checkpoint age, version), then each host's rebalances, latest restore
-    /// and warnings, from their metrics.
+    /// Show a job's partitions as a table: of running hosts (owner, offset, lag,
+    /// entries, batch p99, checkpoint age, version, then each host's rebalances, latest
+    /// restore and warnings, from their metrics), or of a state directory and checkpoint
+    /// store when no host runs.
+    #[command(group = clap::ArgGroup::new("target").required(true).args(["admin", "state_dir"]))]
     Status {
         /// A running host's admin API (`http://host:port`); repeat it for every host of
         /// the job.
-        #[arg(long, required = true)]
+        #[arg(long)]
         admin: Vec<String>,
+        /// A state directory no host runs on.
+        #[arg(long, conflicts_with = "admin")]
+        state_dir: Option<PathBuf>,
+        /// With `--state-dir`: the job's checkpoint store, for each partition's newest
+        /// checkpoint.
+        #[arg(long, requires = "state_dir")]
+        store: Option<String>,
     },
 }
 
@@ -299,7 +309,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Deploy { name, file, job } => deploy_version(&name, &file, job),
         Command::Rollback { name, job } => roll_back(&name, job),
         Command::Versions { name, job } => versions(&name, job),
-        Command::Status { admin } => status(&admin),
+        Command::Status { state_dir: Some(state_dir), store, .. } => stored_status(&state_dir, store.as_deref()),
+        Command::Status { admin, .. } => status(&admin),
         Command::State { command: StateCommand::Dump { state_dir } } => dump_state(&state_dir),
     }
 }
@@ -450,6 +461,40 @@ fn status(hosts: &[String]) -> Result<()> {
     }
     if unreachable > 0 {
         bail!("{unreachable} of {} hosts did not answer", hosts.len());
+    }
+    Ok(())
+}
+
+/// `sluice status --state-dir`: each partition's offset and entries as its state holds
+/// them, and its newest checkpoint in `store`.
+fn stored_status(state_dir: &Path, store: Option<&str>) -> Result<()> {
+    let manifest = StateDir::read_manifest(state_dir)?;
+    let dir = StateDir::open(state_dir, manifest.partitions)?;
+    let store = store.map(CheckpointStore::open).transpose()?;
+    let runtime = checkpoint::runtime()?;
+    println!("{:>9}  {:>10}  {:>9}  newest checkpoint", "partition", "offset", "entries");
+    for p in 0..manifest.partitions {
+        // A partition never started here has no database; opening would create one.
+        let local = match dir.partition_path(p).exists() {
+            true => dir.open_partition(p).and_then(|s| Ok((s.committed_offset()?, s.committed_entries()?))),
+            false => Ok((0, 0)),
+        };
+        let (offset, entries) = match local {
+            Ok((offset, entries)) => (offset.to_string(), entries.to_string()),
+            Err(e) => (format!("unreadable: {e:#}"), "-".to_string()),
+        };
+        let newest = match &store {
+            Some(store) => match runtime.block_on(store.checkpoint_ids(p))?.last() {
+                Some(&id) => {
+                    let m = runtime.block_on(store.manifest(p, id))?;
+                    let age = (stats::now_ms().saturating_sub(m.created_at_ms)) as f64 / 1e3;
+                    format!("{id} at offset {}, {age:.0}s old, {}, by {}", m.offset, bytes(m.bytes()), m.operator)
+                }
+                None => "none".to_string(),
+            },
+            None => "- (no --store)".to_string(),
+        };
+        println!("{p:>9}  {offset:>10}  {entries:>9}  {newest}");
     }
     Ok(())
 }
