@@ -382,7 +382,8 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     let more = "group = \"metrics\"\n[report]\nrebalances_per_hour = 1\n";
     let config = positions_source(dir, &broker.bootstrap, more)?;
     let store = dir.join("store");
-    let host = |name: &str| spawn_host(dir, name, 4, &config, Some(&store), &["--admin", "127.0.0.1:0"]);
+    let flags = ["--admin", "127.0.0.1:0", "--checkpoint-interval", "1"];
+    let host = |name: &str| spawn_host(dir, name, 4, &config, Some(&store), &flags);
     let minute = Duration::from_secs(60);
     let mut a = host("a")?;
     let admin = a.admin_url()?;
@@ -409,6 +410,11 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     let rebalances = sum(&metrics, "sluice_rebalance_duration_seconds_count");
     assert!(rebalances >= 1.0, "{metrics}");
     assert!(sum(&metrics, "sluice_batch_duration_seconds_count") >= 4.0, "{metrics}");
+    assert_eq!(
+        sum(&metrics, "sluice_checkpoint_duration_seconds_count"),
+        sum(&metrics, "sluice_checkpoints_total"),
+        "a duration per checkpoint: {metrics}"
+    );
 
     let mut b = host("b")?;
     b.wait_for(RESUMED, 1, minute)?;

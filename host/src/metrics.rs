@@ -16,6 +16,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -121,8 +122,11 @@ impl Collector for Metrics {
                 (lag >= 0).then_some(lag as f64)
             },
         )?;
-        batch_durations(e, &partitions)?;
+        let help = "Processing time of each batch (the poll loop's tail must stay under max.poll.interval.ms)";
+        histograms(e, "sluice_batch_duration_seconds", help, &partitions, |s| &s.batch_seconds)?;
         counters(e, "sluice_checkpoints", "Checkpoints completed", &partitions, |s| load(&s.checkpoints))?;
+        let help = "Upload time of each completed checkpoint (files and manifest)";
+        histograms(e, "sluice_checkpoint_duration_seconds", help, &partitions, |s| &s.checkpoint_seconds)?;
         counters(e, "sluice_checkpoint_failures", "Checkpoints that failed", &partitions, |s| {
             load(&s.checkpoint_failures)
         })?;
@@ -277,12 +281,17 @@ fn dead_letters(e: &mut DescriptorEncoder, partitions: &Partitions) -> fmt::Resu
     Ok(())
 }
 
-/// Each partition's batch processing times.
-fn batch_durations(e: &mut DescriptorEncoder, partitions: &Partitions) -> fmt::Result {
-    let help = "Processing time of each batch (the poll loop's tail must stay under max.poll.interval.ms)";
-    let mut metric = e.encode_descriptor("sluice_batch_duration_seconds", help, None, MetricType::Histogram)?;
+/// A histogram per partition, `histogram` of its counters.
+fn histograms(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    partitions: &Partitions,
+    histogram: impl Fn(&PartitionStats) -> &Histogram,
+) -> fmt::Result {
+    let mut metric = e.encode_descriptor(name, help, None, MetricType::Histogram)?;
     for (p, stats) in partitions {
-        stats.batch_seconds.encode(metric.encode_family(&[("partition", p.to_string())])?)?;
+        histogram(stats).encode(metric.encode_family(&[("partition", p.to_string())])?)?;
     }
     Ok(())
 }

@@ -47,6 +47,8 @@ pub struct PartitionStats {
     pub checkpoint_offset: AtomicU64,
     /// Bytes uploaded by this worker's checkpoints.
     pub uploaded_bytes: AtomicU64,
+    /// Each completed checkpoint's upload time (files and manifest), s.
+    pub checkpoint_seconds: Histogram,
     /// Checkpoints that failed (each logged).
     pub checkpoint_failures: AtomicU64,
     /// The 99th percentile of the worker's recent batches' processing time, µs.
@@ -89,6 +91,7 @@ impl PartitionStats {
             checkpoints: AtomicU64::new(0),
             checkpoint_offset: AtomicU64::new(0),
             uploaded_bytes: AtomicU64::new(0),
+            checkpoint_seconds: Histogram::new(duration_buckets()),
             checkpoint_failures: AtomicU64::new(0),
             batch_p99_us: AtomicU64::new(0),
             batch_max_us: AtomicU64::new(0),

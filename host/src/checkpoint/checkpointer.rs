@@ -53,7 +53,8 @@ pub struct Checkpointer {
     /// The offset of the newest checkpoint taken (or found in the store).
     checkpointed_offset: Option<u64>,
     started: Instant,
-    in_flight: Option<JoinHandle<Result<Manifest>>>,
+    /// The upload in flight: it ends in its manifest and how long it took.
+    in_flight: Option<JoinHandle<Result<(Manifest, Duration)>>>,
     /// Checksums of SST files already read, by name and size: SST files never change,
     /// so each is read once per process, not once per checkpoint.
     sst_checksums: Arc<Mutex<HashMap<(String, u64), String>>>,
@@ -183,8 +184,9 @@ impl Checkpointer {
         let Some(upload) = self.in_flight.take() else { return Ok(()) };
         let result = self.runtime.block_on(upload).context("checkpoint upload task failed");
         match result.and_then(|r| r) {
-            Ok(manifest) => {
+            Ok((manifest, took)) => {
                 stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+                stats.checkpoint_seconds.observe(took.as_secs_f64());
                 stats.checkpoint_offset.store(manifest.offset, Ordering::Relaxed);
                 stats.checkpoint_at_ms.store(crate::stats::now_ms(), Ordering::Relaxed);
                 stats.uploaded_bytes.fetch_add(manifest.uploaded_bytes, Ordering::Relaxed);
@@ -224,20 +226,22 @@ struct Upload {
 impl Upload {
     /// Uploads the files the store lacks, writes the manifest, deletes what retention
     /// lets go, and removes the local snapshot whatever happened.
-    async fn run(mut self) -> Result<Manifest> {
+    async fn run(mut self) -> Result<(Manifest, Duration)> {
         let result = self.upload().await;
         let dir = self.dir.clone();
         tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await?.ok();
-        result?;
+        let took = result?;
         let (partition, settings) = (self.manifest.partition, &self.settings);
         let collected = collect_garbage(&self.store, partition, settings.retain, &settings.host).await;
         if let Err(e) = collected {
             tracing::warn!(partition = self.manifest.partition, "checkpoint garbage collection failed: {e:#}");
         }
-        Ok(self.manifest)
+        Ok((self.manifest, took))
     }
 
-    async fn upload(&mut self) -> Result<()> {
+    /// Uploads the snapshot's files the store lacks, then the manifest; returns how long
+    /// that took.
+    async fn upload(&mut self) -> Result<Duration> {
         let started = Instant::now();
         let (dir, checksums) = (self.dir.clone(), self.sst_checksums.clone());
         let files = tokio::task::spawn_blocking(move || describe_snapshot(&dir, &checksums)).await??;
@@ -287,7 +291,7 @@ impl Upload {
             bytes(uploading),
             bytes(total)
         );
-        Ok(())
+        Ok(started.elapsed())
     }
 }
 
@@ -432,7 +436,7 @@ mod tests {
                 dir: snapshot,
                 sst_checksums: Arc::default(),
             };
-            runtime.block_on(upload.run())
+            runtime.block_on(upload.run()).map(|(manifest, _)| manifest)
         };
         runtime.block_on(store.claim_partition(0, "a"))?;
         let restored = checkpoint("a", 1, "000001.sst")?;
