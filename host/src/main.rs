@@ -418,21 +418,19 @@ fn status(hosts: &[String]) -> Result<()> {
             }
         };
         let value = |name: &str, partition: Option<&str>| {
-            let found = samples.iter().find(|s| {
-                s.name == name && partition.is_none_or(|p| s.labels.get("partition").map(String::as_str) == Some(p))
-            });
+            let found =
+                samples.iter().find(|s| s.name == name && partition.is_none_or(|p| s.label("partition") == Some(p)));
             found.map(|s| s.value)
         };
         let partitions: Vec<&str> = samples
             .iter()
             .filter(|s| s.name == "sluice_committed_offset")
-            .filter_map(|s| s.labels.get("partition").map(String::as_str))
+            .filter_map(|s| s.label("partition"))
             .collect();
         for p in partitions {
             let shown = |name: &str| value(name, Some(p)).map_or("-".to_string(), |v| format!("{v}"));
-            let version = samples.iter().find(|s| {
-                s.name == "sluice_partition_operator_info" && s.labels.get("partition").map(String::as_str) == Some(p)
-            });
+            let version =
+                samples.iter().find(|s| s.name == "sluice_partition_operator_info" && s.label("partition") == Some(p));
             println!(
                 "{p:>9}  {host:<24}  {:>10}  {:>8}  {:>9}  {:>10}  {:>14}  {}",
                 shown("sluice_committed_offset"),
@@ -440,14 +438,11 @@ fn status(hosts: &[String]) -> Result<()> {
                 shown("sluice_state_entries"),
                 batch_p99(&samples, p).map_or("-".to_string(), |s| format!("≤{:.1}ms", s * 1e3)),
                 value("sluice_checkpoint_age_seconds", Some(p)).map_or("-".to_string(), |s| format!("{s:.0}s")),
-                version.and_then(|s| s.labels.get("version")).map_or("-", String::as_str)
+                version.and_then(|s| s.label("version")).unwrap_or("-")
             );
         }
-        let warnings: Vec<&str> = samples
-            .iter()
-            .filter(|s| s.name == "sluice_warning")
-            .filter_map(|s| s.labels.get("kind").map(String::as_str))
-            .collect();
+        let warnings: Vec<&str> =
+            samples.iter().filter(|s| s.name == "sluice_warning").filter_map(|s| s.label("kind")).collect();
         footers.push(format!(
             "{host}: {} rebalances; latest restore {:.2}s (predicted {:.2}s); warnings: {}",
             value("sluice_rebalances_total", None).unwrap_or(0.0),
@@ -504,11 +499,8 @@ fn stored_status(state_dir: &Path, store: Option<&str>) -> Result<()> {
 fn batch_p99(samples: &[metrics::Sample], partition: &str) -> Option<f64> {
     let buckets: Vec<(f64, f64)> = samples
         .iter()
-        .filter(|s| {
-            s.name == "sluice_batch_duration_seconds_bucket"
-                && s.labels.get("partition").map(String::as_str) == Some(partition)
-        })
-        .filter_map(|s| Some((s.labels.get("le")?.parse().ok()?, s.value)))
+        .filter(|s| s.name == "sluice_batch_duration_seconds_bucket" && s.label("partition") == Some(partition))
+        .filter_map(|s| Some((s.label("le")?.parse().ok()?, s.value)))
         .collect();
     let count = buckets.iter().map(|&(_, n)| n).fold(0.0, f64::max);
     (count > 0.0).then(|| buckets.iter().find(|&&(_, n)| n >= count * 0.99).map(|&(le, _)| le)).flatten()

@@ -72,6 +72,13 @@ pub struct Sample {
     pub value: f64,
 }
 
+impl Sample {
+    /// The value of its label `name`, if it has one.
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels.get(name).map(String::as_str)
+    }
+}
+
 /// The samples of a scrape's `text` (what [`encode`] writes; label values without
 /// escaped quotes or commas, as sluice's are).
 pub fn parse(text: &str) -> Vec<Sample> {

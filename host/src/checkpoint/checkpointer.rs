@@ -357,6 +357,22 @@ pub async fn collect_garbage(store: &CheckpointStore, partition: u32, retain: us
 mod tests {
     use super::*;
 
+    /// Checkpoint `id` of partition 0, at offset `id`, listing `files`.
+    fn manifest(id: u64, files: Vec<ManifestFile>) -> Manifest {
+        Manifest {
+            format: store::CHECKPOINT_FORMAT,
+            state_format: STATE_FORMAT,
+            partition: 0,
+            id,
+            offset: id,
+            entries: 0,
+            operator: "probe@0".into(),
+            created_at_ms: 0,
+            uploaded_bytes: 0,
+            files,
+        }
+    }
+
     #[test]
     fn garbage_collection_spares_files_newer_than_the_newest_checkpoint() -> Result<()> {
         let dir = tempfile::tempdir()?;
@@ -369,21 +385,7 @@ mod tests {
             runtime.block_on(store.put_file(0, &file, local))?;
             Ok(file)
         };
-        let checkpoint = |id: u64, files: Vec<ManifestFile>| {
-            let manifest = Manifest {
-                format: store::CHECKPOINT_FORMAT,
-                state_format: STATE_FORMAT,
-                partition: 0,
-                id,
-                offset: id,
-                entries: 0,
-                operator: "probe@0".into(),
-                created_at_ms: 0,
-                uploaded_bytes: 0,
-                files,
-            };
-            runtime.block_on(store.put_manifest(&manifest))
-        };
+        let checkpoint = |id: u64, files: Vec<ManifestFile>| runtime.block_on(store.put_manifest(&manifest(id, files)));
         let pause = || std::thread::sleep(Duration::from_millis(20));
         let kept = upload("000001.sst")?;
         checkpoint(1, vec![kept.clone()])?;
@@ -421,18 +423,7 @@ mod tests {
             let upload = Upload {
                 store: store.clone(),
                 settings: settings(host),
-                manifest: Manifest {
-                    format: store::CHECKPOINT_FORMAT,
-                    state_format: STATE_FORMAT,
-                    partition: 0,
-                    id,
-                    offset: id,
-                    entries: 0,
-                    operator: "probe@0".into(),
-                    created_at_ms: 0,
-                    uploaded_bytes: 0,
-                    files: Vec::new(),
-                },
+                manifest: manifest(id, Vec::new()),
                 dir: snapshot,
                 sst_checksums: Arc::default(),
             };
