@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The checkpoint manifests of `partition` in the local checkpoint store `store`,
-/// oldest first.
+/// oldest first; one a running job deletes while it is listed is left out.
 pub fn checkpoint_manifests(store: &Path, partition: u32) -> Result<Vec<Value>> {
     let dir = store.join(format!("partition-{partition:04}")).join("manifests");
     let mut paths: Vec<PathBuf> = match std::fs::read_dir(&dir) {
@@ -19,13 +19,22 @@ pub fn checkpoint_manifests(store: &Path, partition: u32) -> Result<Vec<Value>> 
     };
     paths.retain(|p| p.extension().is_some_and(|e| e == "json"));
     paths.sort();
-    paths
-        .iter()
-        .map(|p| serde_json::from_slice(&std::fs::read(p)?).with_context(|| format!("parsing {}", p.display())))
-        .collect()
+    let mut manifests = Vec::new();
+    for path in paths {
+        // A running job's retention may delete a manifest between the listing and the read.
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                manifests.push(serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))?)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+    Ok(manifests)
 }
 
 /// The files of `partition` in the local checkpoint store `store`: object name -> size.
+/// A file a running job deletes while it is listed is left out.
 pub fn checkpoint_files(store: &Path, partition: u32) -> Result<BTreeMap<String, u64>> {
     let dir = store.join(format!("partition-{partition:04}")).join("files");
     let mut files = BTreeMap::new();
@@ -33,7 +42,13 @@ pub fn checkpoint_files(store: &Path, partition: u32) -> Result<BTreeMap<String,
         Ok(entries) => {
             for entry in entries {
                 let entry = entry?;
-                files.insert(entry.file_name().to_string_lossy().into_owned(), entry.metadata()?.len());
+                match entry.metadata() {
+                    Ok(metadata) => {
+                        files.insert(entry.file_name().to_string_lossy().into_owned(), metadata.len());
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e).with_context(|| format!("reading {}", entry.path().display())),
+                }
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
