@@ -83,6 +83,12 @@ has_noida_db() {
     [ -x "$TOOLS/bin/noida-db" ] &&
         "$TOOLS/noida-db/bin/python" -m pip show noida-db 2>/dev/null | grep -x "Version: $NOIDA_VERSION" >/dev/null
 }
+# The status page's test renders it in headless Chromium (Debian's chromium), as root
+# without Chromium's own sandbox: the check renders a page exactly so.
+has_chromium() {
+    chromium --headless --no-sandbox --disable-gpu --dump-dom 'data:text/html,<p>rendered</p>' 2>/dev/null |
+        grep '<p>rendered</p>' >/dev/null
+}
 
 # name | check | what set-up does when it fails | needed for (build: demo and tests; test: tests)
 PREREQUISITES=(
@@ -96,6 +102,7 @@ PREREQUISITES=(
     "tansu|has_tansu|cargo install tansu 0.6.0 --features $TANSU_FEATURES into $TOOLS (~30 min)|test"
     "s3s-fs|has_s3s_fs|cargo install s3s-fs 0.14.1 --features binary into $TOOLS (~2 min)|test"
     "noida-db|has_noida_db|pip install noida-db $NOIDA_VERSION into a virtual environment in $TOOLS|test"
+    "chromium|has_chromium|apt-get install chromium|test"
 )
 
 # Prints each prerequisite needed for $1 (build or test), whether it is present, and what

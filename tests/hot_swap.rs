@@ -106,6 +106,67 @@ fn the_admin_api_lets_in_only_who_it_must() -> Result<()> {
     Ok(())
 }
 
+/// The status page at `GET /`, as Chromium renders it during a run: a row per partition
+/// whose numbers grow while the job runs, totals, and — after a deploy — the new
+/// version in every row and the switch on the timeline. It leaves a screenshot in
+/// cargo's test directory (`status-page.png`, the README's).
+#[test]
+fn the_status_page_shows_the_partitions_live_and_a_deploy_on_its_timeline() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let PacedJob { mut host, admin, .. } =
+        PacedJob::start(dir, (100, 60_000), 2_000, &operator_wasm("vehicle_stats"), "")?;
+    let profile = dir.join("chromium");
+    std::thread::sleep(Duration::from_secs(2));
+    let before = rendered_dom(&admin, &profile)?;
+    let mut deploy = sluice();
+    deploy.arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats_v2")).arg("--admin").arg(&admin);
+    let answer = String::from_utf8(run_ok(&mut deploy)?.stdout)?;
+    let v2 = named_version(&answer);
+    std::thread::sleep(Duration::from_secs(1));
+    let after = rendered_dom(&admin, &profile)?;
+
+    for page in [&before, &after] {
+        let updates = page.split("data-updates=\"").nth(1).and_then(|rest| rest.split('"').next()?.parse().ok());
+        let updates: u32 = updates.unwrap_or(0);
+        assert!(updates >= 2 && !page.contains("data-error"), "the page read the host every second:\n{page}");
+    }
+    let (rows_before, rows_after) = (page_rows(&before), page_rows(&after));
+    assert_eq!(rows_before.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3], "{before}");
+    assert_eq!(rows_after.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3], "{after}");
+    let number = |text: &str| text.replace(',', "").parse::<u64>().unwrap_or(0);
+    let processed = |rows: &BTreeMap<u32, BTreeMap<String, String>>| -> u64 {
+        rows.values().map(|row| number(&row["processed"])).sum()
+    };
+    assert!(processed(&rows_before) > 0 && processed(&rows_after) > processed(&rows_before), "{before}\n{after}");
+    let total = |page: &str| text_after(page, "data-total=\"records processed\"").map(|t| number(&t));
+    assert!(total(&after) > total(&before), "the totals follow the run too");
+    assert!(rows_after.values().all(|row| row["version"] == v2), "every partition runs {v2}:\n{after}");
+    assert!(rows_before.values().all(|row| row["version"] != v2), "{before}");
+    let switch = text_after(&after, "data-kind=\"switch\"").unwrap_or_default();
+    assert!(switch.contains("4 partitions from") && switch.contains(&v2), "on the timeline:\n{after}");
+
+    let png = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
+    screenshot(&admin, &profile, (1400, 1200), &png)?;
+    assert!(std::fs::metadata(&png)?.len() > 10_000, "a screenshot with something on it");
+    host.kill_9()
+}
+
+/// The partition rows of the status page's `html`: partition -> field -> text.
+fn page_rows(html: &str) -> BTreeMap<u32, BTreeMap<String, String>> {
+    let rows = html.split("<tr data-partition=\"").skip(1).map(|row| {
+        let row = &row[..row.find("</tr>").unwrap_or(row.len())];
+        let partition = row.split('"').next().and_then(|p| p.parse().ok()).unwrap_or(u32::MAX);
+        let cells = row.split("<td data-field=\"").skip(1).filter_map(|cell| {
+            let (field, rest) = cell.split_once('"')?;
+            let text = rest.split_once('>')?.1.split('<').next()?;
+            Some((field.to_string(), text.to_string()))
+        });
+        (partition, cells.collect())
+    });
+    rows.collect()
+}
+
 /// The config of a [`PacedJob`].
 fn paced_job(dir: &Path, input: &Path, rate: u32, operator: &Path, more: &str) -> Result<PathBuf> {
     let config = dir.join("job.toml");
@@ -210,6 +271,11 @@ fn a_deploy_under_load_switches_each_partition_once_and_carries_the_state_on() -
     host.wait_for("processed 96000 records", 1, Duration::from_secs(60))?;
     let report = format!("operator at the end: {v1}; 8 version switches");
     assert!(host.log().contains(&report), "two switches in each of 4 partitions:\n{}", host.log());
+    // A worker's events carry the version it runs as a field.
+    let log = host.log();
+    let back: Vec<&str> = log.lines().filter(|l| l.contains(&format!("switched from {v2} to {v1}"))).collect();
+    let running_v2 = format!("operator{{operator_version={v2}}}");
+    assert!(back.len() == 4 && back.iter().all(|l| l.contains(&running_v2)), "{log}");
 
     let outputs = read_jsonl(&dir.join("out.jsonl"))?;
     for (partition, runs) in version_runs(&outputs) {

@@ -401,6 +401,9 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     }
     assert_eq!(sum(&metrics, "sluice_records_processed_total"), count as f64, "{metrics}");
     assert_eq!(sum(&metrics, "sluice_state_entries"), vehicles as f64, "{metrics}");
+    assert!(sum(&metrics, "sluice_state_bytes") > 0.0, "{metrics}");
+    // Each vehicle's first read found nothing cached and went to RocksDB.
+    assert!(sum(&metrics, "sluice_state_cache_misses_total") >= vehicles as f64, "{metrics}");
     assert_eq!(samples(&metrics, "sluice_consumer_lag_records").len(), 4, "{metrics}");
     assert_eq!(sum(&metrics, "sluice_consumer_lag_records"), 0.0, "{metrics}");
     assert_eq!(sum(&metrics, "sluice_partitions_assigned_total"), 4.0, "{metrics}");

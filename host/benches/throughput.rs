@@ -39,7 +39,7 @@ use sluice::record::SourceRecord;
 use sluice::sink::{DeadLetterSink, LineSink, Sink};
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::{PartitionStore, Transaction};
-use sluice::stats::PartitionStats;
+use sluice::stats::{HostStats, PartitionStats};
 use sluice::worker::{self, Cadence, Destinations, StopSignal};
 use sluice_guest::native::StateBackend;
 use sluice_tests::{CpuClock, bench_setting, operator_wasm};
@@ -229,6 +229,7 @@ fn through_worker(
         &destinations,
         outputs,
         &stats,
+        &HostStats::default(),
         None,
         &stop,
         Cadence::of(state, None),

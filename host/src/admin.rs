@@ -1,7 +1,9 @@
 //! The admin HTTP API of a running host, and the client `sluice` uses to call it.
 //!
 //! ```text
+//! GET  /                            the status page (HTML; it reads the two below)
 //! GET  /metrics                     the host's metrics, Prometheus text (see [metrics](crate::metrics))
+//! GET  /events                      the host's latest rebalances, restores, switches, warnings (JSON)
 //! GET  /operators/<name>/versions   the history of deployed versions (JSON)
 //! POST /operators/<name>/versions   deploy the component in the body (application/wasm)
 //! POST /operators/<name>/rollback   roll back to the version before the newest deploy
@@ -21,7 +23,8 @@
 //! only who it must, and a stranger spends little of the host:
 //! - a deploy or rollback presents the bearer token (`[admin] token_file` or
 //!   `SLUICE_ADMIN_TOKEN`; never in argv): 401 without it, 403 when the host has none;
-//! - beyond loopback a host refuses to start without a token, and every request needs it;
+//! - beyond loopback a host refuses to start without a token, and every request needs it
+//!   but the status page's own HTML, which holds no data (the page asks for the token);
 //! - a request a browser makes for another site's page (an `Origin` that is not this
 //!   host) is refused, 403;
 //! - only a deploy's body is read, after its token is checked, up to
@@ -33,6 +36,7 @@ use crate::config::AdminConfig;
 use crate::metrics::{self, CONTENT_TYPE};
 use crate::operator::deploy::{self, DeployReport, Deployer};
 use crate::operator::registry::{DeployError, Deployment};
+use crate::stats::{HostEvent, HostStats, now_ms};
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -163,6 +167,15 @@ impl From<DeployReport> for DeployAnswer {
     }
 }
 
+/// The answer to `GET /events`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EventsAnswer {
+    /// The host's clock, ms since the epoch, for placing the events.
+    pub now_ms: u64,
+    /// The latest events, oldest first.
+    pub events: Vec<HostEvent>,
+}
+
 /// The answer to a versions request.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VersionsAnswer {
@@ -172,15 +185,16 @@ pub struct VersionsAnswer {
     pub running: String,
 }
 
-/// Starts serving the API for `deployer` and `metrics` on `listen` (`host:port`; port 0 picks one)
-/// on `runtime`, letting in callers with `token` as the module says; returns the
-/// address it listens on, which is also logged. Beyond loopback without a token it
-/// refuses to start.
+/// Starts serving the API for `deployer`, `metrics` and the events of `host` on `listen`
+/// (`host:port`; port 0 picks one) on `runtime`, letting in callers with `token` as the
+/// module says; returns the address it listens on, which is also logged. Beyond
+/// loopback without a token it refuses to start.
 pub fn serve(
     listen: &str,
     token: Option<String>,
     deployer: Arc<Deployer>,
     metrics: Arc<Registry>,
+    host: Arc<HostStats>,
     runtime: &Runtime,
 ) -> Result<SocketAddr> {
     let addresses: Vec<SocketAddr> =
@@ -212,10 +226,11 @@ pub fn serve(
                 tracing::warn!("admin API: {MAX_CONNECTIONS} connections open already; closing a new one");
                 continue;
             };
-            let host = Arc::new(Served { deployer: deployer.clone(), metrics: metrics.clone() });
+            let served = Arc::new(Served { deployer: deployer.clone(), metrics: metrics.clone(), host: host.clone() });
             let access = access.clone();
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| answer(host.clone(), access.clone(), request));
+                let service =
+                    hyper::service::service_fn(move |request| answer(served.clone(), access.clone(), request));
                 let connection = hyper::server::conn::http1::Builder::new()
                     .timer(hyper_util::rt::TokioTimer::new())
                     .header_read_timeout(HEADER_TIMEOUT)
@@ -234,6 +249,7 @@ pub fn serve(
 struct Served {
     deployer: Arc<Deployer>,
     metrics: Arc<Registry>,
+    host: Arc<HostStats>,
 }
 
 async fn answer(
@@ -242,9 +258,16 @@ async fn answer(
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (method, path) = (request.method().clone(), request.uri().path().to_string());
-    let metrics = path == METRICS_PATH;
     let changes_state = method != Method::GET;
-    let (status, body) = match access.refusal(&request, changes_state) {
+    // The page's HTML holds no data: it is served to anyone, and asks for the token itself.
+    let page = method == Method::GET && path == STATUS_PAGE_PATH;
+    let answer_type = match path.as_str() {
+        STATUS_PAGE_PATH => "text/html; charset=utf-8",
+        METRICS_PATH => CONTENT_TYPE,
+        _ => "application/json",
+    };
+    let refusal = if page { None } else { access.refusal(&request, changes_state) };
+    let (status, body) = match refusal {
         Some(refusal) => {
             tracing::warn!("admin API: {method} {path}: {}: {}", refusal.0, refusal.1);
             refusal
@@ -267,13 +290,20 @@ async fn answer(
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
-    if metrics && status == StatusCode::OK {
-        response
-            .headers_mut()
-            .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(CONTENT_TYPE));
+    let headers = response.headers_mut();
+    // A refusal or failure answers with its reason as text.
+    let content_type = if status == StatusCode::OK { answer_type } else { "text/plain; charset=utf-8" };
+    headers.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(content_type));
+    if page {
+        headers.insert(hyper::header::CONTENT_SECURITY_POLICY, hyper::header::HeaderValue::from_static(PAGE_POLICY));
     }
     Ok(response)
 }
+
+/// The status page may run its own inline script and style and reach its own host,
+/// nothing else: no CDN, no other site, no frame around it.
+const PAGE_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                           connect-src 'self'; img-src 'self'; frame-ancestors 'none'";
 
 /// A deploy's body: at most [`MAX_COMPONENT_BYTES`], within [`BODY_TIMEOUT`].
 async fn read_body(body: Incoming) -> std::result::Result<Bytes, (StatusCode, String)> {
@@ -286,11 +316,24 @@ async fn read_body(body: Incoming) -> std::result::Result<Bytes, (StatusCode, St
 
 /// Where the metrics are served.
 pub const METRICS_PATH: &str = "/metrics";
+/// Where the status page is served.
+pub const STATUS_PAGE_PATH: &str = "/";
+/// Where the host's events are served.
+pub const EVENTS_PATH: &str = "/events";
+
+/// The status page (`admin/status.html`, in the binary).
+const STATUS_PAGE: &str = include_str!("admin/status.html");
 
 fn route(served: &Served, method: &Method, path: &str, body: &[u8]) -> (StatusCode, String) {
-    if path == METRICS_PATH {
+    let read_only: Option<fn(&Served) -> String> = match path {
+        STATUS_PAGE_PATH => Some(|_| STATUS_PAGE.to_string()),
+        METRICS_PATH => Some(|served| metrics::encode(&served.metrics)),
+        EVENTS_PATH => Some(|served| json(&EventsAnswer { now_ms: now_ms(), events: served.host.events() })),
+        _ => None,
+    };
+    if let Some(read) = read_only {
         return match *method {
-            Method::GET => (StatusCode::OK, metrics::encode(&served.metrics)),
+            Method::GET => (StatusCode::OK, read(served)),
             _ => (StatusCode::METHOD_NOT_ALLOWED, format!("{method} {path} is not part of the admin API")),
         };
     }

@@ -276,7 +276,7 @@ fn main() -> ExitCode {
         LogFormat::Text => {
             log.with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()).init()
         }
-        LogFormat::Json => log.json().flatten_event(true).with_current_span(false).init(),
+        LogFormat::Json => log.json().flatten_event(true).with_current_span(true).with_span_list(false).init(),
     }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -402,8 +402,8 @@ fn versions(name: &str, job: JobTarget) -> Result<()> {
 /// `sluice status`
 fn status(hosts: &[String]) -> Result<()> {
     println!(
-        "{:>9}  {:<24}  {:>10}  {:>8}  {:>9}  {:>10}  {:>14}  version",
-        "partition", "host", "offset", "lag", "entries", "batch-p99", "checkpoint-age"
+        "{:>9}  {:<24}  {:>10}  {:>8}  {:>9}  {:>10}  {:>10}  {:>14}  version",
+        "partition", "host", "offset", "lag", "entries", "bytes", "batch-p99", "checkpoint-age"
     );
     let (mut footers, mut unreachable) = (Vec::new(), 0);
     for host in hosts {
@@ -432,10 +432,11 @@ fn status(hosts: &[String]) -> Result<()> {
             let version =
                 samples.iter().find(|s| s.name == "sluice_partition_operator_info" && s.label("partition") == Some(p));
             println!(
-                "{p:>9}  {host:<24}  {:>10}  {:>8}  {:>9}  {:>10}  {:>14}  {}",
+                "{p:>9}  {host:<24}  {:>10}  {:>8}  {:>9}  {:>10}  {:>10}  {:>14}  {}",
                 shown("sluice_committed_offset"),
                 shown("sluice_consumer_lag_records"),
                 shown("sluice_state_entries"),
+                value("sluice_state_bytes", Some(p)).map_or("-".to_string(), |b| bytes(b as u64)),
                 batch_p99(&samples, p).map_or("-".to_string(), |s| format!("≤{:.1}ms", s * 1e3)),
                 value("sluice_checkpoint_age_seconds", Some(p)).map_or("-".to_string(), |s| format!("{s:.0}s")),
                 version.and_then(|s| s.label("version")).unwrap_or("-")

@@ -112,6 +112,14 @@ impl Collector for Metrics {
         gauges(e, "sluice_state_entries", "State entries held, as of the last commit", &partitions, |s| {
             Some(load(&s.entries) as f64)
         })?;
+        let help = "Bytes the state takes in RocksDB (live data in table files, memtables), as of the last commit";
+        gauges(e, "sluice_state_bytes", help, &partitions, |s| Some(load(&s.state_bytes) as f64))?;
+        counters(e, "sluice_state_cache_hits", "Reads of committed state the cache answered", &partitions, |s| {
+            load(&s.cache_hits)
+        })?;
+        counters(e, "sluice_state_cache_misses", "Reads of committed state that went to RocksDB", &partitions, |s| {
+            load(&s.cache_misses)
+        })?;
         gauges(
             e,
             "sluice_committed_offset",
@@ -166,6 +174,13 @@ impl Collector for Metrics {
         skew(e, "sluice_state_entries_skew_ratio", "Largest partition's entries over the median", &partitions, |s| {
             load(&s.entries)
         })?;
+        skew(
+            e,
+            "sluice_state_bytes_skew_ratio",
+            "Largest partition's state bytes over the median",
+            &partitions,
+            |s| load(&s.state_bytes),
+        )?;
         skew(e, "sluice_batch_p99_skew_ratio", "Slowest partition's batch p99 over the median", &partitions, |s| {
             load(&s.batch_p99_us)
         })?;

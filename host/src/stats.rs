@@ -3,15 +3,18 @@
 //!
 //! A partition's worker counts into its [`PartitionStats`] as it goes (the
 //! checkpointer counts its checkpoints there too), and the host's rebalances and
-//! restores go into its [`HostStats`]; the running summary, the deployer (waiting for
-//! partitions to switch), the final report and the [metrics](crate::metrics) read
-//! them. This module holds the counters only: it imports nothing of the host's layers
+//! restores go into its [`HostStats`], which also keeps the latest of the host's
+//! [`HostEvent`]s for the status page's timeline; the running summary, the deployer
+//! (waiting for partitions to switch), the final report, the [metrics](crate::metrics)
+//! and the [admin API](crate::admin) read them. This module holds the counters only: it imports nothing of the host's layers
 //! but the shared record types, so that every layer can count without reaching into
 //! another.
 
+use crate::lock;
 use crate::record::DeadLetterKind;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use std::collections::BTreeMap;
+use serde::Serialize;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,6 +33,18 @@ pub struct PartitionStats {
     /// State entries held, as of the last commit (expired ones not yet removed
     /// included).
     pub entries: AtomicU64,
+    /// The bytes the partition's state takes in RocksDB as of the last commit: its
+    /// estimate of the live data in the table files plus its memtables (see
+    /// [`PartitionStore::live_data_bytes`], [`PartitionStore::memtable_bytes`]).
+    ///
+    /// [`PartitionStore::live_data_bytes`]: crate::state::PartitionStore::live_data_bytes
+    /// [`PartitionStore::memtable_bytes`]: crate::state::PartitionStore::memtable_bytes
+    pub state_bytes: AtomicU64,
+    /// Reads of committed state (entries not written since the last commit) the cache
+    /// answered since the partition started here, as of the last commit...
+    pub cache_hits: AtomicU64,
+    /// ... and reads that went to RocksDB.
+    pub cache_misses: AtomicU64,
     /// Expired entries removed by this worker's commits.
     pub expired: AtomicU64,
     /// Entries due but not yet expired as of the last commit (more came due at once
@@ -84,6 +99,9 @@ impl PartitionStats {
             dead_by_version: Mutex::default(),
             committed_offset: AtomicU64::new(committed_offset),
             entries: AtomicU64::new(entries),
+            state_bytes: AtomicU64::new(0),
+            cache_hits: AtomicU64::new(0),
+            cache_misses: AtomicU64::new(0),
             expired: AtomicU64::new(0),
             backlog: AtomicU64::new(0),
             clock_ms: AtomicU64::new(0),
@@ -277,7 +295,8 @@ fn duration_buckets() -> impl Iterator<Item = f64> {
 }
 
 /// What a rebalance did to this member's partitions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RebalanceChange {
     /// Partitions were assigned to it.
     Assigned,
@@ -312,6 +331,63 @@ pub struct HostStats {
     /// The kinds of warning that held at the latest check (see
     /// [`warnings`](crate::warnings)).
     pub warnings: Mutex<Vec<&'static str>>,
+    /// The latest [`EVENTS_KEPT`] events, oldest first.
+    events: Mutex<VecDeque<HostEvent>>,
+}
+
+/// How many of the host's latest events [`HostStats`] keeps.
+pub const EVENTS_KEPT: usize = 256;
+
+/// Something that happened to the host, when (ms since the epoch).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostEvent {
+    /// When it happened (for a switch: when its first partition switched).
+    pub at_ms: u64,
+    /// What happened.
+    #[serde(flatten)]
+    pub what: HostEventKind,
+}
+
+/// What happened, as the status page's timeline shows it (JSON: `"kind"` names the
+/// variant, the other fields are its own).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum HostEventKind {
+    /// A rebalance callback moved `partitions` of this member's partitions.
+    Rebalance {
+        /// What it did to them.
+        change: RebalanceChange,
+        /// How many it moved.
+        partitions: usize,
+        /// How long the callback took, s.
+        took_s: f64,
+    },
+    /// A restore started partitions from local state or the checkpoint store.
+    Restore {
+        /// Bytes fetched from the store.
+        bytes: u64,
+        /// How long it took, s.
+        took_s: f64,
+        /// How long it was predicted to take, s.
+        predicted_s: f64,
+    },
+    /// Partitions switched operator version (a deploy or rollback); the partitions of
+    /// one deploy are one event.
+    Switch {
+        /// The version they ran.
+        from: String,
+        /// The version they run now.
+        to: String,
+        /// How many switched.
+        partitions: usize,
+    },
+    /// A warning was logged (see [`warnings`](crate::warnings)).
+    Warning {
+        /// Its kind, as the `sluice_warning` metric labels it.
+        warning: &'static str,
+        /// What the log says: the numbers and the setting that tunes it.
+        text: String,
+    },
 }
 
 impl Default for HostStats {
@@ -327,6 +403,7 @@ impl Default for HostStats {
             restore_predicted_us: AtomicU64::new(0),
             restore_actual_us: AtomicU64::new(0),
             warnings: Mutex::default(),
+            events: Mutex::default(),
         }
     }
 }
@@ -342,6 +419,7 @@ impl HostStats {
             RebalanceChange::Lost => &self.lost,
         };
         counter.fetch_add(partitions as u64, Ordering::Relaxed);
+        self.record(HostEventKind::Rebalance { change, partitions, took_s: took.as_secs_f64() });
     }
 
     /// Counts a restore that fetched `bytes` in `took`, predicted to take `predicted`.
@@ -350,6 +428,40 @@ impl HostStats {
         self.restored_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.restore_predicted_us.store(predicted.as_micros() as u64, Ordering::Relaxed);
         self.restore_actual_us.store(took.as_micros() as u64, Ordering::Relaxed);
+        self.record(HostEventKind::Restore { bytes, took_s: took.as_secs_f64(), predicted_s: predicted.as_secs_f64() });
+    }
+
+    /// Records that a partition switched from version `from` to `to`: one more partition
+    /// of the latest event when that is the same switch (a deploy switches every
+    /// partition within moments), else a new event.
+    pub fn record_switch(&self, from: &str, to: &str) {
+        let mut events = lock(&self.events);
+        if let Some(HostEvent { what: HostEventKind::Switch { from: f, to: t, partitions }, .. }) = events.back_mut()
+            && (f.as_str(), t.as_str()) == (from, to)
+        {
+            *partitions += 1;
+            return;
+        }
+        drop(events);
+        self.record(HostEventKind::Switch { from: from.to_string(), to: to.to_string(), partitions: 1 });
+    }
+
+    /// Records that warning `warning` was logged saying `text`.
+    pub fn record_warning(&self, warning: &'static str, text: String) {
+        self.record(HostEventKind::Warning { warning, text });
+    }
+
+    /// The latest events, oldest first.
+    pub fn events(&self) -> Vec<HostEvent> {
+        lock(&self.events).iter().cloned().collect()
+    }
+
+    fn record(&self, what: HostEventKind) {
+        let mut events = lock(&self.events);
+        if events.len() == EVENTS_KEPT {
+            events.pop_front();
+        }
+        events.push_back(HostEvent { at_ms: now_ms(), what });
     }
 }
 
@@ -395,6 +507,29 @@ mod tests {
             all["v2"].to_string(),
             "1 rejected by the operator, 1 trapped or past a limit, 3 outputs refused by Kafka, 2 records without a key"
         );
+    }
+
+    /// The log keeps the latest events, and one deploy's switches are one event.
+    #[test]
+    fn events_keep_the_latest_and_a_deploy_is_one_event() {
+        let host = HostStats::default();
+        host.record_switch("v1", "v2");
+        host.record_switch("v1", "v2");
+        host.record_rebalance(RebalanceChange::Revoked, 2, Duration::from_millis(5));
+        host.record_switch("v1", "v2");
+        let kinds: Vec<HostEventKind> = host.events().into_iter().map(|e| e.what).collect();
+        let switch = |partitions| HostEventKind::Switch { from: "v1".into(), to: "v2".into(), partitions };
+        assert_eq!(kinds[0], switch(2), "two partitions in a row switching alike are one deploy");
+        assert_eq!(kinds[2], switch(1), "a switch after another event is a new one");
+        let json = serde_json::to_value(host.events()).unwrap();
+        assert_eq!(json[1]["kind"], "rebalance");
+        assert_eq!(json[1]["change"], "revoked");
+        for n in 0..EVENTS_KEPT {
+            host.record_warning("state skew", format!("warning {n}"));
+        }
+        let events = host.events();
+        assert_eq!(events.len(), EVENTS_KEPT);
+        assert_eq!(events[0].what, HostEventKind::Warning { warning: "state skew", text: "warning 0".into() });
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! A [`Watch`] reads the counters the job keeps anyway ([`PartitionStats`],
 //! [`HostStats`]) every [`CHECK_EVERY`] and logs each warning with the setting that
 //! tunes it, at most once a minute per kind; the kinds that hold are kept in the
-//! [`HostStats`] for the metrics. It changes nothing in the job.
+//! [`HostStats`] for the metrics, and each warning logged is one of its events. It changes nothing in the job.
 
 use crate::config::ReportConfig;
 use crate::lock;
@@ -93,6 +93,7 @@ impl Watch {
             if self.warned.get(kind).is_none_or(|at| at.elapsed() >= WARN_EVERY) {
                 self.warned.insert(kind, Instant::now());
                 tracing::warn!("{warning}");
+                self.host.record_warning(kind, warning);
             }
         }
     }

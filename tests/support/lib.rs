@@ -1,6 +1,7 @@
 //! Shared pieces of the end-to-end tests (and of the host's benchmarks), by concern:
 //!
 //! - [`binary`]: locating the built `sluice` binary and operators, and running them;
+//! - [`browser`]: pages as headless Chromium renders them;
 //! - [`servers`]: the S3 store and the Kafka broker started on loopback ports;
 //! - [`stores`]: reading checkpoint stores and state directories;
 //! - [`reference`]: generating and reading JSONL, and the reference fold of
@@ -11,6 +12,7 @@
 //! Everything is re-exported here, so a test needs only `use sluice_tests::*`.
 
 pub mod binary;
+pub mod browser;
 pub mod measure;
 pub mod reference;
 pub mod servers;
@@ -18,6 +20,7 @@ pub mod settings;
 pub mod stores;
 
 pub use binary::*;
+pub use browser::*;
 pub use measure::*;
 pub use reference::*;
 pub use servers::*;

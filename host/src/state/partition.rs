@@ -194,13 +194,23 @@ impl PartitionStore {
     /// family (values, expiry index, metadata) together, in bytes: what compaction
     /// would leave. Memtables are not counted.
     pub fn live_data_bytes(&self) -> Result<u64> {
+        self.summed_property(rocksdb::properties::ESTIMATE_LIVE_DATA_SIZE, "live data size")
+    }
+
+    /// The bytes RocksDB's memtables hold for the partition, every column family
+    /// together: writes not yet flushed into table files.
+    pub fn memtable_bytes(&self) -> Result<u64> {
+        self.summed_property(rocksdb::properties::CUR_SIZE_ALL_MEM_TABLES, "memtable size")
+    }
+
+    /// RocksDB's integer `property` summed over every column family; `what` names it
+    /// in an error.
+    fn summed_property(&self, property: &rocksdb::properties::PropName, what: &str) -> Result<u64> {
         let families = [self.db.cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME), Some(self.expiry()), Some(self.meta())];
         let mut total = 0;
         for family in families.into_iter().flatten() {
-            let live = self.db.property_int_value_cf(family, rocksdb::properties::ESTIMATE_LIVE_DATA_SIZE);
-            total += live
-                .with_context(|| format!("reading the live data size of partition {}", self.partition))?
-                .unwrap_or(0);
+            let value = self.db.property_int_value_cf(family, property);
+            total += value.with_context(|| format!("reading the {what} of partition {}", self.partition))?.unwrap_or(0);
         }
         Ok(total)
     }

@@ -190,7 +190,7 @@ impl Workers {
                 match restore_retrying(&setup, &host, &mut partitions, &given_up, &mut report) {
                     Ok((plans, restored)) => {
                         for (plan, restored) in plans.iter().zip(restored) {
-                            report(plan.partition, spawn_worker(&setup, plan, restored, now));
+                            report(plan.partition, spawn_worker(&setup, &host, plan, restored, now));
                         }
                     }
                     Err(e) => {
@@ -538,6 +538,7 @@ async fn claim(
 /// Opens `plan`'s partition as `restored` left it and starts its worker thread.
 fn spawn_worker(
     setup: &Arc<WorkerSetup>,
+    host: &Arc<HostStats>,
     plan: &PartitionPlan,
     restored_from: RestoredFrom,
     assigned: Instant,
@@ -561,16 +562,29 @@ fn spawn_worker(
     });
     let outputs = setup.destinations.sink.partition(partition, offset)?;
     let stats = Arc::new(PartitionStats::new(offset, instance.state().entries(), instance.version()));
+    super::count_state_bytes(instance.state().store(), &stats);
     let (sender, batches) = std::sync::mpsc::sync_channel(setup.queued_batches);
     let stop = Arc::new(StopSignal::default());
     let started = Started { partition, offset, restored_from, assigned, took: assigned.elapsed() };
     let thread = std::thread::Builder::new().name(format!("sluice-p{partition}")).spawn({
-        let (setup, stats, stop, started) = (setup.clone(), stats.clone(), stop.clone(), started.clone());
+        let (setup, host, stats, stop, started) =
+            (setup.clone(), host.clone(), stats.clone(), stop.clone(), started.clone());
         move || -> Result<PartitionReport> {
             let to = &setup.destinations;
             let checkpointer = checkpointer.as_mut();
             let null_keys = setup.null_keys;
-            super::run(&mut instance, batches, to, outputs, &stats, checkpointer, &stop, setup.cadence, null_keys)?;
+            super::run(
+                &mut instance,
+                batches,
+                to,
+                outputs,
+                &stats,
+                &host,
+                checkpointer,
+                &stop,
+                setup.cadence,
+                null_keys,
+            )?;
             Ok(PartitionReport {
                 partition,
                 resumed_at: started.offset,

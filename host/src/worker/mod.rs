@@ -44,7 +44,8 @@ use crate::lock;
 use crate::operator::{Expiration, Operator, Outcome, Output, Processed};
 use crate::record::{Cause, DeadLetter, DeadLetterKind, Origin, SourceRecord, Stop};
 use crate::sink::{DeadLetterSink, PartitionOutputs, Sink};
-use crate::stats::{DeadLetters, PartitionStats};
+use crate::state::PartitionStore;
+use crate::stats::{DeadLetters, HostStats, PartitionStats};
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -205,6 +206,7 @@ pub fn run(
     to: &Destinations,
     outputs: PartitionOutputs,
     stats: &PartitionStats,
+    host: &HostStats,
     mut checkpointer: Option<&mut Checkpointer>,
     stop: &StopSignal,
     cadence: Cadence,
@@ -216,6 +218,7 @@ pub fn run(
     let mut uncommitted = Uncommitted::new(outputs);
     // What is left of a batch that ended early at a per-batch bound: the next batch.
     let mut rest: Option<Vec<SourceRecord>> = None;
+    let mut _in_version = version_span(operator.version());
     loop {
         let received = match rest.take() {
             Some(rest) => Ok(rest),
@@ -236,7 +239,9 @@ pub fn run(
                 }
                 uncommitted.commit(operator, stats, to)?;
                 let at = stats.committed_offset.load(Ordering::Relaxed);
-                follow_deploys(operator, checkpointer.as_deref_mut(), stats, at)?;
+                if follow_deploys(operator, checkpointer.as_deref_mut(), stats, host, at)? {
+                    _in_version = version_span(operator.version());
+                }
                 if let Some(checkpointer) = checkpointer.as_deref_mut() {
                     checkpointer.checkpoint_if_due(operator.state().store(), stats);
                 }
@@ -250,7 +255,8 @@ pub fn run(
         let Some(first) = batch.first() else { continue };
         // Between two batches: the whole batch runs on one version, and a switch
         // commits what the old version processed.
-        if follow_deploys(operator, checkpointer.as_deref_mut(), stats, first.offset)? {
+        if follow_deploys(operator, checkpointer.as_deref_mut(), stats, host, first.offset)? {
+            _in_version = version_span(operator.version());
             uncommitted.commit(operator, stats, to)?;
         }
         let started = Instant::now();
@@ -432,6 +438,10 @@ impl Uncommitted {
         crate::kill_point(STATE_COMMITTED);
         stats.committed_offset.store(next_offset, Ordering::Relaxed);
         stats.entries.store(state.entries(), Ordering::Relaxed);
+        count_state_bytes(state.store(), stats);
+        let (hits, misses) = state.cache().hits_and_misses();
+        stats.cache_hits.store(hits, Ordering::Relaxed);
+        stats.cache_misses.store(misses, Ordering::Relaxed);
         stats.expired.store(state.expired(), Ordering::Relaxed);
         stats.backlog.store(state.backlog(), Ordering::Relaxed);
         stats.clock_ms.store(state.clock().now_ms(), Ordering::Relaxed);
@@ -441,13 +451,30 @@ impl Uncommitted {
     }
 }
 
+/// Sets `stats`' state bytes to what `store` takes in RocksDB. A size for the metrics
+/// only: a failed read leaves the last one.
+pub(crate) fn count_state_bytes(store: &PartitionStore, stats: &PartitionStats) {
+    if let (Ok(tables), Ok(memtables)) = (store.live_data_bytes(), store.memtable_bytes()) {
+        stats.state_bytes.store(tables + memtables, Ordering::Relaxed);
+    }
+}
+
+/// A span entered until the worker switches versions, so that every event the worker
+/// logs carries the operator version it runs (`operator{operator_version=…}` in the
+/// text log, `span.operator_version` in the JSON one). A root span: the next version's
+/// is not the previous one's child.
+fn version_span(version: &str) -> tracing::span::EnteredSpan {
+    tracing::info_span!(parent: None, "operator", operator_version = %version).entered()
+}
+
 /// Switches `operator` to a newly deployed version if there is one, from offset
-/// `offset` on, and tells the checkpointer, the partition's counters and the log;
-/// returns whether it switched.
+/// `offset` on, and tells the checkpointer, the partition's and the host's counters and
+/// the log; returns whether it switched.
 fn follow_deploys(
     operator: &mut dyn Operator,
     checkpointer: Option<&mut Checkpointer>,
     stats: &PartitionStats,
+    host: &HostStats,
     offset: u64,
 ) -> Result<bool> {
     let Some(switch) = operator.follow_deploys()? else { return Ok(false) };
@@ -474,6 +501,7 @@ fn follow_deploys(
     }
     stats.switches.fetch_add(1, Ordering::Relaxed);
     stats.last_switch_stall_us.store(stall_us, Ordering::Relaxed);
+    host.record_switch(&switch.from, &switch.to);
     *lock(&stats.version) = switch.to;
     Ok(true)
 }
