@@ -20,7 +20,7 @@ use anyhow::Result;
 use sluice::checkpoint::{self, CheckpointSettings, CheckpointStore, Checkpointer, JobIdentity, bytes, restore};
 use sluice::config::{Config, SourceConfig};
 use sluice::state::{StateDir, Transaction};
-use sluice::stats::PartitionStats;
+use sluice::stats::{HostStats, PartitionStats};
 use sluice_tests::bench_setting;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -214,7 +214,8 @@ fn restore_versus_copy(runtime: &tokio::runtime::Runtime, dir: &Path, store: &Ch
     let state = StateDir::open(&dir.join("state"), 1)?;
     std::fs::remove_dir_all(state.partition_path(0))?;
     let plan = runtime.block_on(restore::plan(Some(&state), &[0], Some(store)))?;
-    let report = runtime.block_on(restore::restore(&state, store, plan, Duration::from_secs(3600)))?;
+    let report =
+        runtime.block_on(restore::restore(&state, store, plan, Duration::from_secs(3600), &HostStats::default()))?;
     let fetched = report.plan.bytes_to_fetch();
     let mb_s = |b: u64, t: Duration| b as f64 / t.as_secs_f64() / (1 << 20) as f64;
     println!("\nrestore of {} from a local checkpoint store", bytes(fetched));
@@ -230,7 +231,8 @@ fn local_recovery(runtime: &tokio::runtime::Runtime, dir: &Path, store: &Checkpo
     let started = Instant::now();
     let state = StateDir::open(&dir.join("state"), 1)?;
     let plan = runtime.block_on(restore::plan(Some(&state), &[0], Some(store)))?;
-    let report = runtime.block_on(restore::restore(&state, store, plan, Duration::from_secs(3600)))?;
+    let report =
+        runtime.block_on(restore::restore(&state, store, plan, Duration::from_secs(3600), &HostStats::default()))?;
     assert!(matches!(report.restored[0], checkpoint::RestoredFrom::Local { .. }), "{:?}", report.restored);
     state.open_partition(0)?.committed_offset()?;
     Ok(started.elapsed())

@@ -424,11 +424,14 @@ fn default_max_line_bytes() -> usize {
     16 << 20
 }
 
-fn default_key_field() -> String {
+/// The JSON field a file source (and `sluice test`) takes a record's key from by default.
+pub fn default_key_field() -> String {
     "vehicle_id".into()
 }
 
-fn default_timestamp_field() -> String {
+/// The JSON field a file source (and `sluice test`) takes a record's event time from by
+/// default.
+pub fn default_timestamp_field() -> String {
     "ts".into()
 }
 

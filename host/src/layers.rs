@@ -15,7 +15,7 @@ const CHAIN: &[&[&str]] = &[
     &["sink"],
     &["source"],
     &["worker"],
-    &["metrics", "warnings"],
+    &["metrics", "warnings", "test_driver"],
     &["admin"],
     &["job"],
 ];

@@ -7,13 +7,14 @@
 //! [`checkpoint`]s its state to a checkpoint store, from which a job restores when its
 //! local state is gone. A [`job`] wires these from a [`config`]; new operator versions
 //! arrive through the [`admin`] API or the registry in the store (see
-//! [`operator::deploy`]); the admin API also serves the host's [`metrics`].
+//! [`operator::deploy`]); the admin API also serves the host's [`metrics`]. The
+//! [`test_driver`] runs one operator outside a job, record by record, for `sluice test`.
 //!
 //! The layers point one way: each module imports only modules before it in
 //!
 //! ```text
 //! record → stats, config, checksum → state → checkpoint → operator → sink → source
-//!     → worker → metrics, warnings → admin → job
+//!     → worker → metrics, warnings, test_driver → admin → job
 //! ```
 //!
 //! [`record`] (the data every layer shares) is the leaf; [`stats`] holds live counters.
@@ -31,6 +32,7 @@ pub mod sink;
 pub mod source;
 pub mod state;
 pub mod stats;
+pub mod test_driver;
 pub mod warnings;
 pub mod worker;
 

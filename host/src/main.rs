@@ -9,10 +9,10 @@ use sluice::config::{self, Config, SinkConfig, SourceConfig};
 use sluice::metrics;
 use sluice::operator::deploy::{self, Sandbox};
 use sluice::operator::registry::{self, Deployment, Registry};
-use sluice::sink::BytesField;
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::StateDir;
 use sluice::stats;
+use sluice::test_driver::{self, TestDriver};
 use std::io::{ErrorKind, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -45,6 +45,10 @@ enum Command {
     Run(Box<RunArgs>),
     /// Write the fleet generator's records as JSONL to stdout.
     Generate(FleetArgs),
+    /// Run an operator component over the records of a JSONL file in the host's sandbox,
+    /// over fresh (or given) state, one record at a time, and compare what it emits with
+    /// what is expected: a readable difference and exit code 1 when they differ.
+    Test(Box<TestArgs>),
     /// Inspect a state directory.
     State {
         #[command(subcommand)]
@@ -97,6 +101,48 @@ enum Command {
         #[arg(long, requires = "state_dir")]
         store: Option<String>,
     },
+}
+
+/// `sluice test`
+#[derive(Args)]
+struct TestArgs {
+    /// The operator component (.wasm).
+    operator: PathBuf,
+    /// The input records, one JSON object per line, read as a file source reads them.
+    #[arg(long)]
+    input: PathBuf,
+    /// The expected outputs, one JSON line each, in order: each field given must match
+    /// the output's (`key`, `value`, `topic`, `cause`…; a `value` object's fields
+    /// likewise), fields left out are not compared. Without it, the outputs are printed.
+    #[arg(long)]
+    expect: Option<PathBuf>,
+    /// The expected dead letters, likewise (`key`, `error`, `reason`…). With `--expect`
+    /// and without this, any dead letter is a difference.
+    #[arg(long)]
+    expect_dead_letters: Option<PathBuf>,
+    /// State to start from, as `sluice state dump` writes it (`key`, `name`, `value`).
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// `name=value` for the operator's `[operator.config]`; repeat it for more.
+    #[arg(long = "config", value_name = "NAME=VALUE")]
+    config: Vec<String>,
+    /// The JSON field holding a record's key.
+    #[arg(long, default_value_t = config::default_key_field())]
+    key_field: String,
+    /// The JSON field holding a record's event time, ms since the epoch.
+    #[arg(long, default_value_t = config::default_timestamp_field())]
+    timestamp_field: String,
+    /// The host's TTL for state entries without one of their own, in event time: e.g.
+    /// 10m, 7d.
+    #[arg(long, value_parser = config::parse_duration)]
+    ttl: Option<Duration>,
+    /// After the last record, move the event-time clock to this time (ms since the
+    /// epoch), expiring what comes due by then.
+    #[arg(long)]
+    advance_to: Option<i64>,
+    /// Print the state after the run, as `sluice state dump` does.
+    #[arg(long)]
+    show_state: bool,
 }
 
 /// Which job a deploy, rollback or versions command talks to.
@@ -312,6 +358,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Status { state_dir: Some(state_dir), store, .. } => stored_status(&state_dir, store.as_deref()),
         Command::Status { admin, .. } => status(&admin),
         Command::State { command: StateCommand::Dump { state_dir } } => dump_state(&state_dir),
+        Command::Test(args) => test_operator(&args),
     }
 }
 
@@ -321,6 +368,66 @@ fn run_job(args: RunArgs) -> Result<()> {
     let report = sluice::job::run(&config)?;
     eprint!("{report}");
     Ok(())
+}
+
+/// `sluice test`
+fn test_operator(args: &TestArgs) -> Result<()> {
+    let started = std::time::Instant::now();
+    let mut driver = TestDriver::builder(&args.operator);
+    for pair in &args.config {
+        let (name, value) = pair.split_once('=').with_context(|| format!("--config {pair:?}: expected NAME=VALUE"))?;
+        driver = driver.config(name, value);
+    }
+    if let Some(ttl) = args.ttl {
+        driver = driver.ttl(config::TtlConfig { default: Some(ttl), ..config::TtlConfig::default() });
+    }
+    let mut driver = driver.build()?;
+    if let Some(state) = &args.state {
+        driver.load_state(state)?;
+    }
+    let (step, records) = driver.process_file(&args.input, &args.key_field, &args.timestamp_field, args.advance_to)?;
+    let mut out = std::io::stdout().lock();
+    let mut differences = Vec::new();
+    match &args.expect {
+        Some(path) => differences.extend(test_driver::differences("output", &read_lines(path)?, &step.outputs)),
+        None => step.outputs.iter().try_for_each(|line| writeln!(out, "{line}"))?,
+    }
+    match (&args.expect_dead_letters, &args.expect) {
+        (Some(path), _) => {
+            differences.extend(test_driver::differences("dead letter", &read_lines(path)?, &step.dead_letters))
+        }
+        (None, Some(_)) => differences.extend(test_driver::differences("dead letter", &[], &step.dead_letters)),
+        (None, None) => step.dead_letters.iter().try_for_each(|line| writeln!(out, "{line}"))?,
+    }
+    if args.show_state {
+        driver.state()?.iter().try_for_each(|line| writeln!(out, "{line}"))?;
+    }
+    for difference in &differences {
+        eprintln!("{difference}");
+    }
+    if !differences.is_empty() {
+        bail!("{}: {} difference(s) from the expected lines", args.operator.display(), differences.len());
+    }
+    eprintln!(
+        "{}: {records} records, {} outputs, {} dead letters{} in {:.0} ms",
+        driver.version(),
+        step.outputs.len(),
+        step.dead_letters.len(),
+        if args.expect.is_some() { ", as expected," } else { "" },
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// The JSON lines of the file at `path`, blank lines skipped.
+fn read_lines(path: &Path) -> Result<Vec<serde_json::Value>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let lines = text.lines().enumerate().filter(|(_, line)| !line.trim().is_empty());
+    lines
+        .map(|(i, line)| {
+            serde_json::from_str(line).with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))
+        })
+        .collect()
 }
 
 /// `sluice generate`
@@ -515,35 +622,12 @@ fn dump_state(state_dir: &Path) -> Result<()> {
     for partition in 0..manifest.partitions {
         let store = dir.open_partition(partition)?;
         for entry in store.entries() {
-            let entry = entry?;
-            let mut line = serde_json::json!({ "partition": partition, "name": entry.name });
-            let fields = line.as_object_mut().expect("an object");
-            let mut add = |field: serde_json::Value| fields.extend(field.as_object().cloned().unwrap_or_default());
-            add(serde_json::to_value(BytesField::key(&entry.key))?);
-            add(stored_value(&entry.value));
-            if let Some(at) = entry.expires_at_ms {
-                line["expires_at_ms"] = at.into();
-            }
+            let line = sluice::sink::state_line(partition, &entry?);
             serde_json::to_writer(&mut out, &line)?;
             out.write_all(b"\n")?;
         }
     }
     Ok(out.flush()?)
-}
-
-/// The `value` field of a state value as `state dump` shows it: one the SDK stored in
-/// its binary encoding as the JSON it decodes to, any other as its bytes are (embedded if
-/// JSON, else text, else `value_base64`).
-fn stored_value(bytes: &[u8]) -> serde_json::Value {
-    use sluice_guest::encoding::{self, BINARY_MARKER};
-    let decoded = match bytes.first() {
-        Some(&BINARY_MARKER) => encoding::decode::<serde_json::Value>(bytes).ok(),
-        _ => None,
-    };
-    match decoded {
-        Some(value) => serde_json::json!({ "value": value }),
-        None => serde_json::to_value(BytesField::value(bytes)).expect("a field is JSON"),
-    }
 }
 
 /// What `sluice deploy` and `rollback` say after recording `deployment` in a registry.

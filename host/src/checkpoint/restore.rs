@@ -16,6 +16,7 @@
 use super::bytes;
 use super::store::{self, CheckpointStore, Manifest};
 use crate::state::{PartitionStore, StateDir};
+use crate::stats::HostStats;
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt};
 use std::fmt;
@@ -270,14 +271,19 @@ impl RestoreReport {
     }
 }
 
+/// Names, in the host's events, the warning of a restore predicted over its budget.
+pub const RESTORE_OVER_BUDGET: &str = "restore over budget";
+
 /// Brings every partition of `plan` to the newest state it can have in `state`: local
 /// recovery or a download from `store`. Logs the prediction (warning when it exceeds
-/// `budget`), progress, and the measured duration, which it adds to the store's history.
+/// `budget`, a warning also recorded in `host`'s events), progress, and the measured
+/// duration, which it adds to the store's history.
 pub async fn restore(
     state: &StateDir,
     store: &CheckpointStore,
     plan: RestorePlan,
     budget: Duration,
+    host: &HostStats,
 ) -> Result<RestoreReport> {
     for why in plan.partitions.iter().flat_map(|p| p.unreadable.iter().map(move |w| (p.partition, w))) {
         tracing::warn!(partition = why.0, "skipping unreadable checkpoint: {}", why.1);
@@ -287,13 +293,15 @@ pub async fn restore(
         let (predicted, _) = plan.predicted();
         tracing::info!("restore plan from {}:\n{plan}", store.url());
         if predicted > budget {
-            tracing::warn!(
+            let warning = format!(
                 "predicted restore time {:.1}s exceeds the restore budget of {:.1}s ([checkpoint] restore_budget): \
                  this restore, and every rebalance that moves these partitions, pauses them that long. Smaller \
                  state (aggregates, TTL), more partitions or a faster store bring it down",
                 predicted.as_secs_f64(),
                 budget.as_secs_f64()
             );
+            tracing::warn!("{warning}");
+            host.record_warning(RESTORE_OVER_BUDGET, warning);
         }
     }
     let started = Instant::now();

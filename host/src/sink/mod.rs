@@ -16,6 +16,7 @@ pub mod transaction;
 
 use crate::config::{DeadLetterConfig, Guarantee, SinkConfig, SourceConfig};
 use crate::record::{Cause, DeadLetter, DeadLetterKind, Origin, Output};
+use crate::state::StateEntry;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use std::fs::{File, OpenOptions};
@@ -529,6 +530,35 @@ fn format_output(buf: &mut Vec<u8>, origin: &Origin, output: &Output, operator: 
     }
     BytesField::value(&output.value).write_to(buf);
     buf.extend_from_slice(&operator.0);
+}
+
+/// Appends to `buf` the output line of `output`, of `origin`, by operator `version`.
+pub fn format_output_line(buf: &mut Vec<u8>, origin: &Origin, output: &Output, version: &str) {
+    format_output(buf, origin, output, &OperatorField::new(version));
+}
+
+/// The line `sluice state dump` shows for `entry` of `partition`: `partition`, `name`,
+/// the key (`key`, or `key_base64`), the value (a value in the SDK's binary encoding as
+/// the JSON it decodes to, any other embedded if JSON, else text, else `value_base64`)
+/// and `expires_at_ms` when it expires.
+pub fn state_line(partition: u32, entry: &StateEntry) -> serde_json::Value {
+    use sluice_guest::encoding::{self, BINARY_MARKER};
+    let mut line = serde_json::json!({ "partition": partition, "name": entry.name });
+    let fields = line.as_object_mut().expect("an object");
+    let mut add = |field: serde_json::Value| fields.extend(field.as_object().cloned().unwrap_or_default());
+    add(serde_json::to_value(BytesField::key(&entry.key)).expect("a key serializes"));
+    let decoded = match entry.value.first() {
+        Some(&BINARY_MARKER) => encoding::decode::<serde_json::Value>(&entry.value).ok(),
+        _ => None,
+    };
+    add(match decoded {
+        Some(value) => serde_json::json!({ "value": value }),
+        None => serde_json::to_value(BytesField::value(&entry.value)).expect("a value serializes"),
+    });
+    if let Some(at) = entry.expires_at_ms {
+        line["expires_at_ms"] = at.into();
+    }
+    line
 }
 
 /// Appends to `buf` the dead-letter line of `dead`, by operator `version`.

@@ -471,7 +471,7 @@ fn restore_retrying(
             partitions.retain(|p| !taken.contains(p));
             setup.runtime.block_on(async {
                 let plan = restore::plan(Some(&setup.state), partitions, Some(&c.store)).await?;
-                restore::restore(&setup.state, &c.store, plan, c.restore_budget).await
+                restore::restore(&setup.state, &c.store, plan, c.restore_budget, host).await
             })
         });
         match attempt {

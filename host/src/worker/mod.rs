@@ -104,6 +104,9 @@ pub const OUTPUTS_COMMITTED: &str = "outputs-committed";
 /// Kill point: a commit's state committed with its offset.
 pub const STATE_COMMITTED: &str = "state-committed";
 
+/// Names, in the host's events, the warning of batch times near the poll timeout.
+pub const SLOW_BATCHES: &str = "slow batches";
+
 /// Batches whose processing times make up the published tail.
 const BATCH_TIMES: usize = 1000;
 
@@ -128,7 +131,7 @@ impl BatchTimes {
         BatchTimes { recent: VecDeque::with_capacity(BATCH_TIMES), published: Instant::now(), warn_at, warned: None }
     }
 
-    fn record(&mut self, took: Duration, partition: u32, stats: &PartitionStats) {
+    fn record(&mut self, took: Duration, partition: u32, stats: &PartitionStats, host: &HostStats) {
         stats.batch_seconds.observe(took.as_secs_f64());
         if self.recent.len() == BATCH_TIMES {
             self.recent.pop_front();
@@ -148,15 +151,17 @@ impl BatchTimes {
             && self.warned.is_none_or(|at| at.elapsed() >= Self::WARN_EVERY)
         {
             self.warned = Some(Instant::now());
-            tracing::warn!(
-                partition,
-                "batch processing time p99 {:.0} ms, max {:.0} ms reaches {:.0} ms, {SLOW_BATCH}: a \
-                 rebalance waits for the batch in hand, and a member whose rebalance outlasts max.poll.interval.ms \
-                 is evicted. Lower [state] batch_records, speed up the operator, or raise max.poll.interval.ms",
+            let warning = format!(
+                "partition {partition}: batch processing time p99 {:.0} ms, max {:.0} ms reaches {:.0} ms, \
+                 {SLOW_BATCH}: a rebalance waits for the batch in hand, and a member whose rebalance outlasts \
+                 max.poll.interval.ms is evicted. Lower [state] batch_records, speed up the operator, or raise \
+                 max.poll.interval.ms",
                 p99.as_secs_f64() * 1e3,
                 max.as_secs_f64() * 1e3,
                 limit.as_secs_f64() * 1e3
             );
+            tracing::warn!(partition, "{warning}");
+            host.record_warning(SLOW_BATCHES, warning);
         }
     }
 }
@@ -308,7 +313,7 @@ pub fn run(
                 checkpointer.checkpoint_if_due(operator.state().store(), stats);
             }
         }
-        times.record(started.elapsed(), last.partition, stats);
+        times.record(started.elapsed(), last.partition, stats, host);
     }
     // A lost partition is another host's already: what it processed since its last
     // commit is left to the new owner, whose start fenced its transactions anyway.
@@ -341,12 +346,20 @@ struct Emitted {
     lines: Vec<u8>,
 }
 
-impl Emitted {
-    /// Adds what became of the input (or expired entry) with `key` and `value` at
-    /// `origin`.
-    fn outcome(&mut self, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome) {
+/// What an input (or expired entry) gives: its outputs, or its dead letter.
+pub enum Emission {
+    /// The operator emitted these.
+    Outputs(Vec<Output>),
+    /// It failed, or was refused, into the dead letters.
+    DeadLetter(DeadLetter),
+}
+
+impl Emission {
+    /// What `outcome` of the input (or expired entry) with `key` and `value` at `origin`
+    /// gives; a trap is logged.
+    pub fn of(origin: Origin, key: &[u8], value: &[u8], outcome: Outcome) -> Self {
         let (kind, reason, attempts) = match outcome {
-            Outcome::Emitted(outputs) => return self.outputs.extend(outputs.into_iter().map(|o| (origin, o))),
+            Outcome::Emitted(outputs) => return Emission::Outputs(outputs),
             Outcome::Rejected(reason) => (DeadLetterKind::Rejected, reason, None),
             Outcome::NullKey => (DeadLetterKind::NullKey, NULL_KEY_REFUSED.to_string(), None),
             Outcome::Trapped { reason, attempts } => {
@@ -356,7 +369,18 @@ impl Emitted {
             }
         };
         let (key, value) = (key.to_vec(), value.to_vec());
-        self.dead.push(DeadLetter { origin, kind, key, value, topic: None, reason, attempts });
+        Emission::DeadLetter(DeadLetter { origin, kind, key, value, topic: None, reason, attempts })
+    }
+}
+
+impl Emitted {
+    /// Adds what became of the input (or expired entry) with `key` and `value` at
+    /// `origin`.
+    fn outcome(&mut self, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome) {
+        match Emission::of(origin, key, value, outcome) {
+            Emission::Outputs(outputs) => self.outputs.extend(outputs.into_iter().map(|o| (origin, o))),
+            Emission::DeadLetter(dead) => self.dead.push(dead),
+        }
     }
 
     /// Adds what became of `expirations` of `partition`.

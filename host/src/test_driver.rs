@@ -1,0 +1,327 @@
+//! One operator component run the way a partition of a job runs it, record by record,
+//! with the clock in the caller's hands: the test driver behind `sluice test` and the
+//! `sluice-test` kit (what Kafka Streams' `TopologyTestDriver` is to a topology).
+//!
+//! The component is compiled and instantiated under the job's limits ([`Limits`]), its
+//! state lives in a scratch RocksDB behind the same [`Transaction`] a worker uses
+//! (typed values, TTLs, expiry callbacks), and what it emits comes back as the lines
+//! the file sink and the dead-letter file would hold. Each record is committed on its
+//! own. This module owns none of a job's operation: no source, sink, checkpoints or
+//! deploys.
+//!
+//! ```no_run
+//! use sluice::test_driver::TestDriver;
+//!
+//! # fn main() -> anyhow::Result<()> {
+//! let mut driver = TestDriver::builder("vehicle_stats.wasm").config("left_fleet_after_ms", "60000").build()?;
+//! let position = br#"{"vehicle_id":"veh-1","ts":1767225600000,"lat":52.0,"lon":4.0,"speed_kmh":30}"#;
+//! let step = driver.process(b"veh-1", position, 1_767_225_600_000)?;
+//! assert_eq!(step.outputs[0]["value"]["count"], 1);
+//! // A minute later the vehicle has left the fleet: its summary expires.
+//! let step = driver.advance_clock(1_767_225_660_000)?;
+//! assert_eq!(step.outputs[0]["cause"], "expiry");
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::config::TtlConfig;
+use crate::operator::wasm::{ActiveVersion, Limits, WasmInstance, WasmOperator};
+use crate::operator::{Expiration, Operator, Outcome, Processed};
+use crate::record::{Cause, Origin, SourceRecord};
+use crate::sink;
+use crate::source::file::JsonlFile;
+use crate::state::{StateDir, Transaction};
+use crate::worker::Emission;
+use anyhow::{Context, Result};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The state cache a driver's partition gets: its state is small.
+const CACHE_BYTES: usize = 16 << 20;
+
+/// What one step (a record, or the clock moving) emitted.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Step {
+    /// The output lines, in order, as the file sink writes them (`partition`, `offset`,
+    /// `cause` for an expiry's, `key`, `topic`, `value`, `operator`).
+    pub outputs: Vec<Value>,
+    /// The dead-letter lines, in order, as the dead-letter file holds them (with
+    /// `error` and `reason`).
+    pub dead_letters: Vec<Value>,
+}
+
+/// How to start a [`TestDriver`].
+#[derive(Debug, Clone)]
+pub struct TestDriverBuilder {
+    component: PathBuf,
+    config: Vec<(String, String)>,
+    ttl: TtlConfig,
+    limits: Limits,
+}
+
+impl TestDriverBuilder {
+    /// Adds `name = value` to the operator's `[operator.config]`.
+    pub fn config(mut self, name: &str, value: &str) -> Self {
+        self.config.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    /// The host's TTL policy (`[ttl]`); by default entries expire only as the
+    /// operator's `put-with-ttl` says, in event time.
+    pub fn ttl(mut self, ttl: TtlConfig) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The sandbox's limits (`[operator]`); by default a job's.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Compiles the component and starts it over empty state, calling its `init`.
+    pub fn build(self) -> Result<TestDriver> {
+        let scratch = tempfile::tempdir().context("creating the driver's scratch state directory")?;
+        let state = StateDir::open(scratch.path(), 1)?;
+        let transaction =
+            Transaction::new(state.open_partition(0)?, CACHE_BYTES)?.with_ttl(Arc::new(self.ttl.clone()))?;
+        let operator = WasmOperator::load(&self.component, self.limits, self.config)?;
+        let instance = ActiveVersion::new(Arc::new(operator)).instantiate(0, transaction)?;
+        Ok(TestDriver { instance, next_offset: 0, _scratch: scratch })
+    }
+}
+
+/// An operator component over scratch state, driven one record at a time (see the
+/// module).
+pub struct TestDriver {
+    instance: WasmInstance,
+    /// The offset the next record gets: records are numbered 0, 1, … in one partition.
+    next_offset: u64,
+    /// Removed with the driver.
+    _scratch: tempfile::TempDir,
+}
+
+impl TestDriver {
+    /// A driver of the component at `component` (a `.wasm` file), with an empty
+    /// operator config, no host TTLs and a job's default limits.
+    pub fn builder(component: impl AsRef<Path>) -> TestDriverBuilder {
+        TestDriverBuilder {
+            component: component.as_ref().to_path_buf(),
+            config: Vec::new(),
+            ttl: TtlConfig::default(),
+            limits: Limits::default(),
+        }
+    }
+
+    /// The operator's version, `name@checksum`, as its outputs name it.
+    pub fn version(&self) -> &str {
+        self.instance.version()
+    }
+
+    /// Stores `value` under `name` for `key`, as if the operator had written it before
+    /// the first record (a test's starting state); it never expires unless the host's
+    /// TTL policy names it.
+    pub fn put_state(&mut self, key: &[u8], name: &str, value: &[u8]) -> Result<()> {
+        let state = self.instance.state();
+        state.scope(key);
+        state.put(name, value.to_vec());
+        state.end_record(true);
+        state.commit(self.next_offset)
+    }
+
+    /// Processes one record of `key` and `value` with event time `timestamp_ms`: the
+    /// entries its timestamp brings due expire first (their outputs come first), then
+    /// the operator processes it; the state is committed with it.
+    pub fn process(&mut self, key: &[u8], value: &[u8], timestamp_ms: i64) -> Result<Step> {
+        let record = SourceRecord {
+            partition: 0,
+            offset: self.next_offset,
+            key: key.to_vec(),
+            value: value.to_vec(),
+            timestamp_ms,
+            headers: Vec::new(),
+        };
+        let Processed { outcomes, expirations } = self.instance.process_batch(std::slice::from_ref(&record))?;
+        let mut step = self.expirations(expirations);
+        let origin = Origin::of(&record);
+        for outcome in outcomes {
+            self.add(&mut step, origin, &record.key, &record.value, outcome);
+        }
+        self.next_offset += 1;
+        self.instance.state().commit(self.next_offset)?;
+        Ok(step)
+    }
+
+    /// Moves the partition's event-time clock to `timestamp_ms` without a record (as a
+    /// later record would) and expires what comes due, calling the operator's
+    /// `expired` for each entry.
+    pub fn advance_clock(&mut self, timestamp_ms: i64) -> Result<Step> {
+        self.instance.state().observe(timestamp_ms);
+        let expirations = self.instance.expire(self.next_offset)?;
+        let step = self.expirations(expirations);
+        self.instance.state().commit(self.next_offset)?;
+        Ok(step)
+    }
+
+    /// The committed state, as `sluice state dump` shows it, in key and name order.
+    pub fn state(&mut self) -> Result<Vec<Value>> {
+        let store = self.instance.state().store();
+        store.entries().map(|entry| entry.map(|entry| sink::state_line(0, &entry))).collect()
+    }
+
+    fn expirations(&self, expirations: Vec<Expiration>) -> Step {
+        let mut step = Step::default();
+        for Expiration { entry, offset, outcome } in expirations {
+            let origin = Origin { partition: 0, offset, cause: Cause::Expiry };
+            self.add(&mut step, origin, &entry.key, &entry.value, outcome);
+        }
+        step
+    }
+
+    /// Adds to `step` the lines of `outcome`, of the input (or expired entry) of `key`
+    /// and `value` at `origin`.
+    fn add(&self, step: &mut Step, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome) {
+        let version = self.instance.version();
+        let mut line = Vec::new();
+        match Emission::of(origin, key, value, outcome) {
+            Emission::Outputs(outputs) => {
+                for output in outputs {
+                    line.clear();
+                    sink::format_output_line(&mut line, &origin, &output, version);
+                    step.outputs.push(serde_json::from_slice(&line).expect("the sink writes JSON lines"));
+                }
+            }
+            Emission::DeadLetter(dead) => {
+                sink::format_dead_letter(&mut line, &dead, version);
+                step.dead_letters.push(serde_json::from_slice(&line).expect("the sink writes JSON lines"));
+            }
+        }
+    }
+}
+
+impl TestDriver {
+    /// Stores each state line of the JSONL file `path` (as `sluice state dump` writes
+    /// them: `key` or `key_base64`, `name`, and `value` — a JSON value, stored as its
+    /// JSON text — or `value_base64`); returns how many.
+    pub fn load_state(&mut self, path: &Path) -> Result<usize> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading state file {}", path.display()))?;
+        let mut count = 0;
+        for (number, line) in text.lines().enumerate().filter(|(_, line)| !line.trim().is_empty()) {
+            let at = || format!("state file {} line {}", path.display(), number + 1);
+            let entry: Value = serde_json::from_str(line).with_context(at)?;
+            let key = bytes_field(&entry, "key").with_context(at)?;
+            let value = bytes_field(&entry, "value").with_context(at)?;
+            let name = entry["name"].as_str().context("no \"name\" string").with_context(at)?;
+            self.put_state(&key, name, &value)?;
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    /// Processes every record of the JSONL file `path` in order — the key from each
+    /// line's `key_field`, the event time from its `timestamp_field`, as a file source
+    /// reads them — then, with `advance_to`, moves the clock there; returns all they
+    /// emitted and how many records there were.
+    pub fn process_file(
+        &mut self,
+        path: &Path,
+        key_field: &str,
+        timestamp_field: &str,
+        advance_to: Option<i64>,
+    ) -> Result<(Step, usize)> {
+        let mut all = Step::default();
+        let mut records = 0;
+        for record in JsonlFile::open(path, key_field, timestamp_field, MAX_LINE_BYTES)? {
+            let record = record?;
+            let step = self.process(&record.key, &record.value, record.timestamp_ms)?;
+            all.outputs.extend(step.outputs);
+            all.dead_letters.extend(step.dead_letters);
+            records += 1;
+        }
+        if let Some(at) = advance_to {
+            let step = self.advance_clock(at)?;
+            all.outputs.extend(step.outputs);
+            all.dead_letters.extend(step.dead_letters);
+        }
+        Ok((all, records))
+    }
+}
+
+/// The longest input line a driver reads.
+const MAX_LINE_BYTES: usize = 16 << 20;
+
+/// The bytes of `entry`'s field `name`: a JSON value as its JSON text (a string as its
+/// text), or `<name>_base64` decoded.
+fn bytes_field(entry: &Value, name: &str) -> Result<Vec<u8>> {
+    use base64::Engine;
+    if let Some(encoded) = entry.get(format!("{name}{}", sink::BASE64_SUFFIX)) {
+        let text = encoded.as_str().with_context(|| format!("\"{name}{}\" is not a string", sink::BASE64_SUFFIX))?;
+        return base64::engine::general_purpose::STANDARD.decode(text).context("not base64");
+    }
+    match entry.get(name) {
+        Some(Value::String(text)) if name == "key" => Ok(text.as_bytes().to_vec()),
+        Some(value) => Ok(serde_json::to_vec(value)?),
+        None => anyhow::bail!("no \"{name}\" (or \"{name}{}\")", sink::BASE64_SUFFIX),
+    }
+}
+
+/// How `actual` lines differ from `expected` ones, position by position, each
+/// difference a few lines of text; empty when they match. An expected line matches an
+/// actual one when each of its fields matches the actual line's, an object field when
+/// each of its own fields does: what the expected line leaves out (`partition`,
+/// `offset`, `operator`, a field of a value…) is not compared. `what` names the lines
+/// ("output", "dead letter").
+pub fn differences(what: &str, expected: &[Value], actual: &[Value]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (i, (expected, actual)) in expected.iter().zip(actual).enumerate() {
+        let fields = match expected.is_object() {
+            true => paths("", expected, actual),
+            false => vec![format!("the expected line is not a JSON object: {expected}")],
+        };
+        if !fields.is_empty() {
+            found.push(format!(
+                "{what} {} (of the input at offset {}): differs in {}\n  expected {expected}\n  actual   {actual}",
+                i + 1,
+                actual["offset"],
+                fields.join(", ")
+            ));
+        }
+    }
+    if expected.len() != actual.len() {
+        let (more, lines) = match expected.len() > actual.len() {
+            true => ("missing", &expected[actual.len()..]),
+            false => ("unexpected", &actual[expected.len()..]),
+        };
+        let shown: Vec<String> = lines.iter().take(5).map(|line| format!("\n  {more} {line}")).collect();
+        found.push(format!(
+            "expected {} {what}s, got {}: {} {more}{}{}",
+            expected.len(),
+            actual.len(),
+            lines.len(),
+            shown.concat(),
+            if lines.len() > 5 { "\n  …" } else { "" }
+        ));
+    }
+    found
+}
+
+/// Where `actual` does not match `expected` below `path`, as
+/// `value.count (expected 2, actual 3)`: an object matches when each field of the
+/// expected one does, a number when it is the same number (`30` and `30.0`), anything
+/// else when it is equal.
+fn paths(path: &str, expected: &Value, actual: &Value) -> Vec<String> {
+    match (expected, actual) {
+        (Value::Object(expected), Value::Object(actual)) => expected
+            .iter()
+            .flat_map(|(name, value)| {
+                let below = if path.is_empty() { name.clone() } else { format!("{path}.{name}") };
+                paths(&below, value, actual.get(name.as_str()).unwrap_or(&Value::Null))
+            })
+            .collect(),
+        _ if expected == actual => Vec::new(),
+        // 30 and 30.0 are one number to a reader of JSON.
+        (Value::Number(e), Value::Number(a)) if e.as_f64() == a.as_f64() => Vec::new(),
+        _ => vec![format!("{path} (expected {expected}, actual {actual})")],
+    }
+}
