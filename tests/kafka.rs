@@ -400,6 +400,7 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
         metrics = scrape()?;
     }
     assert_eq!(sum(&metrics, "sluice_records_processed_total"), count as f64, "{metrics}");
+    assert_eq!(sum(&metrics, "sluice_outputs_total"), count as f64, "an output per record: {metrics}");
     assert_eq!(sum(&metrics, "sluice_state_entries"), vehicles as f64, "{metrics}");
     assert!(sum(&metrics, "sluice_state_bytes") > 0.0, "{metrics}");
     // Each vehicle's first read found nothing cached and went to RocksDB.

@@ -108,6 +108,9 @@ impl Collector for Metrics {
         counters(e, "sluice_records_processed", "Records processed (emitted or dead-lettered)", &partitions, |s| {
             load(&s.processed)
         })?;
+        counters(e, "sluice_outputs", "Outputs sent to the sink (an expiry's included)", &partitions, |s| {
+            load(&s.outputs)
+        })?;
         dead_letters(e, &partitions)?;
         gauges(e, "sluice_state_entries", "State entries held, as of the last commit", &partitions, |s| {
             Some(load(&s.entries) as f64)

@@ -24,6 +24,8 @@ use std::time::Duration;
 pub struct PartitionStats {
     /// Records processed (emitted or dead-lettered) by this worker.
     pub processed: AtomicU64,
+    /// Outputs this worker sent to the sink (an expiry's included).
+    pub outputs: AtomicU64,
     /// Dead letters this worker sent (to the dead-letter file or topic)...
     pub dead_letters: AtomicU64,
     /// ... by the operator version that processed them, and by kind.
@@ -95,6 +97,7 @@ impl PartitionStats {
     pub fn new(committed_offset: u64, entries: u64, version: &str) -> Self {
         PartitionStats {
             processed: AtomicU64::new(0),
+            outputs: AtomicU64::new(0),
             dead_letters: AtomicU64::new(0),
             dead_by_version: Mutex::default(),
             committed_offset: AtomicU64::new(committed_offset),

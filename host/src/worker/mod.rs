@@ -402,6 +402,7 @@ impl Emitted {
         outputs: &mut PartitionOutputs,
     ) -> Result<()> {
         to.sink.send(&self.outputs, version, &mut self.lines, outputs, &mut self.dead)?;
+        stats.outputs.fetch_add(self.outputs.len() as u64, Ordering::Relaxed);
         to.dead_letters.send(&self.dead, version, &to.sink, &mut self.lines, outputs)?;
         let mut counts = DeadLetters::default();
         self.dead.iter().for_each(|dead| counts.count(dead.kind));
