@@ -177,7 +177,7 @@ build_operators() {
     cp "$WASM_DIR/vehicle_stats.wasm" "$WASM_DIR/vehicle_stats_v2.wasm"
     cargo build --release --target wasm32-wasip2 -p vehicle-stats --features wit-0-1-0
     cp "$WASM_DIR/vehicle_stats.wasm" "$WASM_DIR/vehicle_stats_0_1_0.wasm"
-    cargo build --release --target wasm32-wasip2 -p vehicle-stats -p probe
+    cargo build --release --target wasm32-wasip2 -p vehicle-stats -p probe -p dedup -p sessions
 }
 
 # The demo and the tests share one build. Building tests and binaries in one command
@@ -209,7 +209,7 @@ prune_cache() {
 lint() {
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
-    cargo clippy --target wasm32-wasip2 -p sluice-guest -p probe -p vehicle-stats --features vehicle-stats/v2 \
+    cargo clippy --target wasm32-wasip2 -p sluice-guest -p probe -p vehicle-stats -p dedup -p sessions --features vehicle-stats/v2 \
         -- -D warnings
     cargo clippy --target wasm32-wasip2 -p vehicle-stats --features wit-0-1-0 -- -D warnings
 }

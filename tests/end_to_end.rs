@@ -439,3 +439,68 @@ fn warnings_name_skew_failing_records_and_checkpoints_behind_with_their_settings
     assert!(host.log().contains("checkpoint_age_intervals = 3"), "{}", host.log());
     Ok(())
 }
+
+/// The example operators beside vehicle-stats, each over its fixtures: `sluice test`
+/// gives exactly the expected lines, and a 2-partition `sluice run` over the same input
+/// gives the same outputs (per key, in order) — dedup passes each id's first record of
+/// its window, and sessions closes each user's session once the user was inactive for
+/// the gap (the run's clock ends at its last record, so the last session stays open).
+#[test]
+fn dedup_and_sessions_give_their_fixtures_in_sluice_test_and_in_a_run() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let fixtures =
+        |operator: &str| Path::new(env!("CARGO_MANIFEST_DIR")).join("../operators").join(operator).join("fixtures");
+    // (operator, key field, config, the clock moved to after the last record, lines a run gives)
+    let cases = [
+        ("dedup", "id", "window_ms", "60000", None, 4),
+        ("sessions", "user", "gap_ms", "60000", Some("1767225800000"), 2),
+    ];
+    for (operator, key_field, setting, value, advance_to, in_a_run) in cases {
+        let mut test = sluice();
+        test.arg("test").arg(operator_wasm(operator)).arg("--input").arg(fixtures(operator).join("input.jsonl"));
+        test.args(["--key-field", key_field, "--config", &format!("{setting}={value}"), "--expect"]);
+        test.arg(fixtures(operator).join("expected.jsonl"));
+        if let Some(at) = advance_to {
+            test.args(["--advance-to", at]);
+        }
+        let said = String::from_utf8(run_ok(&mut test)?.stderr)?;
+        assert!(said.contains("as expected"), "{operator}: {said}");
+
+        let home = dir.path().join(operator);
+        std::fs::create_dir_all(&home)?;
+        let config = home.join("job.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[operator]\npath = {:?}\n[operator.config]\n{setting} = \"{value}\"\n\
+                 [source]\nkind = \"file\"\npath = {:?}\nkey_field = \"{key_field}\"\n\
+                 [sink]\nkind = \"file\"\npath = {:?}\n[state]\ndir = {:?}\npartitions = 2\n\
+                 [dead_letter]\npath = {:?}\n",
+                operator_wasm(operator),
+                fixtures(operator).join("input.jsonl"),
+                home.join("out.jsonl"),
+                home.join("state"),
+                home.join("dead.jsonl"),
+            ),
+        )?;
+        run_ok(sluice().arg("run").arg("--config").arg(&config))?;
+        // Per key, in order, matched as `sluice test` matches lines.
+        let per_key = |lines: Vec<Value>| {
+            let mut keys: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+            for line in lines {
+                keys.entry(line["key"].as_str().unwrap_or_default().to_string()).or_default().push(line);
+            }
+            keys
+        };
+        let expected = read_jsonl(&fixtures(operator).join("expected.jsonl"))?;
+        let (expected, actual) =
+            (per_key(expected.into_iter().take(in_a_run).collect()), per_key(read_jsonl(&home.join("out.jsonl"))?));
+        assert_eq!(expected.keys().collect::<Vec<_>>(), actual.keys().collect::<Vec<_>>(), "{operator} in a run");
+        for (key, lines) in &expected {
+            let differences = sluice::test_driver::differences("output", lines, &actual[key]);
+            assert!(differences.is_empty(), "{operator} in a run, key {key}: {differences:#?}");
+        }
+        assert!(read_jsonl(&home.join("dead.jsonl"))?.is_empty(), "{operator}: no dead letters");
+    }
+    Ok(())
+}

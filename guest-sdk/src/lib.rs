@@ -112,6 +112,25 @@ pub trait Operator {
     }
 }
 
+/// The value of `name` in an operator's config (the pairs [`Operator::init`] gets),
+/// parsed as `T`; `None` when the config has no `name`. The error names the setting,
+/// its value and why it does not parse, which `init` can return as it is.
+///
+/// ```
+/// let config = vec![("window_ms".to_string(), "60000".to_string())];
+/// assert_eq!(sluice_guest::config_value::<u64>(&config, "window_ms").unwrap(), Some(60_000));
+/// assert_eq!(sluice_guest::config_value::<u64>(&config, "gap_ms").unwrap(), None);
+/// ```
+pub fn config_value<T>(config: &[(String, String)], name: &str) -> Result<Option<T>>
+where
+    T: std::str::FromStr,
+    T::Err: fmt::Display,
+{
+    let Some((_, value)) = config.iter().find(|(key, _)| key == name) else { return Ok(None) };
+    let parsed = value.parse().map_err(|e| Error(format!("operator config {name} = {value:?}: {e}")))?;
+    Ok(Some(parsed))
+}
+
 /// A state entry that expired.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Expired {
