@@ -138,50 +138,24 @@ pub fn haversine_km(lat1: f64, lon1: f64, lat2: f64, lon2: f64) -> f64 {
 
 export_operator!(VehicleStats);
 
-/// Native unit tests: the operator's logic against the SDK's native state backend, no
+/// Native unit tests: the operator's logic against the SDK's in-memory state, no
 /// sandbox, no host.
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_guest::native::StateBackend;
-    use std::cell::RefCell;
-    use std::collections::BTreeMap;
-
-    /// One key's state in memory (TTLs are the host's business: ignored here).
-    #[derive(Default)]
-    struct Memory(RefCell<BTreeMap<String, Vec<u8>>>);
-
-    impl StateBackend for Memory {
-        fn get(&self, name: &str) -> Option<Vec<u8>> {
-            self.0.borrow().get(name).cloned()
-        }
-        fn put(&self, name: &str, value: &[u8], _ttl: Option<std::time::Duration>) {
-            self.0.borrow_mut().insert(name.to_string(), value.to_vec());
-        }
-        fn delete(&self, name: &str) {
-            self.0.borrow_mut().remove(name);
-        }
-    }
+    use sluice_guest::native::MemoryState;
 
     fn position(ts: i64, lat: f64, speed_kmh: f64) -> Record {
         let value =
             serde_json::json!({"vehicle_id": "veh-1", "ts": ts, "lat": lat, "lon": 4.0, "speed_kmh": speed_kmh});
-        Record {
-            key: b"veh-1".to_vec(),
-            value: value.to_string().into_bytes(),
-            timestamp_ms: ts,
-            partition: 0,
-            offset: 0,
-            headers: Vec::new(),
-        }
+        Record::new("veh-1", value.to_string(), ts)
     }
 
     #[test]
     fn a_summary_folds_each_position_into_count_mean_max_and_distance() -> Result<()> {
-        let memory = Memory::default();
-        let state = State::native(&memory, VehicleStats::STATE_ENCODING);
-        VehicleStats::process(position(1_000, 52.0, 30.0), &state)?;
-        let outputs = VehicleStats::process(position(2_000, 52.01, 60.0), &state)?;
+        let state = MemoryState::default();
+        state.process::<VehicleStats>(position(1_000, 52.0, 30.0))?;
+        let outputs = state.process::<VehicleStats>(position(2_000, 52.01, 60.0))?;
         let summary: serde_json::Value = serde_json::from_slice(&outputs[0].value)?;
         assert_eq!(summary["count"], 2);
         assert_eq!(summary["mean_speed_kmh"], 45.0);
@@ -190,12 +164,10 @@ mod tests {
         // 0.01° of latitude is about 1.11 km.
         let distance = summary["distance_km"].as_f64().unwrap_or_default();
         assert!((distance - 1.112).abs() < 0.001, "{distance}");
-        let stored: serde_json::Value = state.get("summary")?.expect("the summary is stored");
-        assert_eq!(stored, summary, "the state is the summary emitted");
-        assert!(
-            VehicleStats::process(Record { value: b"not json".to_vec(), ..position(3_000, 52.0, 1.0) }, &state)
-                .is_err()
-        );
+        let stored: Option<serde_json::Value> = state.get("veh-1", "summary")?;
+        assert_eq!(stored, Some(summary), "the state is the summary emitted");
+        let poison = Record::new("veh-1", "not json", 3_000);
+        assert!(state.process::<VehicleStats>(poison).is_err(), "a record that is not a position is rejected");
         Ok(())
     }
 }
