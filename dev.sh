@@ -200,6 +200,25 @@ prune_cache() {
     return 0
 }
 
+# A crate from `sluice new operator` builds and passes its own tests, as its author would
+# run them, in the shared target directory (it carries sluice's Cargo.lock and profiles, so
+# the kit's host is not compiled again). A step of its own, after the test suite: a
+# `cargo test` inside a test would wait forever for the lock the outer one holds.
+check_scaffold() {
+    local dir status=0
+    dir=$(mktemp -d)
+    "$CARGO_TARGET_DIR/debug/sluice" new operator scaffold-check --dir "$dir/scaffold-check"
+    (
+        cd "$dir/scaffold-check" &&
+            cargo build --release --target wasm32-wasip2 &&
+            cargo test &&
+            "$CARGO_TARGET_DIR/debug/sluice" test "$WASM_DIR/scaffold_check.wasm" --input fixtures/input.jsonl \
+                --key-field user --expect fixtures/expected.jsonl
+    ) || status=$?
+    rm -rf "$dir"
+    return $status
+}
+
 # Clippy over every target of the workspace as the host builds it, then over the guest
 # code that only compiles for wasm32-wasip2 (the SDK's component glue, probe's wasm32
 # paths, version 2 of vehicle-stats). Clippy checks the workspace's and the dependencies'
@@ -310,6 +329,7 @@ test)
     build_host
     lint
     cargo test --workspace
+    check_scaffold
     ;;
 bench)
     setup test

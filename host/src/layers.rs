@@ -17,7 +17,7 @@ const CHAIN: &[&[&str]] = &[
     &["worker"],
     &["metrics", "warnings", "test_driver"],
     &["admin"],
-    &["job"],
+    &["job", "scaffold"],
 ];
 
 fn stage(module: &str) -> Option<usize> {

@@ -8,13 +8,14 @@
 //! local state is gone. A [`job`] wires these from a [`config`]; new operator versions
 //! arrive through the [`admin`] API or the registry in the store (see
 //! [`operator::deploy`]); the admin API also serves the host's [`metrics`]. The
-//! [`test_driver`] runs one operator outside a job, record by record, for `sluice test`.
+//! [`test_driver`] runs one operator outside a job, record by record, for `sluice test`;
+//! [`scaffold`] writes a new operator crate.
 //!
 //! The layers point one way: each module imports only modules before it in
 //!
 //! ```text
 //! record → stats, config, checksum → state → checkpoint → operator → sink → source
-//!     → worker → metrics, warnings, test_driver → admin → job
+//!     → worker → metrics, warnings, test_driver → admin → job, scaffold
 //! ```
 //!
 //! [`record`] (the data every layer shares) is the leaf; [`stats`] holds live counters.
@@ -28,6 +29,7 @@ pub mod job;
 pub mod metrics;
 pub mod operator;
 pub mod record;
+pub mod scaffold;
 pub mod sink;
 pub mod source;
 pub mod state;

@@ -49,6 +49,11 @@ enum Command {
     /// over fresh (or given) state, one record at a time, and compare what it emits with
     /// what is expected: a readable difference and exit code 1 when they differ.
     Test(Box<TestArgs>),
+    /// Create things: `sluice new operator NAME` writes a new operator crate.
+    New {
+        #[command(subcommand)]
+        command: NewCommand,
+    },
     /// Inspect a state directory.
     State {
         #[command(subcommand)]
@@ -100,6 +105,24 @@ enum Command {
         /// checkpoint.
         #[arg(long, requires = "state_dir")]
         store: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum NewCommand {
+    /// A new operator crate, ready to build and test: the SDK, the wasm32-wasip2 build,
+    /// a native unit test, a test of the built component through the sluice-test kit,
+    /// `sluice test` fixtures and a README.
+    Operator {
+        /// The crate's name (lowercase letters, digits, - and _).
+        name: String,
+        /// Where to write it; default `./NAME`.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The sluice source tree holding the SDK and the kit it depends on; default the
+        /// one this binary was built from.
+        #[arg(long)]
+        sluice: Option<PathBuf>,
     },
 }
 
@@ -359,6 +382,18 @@ fn run(cli: Cli) -> Result<()> {
         Command::Status { admin, .. } => status(&admin),
         Command::State { command: StateCommand::Dump { state_dir } } => dump_state(&state_dir),
         Command::Test(args) => test_operator(&args),
+        Command::New { command: NewCommand::Operator { name, dir, sluice } } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            let sluice = sluice.unwrap_or_else(sluice::scaffold::built_from);
+            let written = sluice::scaffold::new_operator(&name, &dir, &sluice)?;
+            eprintln!(
+                "wrote {} files into {}; next: cd {} && cargo build --release --target wasm32-wasip2 && cargo test",
+                written.len(),
+                dir.display(),
+                dir.display()
+            );
+            Ok(())
+        }
     }
 }
 
