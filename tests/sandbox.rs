@@ -437,6 +437,20 @@ fn sluice_test_compares_a_components_outputs_with_the_fixtures() -> Result<()> {
             .arg(fixture("dead-letters.jsonl")),
     )?;
     assert!(String::from_utf8(run.stderr)?.contains("6 outputs"));
+    // A job's sandbox: its operator config, and its limits, one output per record.
+    let scratch = tempfile::tempdir()?;
+    let job = scratch.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "[operator]\npath = \"x.wasm\"\n[operator.config]\nleft_fleet_after_ms = \"60000\"\n\
+         [operator.limits]\noutput_bytes_per_record = 100\n",
+    )?;
+    let run = run_ok(test().arg("--job").arg(&job).args(["--advance-to", "1767225700000"]))?;
+    let dead: Vec<Value> =
+        String::from_utf8(run.stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    let errors: Vec<&str> = dead.iter().map(|line| line["error"].as_str().unwrap_or_default()).collect();
+    assert_eq!(errors, ["trapped", "trapped", "trapped", "trapped", "rejected"], "the positions passed the limit");
+    assert!(dead[0]["reason"].as_str().unwrap_or_default().contains("output_bytes_per_record = 100"), "{dead:?}");
 
     let dir = tempfile::tempdir()?;
     let wrong = dir.path().join("wrong.jsonl");

@@ -146,7 +146,12 @@ struct TestArgs {
     /// State to start from, as `sluice state dump` writes it (`key`, `name`, `value`).
     #[arg(long)]
     state: Option<PathBuf>,
-    /// `name=value` for the operator's `[operator.config]`; repeat it for more.
+    /// A job's config file: its `[operator]` limits and config and its `[ttl]` apply,
+    /// as in that job (without it, a job's defaults).
+    #[arg(long)]
+    job: Option<PathBuf>,
+    /// `name=value` for the operator's `[operator.config]` (after the job's); repeat it
+    /// for more.
     #[arg(long = "config", value_name = "NAME=VALUE")]
     config: Vec<String>,
     /// The JSON field holding a record's key.
@@ -409,6 +414,14 @@ fn run_job(args: RunArgs) -> Result<()> {
 fn test_operator(args: &TestArgs) -> Result<()> {
     let started = std::time::Instant::now();
     let mut driver = TestDriver::builder(&args.operator);
+    if let Some(path) = &args.job {
+        let job = Config::load(path)?;
+        let sandbox = Sandbox::new(&job.operator, PathBuf::new());
+        driver = driver.limits(sandbox.limits).ttl(job.ttl);
+        for (name, value) in &sandbox.config {
+            driver = driver.config(name, value);
+        }
+    }
     for pair in &args.config {
         let (name, value) = pair.split_once('=').with_context(|| format!("--config {pair:?}: expected NAME=VALUE"))?;
         driver = driver.config(name, value);
