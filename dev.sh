@@ -310,6 +310,7 @@ demo)
         exit 1
     fi
     sleep 3
+    echo "--- status page: $admin/ (open it while the demo runs)" >&2
     echo "--- hot swap: sluice deploy vehicle_stats vehicle_stats_v2.wasm --admin $admin" >&2
     "$sluice" deploy vehicle_stats "$WASM_DIR/vehicle_stats_v2.wasm" --admin "$admin" >&2 || {
         wait "$job"
