@@ -392,8 +392,10 @@ fn warnings_name_skew_failing_records_and_checkpoints_behind_with_their_settings
     let mut hot = Vec::new();
     for (i, key) in keys_in(0).take(3000).enumerate() {
         hot.push(record(&key, serde_json::json!({"action": "count"})));
+        // Batches holding one take tens of ms, past the 10 ms below which no skew is
+        // called, with room on a fast core.
         if i % 25 == 0 {
-            hot.push(record(&key, serde_json::json!({"action": "work", "iterations": 30_000_000})));
+            hot.push(record(&key, serde_json::json!({"action": "work", "iterations": 100_000_000})));
         }
         if i % 10 == 0 {
             hot.push(record(&key, serde_json::json!({"action": "put-then-fail"})));
