@@ -420,7 +420,8 @@ impl SourceConfig {
     }
 }
 
-fn default_max_line_bytes() -> usize {
+/// The longest line a file source (and `sluice test`) reads by default.
+pub fn default_max_line_bytes() -> usize {
     16 << 20
 }
 

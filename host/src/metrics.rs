@@ -115,7 +115,7 @@ impl Collector for Metrics {
         gauges(e, "sluice_state_entries", "State entries held, as of the last commit", &partitions, |s| {
             Some(load(&s.entries) as f64)
         })?;
-        let help = "Bytes the state takes in RocksDB (live data in table files, memtables), as of the last commit";
+        let help = "Bytes the state takes in RocksDB (live data in table files, memtables), counted once a second";
         gauges(e, "sluice_state_bytes", help, &partitions, |s| Some(load(&s.state_bytes) as f64))?;
         counters(e, "sluice_state_cache_hits", "Reads of committed state the cache answered", &partitions, |s| {
             load(&s.cache_hits)

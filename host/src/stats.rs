@@ -6,9 +6,9 @@
 //! restores go into its [`HostStats`], which also keeps the latest of the host's
 //! [`HostEvent`]s for the status page's timeline; the running summary, the deployer
 //! (waiting for partitions to switch), the final report, the [metrics](crate::metrics)
-//! and the [admin API](crate::admin) read them. This module holds the counters only: it imports nothing of the host's layers
-//! but the shared record types, so that every layer can count without reaching into
-//! another.
+//! and the [admin API](crate::admin) read them. This module holds the counters only:
+//! it imports nothing of the host's layers but the shared record types, so that every
+//! layer can count without reaching into another.
 
 use crate::lock;
 use crate::record::DeadLetterKind;
@@ -35,8 +35,9 @@ pub struct PartitionStats {
     /// State entries held, as of the last commit (expired ones not yet removed
     /// included).
     pub entries: AtomicU64,
-    /// The bytes the partition's state takes in RocksDB as of the last commit: its
-    /// estimate of the live data in the table files plus its memtables (see
+    /// The bytes the partition's state takes in RocksDB, counted at the worker's start,
+    /// then at most once a second (at a commit, or while idle): its estimate of the
+    /// live data in the table files plus its memtables (see
     /// [`PartitionStore::live_data_bytes`], [`PartitionStore::memtable_bytes`]).
     ///
     /// [`PartitionStore::live_data_bytes`]: crate::state::PartitionStore::live_data_bytes

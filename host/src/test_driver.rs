@@ -24,7 +24,7 @@
 //! # }
 //! ```
 
-use crate::config::TtlConfig;
+use crate::config::{self, TtlConfig};
 use crate::operator::wasm::{ActiveVersion, Limits, WasmInstance, WasmOperator};
 use crate::operator::{Expiration, Operator, Outcome, Processed};
 use crate::record::{Cause, Origin, SourceRecord};
@@ -49,6 +49,14 @@ pub struct Step {
     /// The dead-letter lines, in order, as the dead-letter file holds them (with
     /// `error` and `reason`).
     pub dead_letters: Vec<Value>,
+}
+
+impl Step {
+    /// Adds what `later` emitted after this step's lines.
+    fn append(&mut self, later: Step) {
+        self.outputs.extend(later.outputs);
+        self.dead_letters.extend(later.dead_letters);
+    }
 }
 
 /// How to start a [`TestDriver`].
@@ -232,24 +240,17 @@ impl TestDriver {
     ) -> Result<(Step, usize)> {
         let mut all = Step::default();
         let mut records = 0;
-        for record in JsonlFile::open(path, key_field, timestamp_field, MAX_LINE_BYTES)? {
+        for record in JsonlFile::open(path, key_field, timestamp_field, config::default_max_line_bytes())? {
             let record = record?;
-            let step = self.process(&record.key, &record.value, record.timestamp_ms)?;
-            all.outputs.extend(step.outputs);
-            all.dead_letters.extend(step.dead_letters);
+            all.append(self.process(&record.key, &record.value, record.timestamp_ms)?);
             records += 1;
         }
         if let Some(at) = advance_to {
-            let step = self.advance_clock(at)?;
-            all.outputs.extend(step.outputs);
-            all.dead_letters.extend(step.dead_letters);
+            all.append(self.advance_clock(at)?);
         }
         Ok((all, records))
     }
 }
-
-/// The longest input line a driver reads.
-const MAX_LINE_BYTES: usize = 16 << 20;
 
 /// The bytes of `entry`'s field `name`: a JSON value as its JSON text (a string as its
 /// text), or `<name>_base64` decoded.

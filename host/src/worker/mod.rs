@@ -243,6 +243,8 @@ pub fn run(
                     emitted.send(to, operator.version(), stats, &mut uncommitted.outputs)?;
                 }
                 uncommitted.commit(operator, stats, to)?;
+                // An idle partition's size catches up with its last writes.
+                uncommitted.size_state(operator.state().store(), stats);
                 let at = stats.committed_offset.load(Ordering::Relaxed);
                 if follow_deploys(operator, checkpointer.as_deref_mut(), stats, host, at)? {
                     _in_version = version_span(operator.version());
@@ -422,11 +424,27 @@ struct Uncommitted {
     since: Option<Instant>,
     /// Their outputs, until the commit makes them final.
     outputs: PartitionOutputs,
+    /// When the partition's state bytes were last counted (the worker's start counts
+    /// them first).
+    sized: Instant,
 }
+
+/// How often a worker counts its partition's state bytes: RocksDB's size properties
+/// are read under its database lock, too dear for every commit.
+const SIZE_STATE_EVERY: Duration = Duration::from_secs(1);
 
 impl Uncommitted {
     fn new(outputs: PartitionOutputs) -> Self {
-        Uncommitted { next_offset: None, records: 0, since: None, outputs }
+        Uncommitted { next_offset: None, records: 0, since: None, outputs, sized: Instant::now() }
+    }
+
+    /// Counts the state bytes of `store` into `stats` if [`SIZE_STATE_EVERY`] has passed
+    /// since the last count.
+    fn size_state(&mut self, store: &PartitionStore, stats: &PartitionStats) {
+        if self.sized.elapsed() >= SIZE_STATE_EVERY {
+            self.sized = Instant::now();
+            count_state_bytes(store, stats);
+        }
     }
 
     fn add(&mut self, next_offset: u64, records: usize) {
@@ -463,7 +481,7 @@ impl Uncommitted {
         crate::kill_point(STATE_COMMITTED);
         stats.committed_offset.store(next_offset, Ordering::Relaxed);
         stats.entries.store(state.entries(), Ordering::Relaxed);
-        count_state_bytes(state.store(), stats);
+        self.size_state(state.store(), stats);
         let (hits, misses) = state.cache().hits_and_misses();
         stats.cache_hits.store(hits, Ordering::Relaxed);
         stats.cache_misses.store(misses, Ordering::Relaxed);
