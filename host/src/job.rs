@@ -216,6 +216,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
             // Only Kafka has records without a key.
             SourceConfig::Generator { .. } | SourceConfig::File { .. } => NullKeys::default(),
         },
+        stopping: stopping.clone(),
     });
     let (live, host_stats) = (workers.live(), workers.host_stats());
     let router = Router::new(workers, partitions, config.state.batch_size());

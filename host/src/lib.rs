@@ -14,11 +14,12 @@
 //! The layers point one way: each module imports only modules before it in
 //!
 //! ```text
-//! record → stats, config, checksum → state → checkpoint → operator → sink → source
+//! record, log_rate → stats, config, checksum → state → checkpoint → operator → sink → source
 //!     → worker → metrics, warnings, test_driver → admin → job, scaffold
 //! ```
 //!
-//! [`record`] (the data every layer shares) is the leaf; [`stats`] holds live counters.
+//! [`record`] (the data every layer shares) and [`log_rate`] (log lines within a rate)
+//! are leaves; [`stats`] holds live counters.
 //! A test in this crate fails on an import against the chain.
 
 pub mod admin;
@@ -26,6 +27,7 @@ pub mod checkpoint;
 pub mod checksum;
 pub mod config;
 pub mod job;
+pub mod log_rate;
 pub mod metrics;
 pub mod operator;
 pub mod record;

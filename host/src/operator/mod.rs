@@ -45,6 +45,18 @@ pub enum Outcome {
     NullKey,
 }
 
+impl Outcome {
+    /// What it makes the host hold until it is sent: its outputs' bytes (see
+    /// [`Output::bytes`]), or its reason's.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Outcome::Emitted(outputs) => outputs.iter().map(Output::bytes).sum(),
+            Outcome::Rejected(reason) | Outcome::Trapped { reason, .. } => reason.len(),
+            Outcome::NullKey => 0,
+        }
+    }
+}
+
 /// What an operator made of a state entry that expired. The entry is removed whatever
 /// the outcome; an operator not told of expiries makes none.
 #[derive(Debug)]
@@ -90,21 +102,26 @@ pub trait Operator: Send {
     fn process(&mut self, record: &SourceRecord) -> Result<Outcome>;
 
     /// Processes `records` in order, each in its own record scope, and returns their
-    /// outcomes in the same order, with the expirations their clock brought. A batch
-    /// that passes a per-batch bound (`[operator.limits] output_bytes_per_batch`,
-    /// `time_per_batch_ms`) ends at the record that passed it: the outcomes are then
-    /// those of a prefix of `records`, at least one, and the caller hands the rest
-    /// over again as the next batch. An `Err` is a host failure, as for
-    /// [`process`](Operator::process); the records' writes are then never committed.
+    /// outcomes in the same order, with the expirations their clock brought (every
+    /// entry due before a record expires before it). A batch that passes a per-batch
+    /// bound (`[operator.limits] output_bytes_per_batch`, `time_per_batch_ms`, `[state]
+    /// commit_dirty_mib`, `[ttl] sweep_limit` expiries) ends there — after a record, or
+    /// between two expiries before one: the outcomes are then those of a prefix of
+    /// `records`, possibly empty, and the caller commits as it sees fit and hands the
+    /// rest over again as the next batch, which goes on where this one ended. An `Err`
+    /// is a host failure, as for [`process`](Operator::process); the records' writes
+    /// are then never committed.
     fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
         Ok(Processed { outcomes: process_each(self, records)?, expirations: Vec::new() })
     }
 
     /// Expires the entries due at the partition's clock without a record (an idle
-    /// partition in processing time): `offset` is the next record's.
+    /// partition in processing time): `offset` is the next record's. It ends at the
+    /// per-batch bounds as [`process_batch`](Operator::process_batch) does; what is
+    /// still due waits for the next call.
     fn expire(&mut self, offset: u64) -> Result<Vec<Expiration>> {
         let _ = offset;
-        self.state().expire_due(None)?;
+        while self.state().expire_next()?.is_some() {}
         Ok(Vec::new())
     }
 
@@ -125,7 +142,7 @@ pub trait Operator: Send {
 pub fn process_each<O: Operator + ?Sized>(operator: &mut O, records: &[SourceRecord]) -> Result<Vec<Outcome>> {
     let mut outcomes = Vec::with_capacity(records.len());
     for record in records {
-        operator.state().begin_record(&record.key, record.timestamp_ms)?;
+        operator.state().begin_record(record)?;
         outcomes.push(process_scoped(operator, record)?);
     }
     Ok(outcomes)

@@ -301,6 +301,7 @@ mod tests {
             cache_bytes: 1 << 20,
             ttl: Default::default(),
             null_keys: Default::default(),
+            stopping: Arc::default(),
         })
     }
 

@@ -28,12 +28,14 @@
 //! - `name` with `bytes`: stores under a `bytes`-long name, then counts;
 //! - `reads` with `count`: reads `count` names (`r0`, `r1`, ...), then counts;
 //! - `log` with `count` and `bytes`: logs `count` warnings of `bytes` bytes, then counts;
+//! - `fail` with `bytes`: returns an error whose reason is `bytes` long;
 //! - `overflow`: stores a float that overflowed to infinity (which JSON cannot hold).
 //!
 //! When an entry expires, `expired` counts it in the key's `expiries` state and emits
 //! `{"expired": name, "value": <value>, "at": <expiry>, "expiries": <count>}`; for a
 //! name starting with `fail` it returns an error instead, for one starting with `trap`
-//! it panics, each after writing `expiries` (a write that must be discarded).
+//! it panics, each after writing `expiries` (a write that must be discarded); for one
+//! starting with `log` it also logs `expired <name>` at info.
 //!
 //! With `fail_init = "true"` in its config, `init` returns an error; with
 //! `trap_init = "true"`, it panics (a trap); with `state_in_init = "true"`, it writes
@@ -84,6 +86,7 @@ enum Action {
     Name { bytes: usize },
     Reads { count: usize },
     Log { count: usize, bytes: usize },
+    Fail { bytes: usize },
     Overflow,
 }
 
@@ -202,6 +205,7 @@ impl Operator for Probe {
                 state.put("mean", &(std::hint::black_box(f64::MAX) * 2.0))?;
                 count(state)?
             }
+            Action::Fail { bytes } => return Err(Error::msg("f".repeat(bytes))),
             Action::Log { count: lines, bytes } => {
                 let line = "l".repeat(bytes);
                 for _ in 0..lines {
@@ -221,6 +225,9 @@ impl Operator for Probe {
         }
         if entry.name.starts_with("trap") {
             panic!("probe panics on the expiry of {}", entry.name);
+        }
+        if entry.name.starts_with("log") {
+            sluice_guest::log::info(&format!("expired {}", entry.name));
         }
         let value: serde_json::Value = entry.value()?;
         let emitted = serde_json::json!({ "expired": entry.name, "value": value, "at": entry.expired_at_ms, "expiries": expiries });
