@@ -493,3 +493,73 @@ fn versions_live_in_an_s3_store_and_a_racing_writer_cannot_overwrite_an_entry() 
     );
     Ok(())
 }
+
+/// A replay decides what the first run decided, whatever the wall clock says when it
+/// runs. The input holds positions a day and 20 seconds ahead of the wall clock at the
+/// test's start (the edge of `future_skew` then, inside it 25 seconds later) and ones
+/// ten years ahead, each alone among ordinary records, under a TTL of a minute. Three
+/// runs from empty state — one with a hot swap in its middle (from the 0.1.0 build to
+/// the current one, the same logic), one 25 seconds later, one killed at its fifth
+/// commit and restarted — leave byte-identical state, and the same outputs.
+#[test]
+fn a_replay_moves_the_clock_and_expires_as_the_first_run_did_whenever_it_runs() -> Result<()> {
+    const RECORDS: u64 = 30_000;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+    let generated = dir.join("generated.jsonl");
+    generate(&generated, 200, RECORDS, SEED)?;
+    let mut lines: Vec<Value> = read_jsonl(&generated)?;
+    for (i, line) in lines.iter_mut().enumerate().filter(|(i, _)| i % 2_000 == 1_000) {
+        let ahead = if i % 4_000 == 1_000 { 86_400_000 + 20_000 } else { 10 * 365 * 86_400_000 };
+        line["ts"] = (now_ms + ahead).into();
+    }
+    let input = dir.join("input.jsonl");
+    std::fs::write(&input, lines.iter().map(|l| format!("{l}\n")).collect::<String>())?;
+    // Under the name of the job's operator, which the file's stem gives.
+    let v1_file = dir.join("vehicle_stats.wasm");
+    std::fs::copy(operator_wasm("vehicle_stats_0_1_0"), &v1_file)?;
+    let ttl = "[ttl]\ndefault = \"60s\"\n";
+    // Each run in a directory of its own: state, outputs and checkpoints.
+    let run_in = |name: &str, rate: u32| -> Result<(PathBuf, PathBuf)> {
+        let home = dir.join(name);
+        std::fs::create_dir_all(&home)?;
+        Ok((home.clone(), paced_job(&home, &input, rate, &v1_file, ttl)?))
+    };
+    let outputs_of = |home: &Path| -> Result<std::collections::BTreeSet<String>> {
+        let outputs = read_jsonl(&home.join("out.jsonl"))?;
+        Ok(outputs
+            .iter()
+            .map(|o| format!("{} {} {} {} {}", o["partition"], o["offset"], o["cause"], o["key"], o["value"]))
+            .collect())
+    };
+
+    let (swapped, config) = run_in("swapped", 10_000)?;
+    let mut host = Host::spawn("swapped", sluice().arg("run").arg("--config").arg(&config), &swapped.join("host.log"))?;
+    let admin = host.admin_url()?;
+    std::thread::sleep(Duration::from_secs(1));
+    run_ok(sluice().arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats")).arg("--admin").arg(&admin))?;
+    assert!(host.wait_exit(Duration::from_secs(120))?.success(), "{}", host.log());
+    let versions: std::collections::BTreeSet<String> =
+        read_jsonl(&swapped.join("out.jsonl"))?.iter().map(|o| o["operator"].to_string()).collect();
+    assert_eq!(versions.len(), 2, "the swap came in the middle of the run: {versions:?}");
+
+    let since = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(25).saturating_sub(since.elapsed()));
+    let (later, config) = run_in("later", 1_000_000)?;
+    run_ok(sluice().arg("run").arg("--config").arg(&config))?;
+
+    let (killed, config) = run_in("killed", 1_000_000)?;
+    let kill = sluice().arg("run").arg("--config").arg(&config).env("SLUICE_KILL_AT", "state-committed:5").output()?;
+    assert!(!kill.status.success(), "killed at its fifth commit");
+    run_ok(sluice().arg("run").arg("--config").arg(&config))?;
+
+    let state = dump_state_lines(&swapped.join("state"))?;
+    assert!(state.iter().any(|line| line.contains("expires_at_ms")), "entries carry expiries");
+    assert_eq!(dump_state_lines(&later.join("state"))?, state, "a run 25 seconds later");
+    assert_eq!(dump_state_lines(&killed.join("state"))?, state, "a run killed and restarted");
+    let outputs = outputs_of(&swapped)?;
+    assert_eq!(outputs_of(&later)?, outputs, "the same outputs 25 seconds later");
+    assert_eq!(outputs_of(&killed)?, outputs, "the same outputs (each at least once) after the kill");
+    Ok(())
+}
