@@ -493,3 +493,147 @@ fn versions_live_in_an_s3_store_and_a_racing_writer_cannot_overwrite_an_entry() 
     );
     Ok(())
 }
+
+/// A build made to carry another build's CRC-64 — anyone can append bytes that do, a
+/// CRC being linear — is a version of its own: deployed, it gets its own (SHA-256)
+/// name and leaves the stored component of the build it imitates as it was, so two
+/// rollbacks return to version 1 itself (its outputs carry no `idle_count`), not to the
+/// impostor, which is version 2's code.
+#[test]
+fn a_build_made_to_match_another_builds_crc64_is_a_version_of_its_own() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let v1_file = operator_wasm("vehicle_stats");
+    let PacedJob { mut host, admin, .. } = PacedJob::start(dir, (20, 30_000), 1_000, &v1_file, "")?;
+    let registry = dir.join("state.checkpoints/operators/vehicle_stats");
+    let entry = |seq: u64| -> Result<String> {
+        let entry: Value = serde_json::from_slice(&std::fs::read(registry.join(format!("history/{seq:010}.json")))?)?;
+        Ok(entry["version"].as_str().unwrap_or_default().to_string())
+    };
+    let v1 = entry(1)?;
+    let v1_bytes = std::fs::read(&v1_file)?;
+    let impostor_file = dir.join("impostor.wasm");
+    let v2_bytes = std::fs::read(operator_wasm("vehicle_stats_v2"))?;
+    std::fs::write(&impostor_file, with_crc64_of(&v2_bytes, &v1_bytes))?;
+    let admin_command = |command: &str, file: Option<&Path>| -> Result<String> {
+        let mut call = sluice();
+        call.arg(command).arg("vehicle_stats").args(file).arg("--admin").arg(&admin);
+        let answer = run_ok(&mut call)?;
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(named_version(&String::from_utf8_lossy(&answer.stdout)))
+    };
+    let v2 = admin_command("deploy", Some(&operator_wasm("vehicle_stats_v2")))?;
+    let impostor = admin_command("deploy", Some(&impostor_file))?;
+    assert!(impostor != v1 && impostor != v2, "{v1} {v2} {impostor}");
+    let digest = |version: &str| version.rsplit_once('@').map(|(_, d)| d.to_string()).unwrap_or_default();
+    assert_eq!(digest(&impostor).len(), 64, "named by SHA-256: {impostor}");
+    assert_eq!(std::fs::read(registry.join(format!("components/{}.wasm", digest(&v1))))?, v1_bytes);
+    assert_eq!(admin_command("rollback", None)?, v2);
+    assert_eq!(admin_command("rollback", None)?, v1);
+    host.terminate()?;
+    let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+    for (partition, runs) in version_runs(&outputs) {
+        assert_eq!(runs.last(), Some(&v1), "partition {partition} runs version 1 at the end: {runs:?}");
+    }
+    let v1_outputs: Vec<&Value> = outputs.iter().filter(|o| o["operator"] == v1.as_str()).collect();
+    assert!(v1_outputs.iter().all(|o| o["value"].get("idle_count").is_none()), "version 1's code ran as version 1");
+    Ok(())
+}
+
+/// A registry written when versions were named by the CRC-64 of their component (16
+/// hex digits) stays readable, and its builds keep those names: a host starting with
+/// the first build's file runs the second, as its history says, under its old name
+/// (records nothing new); a rollback returns to the first; deploying the second again is
+/// the same version; a build new to the registry is named by SHA-256.
+#[test]
+fn a_registry_written_with_crc64_names_stays_readable() -> Result<()> {
+    use sluice::operator::registry::{Action, Deployment};
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let (v1_file, v2_file) = (operator_wasm("vehicle_stats"), operator_wasm("vehicle_stats_v2"));
+    let registry = dir.join("state.checkpoints/operators/vehicle_stats");
+    std::fs::create_dir_all(registry.join("components"))?;
+    std::fs::create_dir_all(registry.join("history"))?;
+    let mut old_names = Vec::new();
+    for (seq, file) in [(1, &v1_file), (2, &v2_file)] {
+        let bytes = std::fs::read(file)?;
+        let crc = sluice::checksum::of_bytes(&bytes);
+        std::fs::write(registry.join(format!("components/{crc}.wasm")), &bytes)?;
+        let version = format!("vehicle_stats@{crc}");
+        let entry =
+            Deployment { seq, action: Action::Deploy, version: version.clone(), at_ms: seq, origin: "old".into() };
+        std::fs::write(registry.join(format!("history/{seq:010}.json")), serde_json::to_vec_pretty(&entry)?)?;
+        old_names.push(version);
+    }
+    let [v1, v2] = [old_names[0].clone(), old_names[1].clone()];
+    let input = dir.join("input.jsonl");
+    generate(&input, 20, 2_000, SEED)?;
+    let config = paced_job(dir, &input, 100_000, &v1_file, "")?;
+    let run = run_ok(sluice().arg("run").arg("--config").arg(&config).env("SLUICE_LOG", "info"))?;
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(log.contains(&format!("running {v2} (registry entry 2)")), "{log}");
+    assert!(read_jsonl(&dir.join("out.jsonl"))?.iter().all(|o| o["operator"] == v2.as_str()));
+    let on_config = |command: &str, file: Option<&Path>| -> Result<String> {
+        let mut call = sluice();
+        call.arg(command).arg("vehicle_stats").args(file).arg("--config").arg(&config);
+        Ok(String::from_utf8_lossy(&run_ok(&mut call)?.stdout).into_owned())
+    };
+    assert!(on_config("rollback", None)?.contains(&format!("{v1} recorded as entry 3")));
+    assert!(on_config("deploy", Some(&v2_file))?.contains(&format!("{v2} recorded as entry 4")));
+    let new_build = dir.join("new.wasm");
+    std::fs::write(&new_build, with_custom_section(&std::fs::read(&v2_file)?, &[1; 8]).0)?;
+    let deployed = on_config("deploy", Some(&new_build))?;
+    let new_version = named_version(&deployed);
+    assert!(deployed.contains("recorded as entry 5") && new_version.len() == "vehicle_stats@".len() + 64, "{deployed}");
+    let versions = on_config("versions", None)?;
+    assert_eq!(versions.lines().count(), 6, "a header and the five entries:\n{versions}");
+    Ok(())
+}
+
+/// `component` with a custom section appended (ignored by every WebAssembly tool) whose
+/// content ends in `tail`: another build of the same code. Returns it and where `tail` is.
+fn with_custom_section(component: &[u8], tail: &[u8; 8]) -> (Vec<u8>, usize) {
+    let name = b"sluice-tests";
+    let mut built = component.to_vec();
+    // Section id 0, its size and its name's (LEB128, each under 128).
+    built.extend_from_slice(&[0, (1 + name.len() + tail.len()) as u8, name.len() as u8]);
+    built.extend_from_slice(name);
+    let at = built.len();
+    built.extend_from_slice(tail);
+    (built, at)
+}
+
+/// `component` made to carry the CRC-64 of `target`: with a custom section whose last
+/// 8 bytes are solved for. A CRC is affine in the bits of a message of fixed length, so
+/// the bits flipped in those 8 bytes flip the CRC by a linear map, which is invertible.
+fn with_crc64_of(component: &[u8], target: &[u8]) -> Vec<u8> {
+    let crc = |bytes: &[u8]| u64::from_str_radix(&sluice::checksum::of_bytes(bytes), 16).expect("16 hex digits");
+    let (mut forged, at) = with_custom_section(component, &[0; 8]);
+    let mut crc_with = |tail: u64| {
+        forged[at..].copy_from_slice(&tail.to_le_bytes());
+        crc(&forged)
+    };
+    let base = crc_with(0);
+    // A basis by leading bit of the CRC changes, each with the tail bits that make it.
+    let mut basis = [(0u64, 0u64); 64];
+    for bit in 0..64 {
+        let (mut change, mut tail) = (crc_with(1 << bit) ^ base, 1u64 << bit);
+        while change != 0 {
+            let top = 63 - change.leading_zeros() as usize;
+            if basis[top].0 == 0 {
+                basis[top] = (change, tail);
+                break;
+            }
+            (change, tail) = (change ^ basis[top].0, tail ^ basis[top].1);
+        }
+    }
+    let (mut wanted, mut tail) = (crc(target) ^ base, 0);
+    while wanted != 0 {
+        let top = 63 - wanted.leading_zeros() as usize;
+        assert_ne!(basis[top].0, 0, "8 bytes reach every CRC-64");
+        (wanted, tail) = (wanted ^ basis[top].0, tail ^ basis[top].1);
+    }
+    crc_with(tail);
+    assert_eq!(crc(&forged), crc(target));
+    forged
+}

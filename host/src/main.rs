@@ -498,10 +498,12 @@ fn deploy_version(name: &str, file: &Path, job: JobTarget) -> Result<()> {
             let path = format!("/operators/{name}/versions");
             admin_answer(&admin::call(&admin, Method::POST, &path, component)?)?
         }
-        Job::Registry { registry, sandbox, poll_versions } => {
-            sandbox.validate(name, &component, &file.display().to_string())?;
+        Job::Registry { registry, sandbox, poll_versions, .. } => {
+            let runtime = checkpoint::runtime()?;
+            let version = runtime.block_on(registry.version_of(&component))?;
+            sandbox.validate(&version, &component, &file.display().to_string())?;
             let origin = format!("sluice deploy {}", file.display());
-            let deployment = checkpoint::runtime()?.block_on(registry.deploy(&component, &origin))?;
+            let deployment = runtime.block_on(registry.deploy(&component, &origin))?;
             recorded(&deployment, poll_versions)
         }
     };
@@ -516,11 +518,11 @@ fn roll_back(name: &str, job: JobTarget) -> Result<()> {
             let path = format!("/operators/{name}/rollback");
             admin_answer(&admin::call(&admin, Method::POST, &path, Vec::new())?)?
         }
-        Job::Registry { registry, sandbox, poll_versions } => {
+        Job::Registry { registry, sandbox, poll_versions, .. } => {
             let runtime = checkpoint::runtime()?;
             let target = runtime.block_on(registry.rollback_target())?;
             let component = runtime.block_on(registry.component(&target))?;
-            sandbox.validate(name, &component, &format!("version {}", target.version))?;
+            sandbox.validate(&target.version, &component, &format!("version {}", target.version))?;
             let deployment = runtime.block_on(registry.rollback(&target, "sluice rollback"))?;
             recorded(&deployment, poll_versions)
         }
