@@ -590,6 +590,37 @@ fn a_registry_written_with_crc64_names_stays_readable() -> Result<()> {
     Ok(())
 }
 
+/// `sluice deploy --config` tries the version out in a directory of its own, made afresh
+/// under a random name, and removes it: with links planted at `sluice-deploy-<pid>` (the
+/// path it once used) for the next 20,000 process ids, pointing at a directory of the
+/// test, nothing is written through them.
+#[test]
+fn sluice_deploy_tries_a_version_out_in_a_private_directory() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let (tmp, elsewhere) = (dir.join("tmp"), dir.join("elsewhere"));
+    std::fs::create_dir(&tmp)?;
+    std::fs::create_dir(&elsewhere)?;
+    let input = dir.join("input.jsonl");
+    generate(&input, 20, 100, SEED)?;
+    let config = paced_job(dir, &input, 100_000, &operator_wasm("vehicle_stats"), "")?;
+    let pid = |name: &str| -> Result<u64> {
+        Ok(std::fs::read_to_string(format!("/proc/sys/kernel/{name}"))?.trim().parse()?)
+    };
+    let (last, max) = (pid("ns_last_pid")?, pid("pid_max")?);
+    for next in (last + 1..).take(20_000) {
+        std::os::unix::fs::symlink(&elsewhere, tmp.join(format!("sluice-deploy-{}", next % max)))?;
+    }
+    let mut deploy = sluice();
+    deploy.env("TMPDIR", &tmp).arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats_v2"));
+    run_ok(deploy.arg("--config").arg(&config))?;
+    let written: Vec<_> = std::fs::read_dir(&elsewhere)?.collect();
+    assert!(written.is_empty(), "written through a planted link: {written:?}");
+    let left: Vec<_> = std::fs::read_dir(&tmp)?.filter_map(|e| e.ok()).filter(|e| !e.path().is_symlink()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    Ok(())
+}
+
 /// `component` with a custom section appended (ignored by every WebAssembly tool) whose
 /// content ends in `tail`: another build of the same code. Returns it and where `tail` is.
 fn with_custom_section(component: &[u8], tail: &[u8; 8]) -> (Vec<u8>, usize) {

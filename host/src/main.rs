@@ -702,8 +702,9 @@ fn admin_answer(json: &str) -> Result<String> {
 
 /// A job, as `sluice deploy`, `rollback` and `versions` reach it.
 enum Job {
-    /// Its registry, read and written directly, and how its hosts try a version out.
-    Registry { registry: Registry, sandbox: Box<Sandbox>, poll_versions: Duration },
+    /// Its registry, read and written directly, and how its hosts try a version out: in
+    /// a directory of this process's own, removed with it.
+    Registry { registry: Registry, sandbox: Box<Sandbox>, poll_versions: Duration, _scratch: tempfile::TempDir },
     /// A running host's admin API.
     Admin(String),
 }
@@ -717,9 +718,14 @@ impl JobTarget {
         let config = Config::load(path)?;
         let registry = Registry::new(CheckpointStore::open(&config.registry_url())?, &config.operator.name())?;
         deploy::check_name(&registry, name).with_context(|| format!("config file {}", path.display()))?;
-        let scratch = std::env::temp_dir().join(format!("sluice-deploy-{}", std::process::id()));
-        let sandbox = Box::new(Sandbox::new(&config.operator, scratch));
-        Ok(Job::Registry { registry, sandbox, poll_versions: config.operator.poll_versions })
+        // Created afresh, private (mode 0700), under a random name: a predictable path in a
+        // shared temporary directory could be another user's link to elsewhere.
+        let scratch = tempfile::Builder::new()
+            .prefix("sluice-deploy-")
+            .tempdir()
+            .context("creating a private directory to try the version out in")?;
+        let sandbox = Box::new(Sandbox::new(&config.operator, scratch.path().join("state")));
+        Ok(Job::Registry { registry, sandbox, poll_versions: config.operator.poll_versions, _scratch: scratch })
     }
 }
 
