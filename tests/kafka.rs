@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use sluice::config::DEFAULT_DEAD_LETTER_PATH;
 use sluice::job::{DEAD_LETTERS_BY_KIND, JOB_STARTED, LAG};
 use sluice::record::{DeadLetterKind, NULL_KEY_HEADER, Stop, TOMBSTONE_HEADER};
+use sluice::sink::kafka::{DELIVERY_TIMEOUT, QUEUE_STAYED_FULL};
 use sluice::sink::transaction::{COVERED, FENCED, REPLAYED_SILENTLY, legacy_transactional_id, transactional_id};
 use sluice::source::kafka::{ASSIGNED, PARTITIONS_ADDED, RESUMED, REVOKED};
 use sluice::warnings::REBALANCING_OFTEN;
@@ -899,6 +900,31 @@ fn a_deleted_output_topic_commits_nothing_after_the_failed_batch() -> Result<()>
         "partition {partition} stored offset {} past the failed input {offset}:\n{log}",
         stored[partition]
     );
+    Ok(())
+}
+
+/// A broker that stops acknowledging while the producer's queue is full (10 records,
+/// deliveries allowed ten minutes, no commit due) fails the job after
+/// [`DELIVERY_TIMEOUT`] with an error saying so, instead of a worker waiting for room
+/// in the queue for as long as the broker stays away.
+#[test]
+fn a_producer_queue_that_stays_full_fails_the_job_after_the_delivery_timeout() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let properties = "\"queue.buffering.max.messages\" = \"10\"\n\"message.timeout.ms\" = \"600000\"\n\
+                      [state]\ncommit_interval = \"10m\"\n";
+    let job = generator_to_summaries(dir, &broker, properties)?;
+    let mut host = Host::spawn("host", &mut job("1000"), &dir.join("log"))?;
+    host.wait_for(" records/s", 2, Duration::from_secs(60))?;
+    broker.freeze(true)?;
+    let frozen = Instant::now();
+    let failed = host.wait_for(QUEUE_STAYED_FULL, 1, DELIVERY_TIMEOUT * 2);
+    broker.freeze(false)?;
+    failed?;
+    assert!(frozen.elapsed() >= DELIVERY_TIMEOUT, "failed after {:?}", frozen.elapsed());
+    let status = host.wait_exit(Duration::from_secs(60))?;
+    assert!(!status.success(), "the job fails:\n{}", host.log());
     Ok(())
 }
 

@@ -189,7 +189,7 @@ impl PartitionTransaction {
             match send_waiting(&self.producer, record) {
                 Ok(()) => self.open = true,
                 Err(error) if refuses_the_record(&error) => refused.push(super::refused(origin, output, &error)),
-                Err(error) => return Err(self.failure("producing to", &error)),
+                Err(error) => return Err(self.failure("producing to", error.code(), error.to_string())),
             }
         }
         Ok(())
@@ -201,7 +201,7 @@ impl PartitionTransaction {
         for dead in dead.iter().filter(|dead| dead.origin.offset >= self.covered) {
             match send_dead_letter(&self.producer, topic, dead, version, || ()) {
                 Ok(()) => self.open = true,
-                Err(error) => return Err(self.failure("producing a dead letter to", &error)),
+                Err(error) => return Err(self.failure("producing a dead letter to", error.code(), error.to_string())),
             }
         }
         Ok(())
@@ -235,7 +235,7 @@ impl PartitionTransaction {
             .send_offsets_to_transaction(&offsets, &self.group, TRANSACTION_TIMEOUT)
             .and_then(|()| self.producer.commit_transaction(TRANSACTION_TIMEOUT));
         if let Err(e) = committed {
-            let failure = self.failure("committing the transaction of", &e);
+            let failure = self.failure("committing the transaction of", e.rdkafka_error_code(), e.to_string());
             if self.producer.client().fatal_error().is_none() {
                 // Else it holds back what read_committed consumers of the output
                 // partitions see until the next owner starts.
@@ -248,13 +248,13 @@ impl PartitionTransaction {
         self.producer.begin_transaction().with_context(|| format!("beginning a transaction of {}", self.name))
     }
 
-    /// The error of `doing` on this producer that failed with `error`: the producer's
-    /// fatal error instead where it had one (after one librdkafka fails every call
-    /// alike), and what a fenced producer means.
-    fn failure(&self, doing: &str, error: &KafkaError) -> anyhow::Error {
+    /// The error of `doing` on this producer that failed for `reason` with librdkafka's
+    /// `code`: the producer's fatal error instead where it had one (after one librdkafka
+    /// fails every call alike), and what a fenced producer means.
+    fn failure(&self, doing: &str, code: Option<RDKafkaErrorCode>, reason: String) -> anyhow::Error {
         match self.producer.client().fatal_error() {
             Some((code, reason)) => self.described(doing, Some(code), reason),
-            None => self.described(doing, error.rdkafka_error_code(), error.to_string()),
+            None => self.described(doing, code, reason),
         }
     }
 
