@@ -3,8 +3,11 @@
 //! takes over between two batches in every partition, continues the state the old
 //! version wrote, and can be rolled back; a restart runs the newest deployed version;
 //! a component that cannot run is refused and the old version keeps processing; the
-//! admin API lets in only who it must. The registry works the same in an S3 store. (Two hosts switching together:
-//! tests/kafka.rs.)
+//! admin API lets in only who it must, strangers cannot hold its connections, and their
+//! refusals cost a bounded log. The registry works the same in an S3 store, a build forged
+//! to carry another's CRC-64 is a version of its own, a registry written with CRC-64
+//! names stays readable, and `sluice deploy --config` tries versions out in a private
+//! directory. (Two hosts switching together: tests/kafka.rs.)
 
 use anyhow::Result;
 use serde_json::Value;

@@ -6,8 +6,10 @@
 //! moves no partitions; a broker that stops answering is reconnected to; a deploy
 //! reaches both hosts of a group; expiries across handovers equal an uninterrupted run; an idle
 //! partition expires by the wall clock in processing time; pipelined batches lose no output
-//! through `kill -9`, a frozen broker or a deleted topic; exactly-once outputs (on noida-db, which has
-//! transactions) survive `kill -9` at every step of a commit and fence a zombie; a partition
+//! through `kill -9`, a frozen broker or a deleted topic, and a producer queue that stays
+//! full fails the job after the delivery timeout; exactly-once outputs (on noida-db, which has
+//! transactions) survive `kill -9` at every step of a commit, fence a zombie and a host of an
+//! earlier version, and keep two jobs whose earlier transactional ids were one apart; a partition
 //! whose worker fails is paused while the others go on; dead letters go to a topic as the
 //! records were; a checkpoint store that fails at an assignment keeps the partition paused
 //! and the host in its group until the store answers. The test
