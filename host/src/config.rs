@@ -89,6 +89,7 @@
 //! [admin]                     # the admin HTTP API (deploy, rollback, versions)
 //! # listen = "127.0.0.1:9464" # absent: no API; port 0 picks a free port (logged)
 //! # token_file = "admin-token" # bearer token deploys need; absent: $SLUICE_ADMIN_TOKEN
+//! # host_names = ["devbox"]   # names a question without the token may give as its Host (IPs, localhost always)
 //! ```
 
 use anyhow::{Context, Result, bail};
@@ -874,6 +875,11 @@ pub struct AdminConfig {
     /// loopback, every request); absent: the `SLUICE_ADMIN_TOKEN` environment variable,
     /// else no token, and the API only answers questions.
     pub token_file: Option<PathBuf>,
+    /// Names this host is reached by, besides IP addresses and `localhost`: on loopback
+    /// a question without the token is answered only if its `Host` is one of these (a
+    /// page of a site that points its name at 127.0.0.1 is refused).
+    #[serde(default)]
+    pub host_names: Vec<String>,
 }
 
 impl Config {
@@ -1059,6 +1065,11 @@ impl Config {
                     self.state.commit_interval
                 );
             }
+        }
+        let not_a_name =
+            |name: &&String| name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || "-.".contains(c));
+        if let Some(name) = self.admin.host_names.iter().find(not_a_name) {
+            bail!("[admin] host_names: {name:?} is not a host name (give the name alone: no scheme, port or path)");
         }
         Ok(())
     }
@@ -1278,6 +1289,21 @@ mod tests {
         let on_file = config("[dead_letter]\ntopic = \"dead\"\n");
         let err = on_file.validate().unwrap_err().to_string();
         assert!(err.contains("[dead_letter] topic = \"dead\" needs a Kafka sink"), "{err}");
+    }
+
+    /// `[admin] host_names` are names alone: one with a port or a scheme would never
+    /// match a request's `Host`.
+    #[test]
+    fn admin_host_names_are_names_alone() {
+        let config = |names: &str| {
+            toml::from_str::<Config>(&format!("[operator]\npath = \"op.wasm\"\n[admin]\nhost_names = {names}\n"))
+                .unwrap()
+        };
+        config(r#"["devbox", "devbox.internal", "dev-1"]"#).validate().unwrap();
+        for bad in ["devbox:9464", "http://devbox", ""] {
+            let err = config(&format!("[{bad:?}]")).validate().unwrap_err().to_string();
+            assert!(err.contains(&format!("[admin] host_names: {bad:?} is not a host name")), "{err}");
+        }
     }
 
     #[test]

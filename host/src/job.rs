@@ -224,8 +224,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     if let Some(listen) = &config.admin.listen {
         let metrics = Metrics::new(live.clone(), host_stats.clone(), max_poll_interval, checkpoints_on);
         let metrics = Arc::new(metrics.registry());
-        let token = admin::token(&config.admin)?;
-        admin::serve(listen, token, deployer.clone(), metrics, host_stats.clone(), &runtime)?;
+        admin::serve(listen, &config.admin, deployer.clone(), metrics, host_stats.clone(), &runtime)?;
     }
     let checkpoint_interval = checkpoints_on.then_some(config.checkpoint.interval);
     let watch = Watch::new(config.report.clone(), checkpoint_interval, live.clone(), host_stats);

@@ -122,7 +122,7 @@ impl TestDriver {
         }
     }
 
-    /// The operator's version, `name@checksum`, as its outputs name it.
+    /// The operator's version, `name@digest`, as its outputs name it.
     pub fn version(&self) -> &str {
         self.instance.version()
     }

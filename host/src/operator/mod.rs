@@ -128,7 +128,7 @@ pub trait Operator: Send {
     /// The partition state this operator reads and writes.
     fn state(&mut self) -> &mut Transaction;
 
-    /// Which build of the operator this is (`name@checksum` for a component): every
+    /// Which build of the operator this is (`name@digest` for a component): every
     /// output and dead letter it produces, and every checkpoint of its state, says so.
     fn version(&self) -> &str;
 
@@ -156,10 +156,46 @@ pub fn process_scoped<O: Operator + ?Sized>(operator: &mut O, record: &SourceRec
     Ok(outcome)
 }
 
-/// The version of a build of operator `name`: `name@checksum` of its component. Outputs,
-/// dead letters, checkpoint manifests and the registry all name builds this way.
+/// The version of a build of operator `name` new to its registry: `name@` and the
+/// SHA-256 of its component in 64 hex digits. Outputs, dead letters, checkpoint
+/// manifests and the registry all name builds by a version. A build the registry
+/// recorded before versions were named by SHA-256 keeps its older name there, `name@`
+/// and the component's CRC-64 in 16 hex digits ([`checksum`](crate::checksum)): see
+/// [`names_build`] and [`Registry::version_of`](registry::Registry::version_of).
 pub fn version_of(name: &str, component: &[u8]) -> String {
-    format!("{name}@{}", crate::checksum::of_bytes(component))
+    format!("{name}@{}", sha256_hex(component))
+}
+
+/// Whether `version` names the build `component`, by the digest it holds: 64 hex digits
+/// are a SHA-256, 16 the CRC-64 of a version named before SHA-256. Any other version
+/// names no build. A CRC-64 is no proof against a build made to match it, so a
+/// registry takes a CRC-64 name only for the bytes stored under it.
+pub fn names_build(version: &str, component: &[u8]) -> bool {
+    match digest_of(version) {
+        digest if digest.len() == SHA256_DIGITS => sha256_hex(component) == digest,
+        digest if digest.len() == CRC64_DIGITS => crate::checksum::of_bytes(component) == digest,
+        _ => false,
+    }
+}
+
+/// The operator name in `version` (`name@digest`).
+pub fn name_of(version: &str) -> &str {
+    version.rsplit_once('@').map_or(version, |(name, _)| name)
+}
+
+/// The digest in `version` (`name@digest`): its component's object name in a registry.
+pub fn digest_of(version: &str) -> &str {
+    version.rsplit_once('@').map_or("", |(_, digest)| digest)
+}
+
+/// The hex digits of a SHA-256 version's digest.
+const SHA256_DIGITS: usize = 64;
+/// The hex digits of a CRC-64 version's digest (versions named before SHA-256).
+const CRC64_DIGITS: usize = 16;
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(bytes))
 }
 
 /// A partition's switch from one operator version to another.

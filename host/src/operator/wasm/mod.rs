@@ -370,17 +370,18 @@ impl WasmOperator {
     pub fn load(path: &Path, limits: Limits, config: Vec<(String, String)>) -> Result<Self> {
         let bytes = std::fs::read(path).with_context(|| format!("reading operator {}", path.display()))?;
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        Self::compile(&name, &bytes, &path.display().to_string(), limits, config)
+        Self::compile(&super::version_of(&name, &bytes), &bytes, &path.display().to_string(), limits, config)
     }
 
-    /// Validates and compiles `component`, the build of operator `name` found at
-    /// `origin` (a path or a deployed version, named in errors).
+    /// Validates and compiles `component`, the build `version` (`name@digest`, as its
+    /// registry names it: see [`Registry::version_of`](super::registry::Registry::version_of))
+    /// found at `origin` (a path or a deployed version, named in errors).
     ///
     /// Fails with an error naming `origin` when it is not a WebAssembly component, was
     /// built against another world or version, or imports anything but the sluice
     /// interfaces and WASI.
     pub fn compile(
-        name: &str,
+        version: &str,
         component: &[u8],
         origin: &str,
         limits: Limits,
@@ -416,9 +417,8 @@ impl WasmOperator {
         let (init, process) =
             export(INIT).zip(export(PROCESS)).context("the world check found `init` and `process`")?;
         let exports = ExportIndices { init, process, process_batch: export(PROCESS_BATCH), expired: export(EXPIRED) };
-        let version = super::version_of(name, component);
-        let origin = origin.to_string();
-        Ok(WasmOperator { pre, exports, origin, name: name.into(), version, limits, config })
+        let (origin, name) = (origin.to_string(), super::name_of(version).into());
+        Ok(WasmOperator { pre, exports, origin, name, version: version.into(), limits, config })
     }
 
     /// The operator's name, used in logs and dead letters.
@@ -426,8 +426,9 @@ impl WasmOperator {
         &self.name
     }
 
-    /// The operator's name and the [checksum](crate::checksum) of its component,
-    /// `name@checksum`: names exactly which build wrote a checkpoint's state.
+    /// The operator's version, `name@digest` of its component (see
+    /// [`version_of`](super::version_of)): names exactly which build wrote a checkpoint's
+    /// state.
     pub fn version(&self) -> &str {
         &self.version
     }
@@ -1942,7 +1943,7 @@ mod tests {
         let limits = Limits::default();
         let good = Arc::new(WasmOperator::load(&probe, limits.clone(), Vec::new())?);
         let config = vec![("fail_init".to_string(), "true".to_string())];
-        let failing = Arc::new(WasmOperator::compile("other", &std::fs::read(&probe)?, "test", limits, config)?);
+        let failing = Arc::new(WasmOperator::compile("other@0", &std::fs::read(&probe)?, "test", limits, config)?);
         let active = ActiveVersion::new(good.clone());
         let mut instance = active.instantiate(0, Transaction::new(PartitionStore::open(dir.path(), 0)?, 1 << 20)?)?;
         assert_eq!(count(&mut instance, 0)?, br#"{"count":1}"#);
