@@ -158,7 +158,8 @@ impl PartitionOutputs {
 pub struct LineSink {
     out: Mutex<Box<dyn Write + Send>>,
     /// The file written to, for [`sync`](Self::sync) (another handle of it, so a sync
-    /// does not hold up the writers); `None` for stdout, and when not syncing.
+    /// does not hold up the writers); `None` for stdout, for what is not a regular file,
+    /// and when not syncing.
     file: Option<File>,
     name: String,
 }
@@ -170,20 +171,33 @@ impl LineSink {
     ///
     /// A torn last line — the host was killed in the middle of a write — is cut off
     /// first: its batch was never committed, so it will be processed and written again.
+    ///
+    /// Only a regular file holds lines to make durable: `/dev/null`, a pipe or a FIFO
+    /// refuses to be synced (and has no end to cut), so one is written unsynced, which
+    /// is logged once, here ([`NOT_SYNCED`]).
     pub fn file(path: &Path, sync: bool) -> Result<Self> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).with_context(|| format!("creating directory {}", parent.display()))?;
         }
+        // Read and write: opening a FIFO so does not wait for its reader, and a regular
+        // file's torn end is read to be cut.
         let file: File = OpenOptions::new()
             .create(true)
             .append(true)
             .read(true)
             .open(path)
             .with_context(|| format!("opening {} for appending", path.display()))?;
-        cut_torn_line(&file).with_context(|| format!("repairing the end of {}", path.display()))?;
-        let handle = match sync {
-            true => Some(file.try_clone().with_context(|| format!("opening {} for syncing", path.display()))?),
-            false => None,
+        let regular = file.metadata().with_context(|| format!("reading the metadata of {}", path.display()))?.is_file();
+        if regular {
+            cut_torn_line(&file).with_context(|| format!("repairing the end of {}", path.display()))?;
+        }
+        let handle = match (sync, regular) {
+            (true, true) => Some(file.try_clone().with_context(|| format!("opening {} for syncing", path.display()))?),
+            (true, false) => {
+                tracing::info!("{} {NOT_SYNCED} ([state] sync_outputs applies to regular files)", path.display());
+                None
+            }
+            (false, _) => None,
         };
         Ok(LineSink { out: Mutex::new(Box::new(file)), file: handle, name: path.display().to_string() })
     }
@@ -195,7 +209,7 @@ impl LineSink {
 
     /// Makes every line written so far durable (on disk, not only handed to the OS):
     /// a commit does this before its state, so after a power loss the state is never
-    /// ahead of the lines it emitted. Nothing for stdout.
+    /// ahead of the lines it emitted. Nothing for stdout or what is not a regular file.
     pub fn sync(&self) -> Result<()> {
         match &self.file {
             Some(file) => file.sync_data().with_context(|| format!("syncing {} to disk", self.name)),
@@ -218,6 +232,10 @@ impl LineSink {
         Ok(())
     }
 }
+
+/// Logged, after the path, when a line sink's file is not a regular file (`/dev/null`,
+/// a pipe, a FIFO): its lines are written but cannot be synced to disk.
+pub const NOT_SYNCED: &str = "is not a regular file: lines written to it are not synced to disk";
 
 /// Where dead letters go, shared by all workers.
 pub enum DeadLetterSink {
