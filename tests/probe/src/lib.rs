@@ -21,6 +21,8 @@
 //! - `remember` with `name`, `value` and `ttl_ms`: stores the value under the name with
 //!   that TTL, emits `{"remembered": name}`;
 //! - `peek` with `name`: emits `{"name": name, "value": <the value or null>}`;
+//! - `put-bytes` with `name` and `text`: stores the text's bytes as they are under the
+//!   name (state an operator writes may be any bytes), emits `{"put": name}`;
 //! - `outputs` with `count`, `bytes` and optionally `topic`: emits `count` outputs of a
 //!   `bytes`-long string, to `topic` if given;
 //! - `writes` with `count` and `bytes`: stores a `bytes`-long string under each of
@@ -81,6 +83,7 @@ enum Action {
     Leak { kib: usize },
     Remember { name: String, value: serde_json::Value, ttl_ms: u64 },
     Peek { name: String },
+    PutBytes { name: String, text: String },
     Outputs { count: usize, bytes: usize, topic: Option<String> },
     Writes { count: usize, bytes: usize },
     Name { bytes: usize },
@@ -172,6 +175,10 @@ impl Operator for Probe {
             Action::Peek { name } => {
                 let value: Option<serde_json::Value> = state.get(&name)?;
                 serde_json::json!({ "name": name, "value": value })
+            }
+            Action::PutBytes { name, text } => {
+                state.put_bytes(&name, text.as_bytes());
+                serde_json::json!({ "put": name })
             }
             Action::Outputs { count, bytes, topic } => {
                 let value = "o".repeat(bytes);
