@@ -191,17 +191,25 @@ fn json_lines(stdout: &[u8]) -> Result<Vec<serde_json::Value>> {
     Ok(std::str::from_utf8(stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?)
 }
 
-/// Numbers out of range are errors naming the setting, not panics or wrapped values,
-/// and stored state is unharmed; `--input` keeps the config's key field, and keys are
-/// taken as written, so numbers no float holds exactly stay two keys.
+/// Numbers out of range are errors naming the setting, not panics or wrapped values
+/// (`--ttl 18446744073709552` is no 384 ms TTL), and stored state is unharmed; `--input`
+/// keeps the config's key field, and keys are taken as written, so numbers no float
+/// holds exactly stay two keys.
 #[test]
 fn out_of_range_settings_are_named_and_keys_are_never_merged() -> Result<()> {
     let seeded = Seeded::new()?;
     let dir = seeded.dir.path();
+    let too_long = "18446744073709552s is more than 18446744073709551s";
     for (args, config, expected) in [
         (&["--rate", "1e-300"][..], "", "[source] rate must be at least 0.001"),
         (&[][..], "memory_limit_mib = 17592186044416\n", "[operator] memory_limit_mib = 17592186044416 is more than"),
         (&["--cache-mib", "17592186044416"][..], "", "[state] cache_mib = 17592186044416 is more than"),
+        (&["--ttl", "18446744073709552"][..], "", &format!("[ttl] default = {too_long}")),
+        (&["--ttl", "0.0005"][..], "", "[ttl] default = 500µs is under 1 ms"),
+        (&[][..], "[ttl]\nfuture_skew = 18446744073709552\n", &format!("[ttl] future_skew = {too_long}")),
+        (&[][..], "[ttl]\nlateness = \"584942418y\"\n", "[ttl] lateness = "),
+        (&["--checkpoint-interval", "18446744073709552"][..], "", &format!("[checkpoint] interval = {too_long}")),
+        (&["--partitions", "4294967295"][..], "", "[state] partitions = 4294967295 is more than 65536"),
     ] {
         let path = dir.join("edge.toml");
         std::fs::write(&path, format!("[operator]\npath = {:?}\n{config}", operator_wasm("vehicle_stats")))?;
@@ -209,6 +217,26 @@ fn out_of_range_settings_are_named_and_keys_are_never_merged() -> Result<()> {
         assert!(err.contains(expected), "{args:?} {config}: {err}");
     }
     seeded.assert_unharmed()?;
+    // The generator, and `sluice test`'s TTL, likewise.
+    let fleet = run_generator_job(&dir.join("fleet"), u32::MAX, 10, 1, 2);
+    let mut generate = sluice();
+    generate.args(["generate", "--vehicles", "4294967295"]);
+    let tested = |ttl: &str| {
+        let mut test = sluice();
+        test.arg("test").arg(operator_wasm("vehicle_stats")).arg("--input").arg(&seeded.input).args(["--ttl", ttl]);
+        test
+    };
+    for (mut command, expected) in [
+        (fleet, "[source] vehicles = 4294967295 is more than 16777216".to_string()),
+        (generate, "--vehicles = 4294967295 is more than".into()),
+        (tested("18446744073709552"), format!("[ttl] default = {too_long}")),
+        (tested("0.0005"), "[ttl] default = 500µs is under 1 ms".into()),
+    ] {
+        let err = run_err(&mut command)?;
+        assert!(err.contains(&expected), "{command:?}: {err}");
+        assert!(!err.contains("panicked"), "{command:?}: {err}");
+    }
+    assert!(!dir.join("fleet").exists(), "a refused job leaves nothing behind");
     let config = dir.join("keyed.toml");
     std::fs::write(
         &config,
@@ -250,7 +278,9 @@ fn no_setting_at_any_extreme_panics_the_host() -> Result<()> {
         "[state]\nrocksdb_memory_mib",
         "[ttl]\ndefault",
         "[ttl]\nlateness",
+        "[ttl]\nfuture_skew",
         "[ttl]\nsweep_limit",
+        "[ttl.names]\nsummary",
         "[checkpoint]\ninterval",
         "[checkpoint]\nretain",
         "[checkpoint]\nrestore_budget",
@@ -264,7 +294,8 @@ fn no_setting_at_any_extreme_panics_the_host() -> Result<()> {
         "[source]\nkind = \"generator\"\nduration",
         "[source]\nkind = \"generator\"\nvehicles",
     ];
-    let extremes = ["-1", "0", "1e300", "18446744073709551615", "nan", "inf", "1e-300"];
+    let extremes =
+        ["-1", "0", "1e300", "4294967295", "18446744073709552", "18446744073709551615", "nan", "inf", "1e-300"];
     let dir = tempfile::tempdir()?;
     for setting in settings {
         for value in extremes {

@@ -104,6 +104,24 @@ fn a_wiped_state_directory_is_restored_from_the_store() -> Result<()> {
     assert!(stderr(&run).contains(&unrecorded), "{}", stderr(&run));
     assert!(stderr(&run).contains("30000 records skipped"), "restored: {}", stderr(&run));
     assert_state_is_fold(dir, 500, 30_000, "after a restore without statistics")?;
+
+    // A history crafted by someone with write access to the store (times no restore
+    // measures, sums past u64, a bandwidth that predicts past any duration) informs
+    // no prediction it cannot make: the estimate is given, nothing panics.
+    std::fs::remove_dir_all(&history)?;
+    std::fs::remove_dir_all(dir.join("state"))?;
+    for (samples, basis) in [
+        (r#"[{"bytes":1,"seconds":-1e308},{"bytes":5,"seconds":0}]"#, "assumed; no restore"),
+        (r#"[{"bytes":18446744073709551615,"seconds":1},{"bytes":18446744073709551615,"seconds":1}]"#, "measured"),
+        (r#"[{"bytes":1,"seconds":1e308},{"bytes":1,"seconds":1e308}]"#, "assumed; no restore"),
+        (r#"[{"bytes":1,"seconds":1e300}]"#, "measured"),
+        (r#"[{"bytes":0,"seconds":1}]"#, "assumed; no restore"),
+    ] {
+        std::fs::write(&history, format!(r#"{{"samples":{samples}}}"#))?;
+        let estimate = run_ok(sluice().args(["checkpoints", "estimate", "--store"]).arg(&store))?;
+        let estimate = String::from_utf8(estimate.stdout)?;
+        assert!(estimate.contains("predicted restore time") && estimate.contains(basis), "{samples}: {estimate}");
+    }
     Ok(())
 }
 
@@ -470,4 +488,85 @@ fn status_of_a_stopped_job_reads_its_state_and_its_store() -> Result<()> {
     let entries: u64 = rows.iter().map(|row| row[2].parse::<u64>().unwrap_or(0)).sum();
     assert_eq!(entries, 200, "one entry per vehicle:\n{status}");
     Ok(())
+}
+
+/// The commands that read a stopped job's state and store — `state dump`, `status`,
+/// `checkpoints list / verify / estimate` — write nothing: every file of both is as it
+/// was (a partition never started gets no database, a leftover is not removed, an older
+/// format is refused, not migrated), and a store path that does not exist is an error,
+/// not a new empty store.
+#[test]
+fn reading_a_job_s_state_and_store_writes_nothing() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (dir, store) = (dir.path(), dir.path().join("state.checkpoints"));
+    run_ok(&mut checkpoint_at_end(dir, 200, 5_000, 3))?;
+    let state = dir.join("state");
+    // As a job killed mid-upload leaves it, and a partition this host never started.
+    std::fs::create_dir_all(state.join("snapshots/partition-0000-7"))?;
+    std::fs::remove_dir_all(state.join("partition-0002"))?;
+    let readers: [&[&std::ffi::OsStr]; 6] = [
+        &["state".as_ref(), "dump".as_ref(), "--state-dir".as_ref(), state.as_os_str()],
+        &["status".as_ref(), "--state-dir".as_ref(), state.as_os_str(), "--store".as_ref(), store.as_os_str()],
+        &["checkpoints".as_ref(), "list".as_ref(), "--store".as_ref(), store.as_os_str()],
+        &[
+            "checkpoints".as_ref(),
+            "verify".as_ref(),
+            "--partition".as_ref(),
+            "0".as_ref(),
+            "--store".as_ref(),
+            store.as_os_str(),
+        ],
+        &["checkpoints".as_ref(), "estimate".as_ref(), "--store".as_ref(), store.as_os_str()],
+        &[
+            "checkpoints".as_ref(),
+            "estimate".as_ref(),
+            "--store".as_ref(),
+            store.as_os_str(),
+            "--state-dir".as_ref(),
+            state.as_os_str(),
+        ],
+    ];
+    let before = tree(dir)?;
+    for args in readers {
+        run_ok(sluice().args(args))?;
+        assert_eq!(tree(dir)?, before, "{args:?} changed the state or the store");
+    }
+    let dump = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(&state))?;
+    assert!(!String::from_utf8(dump.stdout)?.is_empty(), "the started partitions' entries are dumped");
+
+    // An older format is the job's to migrate.
+    let manifest = state.join("sluice-state.json");
+    let current = std::fs::read_to_string(&manifest)?;
+    std::fs::write(&manifest, current.replace("\"format\": 2", "\"format\": 1"))?;
+    let before = tree(dir)?;
+    let err = run_err(sluice().args(["state", "dump", "--state-dir"]).arg(&state))?;
+    assert!(err.contains("is in state format 1") && err.contains("nothing was changed"), "{err}");
+    assert_eq!(tree(dir)?, before, "an older format is not migrated by a reader");
+
+    let missing = dir.join("no-such-store");
+    for command in ["list", "estimate"] {
+        let err = run_err(sluice().args(["checkpoints", command, "--store"]).arg(&missing))?;
+        assert!(err.contains("does not exist"), "{err}");
+    }
+    assert!(!missing.exists(), "a mistyped store path is not created");
+    Ok(())
+}
+
+/// Every file under `root` with its bytes' checksum and its modification time.
+fn tree(root: &Path) -> Result<std::collections::BTreeMap<PathBuf, (String, std::time::SystemTime)>> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            if meta.is_dir() {
+                dirs.push(entry.path());
+            }
+            let sum =
+                if meta.is_file() { sluice::checksum::of_bytes(&std::fs::read(entry.path())?) } else { String::new() };
+            files.insert(entry.path(), (sum, meta.modified()?));
+        }
+    }
+    Ok(files)
 }

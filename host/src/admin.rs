@@ -345,7 +345,7 @@ impl From<DeployReport> for DeployAnswer {
             prepared_ms: report.prepared.as_secs_f64() * 1e3,
             switched_ms: report.switched.as_secs_f64() * 1e3,
             partitions: report.partitions,
-            worst_stall_us: report.worst_stall.as_micros() as u64,
+            worst_stall_us: crate::micros(report.worst_stall),
             not_switched: report.not_switched,
             deployment: report.deployment,
         }

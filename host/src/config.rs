@@ -686,6 +686,33 @@ impl TtlConfig {
     pub fn expires_anything(&self) -> bool {
         self.default.is_some() || !self.names.is_empty()
     }
+
+    /// Checks values that parse but cannot work: a TTL under a millisecond (expiries
+    /// count in whole milliseconds, so its entry would expire as it is written), a
+    /// duration past [`MAX_DURATION`], a sweep that removes nothing, a clock no
+    /// run of far-ahead records can move.
+    pub fn validate(&self) -> Result<()> {
+        let default = self.default.map(|ttl| ("[ttl] default".to_string(), ttl));
+        let named = self.names.iter().map(|(name, ttl)| (format!("[ttl.names] {name}"), ttl.0));
+        for (setting, ttl) in default.into_iter().chain(named) {
+            if ttl < Duration::from_millis(1) {
+                bail!(
+                    "{setting} = {ttl:?} is under 1 ms: expiries count in whole milliseconds, so an entry would \
+                     expire as it is written"
+                );
+            }
+            check_duration(&setting, ttl)?;
+        }
+        check_duration("[ttl] lateness", self.lateness)?;
+        check_duration("[ttl] future_skew", self.future_skew)?;
+        if self.sweep_limit == 0 {
+            bail!("[ttl] sweep_limit must be at least 1, or expired entries would never be removed");
+        }
+        if self.future_confirm == 0 {
+            bail!("[ttl] future_confirm must be at least 1 (1: every timestamp moves the clock, however far ahead)");
+        }
+        Ok(())
+    }
 }
 
 fn default_future_skew() -> Duration {
@@ -933,6 +960,13 @@ impl Config {
         if self.state.partitions == 0 {
             bail!("[state] partitions must be at least 1");
         }
+        if self.state.partitions > MAX_PARTITIONS {
+            bail!(
+                "[state] partitions = {} is more than {MAX_PARTITIONS}: each partition has a database, a queue and, \
+                 while it runs, a thread of its own",
+                self.state.partitions
+            );
+        }
         if self.state.queued_records > MAX_QUEUED_RECORDS {
             bail!(
                 "[state] queued_records = {} is more than {MAX_QUEUED_RECORDS}: each partition's queue is allocated \
@@ -959,15 +993,23 @@ impl Config {
         if self.state.rocksdb_memory_mib == 0 {
             bail!("[state] rocksdb_memory_mib must be at least 1: RocksDB needs memory for its memtables");
         }
-        let ttl = &self.ttl;
-        if ttl.default.is_some_and(|ttl| ttl.is_zero()) || ttl.names.values().any(|ttl| ttl.0.is_zero()) {
-            bail!("[ttl] a TTL must be more than 0: an entry would expire as it is written");
-        }
-        if ttl.sweep_limit == 0 {
-            bail!("[ttl] sweep_limit must be at least 1, or expired entries would never be removed");
-        }
-        if ttl.future_confirm == 0 {
-            bail!("[ttl] future_confirm must be at least 1 (1: every timestamp moves the clock, however far ahead)");
+        self.ttl.validate()?;
+        let durations = [
+            ("[operator] poll_versions", self.operator.poll_versions),
+            ("[operator.retry] backoff", self.operator.retry.backoff),
+            ("[state] commit_interval", self.state.commit_interval),
+            ("[checkpoint] interval", self.checkpoint.interval),
+            ("[checkpoint] restore_budget", self.checkpoint.restore_budget),
+            ("[checkpoint] restore_retry_timeout", self.checkpoint.restore_retry_timeout),
+            ("[report] interval", self.report.interval),
+        ];
+        let source_duration = match &self.source {
+            SourceConfig::Generator { duration, .. } => duration.map(|d| ("[source] duration", d)),
+            SourceConfig::Kafka { stop_when_idle, .. } => stop_when_idle.map(|d| ("[source] stop_when_idle", d)),
+            SourceConfig::File { .. } => None,
+        };
+        for (setting, duration) in durations.into_iter().chain(source_duration) {
+            check_duration(setting, duration)?;
         }
         let sizes_mib = [
             ("[operator] memory_limit_mib", self.operator.memory_limit_mib),
@@ -1015,6 +1057,9 @@ impl Config {
         }
         if checkpoint.upload_bytes_per_s == Some(0) {
             bail!("[checkpoint] upload_bytes_per_s must be positive (leave it out for no cap)");
+        }
+        if let SourceConfig::Generator { vehicles, .. } = &self.source {
+            check_vehicles("[source] vehicles", *vehicles)?;
         }
         let rate = match &self.source {
             SourceConfig::Generator { vehicles: 0, .. } => bail!("[source] vehicles must be at least 1"),
@@ -1078,6 +1123,39 @@ impl Config {
 /// The largest size in MiB a setting takes: its bytes fit every counter with room to
 /// spare.
 pub const MAX_MIB: u64 = 1 << 24;
+
+/// The most partitions a job may have (`[state] partitions`).
+pub const MAX_PARTITIONS: u32 = 1 << 16;
+
+/// The most vehicles the embedded generator simulates (`[source] vehicles`, `sluice
+/// generate --vehicles`): it holds each in memory, about 100 bytes a vehicle.
+pub const MAX_VEHICLES: u32 = 1 << 24;
+
+/// Fails, naming `setting`, when the generator is asked for more than [`MAX_VEHICLES`].
+pub fn check_vehicles(setting: &str, vehicles: u32) -> Result<()> {
+    if vehicles > MAX_VEHICLES {
+        bail!("{setting} = {vehicles} is more than {MAX_VEHICLES}: the generator holds every vehicle in memory");
+    }
+    Ok(())
+}
+
+/// The longest duration a setting takes: its milliseconds fit the u64 that clocks,
+/// expiries and deadlines count in (2^64 - 1 ms, about 584 million years). A longer one
+/// would wrap where it becomes milliseconds, or overflow where it is added to a time.
+pub const MAX_DURATION: Duration = Duration::from_millis(u64::MAX);
+
+/// Fails, naming `setting`, when `duration` is longer than [`MAX_DURATION`].
+fn check_duration(setting: &str, duration: Duration) -> Result<()> {
+    if duration > MAX_DURATION {
+        bail!(
+            "{setting} = {}s is more than {}s (2^64 - 1 ms, about 584 million years), the longest duration sluice \
+             counts",
+            duration.as_secs(),
+            MAX_DURATION.as_secs()
+        );
+    }
+    Ok(())
+}
 
 /// The most records a partition's queue may hold (`[state] queued_records`).
 pub const MAX_QUEUED_RECORDS: usize = 1 << 24;
@@ -1264,14 +1342,23 @@ mod tests {
     }
 
     #[test]
-    fn ttls_are_durations_by_name_and_zero_is_refused() {
+    fn ttls_are_durations_by_name_and_out_of_range_ones_are_refused() {
         let text = "[operator]\npath = \"op.wasm\"\n[ttl]\ndefault = \"7d\"\n[ttl.names]\nsummary = 90\n";
         let config = toml::from_str::<Config>(text).unwrap();
         assert_eq!(config.ttl.default, Some(Duration::from_secs(7 * 86_400)));
         assert_eq!(config.ttl.names["summary"], Ttl(Duration::from_secs(90)));
         config.validate().unwrap();
-        let zero = toml::from_str::<Config>("[operator]\npath = \"op.wasm\"\n[ttl.names]\nsummary = \"0s\"\n").unwrap();
-        assert!(zero.validate().unwrap_err().to_string().contains("[ttl] a TTL must be more than 0"));
+        for (ttl, expected) in [
+            ("\"0s\"", "[ttl.names] summary = 0ns is under 1 ms"),
+            ("0.0005", "[ttl.names] summary = 500µs is under 1 ms"),
+            ("18446744073709552", "[ttl.names] summary = 18446744073709552s is more than 18446744073709551s"),
+        ] {
+            let text = format!("[operator]\npath = \"op.wasm\"\n[ttl.names]\nsummary = {ttl}\n");
+            let err = toml::from_str::<Config>(&text).unwrap().validate().unwrap_err().to_string();
+            assert!(err.contains(expected), "{ttl}: {err}");
+        }
+        let shortest = "[operator]\npath = \"op.wasm\"\n[ttl]\ndefault = \"1ms\"\n";
+        toml::from_str::<Config>(shortest).unwrap().validate().unwrap();
     }
 
     /// Dead letters go to a file or to a topic of a Kafka sink, never both.

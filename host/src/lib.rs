@@ -68,6 +68,17 @@ pub fn kill_point(point: &str) {
     }
 }
 
+/// `duration` in whole milliseconds, saturating at `u64::MAX` (584 million years)
+/// where `as u64` would wrap: a far-off duration stays far off.
+pub fn millis(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `duration` in whole microseconds, saturating at `u64::MAX` like [`millis`].
+pub fn micros(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// Locks `mutex`. The host's locks guard plain data and no code panics while holding
 /// one, so a poisoned lock is a bug to surface, not a condition to handle.
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -480,6 +480,7 @@ fn read_lines(path: &Path) -> Result<Vec<serde_json::Value>> {
 
 /// `sluice generate`
 fn generate(args: &FleetArgs) -> Result<()> {
+    config::check_vehicles("--vehicles", args.vehicles)?;
     let options = FleetOptions { vehicles: args.vehicles, count: Some(args.count), seed: args.seed, churn: args.churn };
     let fleet = Fleet::new(&options);
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -621,13 +622,12 @@ fn status(hosts: &[String]) -> Result<()> {
 /// `sluice status --state-dir`: each partition's offset and entries as its state holds
 /// them, and its newest checkpoint in `store`.
 fn stored_status(state_dir: &Path, store: Option<&str>) -> Result<()> {
-    let manifest = StateDir::read_manifest(state_dir)?;
-    let dir = StateDir::open(state_dir, manifest.partitions)?;
-    let store = store.map(CheckpointStore::open).transpose()?;
+    let dir = StateDir::open_read_only(state_dir)?;
+    let store = store.map(CheckpointStore::open_existing).transpose()?;
     let runtime = checkpoint::runtime()?;
     println!("{:>9}  {:>10}  {:>9}  newest checkpoint", "partition", "offset", "entries");
-    for p in 0..manifest.partitions {
-        // A partition never started here has no database; opening would create one.
+    for p in 0..dir.partitions() {
+        // A partition never started here has no database.
         let local = match dir.partition_path(p).exists() {
             true => dir.open_partition(p).and_then(|s| Ok((s.committed_offset()?, s.committed_entries()?))),
             false => Ok((0, 0)),
@@ -666,10 +666,10 @@ fn batch_p99(samples: &[metrics::Sample], partition: &str) -> Option<f64> {
 
 /// `sluice state dump`
 fn dump_state(state_dir: &Path) -> Result<()> {
-    let manifest = StateDir::read_manifest(state_dir)?;
-    let dir = StateDir::open(state_dir, manifest.partitions)?;
+    let dir = StateDir::open_read_only(state_dir)?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    for partition in 0..manifest.partitions {
+    // A partition never started here has no database, so no entries.
+    for partition in (0..dir.partitions()).filter(|&p| dir.partition_path(p).exists()) {
         let store = dir.open_partition(partition)?;
         for entry in store.entries() {
             let line = sluice::sink::state_line(partition, &entry?);
@@ -746,7 +746,7 @@ fn checkpoints(command: CheckpointsCommand) -> Result<()> {
 impl StoreArgs {
     /// Opens the store and reads how many partitions its checkpoints are of.
     fn open(&self, runtime: &Runtime) -> Result<(CheckpointStore, u32)> {
-        let store = CheckpointStore::open(&self.store)?;
+        let store = CheckpointStore::open_existing(&self.store)?;
         match runtime.block_on(store.store_manifest())? {
             Some(manifest) => Ok((store, manifest.partitions)),
             None => bail!("{} holds no checkpoints (no sluice-checkpoints.json)", self.store),
@@ -819,10 +819,21 @@ fn estimate_restore(
     (store, partitions): &(CheckpointStore, u32),
     state_dir: Option<&Path>,
 ) -> Result<()> {
-    let state = match state_dir.filter(|dir| dir.exists()) {
-        Some(dir) => Some(StateDir::open(dir, *partitions)?),
+    // A directory a job has yet to write (missing or empty) holds no local state.
+    let written = |dir: &&Path| std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some());
+    let state = match state_dir.filter(written) {
+        Some(dir) => Some(StateDir::open_read_only(dir)?),
         None => None,
     };
+    if let Some(state) = &state
+        && state.partitions() != *partitions
+    {
+        bail!(
+            "state directory {} holds {} partitions but the store's checkpoints are of {partitions}",
+            state_dir.expect("opened").display(),
+            state.partitions()
+        );
+    }
     let all: Vec<u32> = (0..*partitions).collect();
     println!("{}", runtime.block_on(checkpoint::restore::plan(state.as_ref(), &all, Some(store)))?);
     Ok(())

@@ -268,7 +268,7 @@ pub type LiveStats = Arc<Mutex<BTreeMap<u32, Arc<PartitionStats>>>>;
 
 /// The wall clock, ms since the Unix epoch.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    crate::millis(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default())
 }
 
 /// How unevenly a measure spreads over partitions: the largest value over the median.
@@ -430,8 +430,8 @@ impl HostStats {
     pub fn record_restore(&self, bytes: u64, took: Duration, predicted: Duration) {
         self.restore_seconds.observe(took.as_secs_f64());
         self.restored_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.restore_predicted_us.store(predicted.as_micros() as u64, Ordering::Relaxed);
-        self.restore_actual_us.store(took.as_micros() as u64, Ordering::Relaxed);
+        self.restore_predicted_us.store(crate::micros(predicted), Ordering::Relaxed);
+        self.restore_actual_us.store(crate::micros(took), Ordering::Relaxed);
         self.record(HostEventKind::Restore { bytes, took_s: took.as_secs_f64(), predicted_s: predicted.as_secs_f64() });
     }
 

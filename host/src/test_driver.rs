@@ -88,8 +88,10 @@ impl TestDriverBuilder {
         self
     }
 
-    /// Compiles the component and starts it over empty state, calling its `init`.
+    /// Compiles the component and starts it over empty state, calling its `init`; fails
+    /// on a TTL policy a job would refuse.
     pub fn build(self) -> Result<TestDriver> {
+        self.ttl.validate()?;
         let scratch = tempfile::tempdir().context("creating the driver's scratch state directory")?;
         let state = StateDir::open(scratch.path(), 1)?;
         let transaction =

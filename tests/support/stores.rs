@@ -98,6 +98,6 @@ pub fn dump_state(state_dir: &Path) -> Result<StateDump> {
 /// The offset stored with the state of each of the `partitions` partitions in
 /// `state_dir`: the next record each would process.
 pub fn stored_offsets(state_dir: &Path, partitions: u32) -> Result<Vec<u64>> {
-    let state = sluice::state::StateDir::open(state_dir, partitions)?;
+    let state = sluice::state::StateDir::open_read_only(state_dir)?;
     (0..partitions).map(|p| state.open_partition(p)?.committed_offset()).collect()
 }

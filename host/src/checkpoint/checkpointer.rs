@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
@@ -166,7 +166,7 @@ impl Checkpointer {
                 offset,
                 entries: state.committed_entries()?,
                 operator: self.operator.clone(),
-                created_at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+                created_at_ms: crate::stats::now_ms(),
                 uploaded_bytes: 0,
                 files: Vec::new(),
             },

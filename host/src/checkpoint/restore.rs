@@ -82,7 +82,9 @@ impl RestorePlan {
     /// The predicted restore duration and the bandwidth it assumes.
     pub fn predicted(&self) -> (Duration, f64) {
         let bandwidth = self.measured_bytes_per_s.unwrap_or(ASSUMED_BYTES_PER_S);
-        (Duration::from_secs_f64(self.bytes_to_fetch() as f64 / bandwidth), bandwidth)
+        // A tiny measured bandwidth predicts longer than a Duration holds: the longest.
+        let seconds = self.bytes_to_fetch() as f64 / bandwidth;
+        (Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX), bandwidth)
     }
 }
 
@@ -173,10 +175,12 @@ pub async fn plan(
     let mut plans = Vec::new();
     for &partition in partitions {
         let path = state.map(|state| state.partition_path(partition)).filter(|path| path.exists());
+        let open = match state.is_some_and(StateDir::is_read_only) {
+            true => PartitionStore::open_read_only,
+            false => PartitionStore::open,
+        };
         let local = match path {
-            Some(path) => Some(
-                tokio::task::spawn_blocking(move || PartitionStore::open(&path, partition)?.committed_offset()).await?,
-            ),
+            Some(path) => Some(tokio::task::spawn_blocking(move || open(&path, partition)?.committed_offset()).await?),
             None => None,
         };
         let (local_offset, local_unreadable) = match local {

@@ -181,11 +181,15 @@ pub struct RestoreSample {
 }
 
 impl RestoreHistory {
-    /// Bytes per second over the remembered restores, if any were measured.
+    /// Bytes per second over the remembered restores, if any were measured. The file
+    /// is the store's, so anyone with write access to it may have crafted it: samples
+    /// that no restore could have measured (a time that is not a positive number) are
+    /// passed over, and a bandwidth no division can use is none.
     pub fn bandwidth(&self) -> Option<f64> {
-        let bytes: u64 = self.samples.iter().map(|s| s.bytes).sum();
-        let seconds: f64 = self.samples.iter().map(|s| s.seconds).sum();
-        (bytes > 0 && seconds > 0.0).then(|| bytes as f64 / seconds)
+        let measured = self.samples.iter().filter(|s| s.seconds.is_finite() && s.seconds > 0.0);
+        let (bytes, seconds) = measured.fold((0.0, 0.0), |(b, t), s| (b + s.bytes as f64, t + s.seconds));
+        let bandwidth = bytes / seconds;
+        (bandwidth.is_finite() && bandwidth > 0.0).then_some(bandwidth)
     }
 }
 
@@ -205,10 +209,22 @@ impl std::fmt::Debug for CheckpointStore {
 }
 
 impl CheckpointStore {
+    /// Opens a store that exists, to read it (`sluice checkpoints …`, `status --store`):
+    /// as [`open`](CheckpointStore::open), but a directory that does not exist is an
+    /// error, not created (a mistyped path would otherwise leave an empty store behind).
+    pub fn open_existing(url: &str) -> Result<Self> {
+        Self::open_at(url, false)
+    }
+
     /// Opens the store at `url`: `s3://bucket/prefix` (credentials, region and endpoint
     /// from the usual `AWS_*` environment variables), `file:///abs/dir`, or a plain
     /// directory path. A directory is created when missing.
     pub fn open(url: &str) -> Result<Self> {
+        Self::open_at(url, true)
+    }
+
+    /// [`open`](CheckpointStore::open), creating a missing directory if `create`.
+    fn open_at(url: &str, create: bool) -> Result<Self> {
         let mut local_root = None;
         let objects: Arc<dyn ObjectStore> = if let Some(rest) = url.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
@@ -230,7 +246,11 @@ impl CheckpointStore {
                     "checkpoint store `{url}`: unsupported scheme (use a directory, file:///dir or s3://bucket/prefix)"
                 );
             }
-            std::fs::create_dir_all(dir).with_context(|| format!("creating checkpoint store directory {dir}"))?;
+            if create {
+                std::fs::create_dir_all(dir).with_context(|| format!("creating checkpoint store directory {dir}"))?;
+            } else if !Path::new(dir).is_dir() {
+                bail!("checkpoint store directory {dir} does not exist");
+            }
             let local = object_store::local::LocalFileSystem::new_with_prefix(dir)
                 .with_context(|| format!("opening checkpoint store directory {dir}"))?
                 // A manifest must not outlive (on disk) the files it lists.
@@ -280,7 +300,9 @@ impl CheckpointStore {
     }
 
     /// Checks that the store belongs to `job`, with `partitions` partitions, and claims
-    /// it for that job when it is new (or older than job identities).
+    /// it for that job when it is new (or older than job identities). A new store is
+    /// claimed by a conditional create, so of two new jobs starting on one store at once
+    /// exactly one owns it and the other is refused as any other job would be.
     pub async fn claim(&self, partitions: u32, job: &JobIdentity) -> Result<()> {
         let manifest = match self.check_partitions(partitions).await? {
             Some(StoreManifest { job: Some(owner), .. }) if owner != *job => bail!(
@@ -290,12 +312,19 @@ impl CheckpointStore {
             ),
             Some(StoreManifest { job: Some(_), .. }) => return Ok(()),
             Some(manifest) => StoreManifest { job: Some(job.clone()), ..manifest },
-            None => StoreManifest {
-                format: CHECKPOINT_FORMAT,
-                partitions,
-                created_by: env!("CARGO_PKG_VERSION").to_string(),
-                job: Some(job.clone()),
-            },
+            None => {
+                let manifest = StoreManifest {
+                    format: CHECKPOINT_FORMAT,
+                    partitions,
+                    created_by: env!("CARGO_PKG_VERSION").to_string(),
+                    job: Some(job.clone()),
+                };
+                if self.put_new(STORE_MANIFEST, serde_json::to_vec_pretty(&manifest)?).await? {
+                    return Ok(());
+                }
+                // Another job created it between the look and the create: judge its claim.
+                return Box::pin(self.claim(partitions, job)).await;
+            }
         };
         self.put_bytes(STORE_MANIFEST, serde_json::to_vec_pretty(&manifest)?).await
     }
@@ -303,8 +332,7 @@ impl CheckpointStore {
     /// Records that `host` owns `partition` from now on: the host that took it before
     /// (if it still runs) stops checkpointing and collecting it.
     pub async fn claim_partition(&self, partition: u32, host: &str) -> Result<()> {
-        let claimed_at_ms = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let claim = PartitionClaim { host: host.to_string(), claimed_at_ms };
+        let claim = PartitionClaim { host: host.to_string(), claimed_at_ms: crate::stats::now_ms() };
         self.put_bytes(&claim_path(partition), serde_json::to_vec_pretty(&claim)?).await
     }
 
@@ -703,6 +731,26 @@ mod tests {
         let err = format!("{:#}", again.expect_err("a second checkpoint 7 is refused"));
         assert!(err.contains("checkpoint 7 of partition 0 already exists"), "{err}");
         assert_eq!(runtime.block_on(store.manifest(0, 7))?.offset, 100, "the first one stands");
+        Ok(())
+    }
+
+    /// Two new jobs claiming one new store at the same moment: exactly one owns it, the
+    /// other is refused, every time (with an unconditional put both would go on, each
+    /// believing the store its own, and restore each other's checkpoints later).
+    #[test]
+    fn of_two_jobs_claiming_a_new_store_at_once_exactly_one_owns_it() -> Result<()> {
+        let runtime = super::super::runtime()?;
+        let job = |operator: &str| JobIdentity { operator: operator.into(), input: None };
+        for round in 0..50 {
+            let dir = tempfile::tempdir()?;
+            let store = CheckpointStore::open(dir.path().to_str().expect("UTF-8 temp path"))?;
+            let (a, b) = (job("a"), job("b"));
+            let (a, b) = runtime.block_on(async { tokio::join!(store.claim(4, &a), store.claim(4, &b)) });
+            let refused = [&a, &b].iter().filter(|r| r.is_err()).count();
+            assert_eq!(refused, 1, "round {round}: {a:?} {b:?}");
+            let err = format!("{:#}", a.err().or(b.err()).expect("one was refused"));
+            assert!(err.contains("belongs to another job"), "{err}");
+        }
         Ok(())
     }
 }

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 /// Why a deploy, a rollback or a look at an operator's versions failed.
 ///
@@ -329,7 +329,7 @@ impl Registry {
                 seq: history.last().map_or(1, |d| d.seq + 1),
                 action,
                 version,
-                at_ms: SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64,
+                at_ms: crate::stats::now_ms(),
                 origin: origin.to_string(),
             };
             let json = serde_json::to_vec_pretty(&entry).expect("a deployment record serializes");

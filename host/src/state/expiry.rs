@@ -11,8 +11,10 @@
 //! This module decides what expires and when; it does not read or write the database.
 
 use crate::config::{TimeDomain, TtlConfig};
+use crate::millis;
+use crate::stats::now_ms;
 use anyhow::{Result, bail};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// A partition's clock, in milliseconds since the Unix epoch; it never goes back. In
 /// event time it is the largest record timestamp seen, less the allowed lateness; in
@@ -125,7 +127,7 @@ impl Clock {
     /// records only.
     pub fn tick(&mut self, policy: &TtlConfig) {
         if policy.time == TimeDomain::Processing {
-            self.now_ms = self.now_ms.max(wall_ms());
+            self.now_ms = self.now_ms.max(now_ms());
         }
     }
 
@@ -136,17 +138,6 @@ impl Clock {
         let ttl = ttl?;
         (self.now_ms > 0).then(|| self.now_ms.saturating_add(millis(ttl)))
     }
-}
-
-/// `duration` in whole milliseconds, saturating (config checks keep durations far
-/// below it).
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// The wall clock, ms since the epoch: a processing-time clock's only.
-fn wall_ms() -> u64 {
-    millis(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default())
 }
 
 /// The header byte of a value that never expires...
@@ -316,7 +307,7 @@ mod tests {
     fn a_processing_time_clock_follows_the_wall_clock_whatever_the_timestamps() {
         let policy = TtlConfig { time: TimeDomain::Processing, ..TtlConfig::default() };
         let mut clock = Clock::default();
-        let before = wall_ms();
+        let before = now_ms();
         clock.tick(&policy);
         assert!(clock.now_ms() >= before);
         std::thread::sleep(Duration::from_millis(5));

@@ -61,9 +61,13 @@ pub struct StateManifest {
 pub struct StateDir {
     root: PathBuf,
     manifest: StateManifest,
-    /// An exclusive lock on [`LOCK_FILE`], held while the directory is open: one
-    /// process at a time, so no one removes another's snapshots or restores.
-    _lock: std::fs::File,
+    /// A lock on [`LOCK_FILE`], held while the directory is open: exclusive for a job,
+    /// so no one removes another's snapshots or restores; shared for a reader, so no
+    /// job runs under it. `None`: read-only over a directory no job has locked yet.
+    _lock: Option<std::fs::File>,
+    /// Opened by [`open_read_only`](StateDir::open_read_only): partitions open
+    /// read-only, nothing is created.
+    read_only: bool,
 }
 
 /// The file a process locks while it has the state directory open.
@@ -127,9 +131,43 @@ impl StateDir {
         if let Err(e) = lock.try_lock() {
             bail!("state directory {} is in use by another process ({}: {e})", root.display(), lock_path.display());
         }
-        let dir = StateDir { root: root.to_path_buf(), manifest, _lock: lock };
+        let dir = StateDir { root: root.to_path_buf(), manifest, _lock: Some(lock), read_only: false };
         dir.remove_leftovers()?;
         Ok(dir)
+    }
+
+    /// Opens the existing state directory at `root` to read it alone (`sluice state
+    /// dump`, `status --state-dir`, `checkpoints estimate`): it writes nothing — no
+    /// manifest, no migration, no lock file, no leftover removed, no database created —
+    /// and fails, naming the directory, when it is not in this build's format or a job
+    /// has it open.
+    pub fn open_read_only(root: &Path) -> Result<Self> {
+        let manifest = Self::read_manifest(root)?;
+        if manifest.format != STATE_FORMAT {
+            bail!(
+                "state directory {} is in state format {} (written by sluice {}); this sluice reads format {} only \
+                 without writing (a job it runs migrates format {MIGRATED_FORMAT} at its start); nothing was changed",
+                root.display(),
+                manifest.format,
+                manifest.created_by,
+                STATE_FORMAT
+            );
+        }
+        let lock_path = root.join(LOCK_FILE);
+        let lock = match std::fs::File::open(&lock_path) {
+            Ok(lock) => Some(lock),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e).with_context(|| format!("opening {}", lock_path.display())),
+        };
+        if let Some(Err(e)) = lock.as_ref().map(std::fs::File::try_lock_shared) {
+            bail!("state directory {} is in use by another process ({}: {e})", root.display(), lock_path.display());
+        }
+        Ok(StateDir { root: root.to_path_buf(), manifest, _lock: lock, read_only: true })
+    }
+
+    /// Whether the directory was opened by [`open_read_only`](StateDir::open_read_only).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     /// Removes what a killed run can leave behind: snapshots that were uploading,
@@ -198,8 +236,12 @@ impl StateDir {
         self.root.join("scratch")
     }
 
-    /// Opens partition `partition`'s database, creating it on first use.
+    /// Opens partition `partition`'s database, creating it on first use; read-only
+    /// (and failing when it does not exist) in a directory opened read-only.
     pub fn open_partition(&self, partition: u32) -> Result<PartitionStore> {
-        PartitionStore::open(&self.partition_path(partition), partition)
+        match self.read_only {
+            true => PartitionStore::open_read_only(&self.partition_path(partition), partition),
+            false => PartitionStore::open(&self.partition_path(partition), partition),
+        }
     }
 }

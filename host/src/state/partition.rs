@@ -120,6 +120,34 @@ impl PartitionStore {
         Ok(store)
     }
 
+    /// Opens the existing database at `path` to read it alone: nothing is created,
+    /// migrated or written. Fails, naming it, unless it is in this build's format.
+    pub fn open_read_only(path: &Path, partition: u32) -> Result<Self> {
+        let context = || format!("opening state of partition {partition} at {} to read it", path.display());
+        if !path.exists() {
+            bail!("state of partition {partition} at {} does not exist", path.display());
+        }
+        let options = Self::options();
+        let cfs = DB::list_cf(&options, path).with_context(context)?;
+        if ![META_CF, EXPIRY_CF].iter().all(|cf| cfs.iter().any(|found| found == cf)) {
+            bail!(
+                "state of partition {partition} at {} lacks the column families of state format {STATE_FORMAT} \
+                 (found {cfs:?})",
+                path.display()
+            );
+        }
+        let db = DB::open_cf_for_read_only(&options, path, cfs, false).with_context(context)?;
+        let store = PartitionStore { db, path: path.to_path_buf(), partition };
+        match store.get_meta(META_FORMAT)? {
+            Some(bytes) if bytes == STATE_FORMAT.to_be_bytes() => Ok(store),
+            found => bail!(
+                "state of partition {partition} at {} has format {found:?}; this sluice reads format {STATE_FORMAT} \
+                 only without writing (a job it runs migrates format {FORMAT_WITHOUT_EXPIRY} at its start)",
+                path.display()
+            ),
+        }
+    }
+
     /// Rewrites every value of a format-1 database (written before values carried an
     /// expiry) with a header saying it never expires, `chunk` entries per write batch,
     /// each recording how far it got: a crash resumes where the last batch ended.

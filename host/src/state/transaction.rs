@@ -981,7 +981,7 @@ mod tests {
                 _ => {
                     let value = step.to_be_bytes().to_vec();
                     txn.put(name, value.clone());
-                    Some(Some((value, now + ttl.ttl(name).unwrap().as_millis() as u64)))
+                    Some(Some((value, now + crate::millis(ttl.ttl(name).unwrap()))))
                 }
             };
             txn.end_record(keep);

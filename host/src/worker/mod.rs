@@ -160,8 +160,8 @@ impl BatchTimes {
         let mut sorted: Vec<Duration> = self.recent.iter().copied().collect();
         sorted.sort_unstable();
         let (p99, max) = (sorted[sorted.len() * 99 / 100], sorted[sorted.len() - 1]);
-        stats.batch_p99_us.store(p99.as_micros() as u64, Ordering::Relaxed);
-        stats.batch_max_us.store(max.as_micros() as u64, Ordering::Relaxed);
+        stats.batch_p99_us.store(crate::micros(p99), Ordering::Relaxed);
+        stats.batch_max_us.store(crate::micros(max), Ordering::Relaxed);
         if let Some(limit) = self.warn_at
             && (p99 >= limit || max >= limit)
             && self.warned.is_none_or(|at| at.elapsed() >= Self::WARN_EVERY)
@@ -574,7 +574,7 @@ fn follow_deploys(
         *lock(&stats.refused) = Some((switch.to, reason));
         return Ok(false);
     }
-    let stall_us = switch.stall.as_micros() as u64;
+    let stall_us = crate::micros(switch.stall);
     tracing::info!(
         partition,
         "switched from {} to {} at offset {offset}, standing still {stall_us} µs",
