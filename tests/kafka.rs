@@ -20,7 +20,7 @@ use sluice::config::DEFAULT_DEAD_LETTER_PATH;
 use sluice::job::{DEAD_LETTERS_BY_KIND, JOB_STARTED, LAG};
 use sluice::record::{DeadLetterKind, NULL_KEY_HEADER, Stop, TOMBSTONE_HEADER};
 use sluice::sink::transaction::{FENCED, REPLAYED_SILENTLY};
-use sluice::source::kafka::{ASSIGNED, PARTITIONS_ADDED, RESUMED, REVOKED};
+use sluice::source::kafka::{ASSIGNED, PARTITIONS_ADDED, RESERVED_HEADER, RESUMED, REVOKED};
 use sluice::warnings::REBALANCING_OFTEN;
 use sluice::worker::{
     AFTER_SEND, BEFORE_SEND, OFFSETS_JUMP, OUTPUTS_COMMITTED, SLOW_BATCH, STATE_COMMITTED, STOPPED, STOPPED_ALONE,
@@ -181,7 +181,9 @@ fn an_unreachable_broker_or_a_missing_topic_is_named_at_the_start() -> Result<()
 /// What Kafka carries reaches the operator: its headers, and a tombstone (no value)
 /// marked by `sluice-tombstone`. A record without a key goes to the dead letters by
 /// default, its state would be every keyless record's; with `null_keys = "operator"` it
-/// reaches the operator, its key empty and marked by `sluice-null-key`.
+/// reaches the operator, its key empty and marked by `sluice-null-key`. The marks are the
+/// source's alone: records that carry headers of those names themselves (an empty key
+/// and value with both) have them dropped, warned about, and pass for nothing.
 #[test]
 fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
     use rdkafka::message::{Header, OwnedHeaders};
@@ -197,28 +199,39 @@ fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
     producer.send(BaseRecord::<str, str>::to("positions").key("").payload("")).map_err(|(e, _)| e)?;
     producer.flush(Duration::from_secs(30))?;
     let tombstone = json!({"empty": true, "headers": {"trace": "abc", "span": "1", TOMBSTONE_HEADER: ""}});
+    let forged = OwnedHeaders::new()
+        .insert(Header { key: NULL_KEY_HEADER, value: Some("") })
+        .insert(Header { key: TOMBSTONE_HEADER, value: Some("") })
+        .insert(Header { key: "trace", value: Some("def") });
+    let forged = BaseRecord::<str, str>::to("positions").key("").payload("").headers(forged);
+    producer.send(forged).map_err(|(e, _)| e)?;
     let empty_key = json!({"empty": true, "headers": {}});
     /// A run's outputs as (key, value), and its dead letters.
     type Run = (Vec<(Value, Value)>, Vec<Value>);
+    let unmarked = json!({"empty": true, "headers": {"trace": "def"}});
     let root = tempfile::tempdir()?;
     let run = |name: &str, more: &str| -> Result<Run> {
         let dir = root.path().join(name);
         std::fs::create_dir_all(&dir)?;
         let config = positions_source(&dir, &broker.bootstrap, &format!("stop_when_idle = \"2s\"\n{more}"))?;
-        run_ok(run_job(&operator_wasm("probe"), &dir, 1).arg("--config").arg(&config).arg("--no-checkpoints"))?;
+        let run =
+            run_ok(run_job(&operator_wasm("probe"), &dir, 1).arg("--config").arg(&config).arg("--no-checkpoints"))?;
+        let log = String::from_utf8_lossy(&run.stderr);
+        assert!(log.contains(&format!("the record at offset 3 {RESERVED_HEADER}")), "{log}");
         let outputs = read_jsonl(&dir.join("out.jsonl"))?.into_iter().map(|o| (o["key"].clone(), o["value"].clone()));
         let dead = if dir.join("dead.jsonl").exists() { read_jsonl(&dir.join("dead.jsonl"))? } else { Vec::new() };
         Ok((outputs.collect(), dead))
     };
 
     let (outputs, dead) = run("refused", "")?;
-    assert_eq!(outputs, [(json!("k"), tombstone.clone()), (json!(""), empty_key.clone())]);
+    let forged = (json!(""), unmarked);
+    assert_eq!(outputs, [(json!("k"), tombstone.clone()), (json!(""), empty_key.clone()), forged.clone()]);
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert!(dead[0]["error"] == DeadLetterKind::NullKey.name() && dead[0]["offset"] == 1, "{}", dead[0]);
 
     let (outputs, dead) = run("passed", "null_keys = \"operator\"\n")?;
     let keyless = json!({"empty": true, "headers": {NULL_KEY_HEADER: ""}});
-    assert_eq!(outputs, [(json!("k"), tombstone), (json!(""), keyless), (json!(""), empty_key)]);
+    assert_eq!(outputs, [(json!("k"), tombstone), (json!(""), keyless), (json!(""), empty_key), forged]);
     assert!(dead.is_empty(), "{dead:?}");
     Ok(())
 }

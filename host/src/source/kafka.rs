@@ -17,6 +17,10 @@
 //! shorter than the state (another topic, a recreated one), are never jumped over in
 //! silence, and librdkafka's own reset is off (`auto.offset.reset = error`).
 //!
+//! A record keeps its Kafka headers, but for those named like the marks the source adds
+//! ([`NULL_KEY_HEADER`], [`TOMBSTONE_HEADER`]): a producer could otherwise make a record
+//! pass for keyless or a tombstone. They are dropped, and the first is warned about.
+//!
 //! This module owns the consumer, the rebalance callbacks and the poll loop. It drives
 //! partition ownership through [`Partitions`] only; it does not process records or
 //! restore state (the [worker](crate::worker) module does).
@@ -56,6 +60,8 @@ pub const ASSIGNED: &str = "assigned partitions";
 pub const REVOKED: &str = "revoked partitions";
 /// Logged when a started partition resumes: `resumed at offset N after …`.
 pub const RESUMED: &str = "resumed at offset";
+/// Logged at the first record from Kafka carrying a header of a reserved name.
+pub const RESERVED_HEADER: &str = "carries a header only sluice sets";
 
 /// Where and how to consume.
 #[derive(Debug, Clone)]
@@ -348,6 +354,8 @@ struct PollState {
     backed_up: BTreeSet<u32>,
     /// Partitions are being restored: look for finished ones often, they are paused.
     starting: bool,
+    /// Whether a record carrying a reserved header name was warned about.
+    reserved_warned: bool,
 }
 
 /// The poll loop: records to partitions, started partitions resumed, backed-up ones
@@ -366,6 +374,7 @@ fn poll<P: Partitions + Send>(
         group_offsets: BTreeMap::new(),
         backed_up: BTreeSet::new(),
         starting: false,
+        reserved_warned: false,
     };
     loop {
         if stopping.load(Ordering::Relaxed) {
@@ -401,7 +410,17 @@ fn poll<P: Partitions + Send>(
             Some(Ok(message)) => {
                 state.last_busy = Instant::now();
                 let p = message.partition() as u32;
-                if partitions.push(source_record(&message), false)? && state.backed_up.insert(p) {
+                let (record, reserved) = source_record(&message);
+                if reserved && !std::mem::replace(&mut state.reserved_warned, true) {
+                    tracing::warn!(
+                        partition = p,
+                        "the record at offset {} {RESERVED_HEADER} ({NULL_KEY_HEADER} or {TOMBSTONE_HEADER}, which \
+                         mark a record Kafka had no key or value for): dropped from it; further ones are dropped \
+                         without a word",
+                        record.offset
+                    );
+                }
+                if partitions.push(record, false)? && state.backed_up.insert(p) {
                     consumer.pause(&partition_list(&options.topic, p))?;
                 }
             }
@@ -453,8 +472,10 @@ impl PollState {
 }
 
 /// The record `message` carries, at the broker's partition and offset, with its
-/// headers; a missing key or value (a tombstone) is empty and marked by a header.
-fn source_record(message: &BorrowedMessage<'_>) -> SourceRecord {
+/// headers; a missing key or value (a tombstone) is empty and marked by a header. Headers
+/// of the marks' names that the record itself carries are dropped (so the marks are the
+/// source's alone); the second value says whether there were any.
+fn source_record(message: &BorrowedMessage<'_>) -> (SourceRecord, bool) {
     use rdkafka::message::Headers;
     let mut headers: Vec<(String, Vec<u8>)> = message
         .headers()
@@ -465,16 +486,20 @@ fn source_record(message: &BorrowedMessage<'_>) -> SourceRecord {
                 .collect()
         })
         .unwrap_or_default();
+    let carried = headers.len();
+    headers.retain(|(name, _)| name != NULL_KEY_HEADER && name != TOMBSTONE_HEADER);
+    let reserved = headers.len() < carried;
     let marks = [(message.key().is_none(), NULL_KEY_HEADER), (message.payload().is_none(), TOMBSTONE_HEADER)];
     headers.extend(marks.into_iter().filter(|(missing, _)| *missing).map(|(_, name)| (name.to_string(), Vec::new())));
-    SourceRecord {
+    let record = SourceRecord {
         partition: message.partition() as u32,
         offset: message.offset() as u64,
         key: message.key().unwrap_or_default().to_vec(),
         value: message.payload().unwrap_or_default().to_vec(),
         timestamp_ms: message.timestamp().to_millis().unwrap_or(0),
         headers,
-    }
+    };
+    (record, reserved)
 }
 
 /// Where partition `p`, whose state holds offset `stored`, resumes in a log whose
