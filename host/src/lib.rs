@@ -14,14 +14,16 @@
 //! The layers point one way: each module imports only modules before it in
 //!
 //! ```text
-//! record → stats, config, checksum → state → checkpoint → operator → sink → source
-//!     → worker → metrics, warnings, test_driver → admin → job, scaffold
+//! record, backoff → stats, config, checksum → state → checkpoint → operator → sink
+//!     → source → worker → metrics, warnings, test_driver → admin → job, scaffold
 //! ```
 //!
-//! [`record`] (the data every layer shares) is the leaf; [`stats`] holds live counters.
+//! [`record`] (the data every layer shares) and [`backoff`] (the schedule of retries
+//! after transient failures) are the leaves; [`stats`] holds live counters.
 //! A test in this crate fails on an import against the chain.
 
 pub mod admin;
+pub mod backoff;
 pub mod checkpoint;
 pub mod checksum;
 pub mod config;
