@@ -142,6 +142,55 @@ fn a_record_that_is_not_json_or_utf8_goes_to_the_dead_letter_file_and_processing
     Ok(())
 }
 
+/// Valid JSON that no reader holds — a number past a double's range, nesting past
+/// serde_json's limit — is text to a line: `sluice test` prints the dead letters of such
+/// input lines,
+/// and `sluice state dump` and `sluice test --show-state` such stored values (state may
+/// be any bytes), as strings holding their bytes, beside the rest of the state.
+#[test]
+fn json_no_reader_holds_is_written_as_text_not_a_panic() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let unreadable = ["1e400", deep.as_str(), r#"{"vehicle_id":"veh-1","ts":1,"speed_kmh":1e400}"#];
+    let input = dir.path().join("input.jsonl");
+    std::fs::write(&input, unreadable.map(|line| format!("{line}\n")).concat())?;
+    let run = run_ok(sluice().arg("test").arg(operator_wasm("vehicle_stats")).arg("--input").arg(&input))?;
+    let dead = json_lines(&run.stdout)?;
+    assert_eq!(dead.iter().map(|d| d["value"].as_str()).collect::<Vec<_>>(), unreadable.map(Some), "{dead:?}");
+    assert!(dead.iter().all(|d| d["error"] == "rejected"), "{dead:?}");
+
+    let stored = dir.path().join("stored.jsonl");
+    let put = |name: &str, text: &str| {
+        serde_json::json!({"vehicle_id": "k", "action": "put-bytes", "name": name, "text": text}).to_string()
+    };
+    let records = [put("n0", unreadable[0]), put("n1", unreadable[1]), put("n2", unreadable[2])];
+    std::fs::write(&stored, format!("{}\n{{\"vehicle_id\": \"k\", \"action\": \"count\"}}\n", records.join("\n")))?;
+    run_ok(&mut run_file_job(&operator_wasm("probe"), &stored, dir.path(), 2))?;
+    let dump = run_ok(sluice().args(["state", "dump", "--state-dir"]).arg(dir.path().join("state")))?;
+    let shown =
+        run_ok(sluice().arg("test").arg(operator_wasm("probe")).arg("--input").arg(&stored).arg("--show-state"))?;
+    let state_lines = json_lines(&shown.stdout)?.into_iter().filter(|line| line.get("name").is_some()).collect();
+    for (what, lines) in [("state dump", json_lines(&dump.stdout)?), ("sluice test --show-state", state_lines)] {
+        let by_name: BTreeMap<String, serde_json::Value> = lines
+            .iter()
+            .map(|line| (line["name"].as_str().unwrap_or_default().to_string(), line["value"].clone()))
+            .collect();
+        let expected = BTreeMap::from([
+            ("count".to_string(), 1.into()),
+            ("n0".to_string(), unreadable[0].into()),
+            ("n1".to_string(), unreadable[1].into()),
+            ("n2".to_string(), unreadable[2].into()),
+        ]);
+        assert_eq!(by_name, expected, "{what}: {lines:?}");
+    }
+    Ok(())
+}
+
+/// The JSON lines `stdout` holds.
+fn json_lines(stdout: &[u8]) -> Result<Vec<serde_json::Value>> {
+    Ok(std::str::from_utf8(stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?)
+}
+
 /// Numbers out of range are errors naming the setting, not panics or wrapped values,
 /// and stored state is unharmed; `--input` keeps the config's key field, and keys are
 /// taken as written, so numbers no float holds exactly stay two keys.

@@ -5,7 +5,7 @@
 use anyhow::Result;
 use sluice_tests::*;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const VEHICLES: u32 = 300;
@@ -169,10 +169,14 @@ fn kill_9_with_an_expiry_callback_that_writes_state_handles_each_expiry_once() -
 /// Starts `command` (a job writing its outputs to `out`), and kills it with SIGKILL
 /// once `out` holds `min_lines` lines, while records are flowing.
 fn kill_9_once_written(command: &mut Command, out: &Path, min_lines: usize) -> Result<()> {
-    let mut child = command.stderr(Stdio::null()).spawn()?;
+    let log = out.with_extension("stderr");
+    let mut child = command.stderr(std::fs::File::create(&log)?).spawn()?;
     let started = Instant::now();
     while read_jsonl_lines(out) < min_lines {
-        assert!(child.try_wait()?.is_none(), "the run ended before it could be killed at {min_lines} lines");
+        if let Some(status) = child.try_wait()? {
+            let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("the run ended ({status}) before it could be killed at {min_lines} lines:\n{stderr}");
+        }
         assert!(started.elapsed() < Duration::from_secs(60), "the run made no progress");
         std::thread::sleep(Duration::from_millis(20));
     }

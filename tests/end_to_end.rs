@@ -59,6 +59,46 @@ fn every_output_and_the_final_state_equal_the_reference_fold() -> Result<()> {
     Ok(())
 }
 
+/// Outputs to what cannot be synced — `/dev/null`, a FIFO — are written unsynced: the job
+/// runs to its end with `sync_outputs` on (the default), says so once per sink at its
+/// start, and a reader at the FIFO gets every line.
+#[test]
+fn outputs_to_dev_null_or_a_fifo_are_written_unsynced_and_the_job_runs() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    generate(&input, 10, 500, 3)?;
+    let reference = Reference::fold(&input)?;
+    let vehicle_stats = operator_wasm("vehicle_stats");
+
+    let null = dir.path().join("null");
+    let mut job = run_file_job(&vehicle_stats, &input, &null, 2);
+    let run = run_ok(job.args(["--output", "/dev/null", "--dead-letter", "/dev/null"]).env("SLUICE_LOG", "info"))?;
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(
+        log.matches(sluice::sink::NOT_SYNCED).count(),
+        2,
+        "once for the outputs, once for the dead letters: {log}"
+    );
+    assert_state_matches(&dump_state(&null.join("state"))?, &reference, "state of a job writing to /dev/null");
+
+    let fifo = dir.path().join("outputs.fifo");
+    run_ok(std::process::Command::new("mkfifo").arg(&fifo))?;
+    // Opening a FIFO to read waits for a writer: the host, once it opens its sink.
+    let reader = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || std::fs::read_to_string(fifo)
+    });
+    let piped = dir.path().join("piped");
+    let run = run_ok(run_file_job(&vehicle_stats, &input, &piped, 2).arg("--output").arg(&fifo));
+    // Should the host never have opened it, a writer of our own lets the reader end.
+    drop(std::fs::OpenOptions::new().read(true).write(true).open(&fifo)?);
+    let lines = reader.join().expect("the FIFO's reader")?;
+    run?;
+    assert_eq!(lines.lines().count(), reference.after_each.len(), "every output reached the FIFO's reader");
+    assert_state_matches(&dump_state(&piped.join("state"))?, &reference, "state of a job writing to a FIFO");
+    Ok(())
+}
+
 #[test]
 fn a_config_file_runs_the_generator_and_flags_override_it() -> Result<()> {
     let dir = tempfile::tempdir()?;

@@ -3,8 +3,11 @@
 //! takes over between two batches in every partition, continues the state the old
 //! version wrote, and can be rolled back; a restart runs the newest deployed version;
 //! a component that cannot run is refused and the old version keeps processing; the
-//! admin API lets in only who it must. The registry works the same in an S3 store. (Two hosts switching together:
-//! tests/kafka.rs.)
+//! admin API lets in only who it must, strangers cannot hold its connections, and their
+//! refusals cost a bounded log. The registry works the same in an S3 store, a build forged
+//! to carry another's CRC-64 is a version of its own, a registry written with CRC-64
+//! names stays readable, and `sluice deploy --config` tries versions out in a private
+//! directory. (Two hosts switching together: tests/kafka.rs.)
 
 use anyhow::Result;
 use serde_json::Value;
@@ -43,30 +46,30 @@ impl PacedJob {
 }
 
 /// The admin API refuses strangers, each with its reason: a deploy or rollback without
-/// the token or with another (401); a request from another site's page (403); an
-/// unauthenticated upload is answered before its body is read; connections past the
-/// limit are closed, and idle ones are closed after the header timeout, freeing their
-/// slots. Questions on loopback need no token. A host told to listen beyond loopback
-/// without a token does not start.
+/// the token or with another (401); a request from another site's page (403); a
+/// question without the token naming a `Host` that is not this host's (a page of a site
+/// that pointed its name at 127.0.0.1, 403), but for an IP address, `localhost` and
+/// `[admin] host_names`; an unauthenticated upload is answered before its body is read;
+/// a connection past the limit closes the oldest one without a request, and idle ones
+/// are closed after the header timeout, freeing their slots. Questions on loopback need
+/// no token. A host told to listen beyond loopback without a token does not start.
 #[test]
 fn the_admin_api_lets_in_only_who_it_must() -> Result<()> {
-    use sluice::admin::{CROSS_ORIGIN, HEADER_TIMEOUT, MAX_CONNECTIONS, UNAUTHORIZED};
-    use std::io::{Read, Write};
+    use sluice::admin::{CROSS_ORIGIN, FOREIGN_HOST, HEADER_TIMEOUT, MAX_CONNECTIONS, UNAUTHORIZED};
+    use std::io::Read;
     use std::net::TcpStream;
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    let PacedJob { mut host, admin, .. } =
-        PacedJob::start(dir, (20, 100_000), 1_000, &operator_wasm("vehicle_stats"), "")?;
+    let PacedJob { mut host, admin, .. } = PacedJob::start(
+        dir,
+        (20, 100_000),
+        1_000,
+        &operator_wasm("vehicle_stats"),
+        "host_names = [\"devbox.test\"]\n",
+    )?;
     let address = admin.trim_start_matches("http://").to_string();
-    // One request on its own connection; the answer's status line and body.
-    let ask = |head: &str| -> Result<String> {
-        let mut stream = TcpStream::connect(&address)?;
-        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-        stream.write_all(format!("{head}Host: {address}\r\nConnection: close\r\n\r\n").as_bytes())?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer)?;
-        Ok(answer)
-    };
+    let port = address.rsplit_once(':').map(|(_, port)| port).unwrap_or_default();
+    let ask = |head: &str| ask(&address, head);
     let rollback = "POST /operators/vehicle_stats/rollback HTTP/1.1\r\n";
     let answer = ask(rollback)?;
     assert!(answer.starts_with("HTTP/1.1 401") && answer.contains(UNAUTHORIZED), "{answer}");
@@ -78,16 +81,29 @@ fn the_admin_api_lets_in_only_who_it_must() -> Result<()> {
     assert!(ask(versions)?.starts_with("HTTP/1.1 200"), "a question on loopback needs no token");
     let answer = ask(&format!("{versions}Origin: http://elsewhere.example\r\n"))?;
     assert!(answer.starts_with("HTTP/1.1 403") && answer.contains(CROSS_ORIGIN), "{answer}");
+    // What a page of rebound.example sends once its name points at 127.0.0.1.
+    let rebound = format!("Host: rebound.example:{port}\r\n");
+    for question in [versions, "GET /metrics HTTP/1.1\r\n", "GET /events HTTP/1.1\r\n"] {
+        let answer = ask_as(&address, &rebound, question)?;
+        assert!(answer.starts_with("HTTP/1.1 403") && answer.contains(FOREIGN_HOST), "{answer}");
+    }
+    for own in ["localhost", "127.0.0.1", "[::1]", "DevBox.test"] {
+        let answer = ask_as(&address, &format!("Host: {own}:{port}\r\n"), versions)?;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{own}: {answer}");
+    }
+    let with_token = format!("{versions}Authorization: Bearer {ADMIN_TOKEN}\r\n");
+    assert!(ask_as(&address, &rebound, &with_token)?.starts_with("HTTP/1.1 200"), "the token vouches for itself");
     // 100 MB announced, none sent: the refusal comes without waiting for them.
     let answer = ask("POST /operators/vehicle_stats/versions HTTP/1.1\r\nContent-Length: 100000000\r\n")?;
     assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
 
-    let idle: Vec<TcpStream> =
+    let mut idle: Vec<TcpStream> =
         (0..MAX_CONNECTIONS).map(|_| TcpStream::connect(&address)).collect::<std::io::Result<_>>()?;
     std::thread::sleep(Duration::from_millis(300));
-    let mut over = TcpStream::connect(&address)?;
-    over.set_read_timeout(Some(Duration::from_secs(10)))?;
-    assert_eq!(over.read(&mut [0; 16])?, 0, "the connection past the limit is closed at once");
+    // The connection past the limit is served, and the oldest one closed for it.
+    assert!(ask(versions)?.starts_with("HTTP/1.1 200"), "a new connection is served");
+    let oldest = idle.remove(0);
+    assert!(closed_within(oldest, Duration::from_secs(2)), "the oldest connection is closed for the new one");
     let started = std::time::Instant::now();
     for mut connection in idle {
         connection.set_read_timeout(Some(HEADER_TIMEOUT * 4))?;
@@ -104,6 +120,131 @@ fn the_admin_api_lets_in_only_who_it_must() -> Result<()> {
     let err = run_err(sluice().env_remove(sluice::admin::TOKEN_VARIABLE).arg("run").arg("--config").arg(&config))?;
     assert!(err.contains("is beyond loopback") && err.contains("needs a token"), "{err}");
     Ok(())
+}
+
+/// Strangers cannot hold the admin API against its owner. Beyond loopback, connections
+/// that fetched the status page (all it serves without the token) are closed after
+/// their answer instead of kept open, and of as many more that send nothing the oldest
+/// is closed for each new connection; meanwhile a deploy and a scrape with the token get
+/// through, and a connection that presented the token stays open for its next request.
+#[test]
+fn strangers_cannot_hold_the_admin_api_against_its_owner() -> Result<()> {
+    use sluice::admin::MAX_CONNECTIONS;
+    use std::net::TcpStream;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let input = dir.join("input.jsonl");
+    generate(&input, 20, 100_000, SEED)?;
+    let config = paced_job(dir, &input, 1_000, &operator_wasm("vehicle_stats"), "")?;
+    std::fs::write(&config, std::fs::read_to_string(&config)?.replace("127.0.0.1:0", "0.0.0.0:0"))?;
+    let mut host = Host::spawn("host", sluice().arg("run").arg("--config").arg(&config), &dir.join("host.log"))?;
+    let port = host.admin_url()?.rsplit_once(':').map(|(_, port)| port.to_string()).unwrap_or_default();
+    let address = format!("127.0.0.1:{port}");
+
+    let page = "GET / HTTP/1.1\r\n";
+    let mut strangers = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        let mut stranger = TcpStream::connect(&address)?;
+        let answer = exchange(&mut stranger, &address, page)?;
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("<html"), "{answer}");
+        strangers.push(stranger);
+    }
+    for stranger in strangers {
+        assert!(closed_within(stranger, Duration::from_secs(2)), "a stranger's connection closes after its answer");
+    }
+    let silent: Vec<TcpStream> =
+        (0..MAX_CONNECTIONS).map(|_| TcpStream::connect(&address)).collect::<std::io::Result<_>>()?;
+    std::thread::sleep(Duration::from_millis(300));
+    let deployed = run_ok(
+        sluice().arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats_v2")).arg("--admin").arg(&address),
+    )?;
+    assert!(String::from_utf8_lossy(&deployed.stdout).contains("(entry 2)"));
+    let mut owner = TcpStream::connect(&address)?;
+    let scrape = format!("GET /metrics HTTP/1.1\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n");
+    for _ in 0..2 {
+        let answer = exchange(&mut owner, &address, &scrape)?;
+        let kept_open = !answer.to_lowercase().contains("connection: close");
+        assert!(answer.starts_with("HTTP/1.1 200") && kept_open, "{answer}");
+    }
+    let oldest = silent.into_iter().next().expect("connections were opened");
+    assert!(closed_within(oldest, Duration::from_secs(2)), "the oldest was closed for the deploy's connection");
+    host.kill_9()
+}
+
+/// Refused requests cost a bounded log: of a burst of 200, at most
+/// [`REFUSALS_LOGGED`](sluice::admin::REFUSALS_LOGGED) per window are logged one by one,
+/// and the rest in a line counting them once the window is over.
+#[test]
+fn refused_requests_cost_a_bounded_log() -> Result<()> {
+    use sluice::admin::{REFUSAL_LOG_WINDOW, REFUSALS_COUNTED, REFUSALS_LOGGED};
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let PacedJob { mut host, admin, .. } =
+        PacedJob::start(dir, (20, 100_000), 1_000, &operator_wasm("vehicle_stats"), "")?;
+    let address = admin.trim_start_matches("http://").to_string();
+    let rollback = "POST /operators/vehicle_stats/rollback HTTP/1.1\r\n";
+    let (burst, started) = (200, std::time::Instant::now());
+    for _ in 0..burst {
+        assert!(ask(&address, rollback)?.starts_with("HTTP/1.1 401"));
+    }
+    // So it spans two windows at most.
+    assert!(started.elapsed() < REFUSAL_LOG_WINDOW, "the burst took {:?}", started.elapsed());
+    host.wait_for(REFUSALS_COUNTED, 1, REFUSAL_LOG_WINDOW * 2)?;
+    let log = host.log();
+    let one_by_one = log.lines().filter(|line| line.contains("POST /operators/vehicle_stats/rollback")).count() as u64;
+    let counted: u64 = log
+        .lines()
+        .filter_map(|line| line.split_once(&format!(" {REFUSALS_COUNTED}"))?.0.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(one_by_one <= 2 * REFUSALS_LOGGED && one_by_one + counted == burst, "{one_by_one} + {counted}:\n{log}");
+    host.kill_9()
+}
+
+/// One request with `head` (its request line and headers but `Host`) on its own
+/// connection to `address`, naming it as the `Host`; the answer's status line, headers
+/// and body.
+fn ask(address: &str, head: &str) -> Result<String> {
+    ask_as(address, &format!("Host: {address}\r\n"), head)
+}
+
+/// [`ask`] with the `Host` header line `host`.
+fn ask_as(address: &str, host: &str, head: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    stream.write_all(format!("{head}{host}Connection: close\r\n\r\n").as_bytes())?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+/// One request with `head` on `stream`, kept open, to `address`; the whole answer,
+/// read as far as its `content-length` says.
+fn exchange(stream: &mut std::net::TcpStream, address: &str, head: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    stream.write_all(format!("{head}Host: {address}\r\n\r\n").as_bytes())?;
+    let mut answer = Vec::new();
+    let mut buffer = [0; 8192];
+    loop {
+        let n = stream.read(&mut buffer)?;
+        anyhow::ensure!(n > 0, "the connection closed mid-answer: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buffer[..n]);
+        let text = String::from_utf8_lossy(&answer).to_lowercase();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end].lines().find_map(|line| line.strip_prefix("content-length: "));
+            let length: usize = length.and_then(|l| l.trim().parse().ok()).unwrap_or(0);
+            if answer.len() >= end + 4 + length {
+                return Ok(String::from_utf8_lossy(&answer).into_owned());
+            }
+        }
+    }
+}
+
+/// Whether the host closes `stream` within `timeout` (it reads the end of the stream).
+fn closed_within(mut stream: std::net::TcpStream, timeout: Duration) -> bool {
+    use std::io::Read;
+    stream.set_read_timeout(Some(timeout)).is_ok() && stream.read_to_end(&mut Vec::new()).is_ok()
 }
 
 /// The status page at `GET /`, as Chromium renders it during a run: a row per partition
@@ -492,4 +633,249 @@ fn versions_live_in_an_s3_store_and_a_racing_writer_cannot_overwrite_an_entry() 
         "the restart ran the version in the S3 registry"
     );
     Ok(())
+}
+
+/// A replay decides what the first run decided, whatever the wall clock says when it
+/// runs. The input holds positions a day and 20 seconds ahead of the wall clock at the
+/// test's start (the edge of `future_skew` then, inside it 25 seconds later) and ones
+/// ten years ahead, each alone among ordinary records, under a TTL of a minute. Three
+/// runs from empty state — one with a hot swap in its middle (from the 0.1.0 build to
+/// the current one, the same logic), one 25 seconds later, one killed at its fifth
+/// commit and restarted — leave byte-identical state, and the same outputs.
+#[test]
+fn a_replay_moves_the_clock_and_expires_as_the_first_run_did_whenever_it_runs() -> Result<()> {
+    const RECORDS: u64 = 30_000;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+    let generated = dir.join("generated.jsonl");
+    generate(&generated, 200, RECORDS, SEED)?;
+    let mut lines: Vec<Value> = read_jsonl(&generated)?;
+    for (i, line) in lines.iter_mut().enumerate().filter(|(i, _)| i % 2_000 == 1_000) {
+        let ahead = if i % 4_000 == 1_000 { 86_400_000 + 20_000 } else { 10 * 365 * 86_400_000 };
+        line["ts"] = (now_ms + ahead).into();
+    }
+    let input = dir.join("input.jsonl");
+    std::fs::write(&input, lines.iter().map(|l| format!("{l}\n")).collect::<String>())?;
+    // Under the name of the job's operator, which the file's stem gives.
+    let v1_file = dir.join("vehicle_stats.wasm");
+    std::fs::copy(operator_wasm("vehicle_stats_0_1_0"), &v1_file)?;
+    let ttl = "[ttl]\ndefault = \"60s\"\n";
+    // Each run in a directory of its own: state, outputs and checkpoints.
+    let run_in = |name: &str, rate: u32| -> Result<(PathBuf, PathBuf)> {
+        let home = dir.join(name);
+        std::fs::create_dir_all(&home)?;
+        Ok((home.clone(), paced_job(&home, &input, rate, &v1_file, ttl)?))
+    };
+    let outputs_of = |home: &Path| -> Result<std::collections::BTreeSet<String>> {
+        let outputs = read_jsonl(&home.join("out.jsonl"))?;
+        Ok(outputs
+            .iter()
+            .map(|o| format!("{} {} {} {} {}", o["partition"], o["offset"], o["cause"], o["key"], o["value"]))
+            .collect())
+    };
+
+    let (swapped, config) = run_in("swapped", 10_000)?;
+    let mut host = Host::spawn("swapped", sluice().arg("run").arg("--config").arg(&config), &swapped.join("host.log"))?;
+    let admin = host.admin_url()?;
+    std::thread::sleep(Duration::from_secs(1));
+    run_ok(sluice().arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats")).arg("--admin").arg(&admin))?;
+    assert!(host.wait_exit(Duration::from_secs(120))?.success(), "{}", host.log());
+    let versions: std::collections::BTreeSet<String> =
+        read_jsonl(&swapped.join("out.jsonl"))?.iter().map(|o| o["operator"].to_string()).collect();
+    assert_eq!(versions.len(), 2, "the swap came in the middle of the run: {versions:?}");
+
+    let since = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(25).saturating_sub(since.elapsed()));
+    let (later, config) = run_in("later", 1_000_000)?;
+    run_ok(sluice().arg("run").arg("--config").arg(&config))?;
+
+    let (killed, config) = run_in("killed", 1_000_000)?;
+    let kill = sluice().arg("run").arg("--config").arg(&config).env("SLUICE_KILL_AT", "state-committed:5").output()?;
+    assert!(!kill.status.success(), "killed at its fifth commit");
+    run_ok(sluice().arg("run").arg("--config").arg(&config))?;
+
+    let state = dump_state_lines(&swapped.join("state"))?;
+    assert!(state.iter().any(|line| line.contains("expires_at_ms")), "entries carry expiries");
+    assert_eq!(dump_state_lines(&later.join("state"))?, state, "a run 25 seconds later");
+    assert_eq!(dump_state_lines(&killed.join("state"))?, state, "a run killed and restarted");
+    let outputs = outputs_of(&swapped)?;
+    assert_eq!(outputs_of(&later)?, outputs, "the same outputs 25 seconds later");
+    assert_eq!(outputs_of(&killed)?, outputs, "the same outputs (each at least once) after the kill");
+    Ok(())
+}
+
+/// A build made to carry another build's CRC-64 — anyone can append bytes that do, a
+/// CRC being linear — is a version of its own: deployed, it gets its own (SHA-256)
+/// name and leaves the stored component of the build it imitates as it was, so two
+/// rollbacks return to version 1 itself (its outputs carry no `idle_count`), not to the
+/// impostor, which is version 2's code.
+#[test]
+fn a_build_made_to_match_another_builds_crc64_is_a_version_of_its_own() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let v1_file = operator_wasm("vehicle_stats");
+    let PacedJob { mut host, admin, .. } = PacedJob::start(dir, (20, 30_000), 1_000, &v1_file, "")?;
+    let registry = dir.join("state.checkpoints/operators/vehicle_stats");
+    let entry = |seq: u64| -> Result<String> {
+        let entry: Value = serde_json::from_slice(&std::fs::read(registry.join(format!("history/{seq:010}.json")))?)?;
+        Ok(entry["version"].as_str().unwrap_or_default().to_string())
+    };
+    let v1 = entry(1)?;
+    let v1_bytes = std::fs::read(&v1_file)?;
+    let impostor_file = dir.join("impostor.wasm");
+    let v2_bytes = std::fs::read(operator_wasm("vehicle_stats_v2"))?;
+    std::fs::write(&impostor_file, with_crc64_of(&v2_bytes, &v1_bytes))?;
+    let admin_command = |command: &str, file: Option<&Path>| -> Result<String> {
+        let mut call = sluice();
+        call.arg(command).arg("vehicle_stats").args(file).arg("--admin").arg(&admin);
+        let answer = run_ok(&mut call)?;
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(named_version(&String::from_utf8_lossy(&answer.stdout)))
+    };
+    let v2 = admin_command("deploy", Some(&operator_wasm("vehicle_stats_v2")))?;
+    let impostor = admin_command("deploy", Some(&impostor_file))?;
+    assert!(impostor != v1 && impostor != v2, "{v1} {v2} {impostor}");
+    let digest = |version: &str| version.rsplit_once('@').map(|(_, d)| d.to_string()).unwrap_or_default();
+    assert_eq!(digest(&impostor).len(), 64, "named by SHA-256: {impostor}");
+    assert_eq!(std::fs::read(registry.join(format!("components/{}.wasm", digest(&v1))))?, v1_bytes);
+    assert_eq!(admin_command("rollback", None)?, v2);
+    assert_eq!(admin_command("rollback", None)?, v1);
+    host.terminate()?;
+    let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+    for (partition, runs) in version_runs(&outputs) {
+        assert_eq!(runs.last(), Some(&v1), "partition {partition} runs version 1 at the end: {runs:?}");
+    }
+    let v1_outputs: Vec<&Value> = outputs.iter().filter(|o| o["operator"] == v1.as_str()).collect();
+    assert!(v1_outputs.iter().all(|o| o["value"].get("idle_count").is_none()), "version 1's code ran as version 1");
+    Ok(())
+}
+
+/// A registry written when versions were named by the CRC-64 of their component (16
+/// hex digits) stays readable, and its builds keep those names: a host starting with
+/// the first build's file runs the second, as its history says, under its old name
+/// (records nothing new); a rollback returns to the first; deploying the second again is
+/// the same version; a build new to the registry is named by SHA-256.
+#[test]
+fn a_registry_written_with_crc64_names_stays_readable() -> Result<()> {
+    use sluice::operator::registry::{Action, Deployment};
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let (v1_file, v2_file) = (operator_wasm("vehicle_stats"), operator_wasm("vehicle_stats_v2"));
+    let registry = dir.join("state.checkpoints/operators/vehicle_stats");
+    std::fs::create_dir_all(registry.join("components"))?;
+    std::fs::create_dir_all(registry.join("history"))?;
+    let mut old_names = Vec::new();
+    for (seq, file) in [(1, &v1_file), (2, &v2_file)] {
+        let bytes = std::fs::read(file)?;
+        let crc = sluice::checksum::of_bytes(&bytes);
+        std::fs::write(registry.join(format!("components/{crc}.wasm")), &bytes)?;
+        let version = format!("vehicle_stats@{crc}");
+        let entry =
+            Deployment { seq, action: Action::Deploy, version: version.clone(), at_ms: seq, origin: "old".into() };
+        std::fs::write(registry.join(format!("history/{seq:010}.json")), serde_json::to_vec_pretty(&entry)?)?;
+        old_names.push(version);
+    }
+    let [v1, v2] = [old_names[0].clone(), old_names[1].clone()];
+    let input = dir.join("input.jsonl");
+    generate(&input, 20, 2_000, SEED)?;
+    let config = paced_job(dir, &input, 100_000, &v1_file, "")?;
+    let run = run_ok(sluice().arg("run").arg("--config").arg(&config).env("SLUICE_LOG", "info"))?;
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(log.contains(&format!("running {v2} (registry entry 2)")), "{log}");
+    assert!(read_jsonl(&dir.join("out.jsonl"))?.iter().all(|o| o["operator"] == v2.as_str()));
+    let on_config = |command: &str, file: Option<&Path>| -> Result<String> {
+        let mut call = sluice();
+        call.arg(command).arg("vehicle_stats").args(file).arg("--config").arg(&config);
+        Ok(String::from_utf8_lossy(&run_ok(&mut call)?.stdout).into_owned())
+    };
+    assert!(on_config("rollback", None)?.contains(&format!("{v1} recorded as entry 3")));
+    assert!(on_config("deploy", Some(&v2_file))?.contains(&format!("{v2} recorded as entry 4")));
+    let new_build = dir.join("new.wasm");
+    std::fs::write(&new_build, with_custom_section(&std::fs::read(&v2_file)?, &[1; 8]).0)?;
+    let deployed = on_config("deploy", Some(&new_build))?;
+    let new_version = named_version(&deployed);
+    assert!(deployed.contains("recorded as entry 5") && new_version.len() == "vehicle_stats@".len() + 64, "{deployed}");
+    let versions = on_config("versions", None)?;
+    assert_eq!(versions.lines().count(), 6, "a header and the five entries:\n{versions}");
+    Ok(())
+}
+
+/// `sluice deploy --config` tries the version out in a directory of its own, made afresh
+/// under a random name, and removes it: with links planted at `sluice-deploy-<pid>` (the
+/// path it once used) for the next 20,000 process ids, pointing at a directory of the
+/// test, nothing is written through them.
+#[test]
+fn sluice_deploy_tries_a_version_out_in_a_private_directory() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let (tmp, elsewhere) = (dir.join("tmp"), dir.join("elsewhere"));
+    std::fs::create_dir(&tmp)?;
+    std::fs::create_dir(&elsewhere)?;
+    let input = dir.join("input.jsonl");
+    generate(&input, 20, 100, SEED)?;
+    let config = paced_job(dir, &input, 100_000, &operator_wasm("vehicle_stats"), "")?;
+    let pid = |name: &str| -> Result<u64> {
+        Ok(std::fs::read_to_string(format!("/proc/sys/kernel/{name}"))?.trim().parse()?)
+    };
+    let (last, max) = (pid("ns_last_pid")?, pid("pid_max")?);
+    for next in (last + 1..).take(20_000) {
+        std::os::unix::fs::symlink(&elsewhere, tmp.join(format!("sluice-deploy-{}", next % max)))?;
+    }
+    let mut deploy = sluice();
+    deploy.env("TMPDIR", &tmp).arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats_v2"));
+    run_ok(deploy.arg("--config").arg(&config))?;
+    let written: Vec<_> = std::fs::read_dir(&elsewhere)?.collect();
+    assert!(written.is_empty(), "written through a planted link: {written:?}");
+    let left: Vec<_> = std::fs::read_dir(&tmp)?.filter_map(|e| e.ok()).filter(|e| !e.path().is_symlink()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    Ok(())
+}
+
+/// `component` with a custom section appended (ignored by every WebAssembly tool) whose
+/// content ends in `tail`: another build of the same code. Returns it and where `tail` is.
+fn with_custom_section(component: &[u8], tail: &[u8; 8]) -> (Vec<u8>, usize) {
+    let name = b"sluice-tests";
+    let mut built = component.to_vec();
+    // Section id 0, its size and its name's (LEB128, each under 128).
+    built.extend_from_slice(&[0, (1 + name.len() + tail.len()) as u8, name.len() as u8]);
+    built.extend_from_slice(name);
+    let at = built.len();
+    built.extend_from_slice(tail);
+    (built, at)
+}
+
+/// `component` made to carry the CRC-64 of `target`: with a custom section whose last
+/// 8 bytes are solved for. A CRC is affine in the bits of a message of fixed length, so
+/// the bits flipped in those 8 bytes flip the CRC by a linear map, which is invertible.
+fn with_crc64_of(component: &[u8], target: &[u8]) -> Vec<u8> {
+    let crc = |bytes: &[u8]| u64::from_str_radix(&sluice::checksum::of_bytes(bytes), 16).expect("16 hex digits");
+    let (mut forged, at) = with_custom_section(component, &[0; 8]);
+    let mut crc_with = |tail: u64| {
+        forged[at..].copy_from_slice(&tail.to_le_bytes());
+        crc(&forged)
+    };
+    let base = crc_with(0);
+    // A basis by leading bit of the CRC changes, each with the tail bits that make it.
+    let mut basis = [(0u64, 0u64); 64];
+    for bit in 0..64 {
+        let (mut change, mut tail) = (crc_with(1 << bit) ^ base, 1u64 << bit);
+        while change != 0 {
+            let top = 63 - change.leading_zeros() as usize;
+            if basis[top].0 == 0 {
+                basis[top] = (change, tail);
+                break;
+            }
+            (change, tail) = (change ^ basis[top].0, tail ^ basis[top].1);
+        }
+    }
+    let (mut wanted, mut tail) = (crc(target) ^ base, 0);
+    while wanted != 0 {
+        let top = 63 - wanted.leading_zeros() as usize;
+        assert_ne!(basis[top].0, 0, "8 bytes reach every CRC-64");
+        (wanted, tail) = (wanted ^ basis[top].0, tail ^ basis[top].1);
+    }
+    crc_with(tail);
+    assert_eq!(crc(&forged), crc(target));
+    forged
 }

@@ -3,11 +3,18 @@
 //! partition at the offset stored with its state, not at the group's committed offset;
 //! three hosts share a group and a checkpoint store through `kill -9` and a graceful
 //! stop; a slow operator is warned about and not evicted; a static member's restart
-//! moves no partitions; a broker that stops answering is reconnected to; a deploy
+//! moves no partitions, and one fenced by another of its `instance_id` ends its run; a
+//! revocation neither waits for a restore from a frozen store nor hands its partitions
+//! over one after another; a broker failing a resume costs that partition a pause; headers
+//! forging the source's marks are dropped; a broker that stops answering is reconnected to; a deploy
 //! reaches both hosts of a group; expiries across handovers equal an uninterrupted run; an idle
 //! partition expires by the wall clock in processing time; pipelined batches lose no output
-//! through `kill -9`, a frozen broker or a deleted topic; exactly-once outputs (on noida-db, which has
-//! transactions) survive `kill -9` at every step of a commit and fence a zombie; a partition
+//! through `kill -9`, a frozen broker or a deleted topic, and a producer queue that stays
+//! full fails the job after the delivery timeout; exactly-once outputs (on noida-db, which has
+//! transactions) survive `kill -9` at every step of a commit, fence a zombie and a host of an
+//! earlier version, and keep two jobs whose earlier transactional ids were one apart; a fenced
+//! partition stops alone and takes its transactions back; one that stops alone aborts its open
+//! transaction; a partition
 //! whose worker fails is paused while the others go on; dead letters go to a topic as the
 //! records were; a checkpoint store that fails at an assignment keeps the partition paused
 //! and the host in its group until the store answers. The test
@@ -19,7 +26,10 @@ use serde_json::{Value, json};
 use sluice::config::DEFAULT_DEAD_LETTER_PATH;
 use sluice::job::{DEAD_LETTERS_BY_KIND, JOB_STARTED, LAG};
 use sluice::record::{DeadLetterKind, NULL_KEY_HEADER, Stop, TOMBSTONE_HEADER};
-use sluice::sink::transaction::{ABORTED, FENCED, REPLAYED_SILENTLY};
+use sluice::sink::kafka::{DELIVERY_TIMEOUT, QUEUE_STAYED_FULL};
+use sluice::sink::transaction::{
+    ABORTED, COVERED, FENCED, REPLAYED_SILENTLY, legacy_transactional_id, transactional_id,
+};
 use sluice::source::kafka::{
     ASSIGNED, MEMBER_FAILED, PARTITIONS_ADDED, RESERVED_HEADER, RESUME_RETRY, RESUMED, REVOKED,
 };
@@ -1072,6 +1082,31 @@ fn a_deleted_output_topic_commits_nothing_after_the_failed_batch() -> Result<()>
     Ok(())
 }
 
+/// A broker that stops acknowledging while the producer's queue is full (10 records,
+/// deliveries allowed ten minutes, no commit due) fails the job after
+/// [`DELIVERY_TIMEOUT`] with an error saying so, instead of a worker waiting for room
+/// in the queue for as long as the broker stays away.
+#[test]
+fn a_producer_queue_that_stays_full_fails_the_job_after_the_delivery_timeout() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let properties = "\"queue.buffering.max.messages\" = \"10\"\n\"message.timeout.ms\" = \"600000\"\n\
+                      [state]\ncommit_interval = \"10m\"\n";
+    let job = generator_to_summaries(dir, &broker, properties)?;
+    let mut host = Host::spawn("host", &mut job("1000"), &dir.join("log"))?;
+    host.wait_for(" records/s", 2, Duration::from_secs(60))?;
+    broker.freeze(true)?;
+    let frozen = Instant::now();
+    let failed = host.wait_for(QUEUE_STAYED_FULL, 1, DELIVERY_TIMEOUT * 2);
+    broker.freeze(false)?;
+    failed?;
+    assert!(frozen.elapsed() >= DELIVERY_TIMEOUT, "failed after {:?}", frozen.elapsed());
+    let status = host.wait_exit(Duration::from_secs(60))?;
+    assert!(!status.success(), "the job fails:\n{}", host.log());
+    Ok(())
+}
+
 /// An output over the producer's `message.max.bytes` costs only itself: it goes to the
 /// dead letters (the output itself, marked `refused`, with Kafka's reason), and the
 /// outputs of the records before and after it reach the topic; the job ends well.
@@ -1347,7 +1382,7 @@ fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() ->
         // without leaving, so a new member would wait for it forever; the same
         // `instance_id` replaces it at once (as on real Kafka).
         let settings = "stop_when_idle = \"2s\"\ninstance_id = \"eos-host\"";
-        let job = exactly_once_job(&home, &broker, &positions, &summaries, settings)?;
+        let job = exactly_once_job(&home, &broker, &format!("eos-{positions}"), &positions, &summaries, settings)?;
         // The third pass: records and commits came before it, more come after.
         let killed = job().env("SLUICE_KILL_AT", format!("{point}:3")).output()?;
         let log = String::from_utf8_lossy(&killed.stderr);
@@ -1391,12 +1426,12 @@ fn a_fenced_partition_stops_alone_and_takes_its_transactions_back() -> Result<()
     std::fs::write(&first, lines[..(count - last) as usize].join("\n") + "\n")?;
     std::fs::write(&rest, lines[(count - last) as usize..].join("\n") + "\n")?;
     broker.produce_lines("positions", &first)?;
-    let job = exactly_once_job(dir, &broker, "positions", "summaries", "")?;
+    let job = exactly_once_job(dir, &broker, "eos-positions", "positions", "summaries", "")?;
     let mut host = Host::spawn("host", &mut job(), &dir.join("log"))?;
     broker.wait_committed("eos-positions", "positions", (count - last) as i64, Duration::from_secs(60))?;
 
-    let successor: BaseProducer =
-        broker.client_config().set("transactional.id", "sluice-eos-positions-positions-0").create()?;
+    let id = transactional_id("eos-positions", "positions", 0);
+    let successor: BaseProducer = broker.client_config().set("transactional.id", &id).create()?;
     successor.init_transactions(Duration::from_secs(30))?;
     broker.produce_lines("positions", &rest)?;
     host.wait_for(FENCED, 1, Duration::from_secs(60))?;
@@ -1466,6 +1501,86 @@ fn a_partition_that_stops_alone_aborts_its_open_transaction() -> Result<()> {
     Ok(())
 }
 
+/// Two exactly-once jobs whose transactional ids sluice once wrote alike
+/// (`sluice-<group>-<topic>-<partition>`: group `eos-t` reading `u-v`, group `eos-t-u`
+/// reading `v`) run side by side, both holding their partitions' transactions before the
+/// records come: neither fences the other, and each gives every input of its own exactly
+/// one output.
+#[test]
+fn exactly_once_jobs_whose_group_and_topic_names_run_together_keep_their_own_transactions() -> Result<()> {
+    let broker = KafkaBroker::start_transactional()?;
+    let dir = tempfile::tempdir()?;
+    let (vehicles, count) = (50, 2_000);
+    let input = dir.path().join("input.jsonl");
+    generate(&input, vehicles, count, SEED)?;
+    let jobs = [("eos-t", "u-v", "out-a"), ("eos-t-u", "v", "out-b")];
+    assert_eq!(legacy_transactional_id("eos-t", "u-v", 0), legacy_transactional_id("eos-t-u", "v", 0));
+    let mut hosts = Vec::new();
+    for (group, positions, summaries) in jobs {
+        broker.create_topic(positions, 2)?;
+        broker.create_topic(summaries, 2)?;
+        let home = dir.path().join(group);
+        let job = exactly_once_job(&home, &broker, group, positions, summaries, "")?;
+        hosts.push(Host::spawn(group, &mut job(), &home.join("log"))?);
+    }
+    for host in &mut hosts {
+        host.wait_for(COVERED, 2, Duration::from_secs(60))?;
+    }
+    for (group, positions, _) in jobs {
+        broker.produce_lines(positions, &input)?;
+        let committed = broker.wait_committed(group, positions, count as i64, Duration::from_secs(60));
+        committed.with_context(|| hosts.iter().map(|h| h.log()).collect::<Vec<_>>().join("\n"))?;
+    }
+    for host in &mut hosts {
+        host.terminate()?;
+    }
+    let reference = Reference::fold(&input)?;
+    for (group, _, summaries) in jobs {
+        assert_each_input_has_one_output(&broker.read_topic(summaries)?, count, &reference, group);
+    }
+    Ok(())
+}
+
+/// An upgrade from a sluice that named transactional ids
+/// `sluice-<group>-<topic>-<partition>`: a host of it still running both partitions,
+/// each with a transaction open and an output in it, is fenced when this version takes
+/// them over. Its transactions can no longer commit and their outputs never become
+/// visible; this version gives every input exactly one output.
+#[test]
+fn an_older_sluice_still_running_a_partition_is_fenced_when_this_version_takes_it() -> Result<()> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let broker = KafkaBroker::start_transactional()?;
+    broker.create_topic("positions", 2)?;
+    broker.create_topic("summaries", 2)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let (vehicles, count) = (50, 1_000);
+    let input = dir.join("input.jsonl");
+    generate(&input, vehicles, count, SEED)?;
+    broker.produce_lines("positions", &input)?;
+    let timeout = Duration::from_secs(30);
+    let mut older = Vec::new();
+    for partition in 0..2 {
+        let id = legacy_transactional_id("eos-positions", "positions", partition);
+        let producer: BaseProducer = broker.client_config().set("transactional.id", &id).create()?;
+        producer.init_transactions(timeout)?;
+        producer.begin_transaction()?;
+        let record = BaseRecord::<str, str>::to("summaries").key("older").payload("{}").partition(partition as i32);
+        producer.send(record).map_err(|(e, _)| e)?;
+        producer.flush(timeout)?;
+        older.push(producer);
+    }
+    let job = exactly_once_job(dir, &broker, "eos-positions", "positions", "summaries", "stop_when_idle = \"2s\"")?;
+    run_ok(&mut job())?;
+    for producer in &older {
+        assert!(producer.commit_transaction(timeout).is_err(), "the older host's transaction committed");
+    }
+    let visible = broker.read_topic("summaries")?;
+    assert!(visible.iter().all(|r| r.key != "older"), "an output of the older host became visible");
+    assert_each_input_has_one_output(&visible, count, &Reference::fold(&input)?, "after the takeover");
+    Ok(())
+}
+
 /// Under exactly-once outputs, dead letters on a topic are in the partition's
 /// transactions: a `read_committed` consumer sees each once, also after a second run
 /// that, its state gone, processes the same records again (silently: a committed
@@ -1509,11 +1624,12 @@ fn exactly_once_dead_letters_are_in_the_transactions() -> Result<()> {
 }
 
 /// A `sluice run` of vehicle-stats in `dir` from `positions` to `summaries` on `broker`,
-/// exactly once, in group `eos-<positions>`, with `more` `[source]` settings; small batches
+/// exactly once, in consumer group `group`, with `more` `[source]` settings; small batches
 /// and frequent commits, so a run passes many of each.
 fn exactly_once_job<'a>(
     dir: &'a Path,
     broker: &'a KafkaBroker,
+    group: &str,
     positions: &str,
     summaries: &'a str,
     more: &str,
@@ -1525,7 +1641,7 @@ fn exactly_once_job<'a>(
         &config,
         format!(
             "[operator]\npath = \"set-by-flag.wasm\"\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
-             topic = \"{positions}\"\ngroup = \"eos-{positions}\"\n{more}\n[source.properties]\n\
+             topic = \"{positions}\"\ngroup = \"{group}\"\n{more}\n[source.properties]\n\
              \"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n[sink]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
              topic = \"{summaries}\"\nguarantee = \"exactly-once\"\n[state]\nbatch_records = 100\ncommit_every = 500\n"
         ),

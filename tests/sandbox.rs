@@ -4,7 +4,7 @@
 //! the host hold (outputs, state writes and reads, log lines) is bounded; and `sluice
 //! test` with its driver, which run a component in that sandbox outside a job.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use sluice::job::DEAD_LETTERS_BY_KIND;
 use sluice::operator::wasm::LOG_LINES_DROPPED;
@@ -59,6 +59,23 @@ fn sandbox_job(dir: &Path, operator: &Path, records: &[Value], config: &str) -> 
     Ok(command)
 }
 
+/// A `sluice run` of `operator` in `dir` over the log `records` (as [`run_probe`] takes
+/// them) with a memory cap of `memory_mib` per instance and `config` (TOML tables) added,
+/// as the attack tests run one: outputs to `out.jsonl`, dead letters to `dead.jsonl`,
+/// only errors logged (the report is printed whatever the level).
+fn attack_job(dir: &Path, operator: &Path, memory_mib: u32, records: &[Value], config: &str) -> Result<Command> {
+    let mut command = sandbox_job(dir, operator, records, "")?;
+    let config_file = dir.join("attack.toml");
+    std::fs::write(
+        &config_file,
+        format!(
+            "[operator]\npath = {operator:?}\nmemory_limit_mib = {memory_mib}\n{config}\n[report]\ninterval_s = 0\n"
+        ),
+    )?;
+    command.arg("--config").arg(&config_file).arg("--state-dir").arg(dir.join("state")).env("SLUICE_LOG", "error");
+    Ok(command)
+}
+
 /// A component of the `operator` world written by hand in WebAssembly text, for what a
 /// Rust operator cannot do: `memories` linear memories of `pages` 64 KiB pages each,
 /// and a `process` that grows a table by `grow_slots` for each record whose value is
@@ -90,6 +107,108 @@ fn handmade_operator(dir: &Path, name: &str, memories: usize, pages: u32, grow_s
     let mut resolve = wit_parser::Resolve::default();
     let package = resolve.push_file(Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/operator.wit"))?;
     let world = resolve.select_world(&[package], Some("operator"))?;
+    wit_component::embed_component_metadata(&mut module, &resolve, world, wit_component::StringEncoding::UTF8)?;
+    let component = wit_component::ComponentEncoder::default().module(&module)?.validate(true).encode()?;
+    let path = dir.join(format!("{name}.wasm"));
+    std::fs::write(&path, component)?;
+    Ok(path)
+}
+
+/// A component written by hand for what no Rust operator can do: return outputs that
+/// all point at one region of its memory. For a record whose key starts with `A` it
+/// returns 1,000 outputs whose keys are each the whole 32 MiB region (so lifting them
+/// as wasmtime's own types would copy 32 GiB); for one whose key starts with `R`, an
+/// error whose reason is the whole region; for any other, one output echoing the
+/// record's key and value. Built for the 0.1.0 `operator` world (a `process` per
+/// record, the reply returned) or, with `batched`, the `batched-operator` world (a
+/// `process-batch` that reports each reply through the `batch.finish` import).
+/// Written to `dir/<name>.wasm`.
+fn aliasing_operator(dir: &Path, name: &str, batched: bool) -> Result<PathBuf> {
+    // Layout: the reply at 16, the echo's output record at 64, the 1,000 aliased
+    // records at 1024, inputs bump-allocated from 64 KiB, the region at 1 MiB.
+    const REGION: u32 = 1 << 20;
+    const REGION_LEN: u32 = 32 << 20;
+    let pages = (REGION + REGION_LEN) >> 16;
+    let reply = format!(
+        r#"
+          (func $reply (param $kp i32) (param $kl i32) (param $vp i32) (param $vl i32)
+            (local $i i32) (local $rec i32)
+            (if (i32.eq (i32.load8_u (local.get $kp)) (i32.const 65))
+              (then
+                (loop $fill
+                  (local.set $rec (i32.add (i32.const 1024) (i32.mul (local.get $i) (i32.const 28))))
+                  (i32.store (local.get $rec) (i32.const {REGION}))
+                  (i32.store offset=4 (local.get $rec) (i32.const {REGION_LEN}))
+                  (i32.store offset=8 (local.get $rec) (i32.const {REGION}))
+                  (i32.store offset=12 (local.get $rec) (i32.const 0))
+                  (i32.store8 offset=16 (local.get $rec) (i32.const 0))
+                  (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                  (br_if $fill (i32.lt_u (local.get $i) (i32.const 1000))))
+                (i32.store8 (i32.const 16) (i32.const 0))
+                (i32.store (i32.const 20) (i32.const 1024))
+                (i32.store (i32.const 24) (i32.const 1000))
+                (return)))
+            (if (i32.eq (i32.load8_u (local.get $kp)) (i32.const 82))
+              (then
+                (i32.store8 (i32.const 16) (i32.const 1))
+                (i32.store (i32.const 20) (i32.const {REGION}))
+                (i32.store (i32.const 24) (i32.const {REGION_LEN}))
+                (return)))
+            (i32.store (i32.const 64) (local.get $kp))
+            (i32.store (i32.const 68) (local.get $kl))
+            (i32.store (i32.const 72) (local.get $vp))
+            (i32.store (i32.const 76) (local.get $vl))
+            (i32.store8 (i32.const 80) (i32.const 0))
+            (i32.store8 (i32.const 16) (i32.const 0))
+            (i32.store (i32.const 20) (i32.const 64))
+            (i32.store (i32.const 24) (i32.const 1)))"#
+    );
+    // An input record in a list: key and value pointer/length pairs first (48 bytes).
+    let (imports, batch, world, wit) = match batched {
+        false => ("", "", "operator", "../wit/0.1.0/operator.wit"),
+        true => (
+            r#"(import "sluice:operator/batch@0.1.2" "finish" (func $finish (param i32 i32 i32)))"#,
+            r#"
+          (func (export "process-batch") (param $ptr i32) (param $len i32)
+            (local $i i32) (local $in i32)
+            (block $done
+              (loop $each
+                (br_if $done (i32.ge_u (local.get $i) (local.get $len)))
+                (local.set $in (i32.add (local.get $ptr) (i32.mul (local.get $i) (i32.const 48))))
+                (call $reply (i32.load (local.get $in)) (i32.load offset=4 (local.get $in))
+                             (i32.load offset=8 (local.get $in)) (i32.load offset=12 (local.get $in)))
+                (call $finish (i32.load8_u (i32.const 16)) (i32.load (i32.const 20)) (i32.load (i32.const 24)))
+                (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                (br $each)))
+            (global.set $next (i32.const 65536)))"#,
+            "batched-operator",
+            "../wit/operator.wit",
+        ),
+    };
+    let wat = format!(
+        r#"(module
+          {imports}
+          (memory (export "memory") {pages})
+          (global $next (mut i32) (i32.const 65536))
+          (func (export "cabi_realloc") (param i32 i32) (param $align i32) (param $size i32) (result i32)
+            (local $at i32)
+            (local.set $at (i32.and (i32.add (global.get $next) (i32.sub (local.get $align) (i32.const 1)))
+                                    (i32.sub (i32.const 0) (local.get $align))))
+            (global.set $next (i32.add (local.get $at) (local.get $size)))
+            (local.get $at))
+          (func (export "init") (param i32 i32) (result i32) (i32.const 0))
+          {reply}
+          (func (export "process") (param $kp i32) (param $kl i32) (param $vp i32) (param $vl i32)
+                                   (param i64 i32 i64 i32 i32) (result i32)
+            (call $reply (local.get $kp) (local.get $kl) (local.get $vp) (local.get $vl))
+            (global.set $next (i32.const 65536))
+            (i32.const 16))
+          {batch})"#
+    );
+    let mut module = wat::parse_str(&wat)?;
+    let mut resolve = wit_parser::Resolve::default();
+    let package = resolve.push_file(Path::new(env!("CARGO_MANIFEST_DIR")).join(wit))?;
+    let world = resolve.select_world(&[package], Some(world))?;
     wit_component::embed_component_metadata(&mut module, &resolve, world, wit_component::StringEncoding::UTF8)?;
     let component = wit_component::ComponentEncoder::default().module(&module)?.validate(true).encode()?;
     let path = dir.join(format!("{name}.wasm"));
@@ -339,10 +458,135 @@ fn a_record_that_passes_a_limit_costs_that_record_only() -> Result<()> {
     assert!(log.contains("more bytes cut: [operator.limits] log_line_bytes"), "a huge line is cut");
     // The host's memory stays bounded through all of it (the report's peak RSS; each
     // attack alone would hold tens of MiB or more without its limit).
-    let peak = log.lines().find_map(|line| line.split_once("peak memory ")).map(|(_, rest)| rest.to_string());
-    eprintln!("peak memory of the attacked host: {peak:?}");
-    let mib = peak.as_deref().and_then(|p| p.strip_suffix(" MiB (RSS)")).and_then(|m| m.parse::<f64>().ok());
-    assert!(mib.is_some_and(|mib| mib < 512.0), "peak memory {peak:?}");
+    let peak = reported_peak_mib(&log);
+    eprintln!("peak memory of the attacked host: {peak:?} MiB");
+    assert!(peak.is_some_and(|mib| mib < 512.0), "peak memory {peak:?} MiB");
+    Ok(())
+}
+
+/// An operator that returns, for one record, a thousand outputs all pointing at one
+/// 32 MiB region of its memory — 32 GiB if the host copied them before checking — or a
+/// 32 MiB reason for each of many records, costs those records only, in either world
+/// (a reply per `process` call, or through `batch.finish`): each goes to the dead
+/// letters, its reason naming the limit or cut to `reason_bytes`, every other record of
+/// both partitions is processed, and the host's peak memory stays within what its
+/// configuration bounds, plus a fixed margin for the binary itself.
+#[test]
+fn aliased_outputs_and_huge_reasons_cost_their_records_and_no_host_memory() -> Result<()> {
+    for batched in [false, true] {
+        let dir = tempfile::tempdir()?;
+        let dir = dir.path();
+        let operator = aliasing_operator(dir, "aliaser", batched)?;
+        let keys = ["k0", "k1", "k2", "k3", "Aliased", "k4", "Reason1", "k5", "Reason2"];
+        // Two hundred reasons make a batch that would hold 6 GiB of them.
+        let mut records: Vec<Value> = (0..400).map(|i| json!({"vehicle_id": keys[i % keys.len()], "i": i})).collect();
+        records.extend((0..200).map(|i| json!({"vehicle_id": format!("Reason-{i}")})));
+        records.push(json!({"vehicle_id": "k-last"}));
+        let config = "[state]\npartitions = 2\nrocksdb_memory_mib = 32\ncache_mib = 1\n\
+                      [operator.limits]\noutput_bytes_per_batch = 8388608\n";
+        let run = run_ok(&mut attack_job(dir, &operator, 40, &records, config)?)?;
+        let report = String::from_utf8(run.stderr)?;
+        let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+        let dead = read_jsonl(&dir.join("dead.jsonl"))?;
+        let good = records.iter().filter(|r| r["vehicle_id"].as_str().is_some_and(|k| k.starts_with('k'))).count();
+        assert_eq!(outputs.len(), good, "batched: {batched}: every other record echoed");
+        assert_eq!(dead.len(), records.len() - good, "batched: {batched}");
+        for letter in &dead {
+            let (key, reason) =
+                (letter["key"].as_str().unwrap_or_default(), letter["reason"].as_str().unwrap_or_default());
+            if key.starts_with('A') {
+                let limit = "operator passed its limit [operator.limits] output_bytes_per_record = 1048576 \
+                     (reached 33554432000)";
+                assert!(letter["error"] == "trapped" && reason.starts_with(limit), "{letter}");
+            } else {
+                assert_eq!(letter["error"], "rejected", "{letter}");
+                assert!(reason.len() < 4200 && reason.ends_with("more bytes cut: [operator.limits] reason_bytes)"));
+            }
+        }
+        // The instance's 33 MiB, RocksDB's 32, a batch's 8 of outputs and reasons,
+        // and 150 for the binary, its runtime and the file sinks' buffers.
+        let peak = reported_peak_mib(&report).context("the report gives the peak memory")?;
+        eprintln!("batched: {batched}: peak memory {peak:.0} MiB");
+        assert!(peak < 33.0 + 32.0 + 8.0 + 150.0, "batched: {batched}: peak memory {peak:.0} MiB");
+    }
+    Ok(())
+}
+
+/// 100,000 state entries come due at one record (its timestamp two hours past theirs):
+/// their expiries — each an `expired` call and an output — are cut into batches under
+/// `time_per_batch_ms` like records, so a SIGTERM in the middle of them stops the host
+/// within about one batch's time; the next run goes on where it stopped, and every
+/// entry expires exactly once, before that record. The host's memory stays bounded.
+#[test]
+fn an_expiry_storm_is_cut_into_batches_and_a_stop_in_its_middle_waits_one_batch() -> Result<()> {
+    const T0: i64 = 1_700_000_000_000;
+    const ENTRIES: usize = 100_000;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let remember = |i: usize| json!({"vehicle_id": format!("v{i}"), "ts": T0, "action": "remember", "name": "log-n", "value": i, "ttl_ms": 3_600_000});
+    let mut records: Vec<Value> = (0..ENTRIES).map(remember).collect();
+    records.push(json!({"vehicle_id": "v-last", "ts": T0 + 7_200_000, "action": "count"}));
+    // A sweep limit that would take them all at once: the time bound cuts them.
+    let config = "[state]\npartitions = 1\nrocksdb_memory_mib = 64\ncache_mib = 8\n\
+                  [ttl]\nsweep_limit = 1000000\n[operator.limits]\ntime_per_batch_ms = 200\n";
+    let job = || -> Result<Command> {
+        let mut job = attack_job(dir, &operator_wasm("probe"), 16, &records, config)?;
+        job.arg("--no-checkpoints");
+        Ok(job)
+    };
+    let mut host = Host::spawn("storm", &mut job()?, &dir.join("first.log"))?;
+    host.wait_for("expired log-n", 1, std::time::Duration::from_secs(300))?;
+    let stopping = std::time::Instant::now();
+    host.terminate()?;
+    let stopped_in = stopping.elapsed();
+    let first = read_jsonl(&dir.join("out.jsonl"))?;
+    let expired_first = first.iter().filter(|o| o["cause"] == "expiry").count();
+    eprintln!("SIGTERM during the storm: stopped in {stopped_in:?}, after {expired_first} of {ENTRIES} expiries");
+    assert!(expired_first < ENTRIES, "the stop came in the middle of the storm");
+    // One batch (200 ms) and the host's own stop, with room for a loaded debug build.
+    assert!(stopped_in < std::time::Duration::from_millis(200 + 2_500), "stopped in {stopped_in:?}");
+
+    // The job removes its last outputs before it runs: the two runs' together.
+    let run = run_ok(&mut job()?)?;
+    let outputs: Vec<Value> = first.into_iter().chain(read_jsonl(&dir.join("out.jsonl"))?).collect();
+    let expiries: Vec<&Value> = outputs.iter().filter(|o| o["cause"] == "expiry").collect();
+    let keys: std::collections::BTreeSet<&str> = expiries.iter().filter_map(|o| o["key"].as_str()).collect();
+    assert_eq!((expiries.len(), keys.len()), (ENTRIES, ENTRIES), "each entry expired once");
+    let last = outputs.iter().position(|o| o["key"] == "v-last").context("the last record was processed")?;
+    assert!(outputs[..last].iter().filter(|o| o["cause"] == "expiry").count() == ENTRIES, "all before it");
+    // The instance's 16 MiB, RocksDB's 64, the cache's 8 and a batch's outputs (200 ms of
+    // them), and 150 for the binary and its runtime.
+    let report = String::from_utf8(run.stderr)?;
+    let peak = reported_peak_mib(&report).with_context(|| format!("the report gives the peak memory:\n{report}"))?;
+    eprintln!("peak memory through the storm's second half: {peak:.0} MiB");
+    assert!(peak < 16.0 + 64.0 + 8.0 + 64.0 + 150.0, "peak memory {peak:.0} MiB");
+    Ok(())
+}
+
+/// Records that each write `written_bytes_per_record` (16 MiB) of state end their batch
+/// once it holds `[state] commit_dirty_mib`, so a batch never stages more than that and
+/// one record's writes: the host's memory stays bounded by the setting, not by
+/// `batch_records` times the writes, and every record's writes are committed.
+#[test]
+fn a_batch_of_maximal_writes_ends_at_commit_dirty_mib() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let records: Vec<Value> = (0..40)
+        .map(|i| json!({"vehicle_id": format!("w{i}"), "action": "writes", "count": 16, "bytes": 1_000_000}))
+        .collect();
+    let config = "[state]\npartitions = 1\ncommit_dirty_mib = 32\nrocksdb_memory_mib = 32\ncache_mib = 1\n";
+    let run = run_ok(&mut attack_job(dir, &operator_wasm("probe"), 32, &records, config)?)?;
+    let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+    assert_eq!(outputs.len(), 40, "every record processed");
+    let state = dump_state_lines(&dir.join("state"))?;
+    assert_eq!(state.len(), 40 * 17, "every write committed (16 values and a count a record)");
+    // The batch's writes, the write batch of its commit and the memtable it lands in,
+    // each at most `commit_dirty_mib` and one record's writes; RocksDB's 32, the
+    // instance's 32, and 150 for the binary: without the bound one batch stages all
+    // 640 MiB, three times over.
+    let peak = reported_peak_mib(&String::from_utf8(run.stderr)?).context("the report gives the peak memory")?;
+    eprintln!("peak memory writing 640 MiB of state: {peak:.0} MiB");
+    assert!(peak < 3.0 * (32.0 + 16.0) + 32.0 + 32.0 + 150.0, "peak memory {peak:.0} MiB");
     Ok(())
 }
 

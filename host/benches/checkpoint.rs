@@ -152,7 +152,7 @@ fn fill_and_checkpoint(runtime: &tokio::runtime::Runtime, dir: &Path, size: u64)
     let mut value = vec![0u8; VALUE];
     let keys = size / VALUE as u64;
     for key in 0..keys {
-        txn.begin_record(format!("vehicle-{key:09}").as_bytes(), 0)?;
+        txn.scope(format!("vehicle-{key:09}").as_bytes());
         for chunk in value.chunks_mut(8) {
             seed ^= seed << 13;
             seed ^= seed >> 7;

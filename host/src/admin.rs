@@ -25,14 +25,25 @@
 //!   `SLUICE_ADMIN_TOKEN`; never in argv): 401 without it, 403 when the host has none;
 //! - beyond loopback a host refuses to start without a token, and every request needs it
 //!   but the status page's own HTML, which holds no data (the page asks for the token);
+//! - on loopback, a question without the token is answered only if its `Host` is an IP
+//!   address, `localhost` or one of `[admin] host_names` (403 otherwise): a site that
+//!   points its own name at 127.0.0.1 after its page loaded (DNS rebinding) cannot read
+//!   the host through that page;
 //! - a request a browser makes for another site's page (an `Origin` that is not this
 //!   host) is refused, 403;
 //! - only a deploy's body is read, after its token is checked, up to
 //!   [`MAX_COMPONENT_BYTES`] (413) and within [`BODY_TIMEOUT`]; headers must arrive
-//!   within [`HEADER_TIMEOUT`]; at most [`MAX_CONNECTIONS`] connections are open at once,
-//!   the next closed at once.
+//!   within [`HEADER_TIMEOUT`];
+//! - a connection stays open for another request only once it presented the token, and
+//!   for at most [`MAX_TRUSTED_CONNECTIONS`] such; every other one closes after its first
+//!   answer. At most [`MAX_CONNECTIONS`] of those are open at once, and a new one closes
+//!   the oldest, so strangers cannot hold the API against its owner, whose request
+//!   follows the moment its connection opens;
+//! - refusals are logged at most [`REFUSALS_LOGGED`] per [`REFUSAL_LOG_WINDOW`], each line
+//!   cut at [`REFUSAL_LINE_BYTES`], and the rest counted in one line.
 
 use crate::config::AdminConfig;
+use crate::lock;
 use crate::metrics::{self, CONTENT_TYPE};
 use crate::operator::deploy::{self, DeployReport, Deployer};
 use crate::operator::registry::{DeployError, Deployment};
@@ -45,12 +56,15 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::Arc;
-use std::time::Duration;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
+use tokio::task::{AbortHandle, JoinHandle};
 
 /// Logged once the API listens: `admin API listening on http://127.0.0.1:PORT`.
 pub const LISTENING: &str = "admin API listening on ";
@@ -64,8 +78,31 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest a deploy may take to upload its component.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The most connections open at once; more are closed as they arrive.
+/// The most connections open at once that have not presented the token; a new one past
+/// these closes the oldest of them.
 pub const MAX_CONNECTIONS: usize = 16;
+
+/// The most connections kept open for more requests after presenting the token; past
+/// these, a connection closes after its answer.
+pub const MAX_TRUSTED_CONNECTIONS: usize = 16;
+
+/// The most refusals logged one by one per [`REFUSAL_LOG_WINDOW`]; the rest are counted,
+/// in one line once the window is over.
+pub const REFUSALS_LOGGED: u64 = 5;
+
+/// The window [`REFUSALS_LOGGED`] counts in.
+pub const REFUSAL_LOG_WINDOW: Duration = Duration::from_secs(10);
+
+/// The most bytes of one logged refusal: its path and headers are the caller's.
+pub const REFUSAL_LINE_BYTES: usize = 512;
+
+/// In the line counting the refusals a window did not log one by one: `admin API: 95
+/// more requests refused, not logged one by one (at most 5 per 10s are)`.
+pub const REFUSALS_COUNTED: &str = "more requests refused, not logged one by one";
+
+/// How long the API waits after failing to accept a connection (out of file
+/// descriptors, say) before it accepts again, rather than spinning.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 /// The environment variable holding the admin token, for the host (without `[admin]
 /// token_file`) and for `sluice deploy`, `rollback` and `versions --admin`.
@@ -73,7 +110,7 @@ pub const TOKEN_VARIABLE: &str = "SLUICE_ADMIN_TOKEN";
 
 /// The token a host requires, from `[admin] token_file`, else [`TOKEN_VARIABLE`];
 /// `None`: no token, and the API changes nothing.
-pub fn token(config: &AdminConfig) -> Result<Option<String>> {
+fn token(config: &AdminConfig) -> Result<Option<String>> {
     let token = match &config.token_file {
         Some(path) => Some(
             std::fs::read_to_string(path)
@@ -94,32 +131,63 @@ struct Access {
     token: Option<String>,
     /// Whether the API listens on loopback only: then questions need no token.
     loopback: bool,
+    /// `[admin] host_names`: the names besides IP addresses and `localhost` a question
+    /// without the token may give as its `Host`.
+    host_names: Vec<String>,
 }
 
 impl Access {
-    /// Why `request` (changing state or not) may not go on, as the answer's status and
-    /// body; `None`: it may.
-    fn refusal(&self, request: &Request<Incoming>, changes_state: bool) -> Option<(StatusCode, String)> {
-        let header = |name| request.headers().get(name).and_then(|v| v.to_str().ok());
-        if let Some(origin) = header(hyper::header::ORIGIN) {
-            let own = header(hyper::header::HOST).map(|host| format!("http://{host}"));
+    /// Whether `request` presents this host's token.
+    fn vouches(&self, request: &Request<Incoming>) -> bool {
+        let presented = header(request, hyper::header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
+        matches!((presented, &self.token), (Some(presented), Some(token)) if same(presented.as_bytes(), token.as_bytes()))
+    }
+
+    /// Why `request` (changing state or not; presenting the token if `vouched`) may not
+    /// go on, as the answer's status and body; `None`: it may.
+    fn refusal(&self, request: &Request<Incoming>, changes_state: bool, vouched: bool) -> Option<(StatusCode, String)> {
+        if let Some(origin) = header(request, hyper::header::ORIGIN) {
+            let own = header(request, hyper::header::HOST).map(|host| format!("http://{host}"));
             if own.as_deref() != Some(origin) {
                 return Some((StatusCode::FORBIDDEN, format!("requests from {origin} are refused: {CROSS_ORIGIN}")));
             }
         }
-        if !changes_state && self.loopback {
+        if vouched {
             return None;
         }
-        let Some(token) = &self.token else {
+        if !changes_state && self.loopback {
+            let host = header(request, hyper::header::HOST).unwrap_or_default();
+            let reason = || {
+                format!(
+                    "Host {host:?} {FOREIGN_HOST}: a question without the token must name an IP address, localhost or \
+                     one of [admin] host_names"
+                )
+            };
+            return (!self.names_this_host(host)).then(|| (StatusCode::FORBIDDEN, reason()));
+        }
+        if self.token.is_none() {
             let reason = format!("{NO_TOKEN}: set [admin] token_file or {TOKEN_VARIABLE} on the host");
             return Some((StatusCode::FORBIDDEN, reason));
-        };
-        let presented = header(hyper::header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer "));
-        match presented {
-            Some(presented) if same(presented.as_bytes(), token.as_bytes()) => None,
-            _ => Some((StatusCode::UNAUTHORIZED, format!("{UNAUTHORIZED} (Authorization: Bearer <token>)"))),
         }
+        Some((StatusCode::UNAUTHORIZED, format!("{UNAUTHORIZED} (Authorization: Bearer <token>)")))
     }
+
+    /// Whether `host`, a request's `Host`, is a name of this host no other site can give
+    /// its pages: an IP address, `localhost` or one of `[admin] host_names`, with any port.
+    /// Any other name may be a DNS rebinding's: a site pointing its own name at
+    /// 127.0.0.1 once its page loaded, to read what that page fetches from there.
+    fn names_this_host(&self, host: &str) -> bool {
+        let Ok(authority) = host.parse::<hyper::http::uri::Authority>() else { return false };
+        let name = authority.host();
+        name.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().is_ok()
+            || name.eq_ignore_ascii_case("localhost")
+            || self.host_names.iter().any(|own| own.eq_ignore_ascii_case(name))
+    }
+}
+
+/// Header `name` of `request`, if it is there and text.
+fn header(request: &Request<Incoming>, name: hyper::header::HeaderName) -> Option<&str> {
+    request.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
 /// Whether `a` and `b` are equal, in a time that does not say where they differ.
@@ -133,6 +201,123 @@ pub const UNAUTHORIZED: &str = "this request needs the admin token";
 pub const NO_TOKEN: &str = "this host has no admin token, so its API changes nothing";
 /// Why a request a browser makes for another site is refused.
 pub const CROSS_ORIGIN: &str = "the admin API is not for other sites' pages";
+/// Why a question without the token naming a `Host` not this host's is refused.
+pub const FOREIGN_HOST: &str = "is not a name of this host";
+
+/// The API's open connections: how many presented the token, and the others, oldest
+/// first, each with the handle that closes it.
+#[derive(Default)]
+struct Connections {
+    strangers: VecDeque<(u64, AbortHandle)>,
+    trusted: usize,
+    opened: u64,
+}
+
+impl Connections {
+    /// Gives a new connection its [`Slot`] and has `serve` start serving it, closing the
+    /// oldest connection without the token first if [`MAX_CONNECTIONS`] are open; whether
+    /// it closed one.
+    fn admit(this: &Arc<Mutex<Self>>, serve: impl FnOnce(Arc<Slot>) -> JoinHandle<()>) -> bool {
+        let mut open = lock(this);
+        let oldest = if open.strangers.len() >= MAX_CONNECTIONS { open.strangers.pop_front() } else { None };
+        open.opened += 1;
+        let id = open.opened;
+        // Started under the lock, so its slot is listed before the task can give it up.
+        let task = serve(Arc::new(Slot { id, trusted: AtomicBool::new(false), connections: this.clone() }));
+        open.strangers.push_back((id, task.abort_handle()));
+        drop(open);
+        // Outside the lock, which the closed connection's slot takes as it is given up.
+        oldest.map(|(_, task)| task.abort()).is_some()
+    }
+}
+
+/// One connection's place among the [`Connections`], given up when its task ends or is
+/// aborted (the task owns it).
+struct Slot {
+    id: u64,
+    trusted: AtomicBool,
+    connections: Arc<Mutex<Connections>>,
+}
+
+impl Slot {
+    /// Moves the connection, which presented the token, among the trusted ones, if fewer
+    /// than [`MAX_TRUSTED_CONNECTIONS`] are; whether it is one now (it may stay open).
+    fn trust(&self) -> bool {
+        if self.trusted.load(Ordering::Acquire) {
+            return true;
+        }
+        let mut open = lock(&self.connections);
+        // Not listed any more: closed for a newer connection, on its way out.
+        let Some(at) = open.strangers.iter().position(|(id, _)| *id == self.id) else { return false };
+        if open.trusted >= MAX_TRUSTED_CONNECTIONS {
+            return false;
+        }
+        open.strangers.remove(at);
+        open.trusted += 1;
+        self.trusted.store(true, Ordering::Release);
+        true
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = lock(&self.connections);
+        if *self.trusted.get_mut() {
+            open.trusted -= 1;
+        } else {
+            open.strangers.retain(|(id, _)| *id != self.id);
+        }
+    }
+}
+
+/// The API's log of refusals, bounded: at most [`REFUSALS_LOGGED`] lines one by one per
+/// [`REFUSAL_LOG_WINDOW`], and one counting the rest.
+struct Refusals(Mutex<RefusalWindow>);
+
+struct RefusalWindow {
+    began: Instant,
+    logged: u64,
+    counted: u64,
+}
+
+impl Refusals {
+    fn new() -> Self {
+        Refusals(Mutex::new(RefusalWindow { began: Instant::now(), logged: 0, counted: 0 }))
+    }
+
+    /// Logs `line`, cut at [`REFUSAL_LINE_BYTES`], as a warning, unless the window's
+    /// lines are spent: then counts it.
+    fn note(&self, line: &str) {
+        let mut window = lock(&self.0);
+        window.roll();
+        if window.logged < REFUSALS_LOGGED {
+            window.logged += 1;
+            tracing::warn!("admin API: {}", &line[..line.floor_char_boundary(REFUSAL_LINE_BYTES)]);
+        } else {
+            window.counted += 1;
+        }
+    }
+
+    /// Ends the window if it is over, logging how many it counted.
+    fn roll(&self) {
+        lock(&self.0).roll();
+    }
+}
+
+impl RefusalWindow {
+    fn roll(&mut self) {
+        if self.began.elapsed() < REFUSAL_LOG_WINDOW {
+            return;
+        }
+        if self.counted > 0 {
+            tracing::warn!(
+                "admin API: {} {REFUSALS_COUNTED} (at most {REFUSALS_LOGGED} per {REFUSAL_LOG_WINDOW:?} are)",
+                self.counted
+            );
+        }
+        *self = RefusalWindow { began: Instant::now(), logged: 0, counted: 0 };
+    }
+}
 
 /// The answer to a deploy or rollback.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -186,17 +371,18 @@ pub struct VersionsAnswer {
 }
 
 /// Starts serving the API for `deployer`, `metrics` and the events of `host` on `listen`
-/// (`host:port`; port 0 picks one) on `runtime`, letting in callers with `token` as the
-/// module says; returns the address it listens on, which is also logged. Beyond
-/// loopback without a token it refuses to start.
+/// (`host:port`; port 0 picks one) on `runtime`, letting in callers with the token and
+/// host names of `config` as the module says; returns the address it listens on, which
+/// is also logged. Beyond loopback without a token it refuses to start.
 pub fn serve(
     listen: &str,
-    token: Option<String>,
+    config: &AdminConfig,
     deployer: Arc<Deployer>,
     metrics: Arc<Registry>,
     host: Arc<HostStats>,
     runtime: &Runtime,
 ) -> Result<SocketAddr> {
+    let token = token(config)?;
     let addresses: Vec<SocketAddr> =
         listen.to_socket_addrs().with_context(|| format!("[admin] listen = {listen:?}: not a host:port"))?.collect();
     let loopback = addresses.iter().all(|a| a.ip().is_loopback());
@@ -211,50 +397,63 @@ pub fn serve(
         .with_context(|| format!("[admin] listen = {listen:?}: cannot listen there"))?;
     let address = listener.local_addr()?;
     tracing::info!("{LISTENING}http://{address}");
-    let access = Arc::new(Access { token, loopback });
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let access = Access { token, loopback, host_names: config.host_names.clone() };
+    let served = Arc::new(Served { deployer, metrics, host, access, refusals: Refusals::new() });
+    let rolled = served.clone();
+    runtime.spawn(async move {
+        let mut tick = tokio::time::interval(REFUSAL_LOG_WINDOW / 2);
+        loop {
+            tick.tick().await;
+            rolled.refusals.roll();
+        }
+    });
+    let connections = Arc::new(Mutex::new(Connections::default()));
     runtime.spawn(async move {
         loop {
             let stream = match listener.accept().await {
                 Ok((stream, _)) => stream,
                 Err(e) => {
-                    tracing::warn!("admin API: accepting a connection failed: {e}");
+                    served.refusals.note(&format!("accepting a connection failed: {e}"));
+                    tokio::time::sleep(ACCEPT_RETRY).await;
                     continue;
                 }
             };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                tracing::warn!("admin API: {MAX_CONNECTIONS} connections open already; closing a new one");
-                continue;
-            };
-            let served = Arc::new(Served { deployer: deployer.clone(), metrics: metrics.clone(), host: host.clone() });
-            let access = access.clone();
-            tokio::spawn(async move {
-                let service =
-                    hyper::service::service_fn(move |request| answer(served.clone(), access.clone(), request));
-                let connection = hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(HEADER_TIMEOUT)
-                    .serve_connection(TokioIo::new(stream), service);
-                if let Err(e) = connection.await {
-                    tracing::debug!("admin API connection: {e}");
-                }
-                drop(slot);
+            let closed_oldest = Connections::admit(&connections, |slot| {
+                let served = served.clone();
+                tokio::spawn(async move {
+                    let service =
+                        hyper::service::service_fn(move |request| answer(served.clone(), slot.clone(), request));
+                    let connection = hyper::server::conn::http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(HEADER_TIMEOUT)
+                        .serve_connection(TokioIo::new(stream), service);
+                    if let Err(e) = connection.await {
+                        tracing::debug!("admin API connection: {e}");
+                    }
+                })
             });
+            if closed_oldest {
+                served.refusals.note(&format!(
+                    "{MAX_CONNECTIONS} connections without the token were open: closed the oldest for a new one"
+                ));
+            }
         }
     });
     Ok(address)
 }
 
-/// What the API serves.
+/// What the API serves, and to whom.
 struct Served {
     deployer: Arc<Deployer>,
     metrics: Arc<Registry>,
     host: Arc<HostStats>,
+    access: Access,
+    refusals: Refusals,
 }
 
 async fn answer(
     served: Arc<Served>,
-    access: Arc<Access>,
+    slot: Arc<Slot>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (method, path) = (request.method().clone(), request.uri().path().to_string());
@@ -266,12 +465,10 @@ async fn answer(
         METRICS_PATH => CONTENT_TYPE,
         _ => "application/json",
     };
-    let refusal = if page { None } else { access.refusal(&request, changes_state) };
+    let vouched = served.access.vouches(&request);
+    let refusal = if page { None } else { served.access.refusal(&request, changes_state, vouched) };
     let (status, body) = match refusal {
-        Some(refusal) => {
-            tracing::warn!("admin API: {method} {path}: {}: {}", refusal.0, refusal.1);
-            refusal
-        }
+        Some(refusal) => refusal,
         None => {
             // Only a deploy has a body worth reading.
             let takes_body = method == Method::POST && path.ends_with("/versions");
@@ -281,16 +478,31 @@ async fn answer(
             };
             match body {
                 // Deploys compile and wait for partitions: off the runtime's threads.
-                Ok(body) => tokio::task::spawn_blocking(move || route(&served, &method, &path, &body))
-                    .await
-                    .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("the request panicked: {e}"))),
+                Ok(body) => {
+                    let (routed, method, path) = (served.clone(), method.clone(), path.clone());
+                    tokio::task::spawn_blocking(move || route(&routed, &method, &path, &body))
+                        .await
+                        .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("the request panicked: {e}")))
+                }
                 Err(refusal) => refusal,
             }
         }
     };
+    if status != StatusCode::OK {
+        let line = format!("{method} {path}: {status}: {body}");
+        // A stranger's requests are the ones that could flood the log.
+        match vouched {
+            true => tracing::warn!("admin API: {line}"),
+            false => served.refusals.note(&line),
+        }
+    }
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     let headers = response.headers_mut();
+    // A connection holds a slot beyond its first answer only for who presented the token.
+    if !(vouched && slot.trust()) {
+        headers.insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+    }
     // A refusal or failure answers with its reason as text.
     let content_type = if status == StatusCode::OK { answer_type } else { "text/plain; charset=utf-8" };
     headers.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(content_type));
@@ -344,7 +556,7 @@ fn route(served: &Served, method: &Method, path: &str, body: &[u8]) -> (StatusCo
         _ => return (StatusCode::NOT_FOUND, format!("no such resource: {path}")),
     };
     if let Err(e) = deploy::check_name(deployer.registry(), name) {
-        return failure(method, path, e);
+        return failure(e);
     }
     let result = match (method, what) {
         (&Method::GET, "versions") => {
@@ -358,7 +570,7 @@ fn route(served: &Served, method: &Method, path: &str, body: &[u8]) -> (StatusCo
     };
     match result {
         Ok(answer) => (StatusCode::OK, answer),
-        Err(e) => failure(method, path, e),
+        Err(e) => failure(e),
     }
 }
 
@@ -375,12 +587,10 @@ fn status(error: &DeployError) -> StatusCode {
     }
 }
 
-/// The answer to a request that failed with `error`: its status and the reason.
-fn failure(method: &Method, path: &str, error: DeployError) -> (StatusCode, String) {
-    let status = status(&error);
-    let reason = format!("{:#}", anyhow::Error::from(error));
-    tracing::warn!("admin API: {method} {path}: {status}: {reason}");
-    (status, reason)
+/// The answer to a request that failed with `error`: its status and the reason (which
+/// the API logs with every answer but a success).
+fn failure(error: DeployError) -> (StatusCode, String) {
+    (status(&error), format!("{:#}", anyhow::Error::from(error)))
 }
 
 /// An answer as the API sends it.

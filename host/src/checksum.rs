@@ -1,8 +1,12 @@
 //! Content checksums: CRC-64/NVME, written as 16 lowercase hex digits.
 //!
-//! Checkpoint files are named and verified by this checksum, and an operator build is
-//! identified by it. It guards against corruption and mix-ups, not against an
-//! adversary; the speed (SIMD, many GB/s) is what lets every restored byte be checked.
+//! Checkpoint files are named and verified by this checksum, and so are operator builds
+//! recorded before versions were named by SHA-256 ([`version_of`]). It guards against
+//! corruption and mix-ups, not against an adversary (anyone can make bytes match a given
+//! CRC), which is why new versions are not named by it; the speed (SIMD, many GB/s) is
+//! what lets every restored byte be checked.
+//!
+//! [`version_of`]: crate::operator::version_of
 
 use anyhow::{Context, Result};
 use crc_fast::{CrcAlgorithm, Digest};

@@ -26,6 +26,7 @@
 //! log_lines_per_s = 100                 # per instance; lines past these are dropped and counted
 //! log_bytes_per_s = 65536
 //! log_line_bytes = 4096                 # a longer line is cut
+//! reason_bytes = 4096                   # a longer reason of a failed record is cut
 //! output_bytes_per_batch = 67108864     # a batch past these ends there; the rest is the next batch
 //! time_per_batch_ms = 10000
 //! output_topics = []                    # topics an output may name; none: only the sink's own
@@ -66,8 +67,9 @@
 //! # default = "7d"            # every entry's TTL from its last write; absent: never expires
 //! time = "event"              # the partition's largest timestamp; or "processing": the wall clock
 //! lateness = "0s"             # the event clock trails the largest timestamp seen by this much
-//! future_skew = "1d"          # timestamps further ahead of the wall clock do not move it
-//! sweep_limit = 50000         # the most entries that expire at one record (a key's all expire together)
+//! future_skew = "1d"          # a timestamp further ahead of the clock does not move it...
+//! future_confirm = 100        # ... unless this many such records come in a row
+//! sweep_limit = 50000         # the most entries one batch expires (the rest in the next batches)
 //! [ttl.names]                 # TTLs per state name, over the default
 //! # summary = "1h"
 //!
@@ -87,6 +89,7 @@
 //! [admin]                     # the admin HTTP API (deploy, rollback, versions)
 //! # listen = "127.0.0.1:9464" # absent: no API; port 0 picks a free port (logged)
 //! # token_file = "admin-token" # bearer token deploys need; absent: $SLUICE_ADMIN_TOKEN
+//! # host_names = ["devbox"]   # names a question without the token may give as its Host (IPs, localhost always)
 //! ```
 
 use anyhow::{Context, Result, bail};
@@ -227,9 +230,15 @@ pub struct OperatorLimits {
     pub log_bytes_per_s: u64,
     /// Bytes of one log line; a longer line is cut there.
     pub log_line_bytes: usize,
-    /// Bytes of the outputs of one batch together: past them the batch ends at the
-    /// record that passed them, its outputs go to the sink, and the rest of its records
-    /// make the next batch.
+    /// Bytes of the reason a record failed for — the operator's error, or the host's
+    /// account of a trap — as its dead letter carries it; a longer one is cut there
+    /// (before it is copied out of the guest), and it counts against
+    /// `output_bytes_per_batch`.
+    pub reason_bytes: usize,
+    /// Bytes one batch holds for what it emits — outputs, the reasons of failed
+    /// records, expired entries handed to the operator — together: past them the batch
+    /// ends at the record (or expiry) that passed them, its outputs go to the sink, and
+    /// the rest make the next batch.
     pub output_bytes_per_batch: usize,
     /// Milliseconds one batch may take: past them it ends as for
     /// `output_bytes_per_batch`, so a handover, deploy or stop waits at most this (and
@@ -255,6 +264,7 @@ impl OperatorLimits {
             log_lines_per_s: u64::MAX,
             log_bytes_per_s: u64::MAX,
             log_line_bytes: usize::MAX,
+            reason_bytes: usize::MAX,
             output_bytes_per_batch: usize::MAX,
             time_per_batch_ms: u64::MAX,
             output_topics: Vec::new(),
@@ -275,6 +285,7 @@ impl Default for OperatorLimits {
             log_lines_per_s: 100,
             log_bytes_per_s: 64 << 10,
             log_line_bytes: 4 << 10,
+            reason_bytes: 4 << 10,
             output_bytes_per_batch: 64 << 20,
             time_per_batch_ms: 10_000,
             output_topics: Vec::new(),
@@ -621,12 +632,18 @@ pub struct TtlConfig {
     /// How far the clock trails the largest timestamp seen.
     #[serde(default, deserialize_with = "duration")]
     pub lateness: Duration,
-    /// Timestamps further than this ahead of the wall clock do not move the clock.
+    /// A timestamp further than this ahead of the partition's clock does not move it,
+    /// unless `future_confirm` such records come in a row.
     #[serde(default = "default_future_skew", deserialize_with = "duration")]
     pub future_skew: Duration,
-    /// The most entries that expire at one record (or idle tick), earliest first;
-    /// past it, the other due entries of the keys taken and of the next record's key
-    /// expire too, so a key's expiries come together and before its next record.
+    /// Records in a row, each more than `future_skew` ahead of the clock, that move it
+    /// (to the nearest of them): a gap in the data is crossed, a lone far-future
+    /// timestamp is not. Decided by the records alone, so a replay decides the same.
+    #[serde(default = "default_future_confirm")]
+    pub future_confirm: u64,
+    /// The most entries one batch expires: every entry due before a record expires
+    /// before it, earliest first, and a batch past this (or past a per-batch bound of
+    /// `[operator.limits]`) ends there, the rest expiring in the next batches.
     #[serde(default = "default_sweep_limit")]
     pub sweep_limit: usize,
 }
@@ -675,6 +692,10 @@ fn default_future_skew() -> Duration {
     Duration::from_secs(24 * 3600)
 }
 
+fn default_future_confirm() -> u64 {
+    100
+}
+
 fn default_sweep_limit() -> usize {
     50_000
 }
@@ -687,6 +708,7 @@ impl Default for TtlConfig {
             time: TimeDomain::Event,
             lateness: Duration::ZERO,
             future_skew: default_future_skew(),
+            future_confirm: default_future_confirm(),
             sweep_limit: default_sweep_limit(),
         }
     }
@@ -855,6 +877,11 @@ pub struct AdminConfig {
     /// loopback, every request); absent: the `SLUICE_ADMIN_TOKEN` environment variable,
     /// else no token, and the API only answers questions.
     pub token_file: Option<PathBuf>,
+    /// Names this host is reached by, besides IP addresses and `localhost`: on loopback
+    /// a question without the token is answered only if its `Host` is one of these (a
+    /// page of a site that points its name at 127.0.0.1 is refused).
+    #[serde(default)]
+    pub host_names: Vec<String>,
 }
 
 impl Config {
@@ -941,6 +968,9 @@ impl Config {
         if ttl.sweep_limit == 0 {
             bail!("[ttl] sweep_limit must be at least 1, or expired entries would never be removed");
         }
+        if ttl.future_confirm == 0 {
+            bail!("[ttl] future_confirm must be at least 1 (1: every timestamp moves the clock, however far ahead)");
+        }
         let sizes_mib = [
             ("[operator] memory_limit_mib", self.operator.memory_limit_mib),
             ("[state] commit_dirty_mib", self.state.commit_dirty_mib as u64),
@@ -966,6 +996,7 @@ impl Config {
             ("state_value_bytes", limits.state_value_bytes),
             ("state_name_bytes", limits.state_name_bytes),
             ("log_line_bytes", limits.log_line_bytes),
+            ("reason_bytes", limits.reason_bytes),
             ("output_bytes_per_batch", limits.output_bytes_per_batch),
         ];
         let rates = [
@@ -1036,6 +1067,11 @@ impl Config {
                     self.state.commit_interval
                 );
             }
+        }
+        let not_a_name =
+            |name: &&String| name.is_empty() || !name.chars().all(|c| c.is_alphanumeric() || "-.".contains(c));
+        if let Some(name) = self.admin.host_names.iter().find(not_a_name) {
+            bail!("[admin] host_names: {name:?} is not a host name (give the name alone: no scheme, port or path)");
         }
         Ok(())
     }
@@ -1255,6 +1291,21 @@ mod tests {
         let on_file = config("[dead_letter]\ntopic = \"dead\"\n");
         let err = on_file.validate().unwrap_err().to_string();
         assert!(err.contains("[dead_letter] topic = \"dead\" needs a Kafka sink"), "{err}");
+    }
+
+    /// `[admin] host_names` are names alone: one with a port or a scheme would never
+    /// match a request's `Host`.
+    #[test]
+    fn admin_host_names_are_names_alone() {
+        let config = |names: &str| {
+            toml::from_str::<Config>(&format!("[operator]\npath = \"op.wasm\"\n[admin]\nhost_names = {names}\n"))
+                .unwrap()
+        };
+        config(r#"["devbox", "devbox.internal", "dev-1"]"#).validate().unwrap();
+        for bad in ["devbox:9464", "http://devbox", ""] {
+            let err = config(&format!("[{bad:?}]")).validate().unwrap_err().to_string();
+            assert!(err.contains(&format!("[admin] host_names: {bad:?} is not a host name")), "{err}");
+        }
     }
 
     #[test]

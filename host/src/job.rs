@@ -217,6 +217,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
             SourceConfig::Generator { .. } | SourceConfig::File { .. } => NullKeys::default(),
         },
         retry_timeout: config.checkpoint.restore_retry_timeout,
+        stopping: stopping.clone(),
     });
     let (live, host_stats) = (workers.live(), workers.host_stats());
     let router = Router::new(workers, partitions, config.state.batch_size());
@@ -224,8 +225,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     if let Some(listen) = &config.admin.listen {
         let metrics = Metrics::new(live.clone(), host_stats.clone(), max_poll_interval, checkpoints_on);
         let metrics = Arc::new(metrics.registry());
-        let token = admin::token(&config.admin)?;
-        admin::serve(listen, token, deployer.clone(), metrics, host_stats.clone(), &runtime)?;
+        admin::serve(listen, &config.admin, deployer.clone(), metrics, host_stats.clone(), &runtime)?;
     }
     let checkpoint_interval = checkpoints_on.then_some(config.checkpoint.interval);
     let watch = Watch::new(config.report.clone(), checkpoint_interval, live.clone(), host_stats);

@@ -498,10 +498,12 @@ fn deploy_version(name: &str, file: &Path, job: JobTarget) -> Result<()> {
             let path = format!("/operators/{name}/versions");
             admin_answer(&admin::call(&admin, Method::POST, &path, component)?)?
         }
-        Job::Registry { registry, sandbox, poll_versions } => {
-            sandbox.validate(name, &component, &file.display().to_string())?;
+        Job::Registry { registry, sandbox, poll_versions, .. } => {
+            let runtime = checkpoint::runtime()?;
+            let version = runtime.block_on(registry.version_of(&component))?;
+            sandbox.validate(&version, &component, &file.display().to_string())?;
             let origin = format!("sluice deploy {}", file.display());
-            let deployment = checkpoint::runtime()?.block_on(registry.deploy(&component, &origin))?;
+            let deployment = runtime.block_on(registry.deploy(&component, &origin))?;
             recorded(&deployment, poll_versions)
         }
     };
@@ -516,11 +518,11 @@ fn roll_back(name: &str, job: JobTarget) -> Result<()> {
             let path = format!("/operators/{name}/rollback");
             admin_answer(&admin::call(&admin, Method::POST, &path, Vec::new())?)?
         }
-        Job::Registry { registry, sandbox, poll_versions } => {
+        Job::Registry { registry, sandbox, poll_versions, .. } => {
             let runtime = checkpoint::runtime()?;
             let target = runtime.block_on(registry.rollback_target())?;
             let component = runtime.block_on(registry.component(&target))?;
-            sandbox.validate(name, &component, &format!("version {}", target.version))?;
+            sandbox.validate(&target.version, &component, &format!("version {}", target.version))?;
             let deployment = runtime.block_on(registry.rollback(&target, "sluice rollback"))?;
             recorded(&deployment, poll_versions)
         }
@@ -700,8 +702,9 @@ fn admin_answer(json: &str) -> Result<String> {
 
 /// A job, as `sluice deploy`, `rollback` and `versions` reach it.
 enum Job {
-    /// Its registry, read and written directly, and how its hosts try a version out.
-    Registry { registry: Registry, sandbox: Box<Sandbox>, poll_versions: Duration },
+    /// Its registry, read and written directly, and how its hosts try a version out: in
+    /// a directory of this process's own, removed with it.
+    Registry { registry: Registry, sandbox: Box<Sandbox>, poll_versions: Duration, _scratch: tempfile::TempDir },
     /// A running host's admin API.
     Admin(String),
 }
@@ -715,9 +718,14 @@ impl JobTarget {
         let config = Config::load(path)?;
         let registry = Registry::new(CheckpointStore::open(&config.registry_url())?, &config.operator.name())?;
         deploy::check_name(&registry, name).with_context(|| format!("config file {}", path.display()))?;
-        let scratch = std::env::temp_dir().join(format!("sluice-deploy-{}", std::process::id()));
-        let sandbox = Box::new(Sandbox::new(&config.operator, scratch));
-        Ok(Job::Registry { registry, sandbox, poll_versions: config.operator.poll_versions })
+        // Created afresh, private (mode 0700), under a random name: a predictable path in a
+        // shared temporary directory could be another user's link to elsewhere.
+        let scratch = tempfile::Builder::new()
+            .prefix("sluice-deploy-")
+            .tempdir()
+            .context("creating a private directory to try the version out in")?;
+        let sandbox = Box::new(Sandbox::new(&config.operator, scratch.path().join("state")));
+        Ok(Job::Registry { registry, sandbox, poll_versions: config.operator.poll_versions, _scratch: scratch })
     }
 }
 

@@ -122,7 +122,7 @@ impl TestDriver {
         }
     }
 
-    /// The operator's version, `name@checksum`, as its outputs name it.
+    /// The operator's version, `name@digest`, as its outputs name it.
     pub fn version(&self) -> &str {
         self.instance.version()
     }
@@ -150,25 +150,38 @@ impl TestDriver {
             timestamp_ms,
             headers: Vec::new(),
         };
-        let Processed { outcomes, expirations } = self.instance.process_batch(std::slice::from_ref(&record))?;
-        let mut step = self.expirations(expirations);
-        let origin = Origin::of(&record);
-        for outcome in outcomes {
-            self.add(&mut step, origin, &record.key, &record.value, outcome);
+        let mut step = Step::default();
+        // A batch that reaches its bounds in the expiries before the record ends there,
+        // and commits: the next goes on with them, as a partition's would.
+        loop {
+            let Processed { outcomes, expirations } = self.instance.process_batch(std::slice::from_ref(&record))?;
+            step.append(self.expirations(expirations));
+            let origin = Origin::of(&record);
+            let processed = !outcomes.is_empty();
+            for outcome in outcomes {
+                self.add(&mut step, origin, &record.key, &record.value, outcome);
+            }
+            if processed {
+                self.next_offset += 1;
+                self.instance.state().commit(self.next_offset)?;
+                return Ok(step);
+            }
+            self.instance.state().commit(self.next_offset)?;
         }
-        self.next_offset += 1;
-        self.instance.state().commit(self.next_offset)?;
-        Ok(step)
     }
 
     /// Moves the partition's event-time clock to `timestamp_ms` without a record (as a
     /// later record would) and expires what comes due, calling the operator's
     /// `expired` for each entry.
     pub fn advance_clock(&mut self, timestamp_ms: i64) -> Result<Step> {
-        self.instance.state().observe(timestamp_ms);
-        let expirations = self.instance.expire(self.next_offset)?;
-        let step = self.expirations(expirations);
-        self.instance.state().commit(self.next_offset)?;
+        let mut step = Step::default();
+        let mut due = self.instance.state().advance_clock(timestamp_ms);
+        while due {
+            let expirations = self.instance.expire(self.next_offset)?;
+            step.append(self.expirations(expirations));
+            self.instance.state().commit(self.next_offset)?;
+            due = self.instance.state().due();
+        }
         Ok(step)
     }
 

@@ -103,6 +103,20 @@ pub fn run_err(command: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
+/// The peak resident memory a run's final report (its stderr) gives, in MiB.
+pub fn reported_peak_mib(report: &str) -> Option<f64> {
+    let peak = report.lines().find_map(|line| line.split_once("peak memory ")).map(|(_, rest)| rest)?;
+    let (number, unit) = peak.strip_suffix(" (RSS)")?.split_once(' ')?;
+    let scale = match unit {
+        "B" => 1.0 / (1 << 20) as f64,
+        "KiB" => 1.0 / 1024.0,
+        "MiB" => 1.0,
+        "GiB" => 1024.0,
+        _ => return None,
+    };
+    Some(number.parse::<f64>().ok()? * scale)
+}
+
 /// The count of expired state entries a run's final report (its stderr) gives; 0 if it
 /// gives none.
 pub fn reported_expired(report: &str) -> u64 {

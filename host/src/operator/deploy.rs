@@ -63,12 +63,12 @@ impl Sandbox {
         }
     }
 
-    /// Compiles `component` as operator `name` from `origin` and runs its `init` once
-    /// over an empty scratch database (created and removed here): the checks a version
-    /// passes before it runs. A failure of the scratch database is this host's, not
-    /// the component's.
-    pub fn validate(&self, name: &str, component: &[u8], origin: &str) -> Result<WasmOperator, DeployError> {
-        let operator = WasmOperator::compile(name, component, origin, self.limits.clone(), self.config.clone())
+    /// Compiles `component` as `version` (what its registry names it) from `origin` and
+    /// runs its `init` once over an empty scratch database (created and removed here):
+    /// the checks a version passes before it runs. A failure of the scratch database is
+    /// this host's, not the component's.
+    pub fn validate(&self, version: &str, component: &[u8], origin: &str) -> Result<WasmOperator, DeployError> {
+        let operator = WasmOperator::compile(version, component, origin, self.limits.clone(), self.config.clone())
             .map_err(DeployError::Refused)?;
         let scratch = PartitionStore::open(&self.scratch, 0)
             .and_then(|store| Transaction::new(store, 0))
@@ -154,8 +154,9 @@ impl Deployer {
         runtime: &Handle,
     ) -> Result<(Registry, Arc<WasmOperator>)> {
         let bytes = std::fs::read(configured).with_context(|| format!("reading operator {}", configured.display()))?;
-        let operator = sandbox.validate(name, &bytes, &configured.display().to_string())?;
         let registry = Registry::new(CheckpointStore::open(registry_url)?, name)?;
+        let version = runtime.block_on(registry.version_of(&bytes))?;
+        let operator = sandbox.validate(&version, &bytes, &configured.display().to_string())?;
         let origin = format!("configured file {} at start", configured.display());
         let current = runtime.block_on(registry.adopt(&bytes, &origin))?;
         if current.version == operator.version() {
@@ -168,7 +169,7 @@ impl Deployer {
             configured.display()
         );
         let bytes = runtime.block_on(registry.component(&current))?;
-        let operator = sandbox.validate(name, &bytes, &format!("version {}", current.version))?;
+        let operator = sandbox.validate(&current.version, &bytes, &format!("version {}", current.version))?;
         Ok((registry, Arc::new(operator)))
     }
 
@@ -200,7 +201,8 @@ impl Deployer {
     pub fn deploy(&self, component: &[u8], origin: &str) -> Result<DeployReport, DeployError> {
         let mut versions = lock(&self.state);
         let began = Instant::now();
-        let operator = self.sandbox.validate(self.registry.name(), component, origin)?;
+        let version = self.runtime.block_on(self.registry.version_of(component))?;
+        let operator = self.sandbox.validate(&version, component, origin)?;
         let prepared = began.elapsed();
         let deployment = self.runtime.block_on(self.registry.deploy(component, origin))?;
         Ok(self.activate(&mut versions, Arc::new(operator), deployment, prepared))
@@ -256,7 +258,7 @@ impl Deployer {
         }
         let bytes = self.runtime.block_on(self.registry.component(deployment))?;
         let origin = format!("version {}", deployment.version);
-        Ok(Arc::new(self.sandbox.validate(self.registry.name(), &bytes, &origin)?))
+        Ok(Arc::new(self.sandbox.validate(&deployment.version, &bytes, &origin)?))
     }
 
     /// Makes `operator` active, waits for the partitions to switch, and reports.

@@ -45,6 +45,18 @@ pub enum Outcome {
     NullKey,
 }
 
+impl Outcome {
+    /// What it makes the host hold until it is sent: its outputs' bytes (see
+    /// [`Output::bytes`]), or its reason's.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Outcome::Emitted(outputs) => outputs.iter().map(Output::bytes).sum(),
+            Outcome::Rejected(reason) | Outcome::Trapped { reason, .. } => reason.len(),
+            Outcome::NullKey => 0,
+        }
+    }
+}
+
 /// What an operator made of a state entry that expired. The entry is removed whatever
 /// the outcome; an operator not told of expiries makes none.
 #[derive(Debug)]
@@ -90,28 +102,33 @@ pub trait Operator: Send {
     fn process(&mut self, record: &SourceRecord) -> Result<Outcome>;
 
     /// Processes `records` in order, each in its own record scope, and returns their
-    /// outcomes in the same order, with the expirations their clock brought. A batch
-    /// that passes a per-batch bound (`[operator.limits] output_bytes_per_batch`,
-    /// `time_per_batch_ms`) ends at the record that passed it: the outcomes are then
-    /// those of a prefix of `records`, at least one, and the caller hands the rest
-    /// over again as the next batch. An `Err` is a host failure, as for
-    /// [`process`](Operator::process); the records' writes are then never committed.
+    /// outcomes in the same order, with the expirations their clock brought (every
+    /// entry due before a record expires before it). A batch that passes a per-batch
+    /// bound (`[operator.limits] output_bytes_per_batch`, `time_per_batch_ms`, `[state]
+    /// commit_dirty_mib`, `[ttl] sweep_limit` expiries) ends there — after a record, or
+    /// between two expiries before one: the outcomes are then those of a prefix of
+    /// `records`, possibly empty, and the caller commits as it sees fit and hands the
+    /// rest over again as the next batch, which goes on where this one ended. An `Err`
+    /// is a host failure, as for [`process`](Operator::process); the records' writes
+    /// are then never committed.
     fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
         Ok(Processed { outcomes: process_each(self, records)?, expirations: Vec::new() })
     }
 
     /// Expires the entries due at the partition's clock without a record (an idle
-    /// partition in processing time): `offset` is the next record's.
+    /// partition in processing time): `offset` is the next record's. It ends at the
+    /// per-batch bounds as [`process_batch`](Operator::process_batch) does; what is
+    /// still due waits for the next call.
     fn expire(&mut self, offset: u64) -> Result<Vec<Expiration>> {
         let _ = offset;
-        self.state().expire_due(None)?;
+        while self.state().expire_next()?.is_some() {}
         Ok(Vec::new())
     }
 
     /// The partition state this operator reads and writes.
     fn state(&mut self) -> &mut Transaction;
 
-    /// Which build of the operator this is (`name@checksum` for a component): every
+    /// Which build of the operator this is (`name@digest` for a component): every
     /// output and dead letter it produces, and every checkpoint of its state, says so.
     fn version(&self) -> &str;
 
@@ -125,7 +142,7 @@ pub trait Operator: Send {
 pub fn process_each<O: Operator + ?Sized>(operator: &mut O, records: &[SourceRecord]) -> Result<Vec<Outcome>> {
     let mut outcomes = Vec::with_capacity(records.len());
     for record in records {
-        operator.state().begin_record(&record.key, record.timestamp_ms)?;
+        operator.state().begin_record(record)?;
         outcomes.push(process_scoped(operator, record)?);
     }
     Ok(outcomes)
@@ -139,10 +156,46 @@ pub fn process_scoped<O: Operator + ?Sized>(operator: &mut O, record: &SourceRec
     Ok(outcome)
 }
 
-/// The version of a build of operator `name`: `name@checksum` of its component. Outputs,
-/// dead letters, checkpoint manifests and the registry all name builds this way.
+/// The version of a build of operator `name` new to its registry: `name@` and the
+/// SHA-256 of its component in 64 hex digits. Outputs, dead letters, checkpoint
+/// manifests and the registry all name builds by a version. A build the registry
+/// recorded before versions were named by SHA-256 keeps its older name there, `name@`
+/// and the component's CRC-64 in 16 hex digits ([`checksum`](crate::checksum)): see
+/// [`names_build`] and [`Registry::version_of`](registry::Registry::version_of).
 pub fn version_of(name: &str, component: &[u8]) -> String {
-    format!("{name}@{}", crate::checksum::of_bytes(component))
+    format!("{name}@{}", sha256_hex(component))
+}
+
+/// Whether `version` names the build `component`, by the digest it holds: 64 hex digits
+/// are a SHA-256, 16 the CRC-64 of a version named before SHA-256. Any other version
+/// names no build. A CRC-64 is no proof against a build made to match it, so a
+/// registry takes a CRC-64 name only for the bytes stored under it.
+pub fn names_build(version: &str, component: &[u8]) -> bool {
+    match digest_of(version) {
+        digest if digest.len() == SHA256_DIGITS => sha256_hex(component) == digest,
+        digest if digest.len() == CRC64_DIGITS => crate::checksum::of_bytes(component) == digest,
+        _ => false,
+    }
+}
+
+/// The operator name in `version` (`name@digest`).
+pub fn name_of(version: &str) -> &str {
+    version.rsplit_once('@').map_or(version, |(name, _)| name)
+}
+
+/// The digest in `version` (`name@digest`): its component's object name in a registry.
+pub fn digest_of(version: &str) -> &str {
+    version.rsplit_once('@').map_or("", |(_, digest)| digest)
+}
+
+/// The hex digits of a SHA-256 version's digest.
+const SHA256_DIGITS: usize = 64;
+/// The hex digits of a CRC-64 version's digest (versions named before SHA-256).
+const CRC64_DIGITS: usize = 16;
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(bytes))
 }
 
 /// A partition's switch from one operator version to another.

@@ -4,12 +4,17 @@
 //! recorded and where every host learns of it: no cluster protocol of our own. The
 //! history is an append-only list of numbered entries, each written with a
 //! conditional put, so two deploys racing for one number cannot both win; components
-//! are stored by checksum.
+//! are stored by the digest their version names, and never overwritten.
 //!
 //! ```text
-//! <store>/operators/<name>/components/<checksum>.wasm    each deployed build, once
-//! <store>/operators/<name>/history/0000000003.json       entry 3: deploy or rollback
+//! <store>/operators/<name>/components/<digest>.wasm    each deployed build, once
+//! <store>/operators/<name>/history/0000000003.json     entry 3: deploy or rollback
 //! ```
+//!
+//! A digest is a SHA-256 (64 hex digits); a build recorded before versions were named
+//! by SHA-256 keeps its CRC-64 name (16 hex digits) for as long as its bytes are stored
+//! under it, so histories written then stay readable and a redeploy of such a build is
+//! still the same version ([`Registry::version_of`]).
 //!
 //! A deploy pushes a version, a rollback pops back to the one before it; the running
 //! version is the top of that stack. This module owns the layout and the history's
@@ -89,19 +94,13 @@ pub struct Deployment {
     pub seq: u64,
     /// Deploy or rollback.
     pub action: Action,
-    /// The version running after this entry: `name@checksum`.
+    /// The version running after this entry: `name@digest` (see
+    /// [`version_of`](super::version_of)).
     pub version: String,
     /// When it was recorded, milliseconds since the Unix epoch.
     pub at_ms: u64,
     /// Who recorded it and from what (a file, a host's admin API, a host's start).
     pub origin: String,
-}
-
-impl Deployment {
-    /// The checksum part of the version: the component's object name.
-    fn checksum(&self) -> &str {
-        self.version.rsplit_once('@').map_or("", |(_, checksum)| checksum)
-    }
 }
 
 impl fmt::Display for Deployment {
@@ -195,27 +194,46 @@ impl Registry {
         Ok(in_force(&self.history().await?).pop())
     }
 
-    /// The component of `deployment`'s version, checked against its checksum.
+    /// The component of `deployment`'s version, checked against the digest its name holds.
     pub async fn component(&self, deployment: &Deployment) -> Result<Vec<u8>, DeployError> {
-        self.read_component(deployment).await.map_err(DeployError::StoreUnavailable)
+        self.read_component(&deployment.version).await.map_err(DeployError::StoreUnavailable)
     }
 
-    async fn read_component(&self, deployment: &Deployment) -> Result<Vec<u8>> {
-        let path = self.component_path(deployment.checksum());
+    async fn read_component(&self, version: &str) -> Result<Vec<u8>> {
+        let path = self.component_path(version);
         let bytes = self.store.get_optional(&path).await?.ok_or_else(|| {
-            anyhow!("{path} is missing from {}: version {} cannot be loaded", self.store.url(), deployment.version)
+            anyhow!("{path} is missing from {}: version {version} cannot be loaded", self.store.url())
         })?;
-        let found = checksum::of_bytes(&bytes);
-        if found != deployment.checksum() {
-            bail!("{path} in {} is corrupt: its checksum is {found}", self.store.url());
+        if !super::names_build(version, &bytes) {
+            bail!("{path} in {} is corrupt: its bytes are not the build {version} names", self.store.url());
         }
         Ok(bytes)
     }
 
+    /// The version `component` is in this registry: its CRC-64 name if it was recorded
+    /// under that before versions were named by SHA-256 and its bytes are the ones stored
+    /// under it (a build made to match another's CRC-64 is not that build), else its
+    /// [`version_of`](super::version_of). So a build keeps one name for good: a restart, a
+    /// redeploy and a rollback find it, and its outputs name it as before.
+    pub async fn version_of(&self, component: &[u8]) -> Result<String, DeployError> {
+        let crc_named = format!("{}@{}", self.name, checksum::of_bytes(component));
+        if self.history().await?.iter().any(|d| d.version == crc_named) {
+            let stored = self
+                .store
+                .get_optional(&self.component_path(&crc_named))
+                .await
+                .map_err(DeployError::StoreUnavailable)?;
+            if stored.as_deref() == Some(component) {
+                return Ok(crc_named);
+            }
+        }
+        Ok(super::version_of(&self.name, component))
+    }
+
     /// Records `component` as the running version. The caller has validated it.
     pub async fn deploy(&self, component: &[u8], origin: &str) -> Result<Deployment, DeployError> {
-        let version = super::version_of(&self.name, component);
-        self.put_component(component).await.map_err(DeployError::StoreUnavailable)?;
+        let version = self.version_of(component).await?;
+        self.put_component(&version, component).await.map_err(DeployError::StoreUnavailable)?;
         let deployed = self
             .append(
                 |history| match in_force(history).pop() {
@@ -235,9 +253,9 @@ impl Registry {
     /// this: a file it has not seen is a new deploy, a known one defers to the history
     /// (a restart runs what was deployed or rolled back to since).
     pub async fn adopt(&self, component: &[u8], origin: &str) -> Result<Deployment, DeployError> {
-        let version = super::version_of(&self.name, component);
+        let version = self.version_of(component).await?;
         if !self.history().await?.iter().any(|d| d.version == version) {
-            self.put_component(component).await.map_err(DeployError::StoreUnavailable)?;
+            self.put_component(&version, component).await.map_err(DeployError::StoreUnavailable)?;
         }
         let adopted = self
             .append(
@@ -325,15 +343,21 @@ impl Registry {
         )))
     }
 
-    async fn put_component(&self, component: &[u8]) -> Result<()> {
-        let path = self.component_path(&checksum::of_bytes(component));
+    /// Stores `component` as the object of `version`, unless it is there already. An
+    /// object is never overwritten: other bytes under its name are a damaged or
+    /// tampered-with store, for a person to look at.
+    async fn put_component(&self, version: &str, component: &[u8]) -> Result<()> {
+        let path = self.component_path(version);
         if self.store.put_new(&path, component.to_vec()).await? {
             return Ok(());
         }
-        // Stored by content, so an existing object holds these bytes, unless it was damaged.
         match self.store.get_optional(&path).await? {
             Some(stored) if stored == component => Ok(()),
-            _ => self.store.put_bytes(&path, component.to_vec()).await,
+            _ => bail!(
+                "{path} in {} holds other bytes than the build {version}, and sluice never overwrites a component: \
+                 if it is damaged, remove it and deploy the build again",
+                self.store.url()
+            ),
         }
     }
 
@@ -345,8 +369,9 @@ impl Registry {
         format!("{}/{seq:010}.json", self.folder("history"))
     }
 
-    fn component_path(&self, checksum: &str) -> String {
-        format!("{}/{checksum}.wasm", self.folder("components"))
+    /// Where the component of `version` is stored: under its digest.
+    fn component_path(&self, version: &str) -> String {
+        format!("{}/{}.wasm", self.folder("components"), super::digest_of(version))
     }
 }
 
@@ -410,19 +435,24 @@ mod tests {
     }
 
     #[test]
-    fn a_corrupt_component_is_refused_by_name() -> Result<()> {
+    fn a_corrupt_component_is_refused_by_name_and_never_overwritten() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let runtime = crate::checkpoint::runtime()?;
         let registry = registry(dir.path());
         let v1 = runtime.block_on(registry.deploy(b"one", "t"))?;
-        let object = dir.path().join(format!("operators/op/components/{}.wasm", checksum::of_bytes(b"one")));
+        assert_eq!(v1.version, super::super::version_of("op", b"one"));
+        let object = dir.path().join(format!("operators/op/components/{}.wasm", super::super::digest_of(&v1.version)));
         std::fs::write(&object, b"two")?;
         let err = runtime.block_on(registry.component(&v1)).unwrap_err();
         assert!(matches!(err, DeployError::StoreUnavailable(_)), "{err:?}");
         let err = format!("{err:#}");
         assert!(err.contains("is corrupt") && err.contains("operators/op/components"), "{err}");
-        // Deploying the build again repairs the object.
+        // Deploying the build again leaves the object for a person to look at.
         runtime.block_on(registry.deploy(b"two", "t"))?;
+        let err = format!("{:#}", runtime.block_on(registry.deploy(b"one", "t")).unwrap_err());
+        assert!(err.contains("never overwrites") && err.contains(&v1.version), "{err}");
+        assert_eq!(std::fs::read(&object)?, b"two");
+        std::fs::remove_file(&object)?;
         runtime.block_on(registry.deploy(b"one", "t"))?;
         assert_eq!(runtime.block_on(registry.component(&v1))?, b"one");
         // An entry whose contents do not match its name is refused, not followed.
@@ -432,5 +462,35 @@ mod tests {
         let err = format!("{:#}", runtime.block_on(self::registry(dir.path()).history()).unwrap_err());
         assert!(err.contains("0000000001.json") && err.contains("is corrupt"), "{err}");
         Ok(())
+    }
+
+    /// A history written when versions were named by CRC-64 stays readable: its builds
+    /// keep their names (a restart adopts the known build, a redeploy of it is the same
+    /// version, a rollback returns to it) while a new build is named by SHA-256.
+    #[test]
+    fn builds_recorded_under_crc64_names_keep_them() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::checkpoint::runtime()?;
+        let old = format!("op@{}", checksum::of_bytes(b"one"));
+        let components = dir.path().join("operators/op/components");
+        std::fs::create_dir_all(&components)?;
+        std::fs::write(components.join(format!("{}.wasm", checksum::of_bytes(b"one"))), b"one")?;
+        let entry = Deployment { seq: 1, action: Action::Deploy, version: old.clone(), at_ms: 1, origin: "old".into() };
+        std::fs::create_dir_all(dir.path().join("operators/op/history"))?;
+        std::fs::write(dir.path().join("operators/op/history/0000000001.json"), serde_json::to_vec(&entry)?)?;
+        let registry = registry(dir.path());
+        runtime.block_on(async {
+            assert_eq!(registry.version_of(b"one").await?, old);
+            assert_eq!(registry.adopt(b"one", "restart").await?, entry, "a known build is not deployed again");
+            let v2 = registry.deploy(b"two", "t").await?;
+            assert_eq!(v2.version, super::super::version_of("op", b"two"));
+            assert_eq!(v2.version.len(), "op@".len() + 64);
+            let back = registry.rollback(&registry.rollback_target().await?, "t").await?;
+            assert_eq!(back.version, old);
+            assert_eq!(registry.component(&back).await?, b"one", "read and checked by its CRC-64");
+            let again = registry.deploy(b"one", "t").await.unwrap_err();
+            assert!(matches!(again, DeployError::AlreadyInForce { seq: 3, .. }), "{again:?}");
+            Ok(())
+        })
     }
 }

@@ -34,9 +34,11 @@ use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How long a commit may wait for the broker's acknowledgements of the outputs it covers.
+/// How long a commit may wait for the broker's acknowledgements of the outputs it
+/// covers, and a record for room in the producer's queue, which empties only as the
+/// broker acknowledges.
 pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long reading a topic's metadata at the start may take.
@@ -205,7 +207,7 @@ pub(super) fn send_dead_letter<C: ProducerContext + 'static>(
     dead: &DeadLetter,
     version: &str,
     opaque: impl Fn() -> C::DeliveryOpaque,
-) -> std::result::Result<(), KafkaError> {
+) -> std::result::Result<(), SendError> {
     let attempts = dead.attempts.map(|a| a.to_string());
     let headers = |reason: &str, dropped: Option<&str>| {
         let mut headers = headers(&dead.origin, version)
@@ -238,24 +240,57 @@ pub(super) fn send_dead_letter<C: ProducerContext + 'static>(
 /// Whether the producer refused `error`'s record for the record itself — it is over
 /// the producer's `message.max.bytes` — rather than failing: such an output is the
 /// operator's error and costs only itself, while any other failure stops the partition.
-pub(super) fn refuses_the_record(error: &KafkaError) -> bool {
-    matches!(error, KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge))
+pub(super) fn refuses_the_record(error: &SendError) -> bool {
+    matches!(error, SendError::Kafka(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)))
 }
 
+/// Why [`send_waiting`] did not queue a record.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SendError {
+    /// The producer refused it.
+    #[error(transparent)]
+    Kafka(KafkaError),
+    /// The producer's queue stayed full for [`DELIVERY_TIMEOUT`].
+    #[error(
+        "{QUEUE_STAYED_FULL} for {DELIVERY_TIMEOUT:?}: the broker acknowledged nothing meanwhile (the queue holds \
+         [sink.properties] queue.buffering.max.messages records and queue.buffering.max.kbytes KiB)"
+    )]
+    QueueStayedFull,
+}
+
+impl SendError {
+    /// librdkafka's code for the failure, where it has one.
+    pub(super) fn code(&self) -> Option<RDKafkaErrorCode> {
+        match self {
+            SendError::Kafka(error) => error.rdkafka_error_code(),
+            SendError::QueueStayedFull => Some(RDKafkaErrorCode::QueueFull),
+        }
+    }
+}
+
+/// Starts the error of a partition whose producer's queue stayed full past
+/// [`DELIVERY_TIMEOUT`].
+pub const QUEUE_STAYED_FULL: &str = "the Kafka producer's queue stayed full";
+
 /// Queues `record` on `producer`, waiting while its queue is full (it empties as the
-/// broker acknowledges); any other refusal is the error.
+/// broker acknowledges), for up to [`DELIVERY_TIMEOUT`]; that, or any other refusal,
+/// is the error.
 pub(super) fn send_waiting<C: ProducerContext + 'static>(
     producer: &ThreadedProducer<C>,
     mut record: BaseRecord<'_, [u8], [u8], C::DeliveryOpaque>,
-) -> std::result::Result<(), KafkaError> {
+) -> std::result::Result<(), SendError> {
+    let mut full_since = None;
     loop {
         match producer.send(record) {
             Ok(()) => return Ok(()),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                if full_since.get_or_insert_with(Instant::now).elapsed() >= DELIVERY_TIMEOUT {
+                    return Err(SendError::QueueStayedFull);
+                }
                 record = returned;
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Err((error, _)) => return Err(error),
+            Err((error, _)) => return Err(SendError::Kafka(error)),
         }
     }
 }

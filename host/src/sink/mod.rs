@@ -158,7 +158,8 @@ impl PartitionOutputs {
 pub struct LineSink {
     out: Mutex<Box<dyn Write + Send>>,
     /// The file written to, for [`sync`](Self::sync) (another handle of it, so a sync
-    /// does not hold up the writers); `None` for stdout, and when not syncing.
+    /// does not hold up the writers); `None` for stdout, for what is not a regular file,
+    /// and when not syncing.
     file: Option<File>,
     name: String,
 }
@@ -170,20 +171,33 @@ impl LineSink {
     ///
     /// A torn last line — the host was killed in the middle of a write — is cut off
     /// first: its batch was never committed, so it will be processed and written again.
+    ///
+    /// Only a regular file holds lines to make durable: `/dev/null`, a pipe or a FIFO
+    /// refuses to be synced (and has no end to cut), so one is written unsynced, which
+    /// is logged once, here ([`NOT_SYNCED`]).
     pub fn file(path: &Path, sync: bool) -> Result<Self> {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).with_context(|| format!("creating directory {}", parent.display()))?;
         }
+        // Read and write: opening a FIFO so does not wait for its reader, and a regular
+        // file's torn end is read to be cut.
         let file: File = OpenOptions::new()
             .create(true)
             .append(true)
             .read(true)
             .open(path)
             .with_context(|| format!("opening {} for appending", path.display()))?;
-        cut_torn_line(&file).with_context(|| format!("repairing the end of {}", path.display()))?;
-        let handle = match sync {
-            true => Some(file.try_clone().with_context(|| format!("opening {} for syncing", path.display()))?),
-            false => None,
+        let regular = file.metadata().with_context(|| format!("reading the metadata of {}", path.display()))?.is_file();
+        if regular {
+            cut_torn_line(&file).with_context(|| format!("repairing the end of {}", path.display()))?;
+        }
+        let handle = match (sync, regular) {
+            (true, true) => Some(file.try_clone().with_context(|| format!("opening {} for syncing", path.display()))?),
+            (true, false) => {
+                tracing::info!("{} {NOT_SYNCED} ([state] sync_outputs applies to regular files)", path.display());
+                None
+            }
+            (false, _) => None,
         };
         Ok(LineSink { out: Mutex::new(Box::new(file)), file: handle, name: path.display().to_string() })
     }
@@ -195,7 +209,7 @@ impl LineSink {
 
     /// Makes every line written so far durable (on disk, not only handed to the OS):
     /// a commit does this before its state, so after a power loss the state is never
-    /// ahead of the lines it emitted. Nothing for stdout.
+    /// ahead of the lines it emitted. Nothing for stdout or what is not a regular file.
     pub fn sync(&self) -> Result<()> {
         match &self.file {
             Some(file) => file.sync_data().with_context(|| format!("syncing {} to disk", self.name)),
@@ -218,6 +232,10 @@ impl LineSink {
         Ok(())
     }
 }
+
+/// Logged, after the path, when a line sink's file is not a regular file (`/dev/null`,
+/// a pipe, a FIFO): its lines are written but cannot be synced to disk.
+pub const NOT_SYNCED: &str = "is not a regular file: lines written to it are not synced to disk";
 
 /// Where dead letters go, shared by all workers.
 pub enum DeadLetterSink {
@@ -401,10 +419,11 @@ impl Line<'_> {
     }
 }
 
-/// Bytes as a JSON line holds them: embedded as JSON when they are JSON (values only),
-/// else as a string when they are UTF-8, else in base64.
+/// Bytes as a JSON line holds them: embedded as JSON when they are JSON a reader holds
+/// (values only, see [`readable_json`]), else as a string when they are UTF-8, else in
+/// base64.
 pub enum Payload<'a> {
-    /// Valid JSON, embedded as is.
+    /// JSON a reader holds, embedded as is.
     Json(&'a serde_json::value::RawValue),
     /// UTF-8 text, as a string.
     Text(&'a str),
@@ -421,10 +440,7 @@ impl<'a> Payload<'a> {
     /// Classifies a value's `bytes`.
     pub fn of(bytes: &'a [u8]) -> Self {
         match std::str::from_utf8(bytes) {
-            Ok(text) => match serde_json::from_str(text) {
-                Ok(raw) => Payload::Json(raw),
-                Err(_) => Payload::Text(text),
-            },
+            Ok(text) => readable_json(text).map_or(Payload::Text(text), Payload::Json),
             Err(_) => Payload::Bytes(bytes),
         }
     }
@@ -433,6 +449,107 @@ impl<'a> Payload<'a> {
     pub fn of_key(bytes: &'a [u8]) -> Self {
         std::str::from_utf8(bytes).map_or(Payload::Bytes(bytes), Payload::Text)
     }
+}
+
+/// How deep a value embedded in a line may nest: the line holds it one level down, and
+/// serde_json reads 127 levels (its recursion limit).
+const MAX_VALUE_DEPTH: usize = 126;
+
+/// `text` as JSON that a reader of a line holding it reads back: valid JSON whose
+/// numbers a double holds and which nests at most [`MAX_VALUE_DEPTH`] deep — what
+/// serde_json (this host's reader, and `sluice test`'s), and most others, accept —
+/// or `None`. `1e400` or `[[[…]]]` 200 deep are valid JSON that such a reader refuses,
+/// so a line embedding them could not be read at all: they are text to it.
+fn readable_json(text: &str) -> Option<&serde_json::value::RawValue> {
+    let raw: &serde_json::value::RawValue = serde_json::from_str(text).ok()?;
+    // Reading every number costs three times the syntax check: only JSON whose bytes may
+    // hold what a reader refuses pays for it.
+    (!may_be_refused(raw.get().as_bytes()) || reads_back(raw.get())).then_some(raw)
+}
+
+/// Whether valid JSON `json` may hold what a reader refuses, by a look at its bytes that
+/// is wrong only towards "may": an exponent or a run of 309 digits (the only numbers
+/// past a double's range), a `\u` escape (a lone surrogate, which serde_json refuses),
+/// more brackets than [`MAX_VALUE_DEPTH`] (deeper nesting needs them). About a third of
+/// what the syntax check costs, where reading every number costs three times as much.
+fn may_be_refused(json: &[u8]) -> bool {
+    memchr::memchr2_iter(b'e', b'E', json).any(|at| at > 0 && json[at - 1].is_ascii_digit())
+        || memchr::memchr_iter(b'\\', json).any(|at| json.get(at + 1) == Some(&b'u'))
+        || json.len() > MAX_VALUE_DEPTH
+            && (memchr::memchr2_iter(b'[', b'{', json).count() > MAX_VALUE_DEPTH
+                || json.split(|byte| !byte.is_ascii_digit()).any(|digits| digits.len() >= 309))
+}
+
+/// Whether serde_json reads `json` back, nested at most [`MAX_VALUE_DEPTH`] deep: each
+/// value read and dropped, in one pass that allocates nothing.
+fn reads_back(json: &str) -> bool {
+    use serde::de::{DeserializeSeed, Deserializer, Error, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+    /// Any JSON value that may open this many more levels; serde_json itself refuses a
+    /// number past a double's range and a lone surrogate.
+    struct Readable(usize);
+
+    impl Readable {
+        /// What an array's items or an object's values may open.
+        fn inner<E: Error>(&self) -> Result<Readable, E> {
+            self.0.checked_sub(1).map(Readable).ok_or_else(|| E::custom("nested too deep"))
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for Readable {
+        type Value = ();
+
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+            deserializer.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Readable {
+        type Value = ();
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+
+        fn visit_bool<E: Error>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_i64<E: Error>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_u64<E: Error>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_f64<E: Error>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_str<E: Error>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_unit<E: Error>(self) -> Result<(), E> {
+            Ok(())
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
+            while items.next_element_seed(self.inner()?)?.is_some() {}
+            Ok(())
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut fields: A) -> Result<(), A::Error> {
+            while fields.next_key::<IgnoredAny>()?.is_some() {
+                fields.next_value_seed(self.inner()?)?;
+            }
+            Ok(())
+        }
+    }
+
+    let mut reader = serde_json::Deserializer::from_str(json);
+    Readable(MAX_VALUE_DEPTH).deserialize(&mut reader).and_then(|()| reader.end()).is_ok()
 }
 
 /// A field of a line holding bytes: `"<name>": <payload>`, or for bytes that are not
@@ -539,8 +656,8 @@ pub fn format_output_line(buf: &mut Vec<u8>, origin: &Origin, output: &Output, v
 
 /// The line `sluice state dump` shows for `entry` of `partition`: `partition`, `name`,
 /// the key (`key`, or `key_base64`), the value (a value in the SDK's binary encoding as
-/// the JSON it decodes to, any other embedded if JSON, else text, else `value_base64`)
-/// and `expires_at_ms` when it expires.
+/// the JSON it decodes to, any other embedded if JSON a reader holds, else text, else
+/// `value_base64`: see [`Payload`]) and `expires_at_ms` when it expires.
 pub fn state_line(partition: u32, entry: &StateEntry) -> serde_json::Value {
     use sluice_guest::encoding::{self, BINARY_MARKER};
     let mut line = serde_json::json!({ "partition": partition, "name": entry.name });
@@ -548,7 +665,10 @@ pub fn state_line(partition: u32, entry: &StateEntry) -> serde_json::Value {
     let mut add = |field: serde_json::Value| fields.extend(field.as_object().cloned().unwrap_or_default());
     add(serde_json::to_value(BytesField::key(&entry.key)).expect("a key serializes"));
     let decoded = match entry.value.first() {
-        Some(&BINARY_MARKER) => encoding::decode::<serde_json::Value>(&entry.value).ok(),
+        // Nested deeper than a reader reads (MessagePack allows more), it stays bytes.
+        Some(&BINARY_MARKER) => encoding::decode::<serde_json::Value>(&entry.value)
+            .ok()
+            .filter(|value| readable_json(&value.to_string()).is_some()),
         _ => None,
     };
     add(match decoded {
@@ -660,6 +780,48 @@ mod tests {
             }
             .write_to(&mut reference);
             assert_eq!(String::from_utf8_lossy(&fast), String::from_utf8_lossy(&reference));
+        }
+    }
+
+    /// A value is embedded where a line holding it reads back with serde_json (numbers a
+    /// double holds, nesting under its limit with the line around it); otherwise it is a
+    /// string of its text. Either way the line reads back.
+    #[test]
+    fn json_a_reader_cannot_hold_is_written_as_text() {
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let values = [
+            (" [1, 2] ".to_string(), true),
+            ("1e308".into(), true),
+            ("18446744073709551616".into(), true),
+            (deep(1), true),
+            (deep(MAX_VALUE_DEPTH), true),
+            (format!(r#"{{"a": {}}}"#, deep(MAX_VALUE_DEPTH - 1)), true),
+            ("1.5e-7".into(), true),
+            (format!("1{}", "0".repeat(308)), true),
+            (format!(r#""{}""#, "[".repeat(200)), true),
+            (r#""\u00e9""#.into(), true),
+            ("1e400".into(), false),
+            ("9".repeat(309), false),
+            (r#""\ud800""#.into(), false),
+            ("-1e400".into(), false),
+            (r#"{"a": [1e999]}"#.into(), false),
+            (deep(MAX_VALUE_DEPTH + 1), false),
+            (format!(r#"{{"a": {}}}"#, deep(MAX_VALUE_DEPTH)), false),
+            (deep(200), false),
+            ("[1,".into(), false),
+            ("1 2".into(), false),
+        ];
+        let origin = Origin { partition: 0, offset: 1, cause: Cause::Record };
+        for (value, embedded) in values {
+            assert_eq!(readable_json(&value).is_some(), embedded, "{value}");
+            let mut line = Vec::new();
+            let output = Output { key: b"k".to_vec(), value: value.clone().into_bytes(), topic: None };
+            format_output(&mut line, &origin, &output, &OperatorField::new("v"));
+            let line: serde_json::Value = serde_json::from_slice(&line).expect("every line reads back");
+            match embedded {
+                true => assert_eq!(line["value"], serde_json::from_str::<serde_json::Value>(&value).unwrap()),
+                false => assert_eq!(line["value"], value.as_str()),
+            }
         }
     }
 

@@ -5,10 +5,11 @@
 //!
 //! The protocol of one partition (the README's *Exactly-once outputs* argues it):
 //! 1. At start, the producer's `init_transactions` under the partition's
-//!    `transactional.id` fences every earlier producer of that id — an owner that was
-//!    revoked or evicted can no longer commit — and aborts its open transaction. Then
-//!    the group's committed offset C of the partition is read: every input below C has
-//!    its outputs in a committed transaction.
+//!    [`transactional_id`] fences every earlier producer of that id — an owner that was
+//!    revoked or evicted can no longer commit — and aborts its open transaction; so does
+//!    one under the partition's [`legacy_transactional_id`] first, which a host of an
+//!    older sluice would use. Then the group's committed offset C of the partition is
+//!    read: every input below C has its outputs in a committed transaction.
 //! 2. Outputs of inputs below C are dropped: the state, which its restore placed at an
 //!    offset S ≤ C, is rebuilt by processing S..C again without emitting anything. The
 //!    rest are produced in the open transaction.
@@ -83,25 +84,28 @@ impl TransactionalSink {
         &self.name
     }
 
-    /// The `transactional.id` of `partition`'s producer: the same on every host of the
-    /// job, so a new owner fences the old one.
-    fn transactional_id(&self, partition: u32) -> String {
-        format!("sluice-{}-{}-{partition}", self.input.group, self.input.topic)
+    /// A producer of transactions under `id` that fenced every earlier one.
+    fn take_over(&self, id: &str) -> Result<ThreadedProducer<TransactionReports>> {
+        let producer: ThreadedProducer<TransactionReports> = producer_config(&self.brokers, &self.properties)
+            .set("transactional.id", id)
+            .create_with_context(TransactionReports)
+            .with_context(|| format!("creating a transactional Kafka producer for {}", self.brokers))?;
+        producer
+            .init_transactions(TRANSACTION_TIMEOUT)
+            .with_context(|| format!("taking over the transactions of {id} (fencing earlier owners)"))?;
+        Ok(producer)
     }
 
     /// Takes over `partition`, whose state is at `state_offset`: fences every earlier
     /// producer of its transactions, learns which inputs' outputs are committed
     /// already, and opens a transaction.
     pub fn begin(&self, partition: u32, state_offset: u64) -> Result<PartitionTransaction> {
-        let id = self.transactional_id(partition);
-        let producer: ThreadedProducer<TransactionReports> = producer_config(&self.brokers, &self.properties)
-            .set("transactional.id", &id)
-            .create_with_context(TransactionReports)
-            .with_context(|| format!("creating a transactional Kafka producer for {}", self.brokers))?;
-        producer
-            .init_transactions(TRANSACTION_TIMEOUT)
-            .with_context(|| format!("taking over the transactions of {id} (fencing earlier owners)"))?;
         let input = &self.input;
+        // Before the offset is read, so that an older sluice's host still running the
+        // partition (an upgrade under way) can no longer commit past it.
+        drop(self.take_over(&legacy_transactional_id(&input.group, &input.topic, partition))?);
+        let id = transactional_id(&input.group, &input.topic, partition);
+        let producer = self.take_over(&id)?;
         // Not subscribed: it only reads the group's offset and names the group to the
         // transactions. Read committed, whatever the source's properties say: an offset
         // of a transaction still open is not a transaction's yet.
@@ -144,6 +148,23 @@ impl TransactionalSink {
     }
 }
 
+/// The `transactional.id` of `partition`'s producer in a job reading `topic` in consumer
+/// group `group`: the same on every host of the job, so a new owner fences the old one,
+/// and another for every other job and partition. `sluice:<group's bytes>:<group>:<topic>:<partition>`:
+/// the length says where the group ends, and the partition (digits) follows the last
+/// `:`. It never equals a [`legacy_transactional_id`], all of which start `sluice-`.
+pub fn transactional_id(group: &str, topic: &str, partition: u32) -> String {
+    format!("sluice:{}:{group}:{topic}:{partition}", group.len())
+}
+
+/// The `transactional.id` sluice gave `partition`'s producer before [`transactional_id`]:
+/// `sluice-<group>-<topic>-<partition>`, which two jobs could share (group `a-b` with
+/// topic `c`, group `a` with topic `b-c`) and then fence each other over and over. A
+/// partition's new owner fences it too, so no older host goes on committing.
+pub fn legacy_transactional_id(group: &str, topic: &str, partition: u32) -> String {
+    format!("sluice-{group}-{topic}-{partition}")
+}
+
 /// Logged when a partition's transactions are taken over: `outputs committed up to
 /// offset N`.
 pub const COVERED: &str = "outputs committed up to offset";
@@ -178,7 +199,7 @@ impl PartitionTransaction {
             match send_waiting(&self.producer, record) {
                 Ok(()) => self.open = true,
                 Err(error) if refuses_the_record(&error) => refused.push(super::refused(origin, output, &error)),
-                Err(error) => return Err(self.failure("producing to", &error)),
+                Err(error) => return Err(self.failure("producing to", error.code(), error.to_string())),
             }
         }
         Ok(())
@@ -190,7 +211,7 @@ impl PartitionTransaction {
         for dead in dead.iter().filter(|dead| dead.origin.offset >= self.covered) {
             match send_dead_letter(&self.producer, topic, dead, version, || ()) {
                 Ok(()) => self.open = true,
-                Err(error) => return Err(self.failure("producing a dead letter to", &error)),
+                Err(error) => return Err(self.failure("producing a dead letter to", error.code(), error.to_string())),
             }
         }
         Ok(())
@@ -224,7 +245,7 @@ impl PartitionTransaction {
             .send_offsets_to_transaction(&offsets, &self.group, TRANSACTION_TIMEOUT)
             .and_then(|()| self.producer.commit_transaction(TRANSACTION_TIMEOUT));
         if let Err(e) = committed {
-            let failure = self.failure("committing the transaction of", &e);
+            let failure = self.failure("committing the transaction of", e.rdkafka_error_code(), e.to_string());
             // Open with the offsets if not with outputs.
             self.open = true;
             self.abort();
@@ -250,13 +271,13 @@ impl PartitionTransaction {
         }
     }
 
-    /// The error of `doing` on this producer that failed with `error`: the producer's
-    /// fatal error instead where it had one (after one librdkafka fails every call
-    /// alike), and what a fenced producer means.
-    fn failure(&self, doing: &str, error: &KafkaError) -> anyhow::Error {
+    /// The error of `doing` on this producer that failed for `reason` with librdkafka's
+    /// `code`: the producer's fatal error instead where it had one (after one librdkafka
+    /// fails every call alike), and what a fenced producer means.
+    fn failure(&self, doing: &str, code: Option<RDKafkaErrorCode>, reason: String) -> anyhow::Error {
         match self.producer.client().fatal_error() {
             Some((code, reason)) => self.described(doing, Some(code), reason),
-            None => self.described(doing, error.rdkafka_error_code(), error.to_string()),
+            None => self.described(doing, code, reason),
         }
     }
 
@@ -307,4 +328,31 @@ impl ProducerContext for TransactionReports {
     type DeliveryOpaque = ();
 
     fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every id reads back as the one group, topic and partition it was made of (so no
+    /// two share one), where the earlier ids of group `a-b` reading `c` and group `a`
+    /// reading `b-c` were one; and no id is an earlier one.
+    #[test]
+    fn transactional_ids_tell_every_group_topic_and_partition_apart() {
+        let read = |id: &str| -> (String, String, u32) {
+            let rest = id.strip_prefix("sluice:").expect("the prefix");
+            let (length, rest) = rest.split_once(':').expect("the group's length");
+            let (group, rest) = rest.split_at(length.parse().expect("a length"));
+            let (topic, partition) = rest[1..].rsplit_once(':').expect("the partition");
+            (group.to_string(), topic.to_string(), partition.parse().expect("a partition"))
+        };
+        assert_eq!(legacy_transactional_id("a-b", "c", 0), legacy_transactional_id("a", "b-c", 0));
+        let cases =
+            [("a-b", "c", 0), ("a", "b-c", 0), ("a:1", "b", 7), ("a", "1:b", 7), ("", "t", 12), ("grüße", "t.x_y", 3)];
+        for (group, topic, partition) in cases {
+            let id = transactional_id(group, topic, partition);
+            assert_eq!(read(&id), (group.to_string(), topic.to_string(), partition), "{id}");
+            assert!(!id.starts_with("sluice-"), "{id} could be an earlier id");
+        }
+    }
 }

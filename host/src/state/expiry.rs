@@ -18,19 +18,62 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// event time it is the largest record timestamp seen, less the allowed lateness; in
 /// processing time, the wall clock. It is committed with the state and the offset, so
 /// a restart or a new owner resumes an event clock exactly.
+///
+/// What moves an event clock is decided by the records and the committed clock alone,
+/// never by the wall clock of whoever processes them: a replay — after a crash, a
+/// restore or a handover, minutes or months later — moves it exactly as the first run
+/// did. A timestamp more than `[ttl] future_skew` ahead of the clock (a device whose
+/// clock is years off, say) does not move it; a run of `[ttl] future_confirm` such
+/// records in a row does, to the nearest of them, so a gap in the data (a partition
+/// idle for days) is crossed while a lone far-future timestamp is not. Each record is
+/// observed once, by its offset, however often a batch boundary hands it over again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Clock {
     /// The time; 0 until a record with a usable timestamp was seen.
     now_ms: u64,
+    /// The offset after the last record observed: one below it is not observed again.
+    next_offset: u64,
+    /// The records in a row, up to now, too far ahead to move the clock...
+    ahead: u64,
+    /// ... and the nearest time (less the lateness) among them.
+    ahead_nearest_ms: u64,
     /// Records whose timestamp did not move the clock: none (0), negative, or too
-    /// far ahead of the wall clock. Counted since this process opened the partition.
+    /// far ahead of it. Counted since this process opened the partition.
     pub ignored: u64,
 }
 
+/// A clock as committed with the state: its time, then the offset after the last
+/// record it observed and the run of records too far ahead, as
+/// [`PartitionStore`](super::PartitionStore) stores them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CommittedClock {
+    /// See [`Clock::now_ms`].
+    pub now_ms: u64,
+    /// The offset after the last record observed.
+    pub next_offset: u64,
+    /// The records in a row too far ahead, and the nearest of their times.
+    pub ahead: (u64, u64),
+}
+
 impl Clock {
-    /// A clock at `now_ms`, as committed.
+    /// A clock at `now_ms` that has observed no record.
     pub fn at(now_ms: u64) -> Self {
-        Clock { now_ms, ignored: 0 }
+        Clock { now_ms, ..Clock::default() }
+    }
+
+    /// The clock as committed.
+    pub fn resume(committed: CommittedClock) -> Self {
+        let CommittedClock { now_ms, next_offset, ahead: (ahead, ahead_nearest_ms) } = committed;
+        Clock { now_ms, next_offset, ahead, ahead_nearest_ms, ignored: 0 }
+    }
+
+    /// What of it is committed with the state.
+    pub fn committed(&self) -> CommittedClock {
+        CommittedClock {
+            now_ms: self.now_ms,
+            next_offset: self.next_offset,
+            ahead: (self.ahead, self.ahead_nearest_ms),
+        }
     }
 
     /// The current time, ms since the epoch; 0 when no usable timestamp was seen.
@@ -38,27 +81,43 @@ impl Clock {
         self.now_ms
     }
 
-    /// Moves the clock for a record with `timestamp_ms` (0 means the source had
-    /// none): in event time to the timestamp, or counts it as ignored. A
-    /// processing-time clock moves only by [`tick`](Clock::tick).
-    pub fn observe(&mut self, timestamp_ms: i64, policy: &TtlConfig) {
+    /// Moves the clock for the record at `offset` with `timestamp_ms` (0 means the
+    /// source had none) as the type's docs say, unless a record at or after `offset`
+    /// was observed already. A processing-time clock moves only by
+    /// [`tick`](Clock::tick).
+    pub fn observe(&mut self, offset: u64, timestamp_ms: i64, policy: &TtlConfig) {
+        if offset < self.next_offset {
+            return;
+        }
+        self.next_offset = offset.saturating_add(1);
+        self.advance(timestamp_ms, policy);
+    }
+
+    /// Moves the clock as a record with `timestamp_ms` would, whatever was observed.
+    pub fn advance(&mut self, timestamp_ms: i64, policy: &TtlConfig) {
         if policy.time == TimeDomain::Processing {
             return;
         }
-        let Ok(timestamp) = u64::try_from(timestamp_ms) else {
-            self.ignored += 1;
-            return;
-        };
-        let at = timestamp.saturating_sub(policy.lateness.as_millis() as u64);
-        if timestamp == 0 {
-            self.ignored += 1;
-        } else if at > self.now_ms {
-            // Only a timestamp that would move the clock costs a look at the wall clock.
-            if timestamp > wall_ms().saturating_add(policy.future_skew.as_millis() as u64) {
+        let timestamp = match u64::try_from(timestamp_ms) {
+            Ok(timestamp) if timestamp > 0 => timestamp,
+            _ => {
                 self.ignored += 1;
-            } else {
-                self.now_ms = at;
+                return;
             }
+        };
+        let at = timestamp.saturating_sub(millis(policy.lateness));
+        if self.now_ms == 0 || at <= self.now_ms.saturating_add(millis(policy.future_skew)) {
+            self.now_ms = self.now_ms.max(at);
+            self.ahead = 0;
+            return;
+        }
+        self.ahead_nearest_ms = if self.ahead == 0 { at } else { self.ahead_nearest_ms.min(at) };
+        self.ahead += 1;
+        if self.ahead >= policy.future_confirm {
+            self.now_ms = self.ahead_nearest_ms;
+            self.ahead = 0;
+        } else {
+            self.ignored += 1;
         }
     }
 
@@ -75,13 +134,19 @@ impl Clock {
     /// nothing can be measured against it.
     pub fn expiry(&self, ttl: Option<Duration>) -> Option<u64> {
         let ttl = ttl?;
-        (self.now_ms > 0).then(|| self.now_ms.saturating_add(ttl.as_millis() as u64))
+        (self.now_ms > 0).then(|| self.now_ms.saturating_add(millis(ttl)))
     }
 }
 
-/// The wall clock, ms since the epoch.
+/// `duration` in whole milliseconds, saturating (config checks keep durations far
+/// below it).
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The wall clock, ms since the epoch: a processing-time clock's only.
 fn wall_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64
+    millis(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default())
 }
 
 /// The header byte of a value that never expires...
@@ -206,15 +271,45 @@ mod tests {
     fn timestamps_that_are_missing_negative_or_far_ahead_do_not_move_the_clock() {
         let policy = TtlConfig { lateness: Duration::from_secs(1), ..TtlConfig::default() };
         let mut clock = Clock::default();
-        clock.observe(1_700_000_005_000, &policy);
+        clock.observe(0, 1_700_000_005_000, &policy);
         assert_eq!(clock.now_ms(), 1_700_000_004_000, "the lateness is taken off");
-        clock.observe(1_700_000_001_000, &policy);
+        clock.observe(1, 1_700_000_001_000, &policy);
         assert_eq!(clock.now_ms(), 1_700_000_004_000, "never back");
-        let next_year = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64 + 365 * 86_400_000;
-        for ignored in [0, -5, next_year] {
-            clock.observe(ignored, &policy);
+        let next_year = 1_700_000_005_000 + 365 * 86_400_000;
+        for (offset, ignored) in (2..).zip([0, -5, next_year]) {
+            clock.observe(offset, ignored, &policy);
         }
         assert_eq!((clock.now_ms(), clock.ignored), (1_700_000_004_000, 3));
+        clock.observe(2, 1_700_000_009_000, &policy);
+        assert_eq!(clock.now_ms(), 1_700_000_004_000, "a record observed already is not observed again");
+    }
+
+    /// A run of `future_confirm` records in a row far ahead of the clock moves it to the
+    /// nearest of them; a record within reach between them ends the run. Nothing reads
+    /// the wall clock: the same records move it the same way whenever they are replayed.
+    #[test]
+    fn a_run_of_far_ahead_records_moves_the_clock_and_a_lone_one_does_not() {
+        let policy = TtlConfig { future_confirm: 3, ..TtlConfig::default() };
+        let day = 86_400_000;
+        let start = 1_000 * day;
+        let mut clock = Clock::default();
+        let mut offset = 0..;
+        let mut observe =
+            |clock: &mut Clock, timestamp: u64| clock.observe(offset.next().unwrap(), timestamp as i64, &policy);
+        observe(&mut clock, start);
+        for far in [start + 400 * day, start + 1, start + 300 * day, start + 2, start + 3] {
+            observe(&mut clock, far);
+        }
+        assert_eq!(clock.now_ms(), start + 3, "lone far-ahead records between ordinary ones");
+        observe(&mut clock, start + 5 * day);
+        observe(&mut clock, start + 3 * day);
+        assert_eq!(clock.now_ms(), start + 3, "two in a row are not yet three");
+        let before_third = clock;
+        observe(&mut clock, start + 4 * day);
+        assert_eq!(clock.now_ms(), start + 3 * day, "the third moves it to the nearest");
+        let mut resumed = Clock::resume(before_third.committed());
+        resumed.observe(9, (start + 4 * day) as i64, &policy);
+        assert_eq!(resumed.now_ms(), start + 3 * day, "the run is committed with the clock");
     }
 
     #[test]
@@ -226,8 +321,8 @@ mod tests {
         assert!(clock.now_ms() >= before);
         std::thread::sleep(Duration::from_millis(5));
         let ticked = clock.now_ms();
-        clock.observe(0, &policy);
-        clock.observe(1_700_000_000_000, &policy);
+        clock.observe(0, 0, &policy);
+        clock.observe(1, 1_700_000_000_000, &policy);
         assert_eq!((clock.now_ms(), clock.ignored), (ticked, 0), "records do not move it, nor count as ignored");
         clock.tick(&policy);
         assert!(clock.now_ms() > ticked, "ticks move it");

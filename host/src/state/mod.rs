@@ -24,7 +24,7 @@ mod partition;
 mod transaction;
 
 pub use cache::Cache;
-pub use expiry::Clock;
+pub use expiry::{Clock, CommittedClock};
 pub use partition::{PartitionStore, StateEntry, limit_memory};
 pub use transaction::{Expired, Transaction};
 

@@ -2,7 +2,7 @@
 //! and clock they reflect.
 
 use super::STATE_FORMAT;
-use super::expiry::{StoredValue, decode_index_key, encode_value};
+use super::expiry::{CommittedClock, StoredValue, decode_index_key, encode_value};
 use crate::config::TimeDomain;
 use anyhow::{Context, Result, bail};
 use rocksdb::{
@@ -17,6 +17,9 @@ const META_FORMAT: &[u8] = b"format";
 const META_OFFSET: &[u8] = b"offset";
 const META_ENTRIES: &[u8] = b"entries";
 const META_CLOCK: &[u8] = b"clock";
+/// What else the clock committed: the offset after the last record it observed, and
+/// its run of records too far ahead (count, nearest time); three big-endian u64s.
+const META_CLOCK_SEEN: &[u8] = b"clock-seen";
 /// The clock TTLs count in, once a job configured one: `event` or `processing`.
 const META_TIME: &[u8] = b"time";
 /// The last entry key a migration from format 1 rewrote, while it runs.
@@ -231,9 +234,28 @@ impl PartitionStore {
         self.get_u64(META_ENTRIES)
     }
 
-    /// The event-time clock committed with the state (ms since the epoch; 0: not started).
-    pub fn committed_clock(&self) -> Result<u64> {
-        self.get_u64(META_CLOCK)
+    /// The event-time clock committed with the state (its time in ms since the epoch;
+    /// 0: not started). State written before the clock kept what it observed resumes
+    /// with the time alone.
+    pub fn committed_clock(&self) -> Result<CommittedClock> {
+        let now_ms = self.get_u64(META_CLOCK)?;
+        let Some(seen) = self.get_meta(META_CLOCK_SEEN)? else {
+            return Ok(CommittedClock { now_ms, ..Default::default() });
+        };
+        let words: Vec<u64> =
+            seen.chunks_exact(8).map(|word| u64::from_be_bytes(word.try_into().expect("8 bytes"))).collect();
+        match words[..] {
+            [next_offset, ahead, nearest] if seen.len() == 24 => {
+                Ok(CommittedClock { now_ms, next_offset, ahead: (ahead, nearest) })
+            }
+            _ => bail!(
+                "corrupt `{}` in state of partition {} at {}: {} bytes, not 24",
+                String::from_utf8_lossy(META_CLOCK_SEEN),
+                self.partition,
+                self.path.display(),
+                seen.len()
+            ),
+        }
     }
 
     /// Records that this partition's TTLs count in `time`, or checks that they already
@@ -265,10 +287,13 @@ impl PartitionStore {
     }
 
     /// Writes `batch` with the new committed `offset`, entry count and clock, atomically.
-    pub(super) fn write(&self, mut batch: WriteBatch, offset: u64, entries: u64, clock: u64) -> Result<()> {
+    pub(super) fn write(&self, mut batch: WriteBatch, offset: u64, entries: u64, clock: CommittedClock) -> Result<()> {
         batch.put_cf(self.meta(), META_OFFSET, offset.to_be_bytes());
         batch.put_cf(self.meta(), META_ENTRIES, entries.to_be_bytes());
-        batch.put_cf(self.meta(), META_CLOCK, clock.to_be_bytes());
+        batch.put_cf(self.meta(), META_CLOCK, clock.now_ms.to_be_bytes());
+        let seen: Vec<u8> =
+            [clock.next_offset, clock.ahead.0, clock.ahead.1].iter().flat_map(|word| word.to_be_bytes()).collect();
+        batch.put_cf(self.meta(), META_CLOCK_SEEN, seen);
         self.db.write(batch).with_context(|| format!("committing state of partition {}", self.partition))
     }
 
@@ -287,16 +312,6 @@ impl PartitionStore {
             })?;
             Ok(StateEntry { key: key.to_vec(), name, value: stored.value.to_vec(), expires_at_ms: stored.expires_at })
         })
-    }
-
-    /// The stored entries whose encoded entry keys start with `prefix`, as (encoded
-    /// entry key, stored bytes) pairs: one record key's entries, for a prefix of
-    /// [`encode_entry_key`] with an empty name.
-    pub(super) fn entries_with_prefix<'a>(&'a self, prefix: &'a [u8]) -> impl Iterator<Item = Result<RawEntry>> + 'a {
-        self.db
-            .iterator(IteratorMode::From(prefix, rocksdb::Direction::Forward))
-            .take_while(move |item| item.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
-            .map(|item| item.map(|(key, value)| (key.into_vec(), value.into_vec())).map_err(Into::into))
     }
 
     /// The expiry index's keys ([`index_key`](super::expiry::index_key)s: expiry,
@@ -362,9 +377,6 @@ pub(super) fn encode_entry_key(out: &mut Vec<u8>, key: &[u8], name: &str) {
     out.extend_from_slice(key);
     out.extend_from_slice(name.as_bytes());
 }
-
-/// An encoded entry key and its stored bytes (expiry header included).
-pub(super) type RawEntry = (Vec<u8>, Vec<u8>);
 
 pub(super) fn decode_entry_key(encoded: &[u8]) -> Option<(&[u8], &[u8])> {
     let len = u32::from_be_bytes(encoded.get(..4)?.try_into().ok()?) as usize;

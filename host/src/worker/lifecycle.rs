@@ -43,7 +43,7 @@ use crate::stats::{DeadLetters, HostStats, LiveStats, PartitionStats, Totals};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -86,6 +86,8 @@ pub struct WorkerSetup {
     /// How long a partition's start tries again while it fails transiently (the store
     /// failing to answer, its transactions fenced), `[checkpoint] restore_retry_timeout`.
     pub retry_timeout: Duration,
+    /// Set when the host is stopping (SIGTERM): draining partitions hand over instead.
+    pub stopping: Arc<AtomicBool>,
 }
 
 /// The checkpoint store and how partitions use it.
@@ -816,9 +818,9 @@ fn spawn_worker(
     let partition = plan.partition;
     let store = setup.state.open_partition(partition)?;
     let offset = store.committed_offset()?;
-    let mut instance = setup
-        .operator
-        .instantiate(partition, Transaction::new(store, setup.cache_bytes)?.with_ttl(setup.ttl.clone())?)?;
+    // A batch ends once it wrote what a commit takes: a commit's writes stay bounded.
+    let txn = Transaction::new(store, setup.cache_bytes)?.with_ttl(setup.ttl.clone())?;
+    let mut instance = setup.operator.instantiate(partition, txn.with_dirty_limit(setup.cadence.commit_dirty_bytes))?;
     let checkpointer = setup.checkpoints.as_ref().map(|c| {
         Checkpointer::new(
             c.store.clone(),
@@ -834,7 +836,7 @@ fn spawn_worker(
     let stats = Arc::new(PartitionStats::new(offset, instance.state().entries(), instance.version()));
     super::count_state_bytes(instance.state().store(), &stats);
     let (sender, batches) = std::sync::mpsc::sync_channel(setup.queued_batches);
-    let stop = Arc::new(StopSignal::default());
+    let stop = Arc::new(StopSignal::following(setup.stopping.clone()));
     let started = Started { partition, offset, restored_from, assigned, took: assigned.elapsed() };
     let thread = std::thread::Builder::new().name(format!("sluice-p{partition}")).spawn({
         let (setup, host, stats, stop, started) =

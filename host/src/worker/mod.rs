@@ -43,6 +43,7 @@ pub use router::{DispatchReport, OFFSETS_JUMP, Router};
 use crate::checkpoint::Checkpointer;
 use crate::config::{NullKeys, StateConfig};
 use crate::lock;
+use crate::log_rate::{self, Admitted, LogRate};
 use crate::operator::{Expiration, Operator, Outcome, Output, Processed};
 use crate::record::{Cause, DeadLetter, DeadLetterKind, Origin, SourceRecord, Stop};
 use crate::sink::{DeadLetterSink, PartitionOutputs, Sink};
@@ -50,7 +51,8 @@ use crate::state::PartitionStore;
 use crate::stats::{DeadLetters, HostStats, PartitionStats};
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -64,9 +66,20 @@ pub struct Destinations {
 
 /// Tells a running worker how to end; set once, by whoever stops it.
 #[derive(Debug, Default)]
-pub struct StopSignal(AtomicU8);
+pub struct StopSignal {
+    how: AtomicU8,
+    /// Whether the host is stopping (SIGTERM): a partition draining what its source
+    /// gave it hands over instead, so a stop never waits for a long drain.
+    host_stopping: Option<Arc<AtomicBool>>,
+}
 
 impl StopSignal {
+    /// A signal that also says [`Stop::Handover`] to a draining worker once
+    /// `host_stopping` is set.
+    pub fn following(host_stopping: Arc<AtomicBool>) -> Self {
+        StopSignal { how: AtomicU8::new(0), host_stopping: Some(host_stopping) }
+    }
+
     /// Asks the worker to end as `how` says.
     pub fn set(&self, how: Stop) {
         let code = match how {
@@ -74,12 +87,15 @@ impl StopSignal {
             Stop::Handover => 2,
             Stop::Lost => 3,
         };
-        self.0.store(code, Ordering::Release);
+        self.how.store(code, Ordering::Release);
     }
 
     /// How the worker was asked to end, if it was.
     pub fn get(&self) -> Option<Stop> {
-        match self.0.load(Ordering::Acquire) {
+        match self.how.load(Ordering::Acquire) {
+            1 if self.host_stopping.as_ref().is_some_and(|stopping| stopping.load(Ordering::Relaxed)) => {
+                Some(Stop::Handover)
+            }
             1 => Some(Stop::Drain),
             2 => Some(Stop::Handover),
             3 => Some(Stop::Lost),
@@ -284,22 +300,25 @@ pub fn run(
             Some(keyed) => operator.process_batch(&batch[..keyed])?,
             None => operator.process_batch(&batch)?,
         };
+        // The offset the next commit stores: past the last record processed, or, when
+        // the batch ended in the expiries before a record, that record's (the clock and
+        // the expiries so far commit with it, and the next batch goes on with the rest).
+        let next_offset = batch.get(outcomes.len()).map_or(batch[batch.len() - 1].offset + 1, |next| next.offset);
+        let partition = batch[0].partition;
         if outcomes.len() < batch.len() {
             // Ended at a per-batch bound: the rest is the next batch.
             rest = Some(batch.split_off(outcomes.len()));
         }
-        let (first, last) = (&batch[0], &batch[batch.len() - 1]);
-        let next_offset = last.offset + 1;
         let version = operator.version();
         // Each expiry's outputs come before those of the record it preceded.
         let mut expirations = expirations.into_iter().peekable();
         for (record, outcome) in batch.iter().zip(outcomes) {
             let before = std::iter::from_fn(|| expirations.next_if(|e| e.offset <= record.offset));
-            emitted.expirations(record.partition, before);
+            emitted.expirations(partition, before);
             emitted.outcome(Origin::of(record), &record.key, &record.value, outcome);
         }
-        // None in practice: every expiry comes before a record of the batch.
-        emitted.expirations(first.partition, expirations);
+        // Those before the record the batch ended at.
+        emitted.expirations(partition, expirations);
         // Outputs first, then state: the commit makes them final first, so a crash in
         // between replays the records since the last commit but never leaves state
         // ahead of what was emitted.
@@ -317,7 +336,7 @@ pub fn run(
                 checkpointer.checkpoint_if_due(operator.state().store(), stats);
             }
         }
-        times.record(started.elapsed(), last.partition, stats, host);
+        times.record(started.elapsed(), partition, stats, host);
     }
     // A lost partition is another host's already: what it processed since its last
     // commit is left to the new owner, whose start fenced its transactions anyway.
@@ -342,12 +361,24 @@ pub fn run(
 
 /// What a batch (or an idle partition's expiries) emits, gathered to be sent at
 /// once: outputs, and dead letters.
-#[derive(Default)]
 struct Emitted {
     outputs: Vec<(Origin, Output)>,
     dead: Vec<DeadLetter>,
     /// The line sinks' buffer.
     lines: Vec<u8>,
+    /// The partition's warnings of trapped records: every one has its dead letter, so
+    /// past a few a second they are only counted.
+    traps: LogRate,
+}
+
+/// Trapped records a partition warns about per second (the rest are counted).
+const TRAP_WARNINGS_PER_S: u64 = 10;
+
+impl Default for Emitted {
+    fn default() -> Self {
+        let traps = LogRate::new(TRAP_WARNINGS_PER_S, u64::MAX);
+        Emitted { outputs: Vec::new(), dead: Vec::new(), lines: Vec::new(), traps }
+    }
 }
 
 /// What an input (or expired entry) gives: its outputs, or its dead letter.
@@ -360,17 +391,13 @@ pub enum Emission {
 
 impl Emission {
     /// What `outcome` of the input (or expired entry) with `key` and `value` at `origin`
-    /// gives; a trap is logged.
+    /// gives.
     pub fn of(origin: Origin, key: &[u8], value: &[u8], outcome: Outcome) -> Self {
         let (kind, reason, attempts) = match outcome {
             Outcome::Emitted(outputs) => return Emission::Outputs(outputs),
             Outcome::Rejected(reason) => (DeadLetterKind::Rejected, reason, None),
             Outcome::NullKey => (DeadLetterKind::NullKey, NULL_KEY_REFUSED.to_string(), None),
-            Outcome::Trapped { reason, attempts } => {
-                let (partition, offset) = (origin.partition, origin.offset);
-                tracing::warn!(partition, offset, cause = ?origin.cause, attempts, "operator trapped: {reason}");
-                (DeadLetterKind::Trapped, reason, Some(attempts))
-            }
+            Outcome::Trapped { reason, attempts } => (DeadLetterKind::Trapped, reason, Some(attempts)),
         };
         let (key, value) = (key.to_vec(), value.to_vec());
         Emission::DeadLetter(DeadLetter { origin, kind, key, value, topic: None, reason, attempts })
@@ -379,8 +406,23 @@ impl Emission {
 
 impl Emitted {
     /// Adds what became of the input (or expired entry) with `key` and `value` at
-    /// `origin`.
+    /// `origin`; a trap is logged, within [`TRAP_WARNINGS_PER_S`].
     fn outcome(&mut self, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome) {
+        if let Outcome::Trapped { reason, attempts } = &outcome {
+            let (partition, offset) = (origin.partition, origin.offset);
+            match self.traps.admit(0) {
+                Admitted::Yes { dropped } => {
+                    if dropped > 0 {
+                        tracing::warn!(partition, "{dropped} more records trapped; their dead letters say why");
+                    }
+                    // The first line: the rest is wasmtime's account with the guest's
+                    // backtrace, which the dead letter keeps.
+                    let first_line = log_rate::one_line(reason.lines().next().unwrap_or_default()).into_owned();
+                    tracing::warn!(partition, offset, cause = ?origin.cause, attempts, "operator trapped: {first_line}");
+                }
+                Admitted::No { .. } => {}
+            }
+        }
         match Emission::of(origin, key, value, outcome) {
             Emission::Outputs(outputs) => self.outputs.extend(outputs.into_iter().map(|o| (origin, o))),
             Emission::DeadLetter(dead) => self.dead.push(dead),

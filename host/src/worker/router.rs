@@ -304,6 +304,7 @@ mod tests {
             ttl: Default::default(),
             null_keys: Default::default(),
             retry_timeout: Duration::from_secs(60),
+            stopping: Arc::default(),
         })
     }
 

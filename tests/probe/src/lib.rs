@@ -21,6 +21,8 @@
 //! - `remember` with `name`, `value` and `ttl_ms`: stores the value under the name with
 //!   that TTL, emits `{"remembered": name}`;
 //! - `peek` with `name`: emits `{"name": name, "value": <the value or null>}`;
+//! - `put-bytes` with `name` and `text`: stores the text's bytes as they are under the
+//!   name (state an operator writes may be any bytes), emits `{"put": name}`;
 //! - `outputs` with `count`, `bytes` and optionally `topic`: emits `count` outputs of a
 //!   `bytes`-long string, to `topic` if given;
 //! - `writes` with `count` and `bytes`: stores a `bytes`-long string under each of
@@ -28,12 +30,14 @@
 //! - `name` with `bytes`: stores under a `bytes`-long name, then counts;
 //! - `reads` with `count`: reads `count` names (`r0`, `r1`, ...), then counts;
 //! - `log` with `count` and `bytes`: logs `count` warnings of `bytes` bytes, then counts;
+//! - `fail` with `bytes`: returns an error whose reason is `bytes` long;
 //! - `overflow`: stores a float that overflowed to infinity (which JSON cannot hold).
 //!
 //! When an entry expires, `expired` counts it in the key's `expiries` state and emits
 //! `{"expired": name, "value": <value>, "at": <expiry>, "expiries": <count>}`; for a
 //! name starting with `fail` it returns an error instead, for one starting with `trap`
-//! it panics, each after writing `expiries` (a write that must be discarded).
+//! it panics, each after writing `expiries` (a write that must be discarded); for one
+//! starting with `log` it also logs `expired <name>` at info.
 //!
 //! With `fail_init = "true"` in its config, `init` returns an error; with
 //! `trap_init = "true"`, it panics (a trap); with `state_in_init = "true"`, it writes
@@ -79,11 +83,13 @@ enum Action {
     Leak { kib: usize },
     Remember { name: String, value: serde_json::Value, ttl_ms: u64 },
     Peek { name: String },
+    PutBytes { name: String, text: String },
     Outputs { count: usize, bytes: usize, topic: Option<String> },
     Writes { count: usize, bytes: usize },
     Name { bytes: usize },
     Reads { count: usize },
     Log { count: usize, bytes: usize },
+    Fail { bytes: usize },
     Overflow,
 }
 
@@ -170,6 +176,10 @@ impl Operator for Probe {
                 let value: Option<serde_json::Value> = state.get(&name)?;
                 serde_json::json!({ "name": name, "value": value })
             }
+            Action::PutBytes { name, text } => {
+                state.put_bytes(&name, text.as_bytes());
+                serde_json::json!({ "put": name })
+            }
             Action::Outputs { count, bytes, topic } => {
                 let value = "o".repeat(bytes);
                 let output = |_| -> Result<Output> {
@@ -202,6 +212,7 @@ impl Operator for Probe {
                 state.put("mean", &(std::hint::black_box(f64::MAX) * 2.0))?;
                 count(state)?
             }
+            Action::Fail { bytes } => return Err(Error::msg("f".repeat(bytes))),
             Action::Log { count: lines, bytes } => {
                 let line = "l".repeat(bytes);
                 for _ in 0..lines {
@@ -221,6 +232,9 @@ impl Operator for Probe {
         }
         if entry.name.starts_with("trap") {
             panic!("probe panics on the expiry of {}", entry.name);
+        }
+        if entry.name.starts_with("log") {
+            sluice_guest::log::info(&format!("expired {}", entry.name));
         }
         let value: serde_json::Value = entry.value()?;
         let emitted = serde_json::json!({ "expired": entry.name, "value": value, "at": entry.expired_at_ms, "expiries": expiries });

@@ -24,18 +24,30 @@
 //! it for each state entry that expires, scoped to the entry's key, before the record
 //! whose clock reached the expiry (a batched call is cut there, since a component
 //! cannot be called while it is in a call).
+//!
+//! What a call returns is lifted out of the guest's memory by [`lift`]'s types, which
+//! check counts and lengths before copying anything. A batch's outputs, failure
+//! reasons and expiries count against its per-batch bounds as they come, so a batch —
+//! records and expiries alike — ends at its bounds wherever it is, even between two
+//! expiries before one record.
 
-use super::{Expiration, Operator, OperatorStopped, Outcome, Output, Processed, Switch};
+mod lift;
+
+use super::{Expiration, Operator, OperatorStopped, Outcome, Processed, Switch};
 use crate::config::{self, OperatorLimits, RetryPolicy};
+use crate::log_rate::{self, Admitted, LogRate};
 use crate::record::SourceRecord;
 use crate::state::{Expired, Transaction};
 use anyhow::{Context, Result, anyhow, bail};
+use lift::{GuestOutputs, GuestReason, GuestResult, LiftBounds};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use wasmtime::component::types::ComponentItem;
-use wasmtime::component::{Component, ComponentExportIndex, Func, HasSelf, Linker, ResourceType};
+use wasmtime::component::{
+    Component, ComponentExportIndex, ComponentNamedList, Func, HasSelf, Lift, Linker, Lower, ResourceType, TypedFunc,
+};
 use wasmtime::{AsContextMut, Engine, ResourceLimiter, Store, StoreContextMut};
 
 mod bindings {
@@ -51,7 +63,7 @@ mod bindings {
 }
 
 use bindings::sluice::operator::{log, state, types};
-use bindings::{InputRecord, Operator as Bindings, OperatorPre, OutputRecord};
+use bindings::{InputRecord, Operator as Bindings, OperatorPre};
 
 /// The WIT package operators are built against, and the version range this host serves.
 pub const WIT_PACKAGE: &str = "sluice:operator";
@@ -61,11 +73,20 @@ pub const WIT_VERSION: &str = "0.1";
 /// The interface a batched call reports each record's result through (0.1.1, defined
 /// at this host's version), and the export that takes a batch.
 const BATCH_INTERFACE: &str = "sluice:operator/batch@0.1.2";
+
+/// The exports a component may have, and the signatures the host calls them with
+/// (each result lifted by [`lift`]'s checked types).
+const INIT: &str = "init";
+type InitParams<'a> = (&'a [(&'a str, &'a str)],);
+type InitResults = (std::result::Result<(), GuestReason>,);
+const PROCESS: &str = "process";
+type ProcessParams<'a> = (InputRecord<'a>,);
+type ProcessResults = (GuestResult,);
 const PROCESS_BATCH: &str = "process-batch";
-/// The export told of each expired state entry (0.1.2), and its signature.
+type BatchParams<'a> = (&'a [InputRecord<'a>],);
+/// The export told of each expired state entry (0.1.2).
 const EXPIRED: &str = "expired";
 type ExpiredParams<'a> = (&'a [u8], &'a str, &'a [u8], u64);
-type ExpiredResults = (std::result::Result<Vec<OutputRecord>, String>,);
 
 /// Logged when a record that trapped is called again: `calling it again in 10ms, attempt 2 of 2`.
 pub const RETRYING: &str = "calling it again";
@@ -124,10 +145,8 @@ const MAX_TABLES: usize = 20;
 /// A validated, compiled operator component, ready to instantiate per partition.
 pub struct WasmOperator {
     pre: OperatorPre<HostCtx>,
-    /// The component's `process-batch` export, when it has one.
-    process_batch: Option<ComponentExportIndex>,
-    /// The component's `expired` export, when it has one.
-    expired: Option<ComponentExportIndex>,
+    /// The component's exports the host calls.
+    exports: ExportIndices,
     /// Where the component came from (a file, a deployed version), for errors.
     origin: String,
     name: Arc<str>,
@@ -147,8 +166,9 @@ struct HostCtx {
     per_call: OperatorLimits,
     /// What the current call made the host hold so far.
     usage: CallUsage,
-    /// The instance's log lines in the current second.
-    log: LogBudget,
+    /// The instance's log lines, against [`OperatorLimits::log_lines_per_s`] and
+    /// [`OperatorLimits::log_bytes_per_s`].
+    log: LogRate,
     /// Epoch ticks one record (or `init`) runs for before its thread's CPU time is
     /// looked at: the CPU deadline in wall-clock time; 0 without a deadline.
     deadline_ticks: u64,
@@ -175,6 +195,53 @@ struct HostCtx {
     in_record: bool,
     /// The running `process-batch` call's inputs and finished outcomes.
     batch: Batch,
+    /// Where the batch in hand stands against its bounds.
+    budget: BatchBudget,
+    /// How much of a call's outputs and reasons is lifted out of the guest.
+    lift_bounds: LiftBounds,
+}
+
+/// Where a batch stands against its bounds: `[operator.limits]`
+/// `output_bytes_per_batch` and `time_per_batch_ms`, `[ttl] sweep_limit` expiries, and
+/// `[state] commit_dirty_mib` (which the transaction counts).
+#[derive(Debug)]
+struct BatchBudget {
+    /// When the batch must end.
+    ends_at: Instant,
+    /// Bytes it holds for what it emits: outputs, failure reasons, expired entries.
+    bytes: usize,
+    /// Entries it expired.
+    expiries: usize,
+    /// Records it finished.
+    records: usize,
+}
+
+impl BatchBudget {
+    /// A batch starting now under `limits`.
+    fn new(limits: &OperatorLimits) -> Self {
+        let time = Duration::from_millis(limits.time_per_batch_ms.min(u32::MAX.into()));
+        BatchBudget { ends_at: Instant::now() + time, bytes: 0, expiries: 0, records: 0 }
+    }
+
+    /// Whether the batch has done anything: a batch ends at its bounds only after
+    /// that, so each makes progress.
+    fn started(&self) -> bool {
+        self.records + self.expiries > 0
+    }
+
+    /// Whether the batch should end before its next record or expiry.
+    fn is_spent(&self, limits: &OperatorLimits, txn: &Transaction) -> bool {
+        self.bytes >= limits.output_bytes_per_batch
+            || self.expiries >= txn.ttl().sweep_limit
+            || txn.dirty_full()
+            || Instant::now() >= self.ends_at
+    }
+
+    /// Counts a finished record with `outcome`.
+    fn add_record(&mut self, outcome: &Outcome) {
+        self.records += 1;
+        self.bytes = self.bytes.saturating_add(outcome.bytes());
+    }
 }
 
 /// What the host keeps of a `process-batch` call while it runs: enough to move the
@@ -185,37 +252,29 @@ struct Batch {
     keys: Vec<u8>,
     /// ... and where each ends.
     ends: Vec<usize>,
-    /// The inputs' event times.
-    timestamps: Vec<i64>,
+    /// The inputs' offsets and event times.
+    times: Vec<(u64, i64)>,
     /// The outcomes of the inputs finished so far, in order.
     outcomes: Vec<Outcome>,
     /// Whether the operator is told of expiries: a call is then cut before an input
     /// that makes entries due.
     told: bool,
-    /// How many inputs moved the partition's clock: the first before the call, each
-    /// next at the `finish` before it.
-    observed: usize,
     /// Whether `finish` cut the call short, before an input that makes expiries due
-    /// (the call's own writes brought them): the host expires them and goes on.
+    /// (the call's own writes brought them) or at the batch's bounds: the host goes on
+    /// from there.
     cut: bool,
-    /// When the batch (of which this call runs a part) must end, and the bytes of its
-    /// outputs so far, against `[operator.limits]`'s per-batch bounds.
-    ends_at: Option<Instant>,
-    output_bytes: usize,
 }
 
 impl Batch {
-    /// A call of `records` starts, their first's time observed, in a batch that must
-    /// end at `ends_at` and holds `output_bytes` of outputs so far.
-    fn start(&mut self, records: &[SourceRecord], told: bool, ends_at: Instant, output_bytes: usize) {
+    /// A call of `records` starts, their first's time observed.
+    fn start(&mut self, records: &[SourceRecord], told: bool) {
         self.end();
         self.outcomes.clear();
-        (self.told, self.observed, self.cut) = (told, 1, false);
-        (self.ends_at, self.output_bytes) = (Some(ends_at), output_bytes);
+        (self.told, self.cut) = (told, false);
         for record in records {
             self.keys.extend_from_slice(&record.key);
             self.ends.push(self.keys.len());
-            self.timestamps.push(record.timestamp_ms);
+            self.times.push((record.offset, record.timestamp_ms));
         }
     }
 
@@ -229,14 +288,15 @@ impl Batch {
     fn end(&mut self) {
         self.keys.clear();
         self.ends.clear();
-        self.timestamps.clear();
+        self.times.clear();
     }
 
-    /// The key and event time of input `index`, if there is one.
-    fn input(&self, index: usize) -> Option<(&[u8], i64)> {
+    /// The key, offset and event time of input `index`, if there is one.
+    fn input(&self, index: usize) -> Option<(&[u8], u64, i64)> {
         let end = *self.ends.get(index)?;
         let start = index.checked_sub(1).map_or(0, |before| self.ends[before]);
-        Some((&self.keys[start..end], self.timestamps[index]))
+        let (offset, timestamp_ms) = self.times[index];
+        Some((&self.keys[start..end], offset, timestamp_ms))
     }
 }
 
@@ -247,22 +307,6 @@ struct CallUsage {
     reads: usize,
     writes: usize,
     written_bytes: usize,
-}
-
-/// An instance's log lines and bytes in the current second, against
-/// [`OperatorLimits::log_lines_per_s`] and [`OperatorLimits::log_bytes_per_s`].
-struct LogBudget {
-    second: Instant,
-    lines: u64,
-    bytes: u64,
-    /// Lines dropped this second, reported when the next begins.
-    dropped: u64,
-}
-
-impl LogBudget {
-    fn new() -> Self {
-        LogBudget { second: Instant::now(), lines: 0, bytes: 0, dropped: 0 }
-    }
 }
 
 /// Why the host stopped a call, recorded where it stops it: the trap that unwinds
@@ -326,17 +370,18 @@ impl WasmOperator {
     pub fn load(path: &Path, limits: Limits, config: Vec<(String, String)>) -> Result<Self> {
         let bytes = std::fs::read(path).with_context(|| format!("reading operator {}", path.display()))?;
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        Self::compile(&name, &bytes, &path.display().to_string(), limits, config)
+        Self::compile(&super::version_of(&name, &bytes), &bytes, &path.display().to_string(), limits, config)
     }
 
-    /// Validates and compiles `component`, the build of operator `name` found at
-    /// `origin` (a path or a deployed version, named in errors).
+    /// Validates and compiles `component`, the build `version` (`name@digest`, as its
+    /// registry names it: see [`Registry::version_of`](super::registry::Registry::version_of))
+    /// found at `origin` (a path or a deployed version, named in errors).
     ///
     /// Fails with an error naming `origin` when it is not a WebAssembly component, was
     /// built against another world or version, or imports anything but the sluice
     /// interfaces and WASI.
     pub fn compile(
-        name: &str,
+        version: &str,
         component: &[u8],
         origin: &str,
         limits: Limits,
@@ -368,11 +413,12 @@ impl WasmOperator {
                     )
                 },
             )?;
-        let process_batch = compiled.get_export_index(None, PROCESS_BATCH);
-        let expired = compiled.get_export_index(None, EXPIRED);
-        let version = super::version_of(name, component);
-        let origin = origin.to_string();
-        Ok(WasmOperator { pre, process_batch, expired, origin, name: name.into(), version, limits, config })
+        let export = |name| compiled.get_export_index(None, name);
+        let (init, process) =
+            export(INIT).zip(export(PROCESS)).context("the world check found `init` and `process`")?;
+        let exports = ExportIndices { init, process, process_batch: export(PROCESS_BATCH), expired: export(EXPIRED) };
+        let (origin, name) = (origin.to_string(), super::name_of(version).into());
+        Ok(WasmOperator { pre, exports, origin, name, version: version.into(), limits, config })
     }
 
     /// The operator's name, used in logs and dead letters.
@@ -380,8 +426,9 @@ impl WasmOperator {
         &self.name
     }
 
-    /// The operator's name and the [checksum](crate::checksum) of its component,
-    /// `name@checksum`: names exactly which build wrote a checkpoint's state.
+    /// The operator's version, `name@digest` of its component (see
+    /// [`version_of`](super::version_of)): names exactly which build wrote a checkpoint's
+    /// state.
     pub fn version(&self) -> &str {
         &self.version
     }
@@ -401,7 +448,7 @@ impl WasmOperator {
             memory_used: 0,
             per_call: self.limits.per_call.clone(),
             usage: CallUsage::default(),
-            log: LogBudget::new(),
+            log: LogRate::new(self.limits.per_call.log_lines_per_s, self.limits.per_call.log_bytes_per_s),
             deadline_ticks: self.limits.call_timeout.map_or(0, ticks),
             call_timeout: self.limits.call_timeout.unwrap_or(Duration::MAX),
             cpu_mark: None,
@@ -413,6 +460,12 @@ impl WasmOperator {
             last_error: None,
             in_record: false,
             batch: Batch::default(),
+            budget: BatchBudget::new(&self.limits.per_call),
+            lift_bounds: LiftBounds {
+                outputs: self.limits.per_call.outputs_per_record,
+                output_bytes: self.limits.per_call.output_bytes_per_record,
+                reason_bytes: self.limits.per_call.reason_bytes,
+            },
         }
     }
 
@@ -429,56 +482,80 @@ impl WasmOperator {
         if self.limits.call_timeout.is_some() {
             store.epoch_deadline_callback(deadline_passed);
         }
+        // Instantiating runs the component's start functions: under the deadline too.
         arm_deadline(&mut store);
-        let (bindings, process_batch, expired) = match self.instantiate(&mut store) {
-            Ok(instance) => instance,
+        let exports = match self.instantiate(&mut store) {
+            Ok(exports) => exports,
             Err(e) => {
                 let e = e.context(format!("instantiating operator {}", self.origin));
                 return Err((e, store.into_data()));
             }
         };
-        arm_deadline(&mut store);
+        let mut live = Live { store, exports };
         let config: Vec<(&str, &str)> = self.config.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let failure = match bindings.call_init(&mut store, &config) {
-            Ok(Ok(())) => return Ok(Live { store, bindings, process_batch, expired }),
-            Ok(Err(reason)) => anyhow!("operator {} refused to start: init returned an error: {reason}", self.origin),
-            Err(trap) => {
-                anyhow!(
-                    "operator {} trapped in init: {}",
-                    self.origin,
-                    describe_trap(trap, &self.limits, store.data_mut())
-                )
+        let failure = match live.call::<InitParams<'_>, InitResults>(exports.init, (&config,), false) {
+            Ok(Ok((Ok(()),))) => return Ok(live),
+            Ok(Ok((Err(GuestReason(reason)),))) => {
+                anyhow!("operator {} refused to start: init returned an error: {reason}", self.origin)
             }
+            Ok(Err(trap)) => {
+                let reason = describe_trap(trap, &self.limits, live.store.data_mut());
+                anyhow!("operator {} trapped in init: {reason}", self.origin)
+            }
+            Err(host_failure) => host_failure.context(format!("operator {}'s init", self.origin)),
         };
-        Err((failure, store.into_data()))
+        Err((failure, live.store.into_data()))
     }
 
-    /// A new instance in `store`: its bindings, its `process-batch` and its `expired`,
-    /// each if exported with the signature of its world.
-    fn instantiate(&self, store: &mut Store<HostCtx>) -> Result<(Bindings, Option<Func>, Option<Func>)> {
+    /// A new instance in `store`, and its exports, each checked to have the signature
+    /// of its world.
+    fn instantiate(&self, store: &mut Store<HostCtx>) -> Result<Exports> {
         let instance = self.pre.instance_pre().instantiate(&mut *store)?;
-        let bindings = Bindings::new(&mut *store, &instance)?;
-        let mut export = |index: Option<&ComponentExportIndex>, name: &str| {
-            index
-                .map(|index| {
-                    instance.get_func(&mut *store, index).with_context(|| format!("`{name}` is not a function"))
-                })
-                .transpose()
+        let mut export = |index: &ComponentExportIndex, name: &str| {
+            instance.get_func(&mut *store, index).with_context(|| format!("`{name}` is not a function"))
         };
-        let process_batch = export(self.process_batch.as_ref(), PROCESS_BATCH)?;
-        let expired = export(self.expired.as_ref(), EXPIRED)?;
-        if let Some(func) = process_batch {
-            func.typed::<(&[InputRecord<'_>],), ()>(&*store).map_err(anyhow::Error::from).with_context(|| {
-                format!("`{PROCESS_BATCH}` does not have the signature of the batched-operator world")
-            })?;
+        let indices = &self.exports;
+        let exports = Exports {
+            init: export(&indices.init, INIT)?,
+            process: export(&indices.process, PROCESS)?,
+            process_batch: indices.process_batch.as_ref().map(|i| export(i, PROCESS_BATCH)).transpose()?,
+            expired: indices.expired.as_ref().map(|i| export(i, EXPIRED)).transpose()?,
+        };
+        let check = |result: wasmtime::Result<()>, name: &str, world: &str| {
+            result.map_err(anyhow::Error::from).with_context(|| {
+                format!("`{name}` does not have the signature of the {world} world in wit/operator.wit")
+            })
+        };
+        check(exports.init.typed::<InitParams<'_>, InitResults>(&*store).map(drop), INIT, "operator")?;
+        check(exports.process.typed::<ProcessParams<'_>, ProcessResults>(&*store).map(drop), PROCESS, "operator")?;
+        if let Some(func) = exports.process_batch {
+            check(func.typed::<BatchParams<'_>, ()>(&*store).map(drop), PROCESS_BATCH, "batched-operator")?;
         }
-        if let Some(func) = expired {
-            func.typed::<ExpiredParams<'_>, ExpiredResults>(&*store)
-                .map_err(anyhow::Error::from)
-                .with_context(|| format!("`{EXPIRED}` does not have the signature of the expiring-operator world"))?;
+        if let Some(func) = exports.expired {
+            check(func.typed::<ExpiredParams<'_>, ProcessResults>(&*store).map(drop), EXPIRED, "expiring-operator")?;
         }
-        Ok((bindings, process_batch, expired))
+        Ok(exports)
     }
+}
+
+/// Where a component's exports are, found when it was compiled.
+struct ExportIndices {
+    init: ComponentExportIndex,
+    process: ComponentExportIndex,
+    process_batch: Option<ComponentExportIndex>,
+    expired: Option<ComponentExportIndex>,
+}
+
+/// An instance's exports, each checked when the instance was made to have the
+/// signature its type alias above says: [`Live::call`] calls them without a check.
+#[derive(Clone, Copy)]
+struct Exports {
+    init: Func,
+    process: Func,
+    /// When the component exports it (0.1.1).
+    process_batch: Option<Func>,
+    /// When the component exports it (0.1.2).
+    expired: Option<Func>,
 }
 
 /// The epoch ticks `time` takes, rounded up, plus the one under way.
@@ -536,49 +613,49 @@ fn arm_deadline(mut store: impl AsContextMut<Data = HostCtx>) {
 }
 
 /// `batch.finish`: ends the current input of the running `process-batch` call with
-/// `outcome` and moves the record scope, and the deadline, to the next one.
-fn finish(
-    mut store: StoreContextMut<'_, HostCtx>,
-    (outcome,): (std::result::Result<Vec<OutputRecord>, String>,),
-) -> wasmtime::Result<()> {
+/// `result` and moves the record scope, and the deadline, to the next one — unless the
+/// batch is spent, or the next input makes expiries due that the operator is told of,
+/// which end the call here, by a trap the host knows for a cut.
+fn finish(mut store: StoreContextMut<'_, HostCtx>, (result,): (GuestResult,)) -> wasmtime::Result<()> {
     let ctx = store.data_mut();
     // Inside `process` (a component may import `batch` without exporting
     // `process-batch`) there is no next input to move to, only a past batch's keys.
     if !ctx.in_record || !ctx.batch.is_running() {
         wasmtime::bail!("batch.finish called outside `process-batch`");
     }
-    let outcome = match outcome {
-        Ok(outputs) => emitted(outputs, &ctx.per_call),
-        Err(reason) => Outcome::Rejected(reason),
-    };
+    let outcome = outcome_of(result, &ctx.per_call);
     ctx.txn.end_record(matches!(outcome, Outcome::Emitted(_)));
-    ctx.batch.output_bytes += output_bytes(std::slice::from_ref(&outcome));
+    ctx.budget.add_record(&outcome);
     ctx.batch.outcomes.push(outcome);
     let next = ctx.batch.outcomes.len();
-    let Some((key, timestamp_ms)) = ctx.batch.input(next) else {
+    let Some((key, offset, timestamp_ms)) = ctx.batch.input(next) else {
         // Finished every input: a further `finish` or state call traps.
         ctx.in_record = false;
         return Ok(());
     };
-    if batch_is_full(ctx.batch.output_bytes, ctx.batch.ends_at, &ctx.per_call) {
-        // The batch ends before this input, by a trap the host knows for a cut, as below.
-        (ctx.batch.observed, ctx.batch.cut, ctx.in_record) = (next, true, false);
-        wasmtime::bail!("`{PROCESS_BATCH}` cut: the batch reached a per-batch bound of [operator.limits]");
+    if ctx.budget.is_spent(&ctx.per_call, &ctx.txn) {
+        return Err(ctx.cut("the batch reached a per-batch bound"));
     }
-    let due = ctx.txn.observe(timestamp_ms);
-    if due && ctx.batch.told {
-        // An operator told of expiries is told before the record that makes them due,
-        // which a call cannot be interrupted for: it ends here, by a trap that the
-        // host knows for a cut (the instance is replaced). Calls are cut ahead where
-        // stored entries come due; this is for the call's own writes.
-        (ctx.batch.observed, ctx.batch.cut, ctx.in_record) = (next + 1, true, false);
-        wasmtime::bail!("`{PROCESS_BATCH}` cut before a record that makes state entries expire");
-    }
-    if due && let Err(error) = ctx.txn.expire_due(Some(key)) {
-        return Err(wasmtime::Error::from_anyhow(ctx.fail(error)));
+    if ctx.txn.observe(offset, timestamp_ms) {
+        if ctx.batch.told {
+            // An operator told of expiries is told before the record that makes them
+            // due, which a call cannot be interrupted for. Calls are cut ahead where
+            // stored entries come due; this is for the call's own writes.
+            return Err(ctx.cut("a record makes state entries expire"));
+        }
+        // Nobody is told: they expire here, as many as the batch's bounds allow.
+        loop {
+            match ctx.txn.expire_next() {
+                Ok(Some(_)) => ctx.budget.expiries += 1,
+                Ok(None) => break,
+                Err(error) => return Err(wasmtime::Error::from_anyhow(ctx.fail(error))),
+            }
+            if ctx.txn.due() && ctx.budget.is_spent(&ctx.per_call, &ctx.txn) {
+                return Err(ctx.cut("the batch reached a per-batch bound between two expiries"));
+            }
+        }
     }
     ctx.txn.scope(key);
-    ctx.batch.observed = next + 1;
     ctx.forget_last_call();
     arm_deadline(store);
     Ok(())
@@ -636,18 +713,68 @@ pub struct WasmInstance {
     replaced: u64,
 }
 
+/// A live instance: its store (the partition's state and the limits' accounting inside)
+/// and its exports.
 struct Live {
     store: Store<HostCtx>,
-    bindings: Bindings,
-    /// The instance's `process-batch`, when the component exports it.
-    process_batch: Option<Func>,
-    /// The instance's `expired`, when the component exports it.
-    expired: Option<Func>,
+    exports: Exports,
+}
+
+/// How a call into the guest ended, when the host did not fail.
+struct Called<R> {
+    /// What it returned, or its trap.
+    result: wasmtime::Result<R>,
+    /// Whether it ended inside a record (a `process-batch` that trapped or returned
+    /// before finishing its inputs).
+    mid_record: bool,
+}
+
+impl Live {
+    /// Calls `func` — one of [`Exports`], whose signature is `P -> R` — with `params`,
+    /// inside a record scope the caller opened when `in_record` (every call but
+    /// `init`'s): the last call forgotten, the deadline armed, the lift bounds in
+    /// force. An `Err` is a failure of the host itself (the state store), which the call
+    /// trapped to unwind; the record scope's writes are then dropped.
+    fn call<P, R>(&mut self, func: Func, params: P, in_record: bool) -> Result<wasmtime::Result<R>>
+    where
+        P: ComponentNamedList + Lower,
+        R: ComponentNamedList + Lift,
+    {
+        self.call_in_record(func, params, in_record).map(|called| called.result)
+    }
+
+    /// [`call`](Live::call), also saying whether it ended inside a record.
+    fn call_in_record<P, R>(&mut self, func: Func, params: P, in_record: bool) -> Result<Called<R>>
+    where
+        P: ComponentNamedList + Lower,
+        R: ComponentNamedList + Lift,
+    {
+        let ctx = self.store.data_mut();
+        ctx.forget_last_call();
+        ctx.in_record = in_record;
+        let bounds = ctx.lift_bounds;
+        arm_deadline(&mut self.store);
+        // SAFETY: every export in `Exports` was checked to have the signature its call
+        // names, when the instance was made (`WasmOperator::instantiate`).
+        let typed = unsafe { TypedFunc::<P, R>::new_unchecked(func) };
+        let result = lift::with_bounds(bounds, || typed.call(&mut self.store, params));
+        let ctx = self.store.data_mut();
+        let mid_record = std::mem::replace(&mut ctx.in_record, false);
+        if let Some(error) = ctx.host_error.take() {
+            ctx.txn.end_record(false);
+            return Err(error);
+        }
+        Ok(Called { result, mid_record })
+    }
 }
 
 impl WasmInstance {
     fn live(&mut self) -> &mut Live {
         self.live.as_mut().expect("instance is live between calls")
+    }
+
+    fn ctx(&mut self) -> &mut HostCtx {
+        self.live().store.data_mut()
     }
 
     /// Whether `record`, whose `attempt`th call trapped for `reason`, gets another
@@ -726,63 +853,131 @@ impl WasmInstance {
         }
     }
 
-    /// Expires the entries due at the clock (`key`'s all, when there are more than a
-    /// sweep takes: the next record is of `key`) and calls the component's `expired`
-    /// for each, appending what it made of them, at `offset`, to `expirations`.
-    fn expire_told(&mut self, key: Option<&[u8]>, offset: u64, expirations: &mut Vec<Expiration>) -> Result<()> {
-        for entry in self.state().expire_due(key)? {
-            let outcome = self.call_expired(&entry)?;
-            expirations.push(Expiration { entry, offset, outcome });
+    /// Expires the entries due before the record at `offset`, calling the component's
+    /// `expired` for each when it exports it, until none is due or the batch is spent
+    /// (after it did something); returns whether none is due.
+    fn expire_before(&mut self, offset: u64, expirations: &mut Vec<Expiration>) -> Result<bool> {
+        let told = self.live().exports.expired.is_some();
+        loop {
+            let limits = &self.operator.limits.per_call;
+            let ctx = self.live.as_mut().expect("instance is live between calls").store.data_mut();
+            if !ctx.txn.due() {
+                return Ok(true);
+            }
+            if ctx.budget.started() && ctx.budget.is_spent(limits, &ctx.txn) {
+                return Ok(false);
+            }
+            let Some(entry) = ctx.txn.expire_next()? else { return Ok(true) };
+            ctx.budget.expiries += 1;
+            if told {
+                let outcome = self.call_expired(&entry)?;
+                let bytes = entry.key.len() + entry.name.len() + entry.value.len() + outcome.bytes();
+                let budget = &mut self.ctx().budget;
+                budget.bytes = budget.bytes.saturating_add(bytes);
+                expirations.push(Expiration { entry, offset, outcome });
+            }
         }
-        Ok(())
     }
 
     /// Calls the component's `expired` for `entry`, in a record scope of its key: the
     /// call's writes stand only if it returns outputs. An `Err` is a host failure.
     fn call_expired(&mut self, entry: &Expired) -> Result<Outcome> {
-        let live = self.live.as_mut().expect("instance is live between calls");
-        let expired = live.expired.expect("called only when the component exports it");
-        let ctx = live.store.data_mut();
-        ctx.forget_last_call();
-        ctx.txn.scope(&entry.key);
-        ctx.in_record = true;
-        arm_deadline(&mut live.store);
+        let live = self.live();
+        let expired = live.exports.expired.expect("called only when the component exports it");
+        live.store.data_mut().txn.scope(&entry.key);
         let params = (entry.key.as_slice(), entry.name.as_str(), entry.value.as_slice(), entry.expired_at_ms);
-        let result = expired
-            .typed::<ExpiredParams<'_>, ExpiredResults>(&live.store)
-            .and_then(|expired| expired.call(&mut live.store, params));
-        let ctx = live.store.data_mut();
-        ctx.in_record = false;
-        if let Some(error) = ctx.host_error.take() {
-            ctx.txn.end_record(false);
-            return Err(error);
-        }
-        let outcome = match result {
-            Ok((Ok(outputs),)) => emitted(outputs, &ctx.per_call),
-            Ok((Err(reason),)) => Outcome::Rejected(reason),
+        let outcome = match live.call::<ExpiredParams<'_>, ProcessResults>(expired, params, true)? {
+            Ok((result,)) => outcome_of(result, &self.operator.limits.per_call),
             Err(trap) => {
-                ctx.txn.end_record(false);
+                self.state().end_record(false);
                 return Ok(Outcome::Trapped { reason: self.replace_after(trap)?, attempts: 1 });
             }
         };
-        ctx.txn.end_record(matches!(outcome, Outcome::Emitted(_)));
+        self.state().end_record(matches!(outcome, Outcome::Emitted(_)));
         Ok(outcome)
     }
-}
 
-/// The bytes of `outcomes`' outputs (see [`Output::bytes`]).
-fn output_bytes(outcomes: &[Outcome]) -> usize {
-    let emitted = outcomes.iter().filter_map(|outcome| match outcome {
-        Outcome::Emitted(outputs) => Some(outputs),
-        _ => None,
-    });
-    emitted.flatten().map(Output::bytes).sum()
-}
+    /// Runs `run`, records of one key scope after another, in one `process-batch` call,
+    /// its first record's clock observed, its expiries done and its scope open; appends
+    /// the outcomes of the records it finished to `outcomes`. Returns how the next run
+    /// starts: whether its first record runs alone (this call trapped before finishing
+    /// one, or a retry is due), and the attempt it is on.
+    fn call_batch(&mut self, run: &[SourceRecord], attempt: &mut u32, outcomes: &mut Vec<Outcome>) -> Result<bool> {
+        let told = self.live().exports.expired.is_some();
+        let live = self.live();
+        let process_batch = live.exports.process_batch.expect("called only when the component exports it");
+        live.store.data_mut().batch.start(run, told);
+        let headers: Vec<Vec<types::Header<'_>>> = run.iter().map(headers).collect();
+        let inputs: Vec<InputRecord<'_>> = run.iter().zip(&headers).map(|(r, h)| input_record(r, h)).collect();
+        let called = live.call_in_record::<BatchParams<'_>, ()>(process_batch, (&inputs,), true);
+        let ctx = live.store.data_mut();
+        let finished = ctx.batch.outcomes.len();
+        outcomes.append(&mut ctx.batch.outcomes);
+        let cut = ctx.batch.cut;
+        ctx.batch.end();
+        let Called { result, mid_record } = called?;
+        if finished > 0 {
+            *attempt = 1;
+        }
+        if !mid_record {
+            // Every input finished (or the call was cut between two); a trap after the
+            // last `finish` still poisons the instance.
+            if let Err(trap) = result {
+                let reason = self.replace_after(trap)?;
+                if !cut {
+                    tracing::warn!("operator trapped after finishing its batch: {reason}");
+                }
+            }
+            return Ok(false);
+        }
+        // The input being processed when the call ended: its writes go.
+        self.state().end_record(false);
+        let reason = match result {
+            Ok(()) => format!("`{PROCESS_BATCH}` returned before finishing this record"),
+            Err(trap) => self.replace_after(trap)?,
+        };
+        if finished == 0 && run.len() > 1 {
+            // Trapped before its first `finish`: perhaps by the run's inputs themselves
+            // (copying them in, under the memory cap), not by this record. It gets a
+            // call of its own.
+            tracing::debug!("`{PROCESS_BATCH}` of {} records trapped before finishing one: {reason}", run.len());
+            return Ok(true);
+        }
+        if self.retry(attempt, &run[finished], &reason) {
+            return Ok(true);
+        }
+        let outcome = Outcome::Trapped { reason, attempts: *attempt };
+        self.ctx().budget.add_record(&outcome);
+        outcomes.push(outcome);
+        *attempt = 1;
+        Ok(false)
+    }
 
-/// Whether a batch holding `output_bytes` of outputs, to end at `ends_at`, passed one of
-/// `limits`' per-batch bounds: it then ends before its next record.
-fn batch_is_full(output_bytes: usize, ends_at: Option<Instant>, limits: &OperatorLimits) -> bool {
-    output_bytes >= limits.output_bytes_per_batch || ends_at.is_some_and(|at| Instant::now() >= at)
+    /// Runs `record`, its clock observed, its expiries done and its scope open, in a
+    /// call of `process` of its own (a component without `process-batch`), or again
+    /// after a trap as the retry policy says; appends its outcome unless it gets
+    /// another call.
+    fn call_alone(&mut self, record: &SourceRecord, attempt: &mut u32, outcomes: &mut Vec<Outcome>) -> Result<()> {
+        let replaced = self.replaced;
+        let outcome = super::process_scoped(self, record)?;
+        // A trap, not outputs past a limit: the instance is a fresh one.
+        if let Outcome::Trapped { reason, .. } = &outcome
+            && self.replaced != replaced
+        {
+            if self.retry(attempt, record, reason) {
+                return Ok(());
+            }
+            let reason = reason.clone();
+            return self.finish_alone(Outcome::Trapped { reason, attempts: std::mem::replace(attempt, 1) }, outcomes);
+        }
+        self.finish_alone(outcome, outcomes)
+    }
+
+    fn finish_alone(&mut self, outcome: Outcome, outcomes: &mut Vec<Outcome>) -> Result<()> {
+        self.ctx().budget.add_record(&outcome);
+        outcomes.push(outcome);
+        Ok(())
+    }
 }
 
 /// How many of `records`, at least one, make a `process-batch` call whose inputs' keys
@@ -814,27 +1009,29 @@ fn input_record<'a>(record: &'a SourceRecord, headers: &'a [types::Header<'a>]) 
     }
 }
 
-/// What a call that returned `outputs` emitted: the outputs, or, when they pass one of
-/// `limits`, a failure naming it (the instance did nothing wrong by its own rules, and
-/// is kept).
-fn emitted(outputs: Vec<OutputRecord>, limits: &OperatorLimits) -> Outcome {
-    if outputs.len() > limits.outputs_per_record {
-        let reason = limit_passed("outputs_per_record", limits.outputs_per_record, outputs.len());
-        return Outcome::Trapped { reason, attempts: 1 };
-    }
-    let outputs: Vec<Output> = outputs.into_iter().map(Output::from).collect();
-    let bytes: usize = outputs.iter().map(Output::bytes).sum();
-    if bytes > limits.output_bytes_per_record {
-        let reason = limit_passed("output_bytes_per_record", limits.output_bytes_per_record, bytes);
-        return Outcome::Trapped { reason, attempts: 1 };
-    }
+/// What a call that returned `result` did for its record: its outputs, or, when they
+/// pass one of `limits`, a failure naming it (the instance did nothing wrong by its own
+/// rules, and is kept), or the operator's error.
+fn outcome_of(result: GuestResult, limits: &OperatorLimits) -> Outcome {
+    let outputs = match result {
+        Ok(GuestOutputs::Lifted(outputs)) => outputs,
+        Ok(GuestOutputs::TooMany(count)) => {
+            let reason = limit_passed("outputs_per_record", limits.outputs_per_record, count);
+            return Outcome::Trapped { reason, attempts: 1 };
+        }
+        Ok(GuestOutputs::TooLarge(bytes)) => {
+            let reason = limit_passed("output_bytes_per_record", limits.output_bytes_per_record, bytes);
+            return Outcome::Trapped { reason, attempts: 1 };
+        }
+        Err(GuestReason(reason)) => return Outcome::Rejected(reason),
+    };
     let foreign = outputs.iter().filter_map(|o| o.topic.as_ref()).find(|topic| !limits.output_topics.contains(topic));
     if let Some(topic) = foreign {
         let reason = format!(
             "operator sent an output to topic {topic:?}, which [operator.limits] output_topics = {:?} does not list",
             limits.output_topics
         );
-        return Outcome::Trapped { reason, attempts: 1 };
+        return Outcome::Trapped { reason: lift::cut_reason(reason, limits.reason_bytes), attempts: 1 };
     }
     Outcome::Emitted(outputs)
 }
@@ -845,169 +1042,69 @@ fn limit_passed(name: &str, max: usize, used: usize) -> String {
     format!("operator passed its limit [operator.limits] {name} = {max} (reached {used})")
 }
 
-impl From<OutputRecord> for Output {
-    fn from(o: OutputRecord) -> Self {
-        Output { key: o.key, value: o.value, topic: o.topic }
-    }
-}
-
 impl Operator for WasmInstance {
     fn process(&mut self, record: &SourceRecord) -> Result<Outcome> {
-        // Fields borrowed apart, so nothing is cloned per record.
-        let live = self.live.as_mut().expect("instance is live between calls");
-        arm_deadline(&mut live.store);
+        let live = self.live();
         let headers = headers(record);
         let input = input_record(record, &headers);
-        live.store.data_mut().forget_last_call();
-        live.store.data_mut().in_record = true;
-        let result = live.bindings.call_process(&mut live.store, input);
-        live.store.data_mut().in_record = false;
-        if let Some(error) = live.store.data_mut().host_error.take() {
-            return Err(error);
-        }
-        match result {
-            Ok(Ok(outputs)) => Ok(emitted(outputs, &self.operator.limits.per_call)),
-            Ok(Err(reason)) => Ok(Outcome::Rejected(reason)),
+        let process = live.exports.process;
+        match live.call::<ProcessParams<'_>, ProcessResults>(process, (input,), true)? {
+            Ok((result,)) => Ok(outcome_of(result, &self.operator.limits.per_call)),
             Err(trap) => Ok(Outcome::Trapped { reason: self.replace_after(trap)?, attempts: 1 }),
         }
     }
 
     fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
-        let told = self.live().expired.is_some();
-        let batched = self.live().process_batch.is_some();
+        let told = self.live().exports.expired.is_some();
+        let batched = self.live().exports.process_batch.is_some();
+        self.ctx().budget = BatchBudget::new(&self.operator.limits.per_call);
         let mut processed = Processed::default();
         // The inputs of a call are copied into the guest's memory at once: a run takes
         // at most an eighth of the memory cap, however large a batch's records are.
         let call_bytes = self.operator.limits.memory_bytes / 8;
         // Whether the next record runs alone: its run trapped before finishing one.
         let mut alone = false;
-        // How many of `records` moved the clock: each moves it once, though one whose
-        // call was cut before it, or trapped before finishing any, runs again.
-        let mut observed = 0;
         // The call the next record is on: a record that trapped runs again (alone, in
         // the fresh instance) as the retry policy says.
         let mut attempt = 1;
-        // The batch's bounds: past one it ends at the record that passed it, and
-        // returns the outcomes of the records before (see `Operator::process_batch`).
-        let time_per_batch = self.operator.limits.per_call.time_per_batch_ms.min(u32::MAX.into());
-        let ends_at = Instant::now() + Duration::from_millis(time_per_batch);
-        // The bytes of the outputs of the first `counted` outcomes.
-        let (mut batch_output_bytes, mut counted) = (0, 0);
         // One call per run of records: a trap ends a run at the record it hit, and the
         // records after it make the next run, in a fresh instance; for an operator told
-        // of expiries, an expiry ends a run before the record that makes it due.
+        // of expiries, an expiry ends a run before the record that makes it due. The
+        // batch ends at its bounds (see `Operator::process_batch`).
         while let Some(rest) = records.get(processed.outcomes.len()..).filter(|rest| !rest.is_empty()) {
-            let start = processed.outcomes.len();
-            batch_output_bytes += output_bytes(&processed.outcomes[counted..]);
-            counted = start;
-            if start > 0 && batch_is_full(batch_output_bytes, Some(ends_at), &self.operator.limits.per_call) {
+            let first = &rest[0];
+            let ctx = self.live.as_mut().expect("instance is live between calls").store.data_mut();
+            if ctx.budget.started() && ctx.budget.is_spent(&self.operator.limits.per_call, &ctx.txn) {
                 break;
             }
-            let first = &rest[0];
-            if observed == start {
-                self.state().observe(first.timestamp_ms);
-                observed += 1;
-            }
-            if self.state().due() {
-                if told {
-                    self.expire_told(Some(&first.key), first.offset, &mut processed.expirations)?;
-                } else {
-                    self.state().expire_due(Some(&first.key))?;
-                }
+            ctx.txn.observe(first.offset, first.timestamp_ms);
+            if !self.expire_before(first.offset, &mut processed.expirations)? {
+                break;
             }
             self.state().scope(&first.key);
             if !batched {
-                let replaced = self.replaced;
-                match super::process_scoped(self, first)? {
-                    // A trap, not outputs past a limit: the instance is a fresh one.
-                    Outcome::Trapped { reason, .. } if self.replaced != replaced => {
-                        if !self.retry(&mut attempt, first, &reason) {
-                            processed.outcomes.push(Outcome::Trapped { reason, attempts: attempt });
-                            attempt = 1;
-                        }
-                    }
-                    outcome => processed.outcomes.push(outcome),
-                }
+                self.call_alone(first, &mut attempt, &mut processed.outcomes)?;
                 continue;
             }
             let mut len = if std::mem::take(&mut alone) { 1 } else { run_length(rest, call_bytes) };
             if told {
-                len = 1 + self.state().records_before_due(rest[1..len].iter().map(|record| record.timestamp_ms));
+                len = 1 + self.state().records_before_due(&rest[1..len]);
             }
-            let run = &rest[..len];
-            let live = self.live.as_mut().expect("instance is live between calls");
-            let process_batch = live.process_batch.expect("checked above; a restart keeps the component");
-            let ctx = live.store.data_mut();
-            ctx.forget_last_call();
-            ctx.batch.start(run, told, ends_at, batch_output_bytes);
-            ctx.in_record = true;
-            arm_deadline(&mut live.store);
-            let headers: Vec<Vec<types::Header<'_>>> = run.iter().map(headers).collect();
-            let inputs: Vec<InputRecord<'_>> = run.iter().zip(&headers).map(|(r, h)| input_record(r, h)).collect();
-            let result = process_batch
-                .typed::<(&[InputRecord<'_>],), ()>(&live.store)
-                .and_then(|process_batch| process_batch.call(&mut live.store, (&inputs,)));
-            let ctx = live.store.data_mut();
-            let in_record = std::mem::replace(&mut ctx.in_record, false);
-            let finished = ctx.batch.outcomes.len();
-            processed.outcomes.append(&mut ctx.batch.outcomes);
-            // `finish` counted their outputs' bytes as they came.
-            (batch_output_bytes, counted) = (ctx.batch.output_bytes, processed.outcomes.len());
-            let cut = ctx.batch.cut;
-            observed = start + ctx.batch.observed;
-            ctx.batch.end();
-            if let Some(error) = ctx.host_error.take() {
-                ctx.txn.end_record(false);
-                return Err(error);
-            }
-            if finished > 0 {
-                attempt = 1;
-            }
-            if !in_record {
-                // Every input finished; a trap after the last `finish` still poisons
-                // the instance.
-                if let Err(trap) = result {
-                    let reason = self.replace_after(trap)?;
-                    if !cut {
-                        tracing::warn!("operator trapped after finishing its batch: {reason}");
-                    }
-                }
-                continue;
-            }
-            // The input being processed when the call ended: its writes go.
-            ctx.txn.end_record(false);
-            let reason = match result {
-                Ok(()) => format!("`{PROCESS_BATCH}` returned before finishing this record"),
-                Err(trap) => self.replace_after(trap)?,
-            };
-            if finished == 0 && run.len() > 1 {
-                // Trapped before its first `finish`: perhaps by the run's inputs
-                // themselves (copying them in, under the memory cap), not by this
-                // record. It gets a call of its own.
-                tracing::debug!("`{PROCESS_BATCH}` of {} records trapped before finishing one: {reason}", run.len());
-                alone = true;
-            } else if self.retry(&mut attempt, &run[finished], &reason) {
-                alone = true;
-            } else {
-                processed.outcomes.push(Outcome::Trapped { reason, attempts: attempt });
-                attempt = 1;
-            }
+            alone = self.call_batch(&rest[..len], &mut attempt, &mut processed.outcomes)?;
         }
         self.check_strict(records, &processed)?;
         Ok(processed)
     }
 
     fn expire(&mut self, offset: u64) -> Result<Vec<Expiration>> {
+        self.ctx().budget = BatchBudget::new(&self.operator.limits.per_call);
         let mut expirations = Vec::new();
-        match self.live().expired {
-            Some(_) => self.expire_told(None, offset, &mut expirations)?,
-            None => drop(self.state().expire_due(None)?),
-        }
+        self.expire_before(offset, &mut expirations)?;
         Ok(expirations)
     }
 
     fn state(&mut self) -> &mut Transaction {
-        &mut self.live().store.data_mut().txn
+        &mut self.ctx().txn
     }
 
     fn version(&self) -> &str {
@@ -1079,7 +1176,9 @@ impl state::Host for HostCtx {
 }
 
 impl log::Host for HostCtx {
-    fn log(&mut self, level: log::Level, mut message: String) -> Result<()> {
+    fn log(&mut self, level: log::Level, message: String) -> Result<()> {
+        // One line of the host's log, which the guest's text cannot break into two.
+        let mut message = log_rate::one_line(&message).into_owned();
         if message.len() > self.per_call.log_line_bytes {
             let kept = message.floor_char_boundary(self.per_call.log_line_bytes);
             let cut = message.len() - kept;
@@ -1200,34 +1299,30 @@ impl HostCtx {
     }
 
     /// Whether a log line of `bytes` fits the instance's budget for this second. The
-    /// first line that does not is warned about; how many did not, at the first line of
-    /// a later second.
+    /// first line that does not is warned about; how many did not, before the next line
+    /// written.
     fn admit_log_line(&mut self, bytes: usize) -> bool {
         let (operator, partition, limits) = (&*self.operator, self.partition, &self.per_call);
-        let log = &mut self.log;
-        if log.second.elapsed() >= Duration::from_secs(1) {
-            if log.dropped > 0 {
-                tracing::warn!(operator, partition, "{} operator log lines were dropped in a second", log.dropped);
+        match self.log.admit(bytes) {
+            Admitted::Yes { dropped: 0 } => true,
+            Admitted::Yes { dropped } => {
+                tracing::warn!(operator, partition, "{dropped} operator log lines were dropped");
+                true
             }
-            *log = LogBudget::new();
+            Admitted::No { first } => {
+                if first {
+                    tracing::warn!(
+                        operator,
+                        partition,
+                        "operator passed [operator.limits] log_lines_per_s = {} or log_bytes_per_s = {}: its \
+                         {LOG_LINES_DROPPED} for the rest of this second",
+                        limits.log_lines_per_s,
+                        limits.log_bytes_per_s
+                    );
+                }
+                false
+            }
         }
-        if log.lines < limits.log_lines_per_s && log.bytes + bytes as u64 <= limits.log_bytes_per_s {
-            log.lines += 1;
-            log.bytes += bytes as u64;
-            return true;
-        }
-        if log.dropped == 0 {
-            tracing::warn!(
-                operator,
-                partition,
-                "operator passed [operator.limits] log_lines_per_s = {} or log_bytes_per_s = {}: its {LOG_LINES_DROPPED} \
-                 for the rest of this second",
-                limits.log_lines_per_s,
-                limits.log_bytes_per_s
-            );
-        }
-        log.dropped += 1;
-        false
     }
 
     /// Traps a state call made outside a record.
@@ -1239,6 +1334,14 @@ impl HostCtx {
             );
         }
         Ok(())
+    }
+
+    /// Ends the running `process-batch` call before its next input, for `why`: the trap
+    /// that unwinds the guest, which the host knows for a cut (the instance is
+    /// replaced, and the batch goes on from that input).
+    fn cut(&mut self, why: &str) -> wasmtime::Error {
+        (self.batch.cut, self.in_record) = (true, false);
+        wasmtime::format_err!("`{PROCESS_BATCH}` cut before its next input: {why}")
     }
 
     /// Records a host failure and returns the trap that unwinds the guest.
@@ -1278,7 +1381,8 @@ fn describe_trap(trap: wasmtime::Error, limits: &Limits, ctx: &mut HostCtx) -> S
         (_, None, Some(panic)) => panic,
         (_, None, None) => trap.root_cause().to_string(),
     };
-    format!("{reason}\n{trap:#}")
+    // wasmtime's account ends with the guest's backtrace, as long as its stack was deep.
+    lift::cut_reason(format!("{reason}\n{trap:#}"), limits.per_call.reason_bytes)
 }
 
 /// What an operator should use instead of denied WASI `import`, where there is a
@@ -1378,7 +1482,10 @@ mod tests {
         let probe = Arc::new(WasmOperator::load(&sluice_tests::operator_wasm("probe"), limits, Vec::new())?);
         let txn = Transaction::new(PartitionStore::open(dir, 0)?, 1 << 20)?;
         let instance = ActiveVersion::new(probe).instantiate(0, txn)?;
-        assert!(instance.operator.process_batch.is_some(), "the probe is built against 0.1.1 and takes batches");
+        assert!(
+            instance.operator.exports.process_batch.is_some(),
+            "the probe is built against 0.1.1 and takes batches"
+        );
         Ok(instance)
     }
 
@@ -1490,7 +1597,7 @@ mod tests {
             assert!(line.starts_with(expected.as_str()), "{action}: {line:?} is not {expected:?}");
         }
         // None of the failed records' writes stand.
-        instance.state().begin_record(b"a", 0)?;
+        instance.state().scope(b"a");
         assert!(instance.state().get("w0")?.is_some(), "the good record's write stands");
         assert_eq!(instance.state().get("w4")?, None);
         instance.state().end_record(false);
@@ -1572,8 +1679,8 @@ mod tests {
         let live = instance.live();
         // As inside `process`: a record in hand, no batch running.
         live.store.data_mut().in_record = true;
-        live.store.data_mut().txn.begin_record(b"k", 0)?;
-        let trap = finish(live.store.as_context_mut(), (Ok(Vec::new()),)).unwrap_err();
+        live.store.data_mut().txn.scope(b"k");
+        let trap = finish(live.store.as_context_mut(), (Ok(GuestOutputs::Lifted(Vec::new())),)).unwrap_err();
         assert!(trap.to_string().contains("batch.finish called outside `process-batch`"), "{trap}");
         assert!(live.store.data().batch.outcomes.is_empty(), "no outcome recorded");
         Ok(())
@@ -1836,7 +1943,7 @@ mod tests {
         let limits = Limits::default();
         let good = Arc::new(WasmOperator::load(&probe, limits.clone(), Vec::new())?);
         let config = vec![("fail_init".to_string(), "true".to_string())];
-        let failing = Arc::new(WasmOperator::compile("other", &std::fs::read(&probe)?, "test", limits, config)?);
+        let failing = Arc::new(WasmOperator::compile("other@0", &std::fs::read(&probe)?, "test", limits, config)?);
         let active = ActiveVersion::new(good.clone());
         let mut instance = active.instantiate(0, Transaction::new(PartitionStore::open(dir.path(), 0)?, 1 << 20)?)?;
         assert_eq!(count(&mut instance, 0)?, br#"{"count":1}"#);
