@@ -3,13 +3,18 @@
 //! partition at the offset stored with its state, not at the group's committed offset;
 //! three hosts share a group and a checkpoint store through `kill -9` and a graceful
 //! stop; a slow operator is warned about and not evicted; a static member's restart
-//! moves no partitions; a broker that stops answering is reconnected to; a deploy
+//! moves no partitions, and one fenced by another of its `instance_id` ends its run; a
+//! revocation neither waits for a restore from a frozen store nor hands its partitions
+//! over one after another; a broker failing a resume costs that partition a pause; headers
+//! forging the source's marks are dropped; a broker that stops answering is reconnected to; a deploy
 //! reaches both hosts of a group; expiries across handovers equal an uninterrupted run; an idle
 //! partition expires by the wall clock in processing time; pipelined batches lose no output
 //! through `kill -9`, a frozen broker or a deleted topic, and a producer queue that stays
 //! full fails the job after the delivery timeout; exactly-once outputs (on noida-db, which has
 //! transactions) survive `kill -9` at every step of a commit, fence a zombie and a host of an
-//! earlier version, and keep two jobs whose earlier transactional ids were one apart; a partition
+//! earlier version, and keep two jobs whose earlier transactional ids were one apart; a fenced
+//! partition stops alone and takes its transactions back; one that stops alone aborts its open
+//! transaction; a partition
 //! whose worker fails is paused while the others go on; dead letters go to a topic as the
 //! records were; a checkpoint store that fails at an assignment keeps the partition paused
 //! and the host in its group until the store answers. The test
@@ -22,12 +27,16 @@ use sluice::config::DEFAULT_DEAD_LETTER_PATH;
 use sluice::job::{DEAD_LETTERS_BY_KIND, JOB_STARTED, LAG};
 use sluice::record::{DeadLetterKind, NULL_KEY_HEADER, Stop, TOMBSTONE_HEADER};
 use sluice::sink::kafka::{DELIVERY_TIMEOUT, QUEUE_STAYED_FULL};
-use sluice::sink::transaction::{COVERED, FENCED, REPLAYED_SILENTLY, legacy_transactional_id, transactional_id};
-use sluice::source::kafka::{ASSIGNED, PARTITIONS_ADDED, RESUMED, REVOKED};
+use sluice::sink::transaction::{
+    ABORTED, COVERED, FENCED, REPLAYED_SILENTLY, legacy_transactional_id, transactional_id,
+};
+use sluice::source::kafka::{
+    ASSIGNED, MEMBER_FAILED, PARTITIONS_ADDED, RESERVED_HEADER, RESUME_RETRY, RESUMED, REVOKED,
+};
 use sluice::warnings::REBALANCING_OFTEN;
 use sluice::worker::{
-    AFTER_SEND, BEFORE_SEND, OFFSETS_JUMP, OUTPUTS_COMMITTED, SLOW_BATCH, STATE_COMMITTED, STOPPED, STOPPED_ALONE,
-    STORE_RETRY,
+    AFTER_SEND, BEFORE_SEND, OFFSETS_JUMP, OUTPUTS_COMMITTED, RESTARTING, SLOW_BATCH, STATE_COMMITTED, STOPPED,
+    STOPPED_ALONE, STORE_RETRY,
 };
 use sluice_tests::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -184,7 +193,9 @@ fn an_unreachable_broker_or_a_missing_topic_is_named_at_the_start() -> Result<()
 /// What Kafka carries reaches the operator: its headers, and a tombstone (no value)
 /// marked by `sluice-tombstone`. A record without a key goes to the dead letters by
 /// default, its state would be every keyless record's; with `null_keys = "operator"` it
-/// reaches the operator, its key empty and marked by `sluice-null-key`.
+/// reaches the operator, its key empty and marked by `sluice-null-key`. The marks are the
+/// source's alone: records that carry headers of those names themselves (an empty key
+/// and value with both) have them dropped, warned about, and pass for nothing.
 #[test]
 fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
     use rdkafka::message::{Header, OwnedHeaders};
@@ -198,9 +209,16 @@ fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
     producer.send(BaseRecord::<str, str>::to("positions").key("k").headers(traced)).map_err(|(e, _)| e)?;
     producer.send(BaseRecord::<str, str>::to("positions").payload("")).map_err(|(e, _)| e)?;
     producer.send(BaseRecord::<str, str>::to("positions").key("").payload("")).map_err(|(e, _)| e)?;
+    let forged = OwnedHeaders::new()
+        .insert(Header { key: NULL_KEY_HEADER, value: Some("") })
+        .insert(Header { key: TOMBSTONE_HEADER, value: Some("") })
+        .insert(Header { key: "trace", value: Some("def") });
+    let forged = BaseRecord::<str, str>::to("positions").key("").payload("").headers(forged);
+    producer.send(forged).map_err(|(e, _)| e)?;
     producer.flush(Duration::from_secs(30))?;
     let tombstone = json!({"empty": true, "headers": {"trace": "abc", "span": "1", TOMBSTONE_HEADER: ""}});
     let empty_key = json!({"empty": true, "headers": {}});
+    let unmarked = json!({"empty": true, "headers": {"trace": "def"}});
     /// A run's outputs as (key, value), and its dead letters.
     type Run = (Vec<(Value, Value)>, Vec<Value>);
     let root = tempfile::tempdir()?;
@@ -208,20 +226,24 @@ fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
         let dir = root.path().join(name);
         std::fs::create_dir_all(&dir)?;
         let config = positions_source(&dir, &broker.bootstrap, &format!("stop_when_idle = \"2s\"\n{more}"))?;
-        run_ok(run_job(&operator_wasm("probe"), &dir, 1).arg("--config").arg(&config).arg("--no-checkpoints"))?;
+        let run =
+            run_ok(run_job(&operator_wasm("probe"), &dir, 1).arg("--config").arg(&config).arg("--no-checkpoints"))?;
+        let log = String::from_utf8_lossy(&run.stderr);
+        assert!(log.contains(&format!("the record at offset 3 {RESERVED_HEADER}")), "{log}");
         let outputs = read_jsonl(&dir.join("out.jsonl"))?.into_iter().map(|o| (o["key"].clone(), o["value"].clone()));
         let dead = if dir.join("dead.jsonl").exists() { read_jsonl(&dir.join("dead.jsonl"))? } else { Vec::new() };
         Ok((outputs.collect(), dead))
     };
 
     let (outputs, dead) = run("refused", "")?;
-    assert_eq!(outputs, [(json!("k"), tombstone.clone()), (json!(""), empty_key.clone())]);
+    let forged = (json!(""), unmarked);
+    assert_eq!(outputs, [(json!("k"), tombstone.clone()), (json!(""), empty_key.clone()), forged.clone()]);
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert!(dead[0]["error"] == DeadLetterKind::NullKey.name() && dead[0]["offset"] == 1, "{}", dead[0]);
 
     let (outputs, dead) = run("passed", "null_keys = \"operator\"\n")?;
     let keyless = json!({"empty": true, "headers": {NULL_KEY_HEADER: ""}});
-    assert_eq!(outputs, [(json!("k"), tombstone), (json!(""), keyless), (json!(""), empty_key)]);
+    assert_eq!(outputs, [(json!("k"), tombstone), (json!(""), keyless), (json!(""), empty_key), forged]);
     assert!(dead.is_empty(), "{dead:?}");
     Ok(())
 }
@@ -512,6 +534,131 @@ fn a_store_outage_at_an_assignment_keeps_the_host_in_its_group_until_the_store_a
     Ok(())
 }
 
+/// A revocation does not wait for a restore: host b restores both partitions from an S3
+/// store that stopped answering (frozen) when host c joins the group, and hands one of
+/// them over at once, giving its restore up, rather than hold its poll loop until the
+/// store answers — longer than `max.poll.interval.ms` (10 s here), after which b would
+/// be evicted and the group would rebalance again, restoring again. c, which keeps its
+/// state apart, runs its partition while the store is still frozen; once the store
+/// answers, b resumes the one it kept, and the group reads the topic to its end.
+#[test]
+fn a_revocation_does_not_wait_for_a_restore_from_a_store_that_stopped_answering() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 2)?;
+    let s3 = S3Server::start()?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let all = dir.join("all.jsonl");
+    generate(&all, 100, 2_000, SEED)?;
+    broker.produce_lines("positions", &all)?;
+    let properties = "[source.properties]\n\"max.poll.interval.ms\" = \"10000\"\n\"session.timeout.ms\" = \"6000\"\n\
+                      \"heartbeat.interval.ms\" = \"500\"\n";
+    let config = positions_source(dir, &broker.bootstrap, &format!("group = \"restoring\"\n{properties}"))?;
+    let minute = Duration::from_secs(60);
+    let mut command = run_job(&operator_wasm("vehicle_stats"), &dir.join("b"), 2);
+    command.arg("--config").arg(&config).args(["--checkpoint-store", "s3://sluice/checkpoints"]);
+    let mut b = Host::spawn("b", s3.configure(&mut command), &dir.join("b.log"))?;
+    // b has checked the store at its start; its assignment comes seconds later.
+    b.wait_for(JOB_STARTED, 1, minute)?;
+    s3.freeze(true)?;
+    b.wait_for(ASSIGNED, 1, minute)?;
+    let mut command = run_job(&operator_wasm("vehicle_stats"), &dir.join("c"), 2);
+    let mut c = Host::spawn("c", command.arg("--config").arg(&config).arg("--no-checkpoints"), &dir.join("c.log"))?;
+    let revoked = b.wait_for(REVOKED, 1, Duration::from_secs(30));
+    let resumed = c.wait_for(RESUMED, 1, Duration::from_secs(30));
+    let b_resumed_frozen = b.log().contains(RESUMED);
+    s3.freeze(false)?;
+    revoked.context("b's revocation waited for the frozen store")?;
+    resumed?;
+    assert!(!b_resumed_frozen, "b resumed a partition its store never restored:\n{}", b.log());
+    b.wait_for(RESUMED, 1, minute)?;
+    broker.wait_committed("restoring", "positions", 2_000, minute)?;
+    b.terminate()?;
+    c.terminate()?;
+    assert!(!b.log().contains("lost ("), "b was never evicted:\n{}", b.log());
+    Ok(())
+}
+
+/// A revocation hands its partitions over all at once, so it takes as long as its
+/// slowest handover, not their sum: host a owns six partitions, each of whose last
+/// checkpoint takes about a second to upload (`upload_bytes_per_s`), when host b joins
+/// and takes three; a's revocation takes well under the sum of the three handovers it
+/// logs.
+#[test]
+fn a_revocation_hands_its_partitions_over_at_once() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 6)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let all = dir.join("all.jsonl");
+    generate(&all, 300, 3_000, SEED)?;
+    broker.produce_lines("positions", &all)?;
+    // No checkpoint until the handover's last one, each tens of KiB at 16 KiB/s.
+    let more = "group = \"together\"\n[checkpoint]\ninterval = \"1h\"\nupload_bytes_per_s = 16384\n";
+    let config = positions_source(dir, &broker.bootstrap, more)?;
+    let store = dir.join("store");
+    let host = |name: &str| spawn_host(dir, name, 6, &config, Some(&store), &[]);
+    let minute = Duration::from_secs(60);
+    let mut a = host("a")?;
+    a.wait_for(RESUMED, 6, minute)?;
+    broker.wait_committed("together", "positions", 3_000, minute)?;
+    let mut b = host("b")?;
+    a.wait_for(REVOKED, 1, minute)?;
+    b.wait_for(RESUMED, 3, minute)?;
+    let log = a.log();
+    let ms = |line: &str, after: &str| -> Option<f64> {
+        let rest = &line[line.find(after)? + after.len()..];
+        rest.split_whitespace().next()?.parse().ok()
+    };
+    let revoked = log.lines().find(|l| l.contains(REVOKED)).context("a logged its revocation")?;
+    let took = ms(revoked, "] in ").with_context(|| format!("the revocation's time: {revoked}"))?;
+    let handovers: Vec<f64> = log.lines().filter_map(|l| ms(l, &format!("{} in ", handed_over()))).collect();
+    assert_eq!(handovers.len(), 3, "three partitions handed over:\n{log}");
+    let sum: f64 = handovers.iter().sum();
+    println!("revocation of 3 partitions: {took:.0} ms; their handovers: {handovers:?} ms");
+    assert!(handovers.iter().all(|&h| h >= 500.0), "each upload takes its time: {handovers:?}\n{log}");
+    assert!(took < sum * 2.0 / 3.0, "the revocation took {took:.0} ms, its handovers {handovers:?}:\n{log}");
+    b.terminate()?;
+    a.terminate()?;
+    Ok(())
+}
+
+/// A broker that cannot tell where a partition's log is when it resumes costs that
+/// partition a pause, not the host: the store fails (a file where its directory was)
+/// as the host's assignment comes, so its restore waits; the broker stops answering
+/// (frozen) and the store comes back, so the restore completes and the resume's query of
+/// the log's offsets times out. The host says so, tries again with backoff, and resumes
+/// once the broker answers, reading every record.
+#[test]
+fn a_broker_failing_a_partitions_resume_costs_it_a_pause() -> Result<()> {
+    let broker = KafkaBroker::start()?;
+    broker.create_topic("positions", 1)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let all = dir.join("all.jsonl");
+    generate(&all, 20, 500, SEED)?;
+    broker.produce_lines("positions", &all)?;
+    let (store, away) = (dir.join("store"), dir.join("store.away"));
+    let config = positions_source(dir, &broker.bootstrap, "group = \"resume\"\n")?;
+    let minute = Duration::from_secs(60);
+    let mut host = spawn_host(dir, "host", 1, &config, Some(&store), &[])?;
+    host.wait_for(JOB_STARTED, 1, minute)?;
+    std::fs::rename(&store, &away)?;
+    std::fs::write(&store, "not a directory")?;
+    host.wait_for(STORE_RETRY, 1, minute)?;
+    broker.freeze(true)?;
+    std::fs::remove_file(&store)?;
+    std::fs::rename(&away, &store)?;
+    let retried = host.wait_for(RESUME_RETRY, 1, minute);
+    broker.freeze(false)?;
+    retried?;
+    host.wait_for(RESUMED, 1, minute)?;
+    broker.wait_committed("resume", "positions", 500, minute)?;
+    host.terminate()?;
+    assert_state_matches(&dump_state(&dir.join("host/state"))?, &Reference::fold(&all)?, "after the resume");
+    Ok(())
+}
+
 /// With a TTL in event time (the records' Kafka timestamps), partitions move from one
 /// host to another twice (a second host joins; the first stops gracefully and hands
 /// over) while vehicle-stats expires summaries and emits each vehicle's final one: the
@@ -686,6 +833,36 @@ fn a_static_member_restarted_within_its_session_timeout_moves_no_partitions() ->
     assert_eq!(b.log().matches("rebalance ").count(), before_b, "b saw no rebalance:\n{}", b.log());
     a.terminate()?;
     b.terminate()?;
+    Ok(())
+}
+
+/// A static member fenced by another that joined with its `instance_id` is dead — its
+/// consumer fails for good — and its host ends with that error, naming the setting,
+/// rather than idle on forever; the newcomer runs the partition. On noida-db, which
+/// fences the older of two static members of one id (tansu 0.6 never answers
+/// `FENCED_INSTANCE_ID`).
+#[test]
+fn a_static_member_fenced_by_another_with_its_instance_id_ends_its_run() -> Result<()> {
+    let broker = KafkaBroker::start_transactional()?;
+    broker.create_topic("positions", 1)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let input = dir.join("positions.jsonl");
+    generate(&input, 10, 100, SEED)?;
+    broker.produce_lines("positions", &input)?;
+    let settings = "group = \"twins\"\ninstance_id = \"twin\"\n[source.properties]\n\
+                    \"heartbeat.interval.ms\" = \"500\"\n\"session.timeout.ms\" = \"6000\"\n";
+    let config = positions_source(dir, &broker.bootstrap, settings)?;
+    let minute = Duration::from_secs(60);
+    let mut first = spawn_host(dir, "first", 1, &config, None, &["--no-checkpoints"])?;
+    first.wait_for(RESUMED, 1, minute)?;
+    let mut second = spawn_host(dir, "second", 1, &config, None, &["--no-checkpoints"])?;
+    let status = first.wait_exit(minute)?;
+    assert!(!status.success(), "the fenced member's run failed:\n{}", first.log());
+    let log = first.log();
+    assert!(log.contains(MEMBER_FAILED) && log.contains("instance_id = \"twin\""), "{log}");
+    second.wait_for(RESUMED, 1, minute)?;
+    second.terminate()?;
     Ok(())
 }
 
@@ -1225,14 +1402,16 @@ fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() ->
     Ok(())
 }
 
-/// A zombie owner is fenced: while a host runs, a producer takes over its partition's
-/// transactions, as the partition's next owner does when it starts. Ten more records
-/// come, less than a batch: the host's next commit fails naming the fencing, nothing it
-/// produced after that becomes visible, and the job stops although no record follows
-/// the failure; restarted, it gives every input exactly one output.
+/// A fenced partition costs only itself, and takes its transactions back: while a host
+/// runs, a producer takes over partition 0's transactions, as a zombie's late start would
+/// (or the partition's next owner's, when this host is the zombie). More records come,
+/// less than a batch per partition: partition 0's next commit fails naming the fencing,
+/// nothing it produced since its last commit becomes visible, and partition 0 alone
+/// stops; partition 1 goes on. Partition 0 starts again after a backoff, fencing the
+/// other producer, and in the end every input has exactly one output.
 #[test]
-fn a_zombie_owner_of_exactly_once_outputs_is_fenced() -> Result<()> {
-    use rdkafka::producer::{BaseProducer, Producer};
+fn a_fenced_partition_stops_alone_and_takes_its_transactions_back() -> Result<()> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     let broker = KafkaBroker::start_transactional()?;
     broker.create_topic("positions", 2)?;
     broker.create_topic("summaries", 2)?;
@@ -1248,29 +1427,77 @@ fn a_zombie_owner_of_exactly_once_outputs_is_fenced() -> Result<()> {
     std::fs::write(&rest, lines[(count - last) as usize..].join("\n") + "\n")?;
     broker.produce_lines("positions", &first)?;
     let job = exactly_once_job(dir, &broker, "eos-positions", "positions", "summaries", "")?;
-    let mut zombie = Host::spawn("zombie", &mut job(), &dir.join("log"))?;
+    let mut host = Host::spawn("host", &mut job(), &dir.join("log"))?;
     broker.wait_committed("eos-positions", "positions", (count - last) as i64, Duration::from_secs(60))?;
 
-    let mut successors = Vec::new();
-    for partition in 0..2 {
-        let id = transactional_id("eos-positions", "positions", partition);
-        let successor: BaseProducer = broker.client_config().set("transactional.id", &id).create()?;
-        successor.init_transactions(Duration::from_secs(30))?;
-        successors.push(successor);
-    }
+    let id = transactional_id("eos-positions", "positions", 0);
+    let successor: BaseProducer = broker.client_config().set("transactional.id", &id).create()?;
+    successor.init_transactions(Duration::from_secs(30))?;
     broker.produce_lines("positions", &rest)?;
-    let status = zombie.wait_exit(Duration::from_secs(60))?;
-    assert!(!status.success(), "the fenced host stopped with an error:\n{}", zombie.log());
-    assert!(zombie.log().contains(FENCED), "the error names the fencing:\n{}", zombie.log());
-    let visible = broker.read_topic("summaries")?;
-    let reference = Reference::fold(&first)?;
-    assert_each_input_has_one_output(&visible, count - last, &reference, "outputs of the fenced host");
-
-    drop(successors);
-    let restart = exactly_once_job(dir, &broker, "eos-positions", "positions", "summaries", "stop_when_idle = \"2s\"")?;
-    run_ok(&mut restart())?;
+    host.wait_for(FENCED, 1, Duration::from_secs(60))?;
+    host.wait_for(RESTARTING, 1, Duration::from_secs(10))?;
+    let caught_up = broker.wait_committed("eos-positions", "positions", count as i64, Duration::from_secs(60));
+    caught_up.with_context(|| format!("host log:\n{}", host.log()))?;
+    host.terminate()?;
+    let log = host.log();
+    assert!(log.contains("partition 0 stopped") && !log.contains("partition 1 stopped"), "{log}");
     let reference = Reference::fold(&all)?;
-    assert_each_input_has_one_output(&broker.read_topic("summaries")?, count, &reference, "after the restart");
+    assert_each_input_has_one_output(&broker.read_topic("summaries")?, count, &reference, "after the fencing");
+    assert_state_matches(&dump_state(&dir.join("state"))?, &reference, "after the fencing");
+    // Its start took the transactions back: the other producer can no longer commit.
+    successor.begin_transaction()?;
+    successor.send(BaseRecord::<str, str>::to("summaries").payload("stale")).map_err(|(e, _)| e)?;
+    let committed =
+        successor.flush(Duration::from_secs(30)).and_then(|()| successor.commit_transaction(Duration::from_secs(30)));
+    assert!(committed.is_err(), "the other producer was not fenced");
+    Ok(())
+}
+
+/// A partition that stops alone aborts the transaction it left open: partition 0 sends
+/// the outputs of two records in its open transaction (commits come every 20 s, the
+/// broker's transaction timeout is 10 min), then meets a record that traps in strict
+/// mode and stops. Partition 1 writes to the same output partition and goes on
+/// committing; a `read_committed` reader, which reads nothing past a transaction still
+/// open, reads all of partition 1's outputs at once, and none of partition 0's.
+#[test]
+fn a_partition_that_stops_alone_aborts_its_open_transaction() -> Result<()> {
+    let broker = KafkaBroker::start_transactional()?;
+    broker.create_topic("positions", 2)?;
+    broker.create_topic("summaries", 1)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let (stopping, going) = (key_in_partition(0, 2), key_in_partition(1, 2));
+    let record =
+        |key: &str, action: &str| Ok((key.to_string(), json!({"vehicle_id": key, "action": action}).to_string()));
+    let counts = |key: &str, n: usize| (0..n).map(|_| record(key, "count")).collect::<Vec<_>>();
+    let mut first = counts(&stopping, 2);
+    first.push(record(&stopping, "hog"));
+    broker.produce("positions", first)?;
+    let config = dir.join("job.toml");
+    let brokers = &broker.bootstrap;
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = {:?}\n[operator.retry]\nstrict = true\nbackoff = \"1ms\"\n[source]\nkind = \"kafka\"\n\
+             brokers = \"{brokers}\"\ntopic = \"positions\"\ngroup = \"eos-abort\"\n[sink]\nkind = \"kafka\"\n\
+             brokers = \"{brokers}\"\ntopic = \"summaries\"\nguarantee = \"exactly-once\"\n[sink.properties]\n\
+             \"transaction.timeout.ms\" = \"600000\"\n[state]\ndir = {:?}\npartitions = 2\nbatch_records = 1\n\
+             commit_interval = \"20s\"\n[report]\ninterval = 0\n",
+            operator_wasm("probe"),
+            dir.join("state")
+        ),
+    )?;
+    let mut command = sluice();
+    command.arg("run").arg("--config").arg(&config).arg("--no-checkpoints").arg("--dead-letter").arg(dir.join("dead"));
+    let mut host = Host::spawn("host", &mut command, &dir.join("log"))?;
+    host.wait_for(STOPPED_ALONE, 1, Duration::from_secs(60))?;
+    broker.produce("positions", counts(&going, 5))?;
+    broker.wait_committed("eos-abort", "positions", 5, Duration::from_secs(60))?;
+    let outputs = broker.read_topic("summaries")?;
+    let log = host.log();
+    let keys: Vec<&str> = outputs.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, [going.as_str(); 5], "partition 1's outputs, none of partition 0's:\n{log}");
+    assert!(log.contains(ABORTED), "{log}");
     Ok(())
 }
 

@@ -83,7 +83,7 @@
 //! interval = "10s"
 //! retain = 3                  # checkpoints kept per partition
 //! restore_budget = "1m"       # warn when a restore is predicted to take longer
-//! restore_retry_timeout = "5m" # a partition's start retries a failing store this long
+//! restore_retry_timeout = "5m" # a partition retries a failing store, broker or fencing this long
 //! # upload_bytes_per_s = 50000000
 //!
 //! [admin]                     # the admin HTTP API (deploy, rollback, versions)
@@ -782,8 +782,10 @@ pub struct CheckpointConfig {
     /// A restore predicted to take longer than this logs a warning.
     #[serde(default = "default_restore_budget", alias = "restore_budget_s", deserialize_with = "duration")]
     pub restore_budget: Duration,
-    /// How long a partition's start tries the store again while it fails to answer
-    /// (the partition paused, the host in its group) before the start fails.
+    /// How long a partition keeps trying while something fails that should come back —
+    /// the store failing to answer at its start (then the start fails), the broker at
+    /// its resume, another producer fencing its transactions (then it stops alone) —
+    /// the partition paused and the host in its group.
     #[serde(default = "default_restore_retry_timeout", deserialize_with = "duration")]
     pub restore_retry_timeout: Duration,
     /// Upload bandwidth cap in bytes per second; absent is unlimited.

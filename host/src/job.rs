@@ -162,7 +162,7 @@ impl fmt::Display for JobReport {
 pub fn run(config: &Config) -> Result<JobReport> {
     config.validate()?;
     let partitions = config.state.partitions;
-    let source = OpenSource::open(&config.source, &config.sink)?;
+    let source = OpenSource::open(config)?;
     let max_poll_interval = source.max_poll_interval(partitions)?;
     state::limit_memory(config.state.rocksdb_memory_mib << 20)?;
     let runtime = checkpoint::runtime()?;
@@ -216,6 +216,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
             // Only Kafka has records without a key.
             SourceConfig::Generator { .. } | SourceConfig::File { .. } => NullKeys::default(),
         },
+        retry_timeout: config.checkpoint.restore_retry_timeout,
         stopping: stopping.clone(),
     });
     let (live, host_stats) = (workers.live(), workers.host_stats());
@@ -260,7 +261,6 @@ fn open_checkpoints(config: &Config, runtime: &Runtime) -> Result<Option<Checkpo
             host: checkpoint::host_id().to_string(),
         },
         restore_budget: config.checkpoint.restore_budget,
-        retry_timeout: config.checkpoint.restore_retry_timeout,
     }))
 }
 
@@ -342,9 +342,9 @@ enum OpenSource {
 }
 
 impl OpenSource {
-    /// Opens `source` for a job writing to `sink`.
-    fn open(source: &SourceConfig, sink: &SinkConfig) -> Result<Self> {
-        Ok(match source {
+    /// Opens `config`'s source.
+    fn open(config: &Config) -> Result<Self> {
+        Ok(match &config.source {
             SourceConfig::Generator { vehicles, count, duration, rate, seed, churn } => OpenSource::Embedded(
                 Box::new(Fleet::new(&FleetOptions { vehicles: *vehicles, count: *count, seed: *seed, churn: *churn })),
                 DispatchOptions { rate: *rate, duration: *duration },
@@ -372,7 +372,11 @@ impl OpenSource {
                     stop_when_idle: *stop_when_idle,
                     offset_out_of_range: *offset_out_of_range,
                     // Exactly-once outputs commit the group's offsets in their transactions.
-                    commits_group_offsets: !matches!(sink, SinkConfig::Kafka { guarantee: Guarantee::ExactlyOnce, .. }),
+                    commits_group_offsets: !matches!(
+                        config.sink,
+                        SinkConfig::Kafka { guarantee: Guarantee::ExactlyOnce, .. }
+                    ),
+                    retry_timeout: config.checkpoint.restore_retry_timeout,
                 })
             }
         })

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 /// The modules in the order they may import each other; a stage's modules may not
 /// import one another.
 const CHAIN: &[&[&str]] = &[
-    &["record", "log_rate"],
+    &["record", "backoff", "log_rate"],
     &["stats", "config", "checksum"],
     &["state"],
     &["checkpoint"],

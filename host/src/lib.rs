@@ -14,15 +14,17 @@
 //! The layers point one way: each module imports only modules before it in
 //!
 //! ```text
-//! record, log_rate → stats, config, checksum → state → checkpoint → operator → sink → source
-//!     → worker → metrics, warnings, test_driver → admin → job, scaffold
+//! record, backoff, log_rate → stats, config, checksum → state → checkpoint → operator
+//!     → sink → source → worker → metrics, warnings, test_driver → admin → job, scaffold
 //! ```
 //!
-//! [`record`] (the data every layer shares) and [`log_rate`] (log lines within a rate)
-//! are leaves; [`stats`] holds live counters.
+//! [`record`] (the data every layer shares), [`backoff`] (the schedule of retries after
+//! transient failures) and [`log_rate`] (log lines within a rate) are the leaves;
+//! [`stats`] holds live counters.
 //! A test in this crate fails on an import against the chain.
 
 pub mod admin;
+pub mod backoff;
 pub mod checkpoint;
 pub mod checksum;
 pub mod config;

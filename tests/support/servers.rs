@@ -90,6 +90,12 @@ impl S3Server {
             .env("AWS_SECRET_ACCESS_KEY", "sluice-secret")
             .env("AWS_REGION", "us-east-1")
     }
+
+    /// Freezes (SIGSTOP) or thaws (SIGCONT) the server: to its clients, a store that
+    /// stopped answering (connections are still accepted, requests never answered).
+    pub fn freeze(&self, frozen: bool) -> Result<()> {
+        signal(self.child.id(), if frozen { "STOP" } else { "CONT" })
+    }
 }
 
 impl Drop for S3Server {

@@ -17,6 +17,13 @@
 //!    group offset N, then the state (the [worker](crate::worker) does), and the next
 //!    transaction begins.
 //!
+//! A partition that stops without committing — it failed, stopped alone, or was lost —
+//! drops its [`PartitionTransaction`], which aborts the transaction it left open: its
+//! outputs are never to be seen, and until a transaction ends `read_committed`
+//! consumers of the partitions it wrote to read nothing after it, however many other
+//! partitions commit. A fenced producer aborts nothing: its transactions are the new
+//! owner's, and the error says [`Fenced`].
+//!
 //! This module does not decide when to commit, and does not consume.
 
 use super::kafka::{check_topic, headers, producer_config, refuses_the_record, send_dead_letter, send_waiting};
@@ -32,6 +39,9 @@ use std::time::Duration;
 
 /// How long fencing, reading the group's offset, and committing a transaction may take.
 const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long aborting a transaction may hold up its partition's stop: past it, the
+/// broker's own timeout aborts the transaction.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where exactly-once outputs go, and the consumer group that records which inputs
 /// they cover.
@@ -236,16 +246,29 @@ impl PartitionTransaction {
             .and_then(|()| self.producer.commit_transaction(TRANSACTION_TIMEOUT));
         if let Err(e) = committed {
             let failure = self.failure("committing the transaction of", e.rdkafka_error_code(), e.to_string());
-            if self.producer.client().fatal_error().is_none() {
-                // Else it holds back what read_committed consumers of the output
-                // partitions see until the next owner starts.
-                self.producer.abort_transaction(TRANSACTION_TIMEOUT).ok();
-            }
+            // Open with the offsets if not with outputs.
+            self.open = true;
+            self.abort();
             return Err(failure);
         }
         self.covered = next_offset;
         self.open = false;
         self.producer.begin_transaction().with_context(|| format!("beginning a transaction of {}", self.name))
+    }
+
+    /// Aborts the open transaction if it holds anything, unless this producer is fenced
+    /// (the new owner's start aborted it already). Else it would hold back what
+    /// `read_committed` consumers of its output partitions see until the broker's
+    /// `transaction.timeout.ms`. A failure is only logged: the broker's timeout aborts
+    /// it then.
+    fn abort(&mut self) {
+        if !std::mem::take(&mut self.open) || self.producer.client().fatal_error().is_some() {
+            return;
+        }
+        match self.producer.abort_transaction(ABORT_TIMEOUT) {
+            Ok(()) => tracing::info!(partition = self.input.1, "{ABORTED} ({})", self.name),
+            Err(e) => tracing::warn!(partition = self.input.1, "aborting the open transaction of {}: {e}", self.name),
+        }
     }
 
     /// The error of `doing` on this producer that failed for `reason` with librdkafka's
@@ -258,17 +281,38 @@ impl PartitionTransaction {
         }
     }
 
-    /// The error of `doing` on this producer for `reason` with librdkafka's `code`.
+    /// The error of `doing` on this producer for `reason` with librdkafka's `code`: a
+    /// [`Fenced`] one when another producer took over its transactional id.
     fn described(&self, doing: &str, code: Option<RDKafkaErrorCode>, reason: String) -> anyhow::Error {
-        use RDKafkaErrorCode::{Fenced, InvalidProducerEpoch, ProducerFenced};
-        let fenced = matches!(code, Some(Fenced | ProducerFenced | InvalidProducerEpoch));
-        anyhow!("{doing} {}: {reason}{}", self.name, if fenced { format!(": {FENCED}") } else { String::new() })
+        use RDKafkaErrorCode::{Fenced as FencedCode, InvalidProducerEpoch, ProducerFenced};
+        let what = format!("{doing} {}: {reason}", self.name);
+        match code {
+            Some(FencedCode | ProducerFenced | InvalidProducerEpoch) => Fenced(what).into(),
+            _ => anyhow!("{what}"),
+        }
+    }
+}
+
+impl Drop for PartitionTransaction {
+    /// A partition that stops without committing aborts what it left open.
+    fn drop(&mut self) {
+        self.abort();
     }
 }
 
 /// Why a fenced producer stops: `fenced: another owner of this partition took over its
 /// transactions`.
 pub const FENCED: &str = "fenced: another owner of this partition took over its transactions";
+
+/// Logged when a partition that stops without committing aborts its open transaction.
+pub const ABORTED: &str = "aborted the open transaction";
+
+/// A partition's producer was fenced: another producer took over its `transactional.id`
+/// — the partition's next owner's start, as a rule — and this one can never commit
+/// again. Its partition stops alone (see [`Workers`](crate::worker::Workers)).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}: {FENCED}")]
+pub struct Fenced(String);
 
 /// Logs the transactional producer's client errors; deliveries are settled by the
 /// transaction's commit.

@@ -15,13 +15,27 @@
 //! Before a partition resumes, its state's offset is checked against the log's range
 //! ([`resume_offset`]): records retention deleted before the job read them, or a log
 //! shorter than the state (another topic, a recreated one), are never jumped over in
-//! silence, and librdkafka's own reset is off (`auto.offset.reset = error`).
+//! silence, and librdkafka's own reset is off (`auto.offset.reset = error`). A broker
+//! that fails to tell the range, or to move the partition there, costs that partition a
+//! pause: it is tried again with [`Backoff`] (1, 2, 4… s) for up to `[checkpoint]
+//! restore_retry_timeout`, then the partition stops alone.
+//!
+//! The revocation callback stops its partitions at once (a restore under way is given
+//! up, not waited for), so the poll loop keeps within `max.poll.interval.ms`. A fatal
+//! consumer error — this member fenced by another with its `group.instance.id`, above
+//! all — ends the run with that error: the member can no longer take part in its group,
+//! and its partitions are another member's (dropped as lost).
+//!
+//! A record keeps its Kafka headers, but for those named like the marks the source adds
+//! ([`NULL_KEY_HEADER`], [`TOMBSTONE_HEADER`]): a producer could otherwise make a record
+//! pass for keyless or a tombstone. They are dropped, and the first is warned about.
 //!
 //! This module owns the consumer, the rebalance callbacks and the poll loop. It drives
 //! partition ownership through [`Partitions`] only; it does not process records or
 //! restore state (the [worker](crate::worker) module does).
 
 use super::{Partitions, Started};
+use crate::backoff::Backoff;
 use crate::config::{OutOfRange, kafka_client};
 use crate::lock;
 use crate::record::{NULL_KEY_HEADER, SourceRecord, Stop, TOMBSTONE_HEADER};
@@ -30,7 +44,7 @@ use anyhow::{Context, Result, bail};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::message::BorrowedMessage;
-use rdkafka::types::RDKafkaRespErr;
+use rdkafka::types::{RDKafkaErrorCode, RDKafkaRespErr};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -56,6 +70,14 @@ pub const ASSIGNED: &str = "assigned partitions";
 pub const REVOKED: &str = "revoked partitions";
 /// Logged when a started partition resumes: `resumed at offset N after …`.
 pub const RESUMED: &str = "resumed at offset";
+/// Logged when a started partition could not resume: `partition 1 could not resume;
+/// trying again in 2s, …`.
+pub const RESUME_RETRY: &str = "could not resume; trying again in";
+/// Said when the consumer failed for good: `… this member can no longer take part in
+/// its group`.
+pub const MEMBER_FAILED: &str = "this member can no longer take part in its group";
+/// Logged at the first record from Kafka carrying a header of a reserved name.
+pub const RESERVED_HEADER: &str = "carries a header only sluice sets";
 
 /// Where and how to consume.
 #[derive(Debug, Clone)]
@@ -80,6 +102,9 @@ pub struct KafkaOptions {
     pub commits_group_offsets: bool,
     /// What a partition whose state is older than its log's retained records does.
     pub offset_out_of_range: OutOfRange,
+    /// How long a partition whose resume fails (the broker does not answer) is tried
+    /// again before it stops alone: `[checkpoint] restore_retry_timeout`.
+    pub retry_timeout: Duration,
 }
 
 impl KafkaOptions {
@@ -140,6 +165,32 @@ struct Membership<P> {
     commits_group_offsets: bool,
     /// The first failure inside a callback; the poll loop returns it.
     failure: Mutex<Option<anyhow::Error>>,
+    /// Started partitions waiting to resume, by partition; a revocation drops its own.
+    resuming: Mutex<BTreeMap<u32, Resuming>>,
+}
+
+impl<P> Membership<P> {
+    fn new(topic: &str, partitions: P, commits_group_offsets: bool) -> Self {
+        Membership {
+            topic: topic.to_string(),
+            partitions: Mutex::new(Some(partitions)),
+            assigned_at: Mutex::default(),
+            rebalances: AtomicU64::new(0),
+            commits_group_offsets,
+            failure: Mutex::default(),
+            resuming: Mutex::default(),
+        }
+    }
+}
+
+/// A started partition, paused until the broker told where its log is and moved it to
+/// where its state is.
+struct Resuming {
+    started: Started,
+    /// The waits between tries after the broker failed.
+    backoff: Backoff,
+    /// When to try next.
+    due: Instant,
 }
 
 impl<P: Partitions + Send> ClientContext for Membership<P> {
@@ -189,8 +240,10 @@ impl<P: Partitions + Send> ConsumerContext for Membership<P> {
             }
             _ => {
                 let lost = change == RebalanceChange::Lost;
+                lock(&self.resuming).retain(|p, _| !partitions.contains(p));
+                let how = if lost { Stop::Lost } else { Stop::Handover };
                 let (offsets, revoked) = match owner.as_mut() {
-                    Some(owner) => revoke(owner, &partitions, lost),
+                    Some(owner) => owner.revoke(&partitions, how),
                     None => (Vec::new(), Ok(())),
                 };
                 if !lost && self.commits_group_offsets {
@@ -272,21 +325,6 @@ fn assign(owner: &mut impl Partitions, topic: &str, partitions: &[u32]) -> Resul
     owner.assign(partitions)
 }
 
-/// Stops `partitions` in `owner` — handing them over, or dropping them when `lost` —
-/// every one of them even when one fails. Returns the offset each one that ran here
-/// committed with its state, and the first failure.
-fn revoke(owner: &mut impl Partitions, partitions: &[u32], lost: bool) -> (Vec<(u32, u64)>, Result<()>) {
-    let (mut offsets, mut result) = (Vec::new(), Ok(()));
-    for &p in partitions {
-        match owner.revoke(p, if lost { Stop::Lost } else { Stop::Handover }) {
-            Ok(Some(offset)) => offsets.push((p, offset)),
-            Ok(None) => {}
-            Err(e) => result = result.and(Err(e)),
-        }
-    }
-    (offsets, result)
-}
-
 /// Commits `offsets` of `topic` to the group for lag tooling; a failure only costs
 /// freshness.
 fn commit<C: ConsumerContext>(consumer: &BaseConsumer<C>, topic: &str, offsets: &[(u32, u64)], mode: CommitMode) {
@@ -310,14 +348,7 @@ fn commit<C: ConsumerContext>(consumer: &BaseConsumer<C>, topic: &str, offsets: 
 /// the topic was idle for `stop_when_idle` (partitions drain) or `stopping` is set
 /// (partitions hand over).
 pub fn dispatch<P: Partitions + Send>(options: &KafkaOptions, partitions: P, stopping: &AtomicBool) -> Result<P> {
-    let membership = Membership {
-        topic: options.topic.clone(),
-        partitions: Mutex::new(Some(partitions)),
-        assigned_at: Mutex::default(),
-        rebalances: AtomicU64::new(0),
-        commits_group_offsets: options.commits_group_offsets,
-        failure: Mutex::default(),
-    };
+    let membership = Membership::new(&options.topic, partitions, options.commits_group_offsets);
     let consumer: BaseConsumer<Membership<P>> =
         options.client_config().create_with_context(membership).context("creating a Kafka consumer")?;
     let outcome = consumer
@@ -325,8 +356,18 @@ pub fn dispatch<P: Partitions + Send>(options: &KafkaOptions, partitions: P, sto
         .with_context(|| format!("subscribing to {}", options.topic))
         .and_then(|()| poll(&consumer, options, stopping));
     let mut partitions = lock(&consumer.context().partitions).take().expect("only the poll loop takes them");
-    // Evicted meanwhile: the partitions are someone else's, and so is the store.
-    let outcome = outcome.map(|how| if consumer.assignment_lost() { Stop::Lost } else { how });
+    let outcome = match outcome {
+        // A dead member's partitions are another member's: dropped, and the run ends in
+        // why the member died.
+        Err(dead) if dead.is::<MemberFailed>() => {
+            if let Err(e) = partitions.finish(Ok(Stop::Lost)) {
+                tracing::error!("stopping the partitions of a member that failed: {e:#}");
+            }
+            return Err(dead);
+        }
+        // Evicted meanwhile: the partitions are someone else's, and so is the store.
+        outcome => outcome.map(|how| if consumer.assignment_lost() { Stop::Lost } else { how }),
+    };
     let lost = matches!(outcome, Ok(Stop::Lost));
     let offsets = partitions.finish(outcome)?;
     // The offsets the final state holds, for lag tooling, before the member leaves.
@@ -348,6 +389,8 @@ struct PollState {
     backed_up: BTreeSet<u32>,
     /// Partitions are being restored: look for finished ones often, they are paused.
     starting: bool,
+    /// Whether a record carrying a reserved header name was warned about.
+    reserved_warned: bool,
 }
 
 /// The poll loop: records to partitions, started partitions resumed, backed-up ones
@@ -366,6 +409,7 @@ fn poll<P: Partitions + Send>(
         group_offsets: BTreeMap::new(),
         backed_up: BTreeSet::new(),
         starting: false,
+        reserved_warned: false,
     };
     loop {
         if stopping.load(Ordering::Relaxed) {
@@ -377,38 +421,57 @@ fn poll<P: Partitions + Send>(
         }
         let mut guard = lock(&context.partitions);
         let partitions = guard.as_mut().expect("the poll loop holds them");
+        let mut resuming = lock(&context.resuming);
         for started in partitions.started(false)? {
-            let (low, high) = watermarks(consumer, &options.topic, started.partition)?;
-            match resume_offset(started.partition, started.offset, (low, high), options.offset_out_of_range) {
-                Ok(offset) => resume(consumer, &options.topic, &started, offset)?,
-                // Left paused: the others go on.
-                Err(e) => partitions.stop_alone(started.partition, e.context(format!("topic {}", options.topic)))?,
-            }
+            let due = Instant::now();
+            resuming.insert(started.partition, Resuming { started, backoff: Backoff::new(options.retry_timeout), due });
         }
+        resume_due(consumer, options, partitions, &mut resuming)?;
         let failed = partitions.failed()?;
         for &p in &failed {
             // Not read until it starts again (a restart, or a rebalance moving it).
             consumer.pause(&partition_list(&options.topic, p))?;
             state.backed_up.remove(&p);
+            resuming.remove(&p);
         }
+        let resuming_any = !resuming.is_empty();
+        drop(resuming);
         if !failed.is_empty() && !partitions.owns_any() {
             // Every partition here stopped: the run ends in their errors, and a restart
             // (or the group moving them) takes them up again.
             return Ok(Stop::Handover);
         }
         let quiet = message.is_none();
+        // A fatal error leaves a consumer that can never go on (it fetches nothing more,
+        // so the next polls are quiet or errors): the member is dead.
+        if (quiet || matches!(message, Some(Err(_))))
+            && let Some(fatal) = consumer.client().fatal_error()
+        {
+            return Err(member_failed(options, fatal));
+        }
         match message {
             Some(Ok(message)) => {
                 state.last_busy = Instant::now();
                 let p = message.partition() as u32;
-                if partitions.push(source_record(&message), false)? && state.backed_up.insert(p) {
+                let (record, reserved) = source_record(&message);
+                if reserved && !std::mem::replace(&mut state.reserved_warned, true) {
+                    tracing::warn!(
+                        partition = p,
+                        "the record at offset {} {RESERVED_HEADER} ({NULL_KEY_HEADER} or {TOMBSTONE_HEADER}, which \
+                         mark a record Kafka had no key or value for): dropped from it; further ones are dropped \
+                         without a word",
+                        record.offset
+                    );
+                }
+                if partitions.push(record, false)? && state.backed_up.insert(p) {
                     consumer.pause(&partition_list(&options.topic, p))?;
                 }
             }
-            // librdkafka retries by itself; say what happened and keep polling.
+            // librdkafka retries by itself; say what happened and keep polling, unless
+            // the error was fatal (looked at below).
             Some(Err(e)) => tracing::warn!("consuming {}: {e}", options.topic),
             None => {
-                if partitions.starting() || !partitions.caught_up() {
+                if partitions.starting() || resuming_any || !partitions.caught_up() {
                     state.last_busy = Instant::now();
                 }
                 // Idle only counts once partitions were assigned and every worker is done,
@@ -453,8 +516,10 @@ impl PollState {
 }
 
 /// The record `message` carries, at the broker's partition and offset, with its
-/// headers; a missing key or value (a tombstone) is empty and marked by a header.
-fn source_record(message: &BorrowedMessage<'_>) -> SourceRecord {
+/// headers; a missing key or value (a tombstone) is empty and marked by a header. Headers
+/// of the marks' names that the record itself carries are dropped (so the marks are the
+/// source's alone); the second value says whether there were any.
+fn source_record(message: &BorrowedMessage<'_>) -> (SourceRecord, bool) {
     use rdkafka::message::Headers;
     let mut headers: Vec<(String, Vec<u8>)> = message
         .headers()
@@ -465,16 +530,20 @@ fn source_record(message: &BorrowedMessage<'_>) -> SourceRecord {
                 .collect()
         })
         .unwrap_or_default();
+    let carried = headers.len();
+    headers.retain(|(name, _)| name != NULL_KEY_HEADER && name != TOMBSTONE_HEADER);
+    let reserved = headers.len() < carried;
     let marks = [(message.key().is_none(), NULL_KEY_HEADER), (message.payload().is_none(), TOMBSTONE_HEADER)];
     headers.extend(marks.into_iter().filter(|(missing, _)| *missing).map(|(_, name)| (name.to_string(), Vec::new())));
-    SourceRecord {
+    let record = SourceRecord {
         partition: message.partition() as u32,
         offset: message.offset() as u64,
         key: message.key().unwrap_or_default().to_vec(),
         value: message.payload().unwrap_or_default().to_vec(),
         timestamp_ms: message.timestamp().to_millis().unwrap_or(0),
         headers,
-    }
+    };
+    (record, reserved)
 }
 
 /// Where partition `p`, whose state holds offset `stored`, resumes in a log whose
@@ -522,6 +591,66 @@ fn watermarks<C: ConsumerContext>(consumer: &BaseConsumer<C>, topic: &str, p: u3
     Ok((low.max(0) as u64, high.max(0) as u64))
 }
 
+/// Resumes the partitions of `resuming` whose turn it is: each one is moved to where
+/// its state is ([`resume_offset`]; one its log cannot serve stops alone). When the
+/// broker fails to answer, the partition is tried again after its next [`Backoff`]
+/// wait, or past `[checkpoint] restore_retry_timeout` stops alone; and the others wait
+/// for the next poll, so that one call of this costs the poll loop at most one of the
+/// broker's timeouts.
+fn resume_due<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    options: &KafkaOptions,
+    partitions: &mut impl Partitions,
+    resuming: &mut BTreeMap<u32, Resuming>,
+) -> Result<()> {
+    let topic = &options.topic;
+    let due: Vec<u32> = resuming.iter().filter(|(_, r)| r.due <= Instant::now()).map(|(&p, _)| p).collect();
+    for p in due {
+        let Some(entry) = resuming.get_mut(&p).filter(|_| partitions.owns(p)) else {
+            resuming.remove(&p);
+            continue;
+        };
+        let started = &entry.started;
+        let failed = match watermarks(consumer, topic, p) {
+            Ok(range) => match resume_offset(p, started.offset, range, options.offset_out_of_range) {
+                Ok(offset) => resume(consumer, topic, started, offset).err(),
+                // Left paused: the others go on.
+                Err(e) => {
+                    resuming.remove(&p);
+                    partitions.stop_alone(p, e.context(format!("topic {topic}")))?;
+                    continue;
+                }
+            },
+            Err(e) => Some(e),
+        };
+        let Some(e) = failed else {
+            resuming.remove(&p);
+            continue;
+        };
+        match entry.backoff.next_wait() {
+            Some(wait) => {
+                tracing::warn!(
+                    partition = p,
+                    "partition {p} {RESUME_RETRY} {}s, for up to {}s in all ([checkpoint] restore_retry_timeout); it \
+                     stays paused, the others go on: {e:#}",
+                    wait.as_secs(),
+                    entry.backoff.timeout().as_secs()
+                );
+                entry.due = Instant::now() + wait;
+            }
+            None => {
+                let tried = entry.backoff.elapsed().as_secs_f64();
+                resuming.remove(&p);
+                let why = format!("resuming it failed for {tried:.0}s of tries ([checkpoint] restore_retry_timeout)");
+                partitions.stop_alone(p, e.context(why))?;
+            }
+        }
+        // The broker failed this partition; the others may wait for the next poll.
+        break;
+    }
+    Ok(())
+}
+
 /// Moves `started`'s partition, assigned paused at offset 0, to `offset` — where its
 /// state is, or where [`resume_offset`] says when its log no longer holds that — and
 /// resumes it.
@@ -560,6 +689,31 @@ fn resume_drained<C: ConsumerContext>(
     Ok(())
 }
 
+/// Why a consumer that failed for good (a fatal error, librdkafka's `code`) ends the
+/// run: the member cannot rejoin its group, and its partitions are another's.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct MemberFailed(String);
+
+/// The [`MemberFailed`] error of a consumer whose fatal error is `(code, reason)`:
+/// what librdkafka says, and for a static member fenced by another what to do.
+fn member_failed(options: &KafkaOptions, (code, reason): (RDKafkaErrorCode, String)) -> anyhow::Error {
+    let advice = match (code, &options.instance_id) {
+        (RDKafkaErrorCode::FencedInstanceId, Some(id)) => format!(
+            ": another consumer joined group {} with this one's [source] instance_id = {id:?} (each host needs \
+             its own; a restarted host's old process must have ended)",
+            options.group
+        ),
+        _ => String::new(),
+    };
+    MemberFailed(format!(
+        "the Kafka consumer of topic {} in group {} failed for good: {reason}{advice}; {MEMBER_FAILED}, and its \
+         partitions are another member's",
+        options.topic, options.group
+    ))
+    .into()
+}
+
 /// A list holding one partition of `topic`.
 fn partition_list(topic: &str, partition: u32) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
@@ -585,8 +739,6 @@ mod tests {
         assigned: Vec<u32>,
         revoked: Vec<(u32, Stop)>,
         pushed: Vec<u64>,
-        /// Revoking this partition fails.
-        fail_revoke: Option<u32>,
         /// The next call to `started` fails, as a failed restore does.
         fail_start: bool,
     }
@@ -612,12 +764,10 @@ mod tests {
             self.running.remove(&partition);
             Ok(())
         }
-        fn revoke(&mut self, partition: u32, how: Stop) -> Result<Option<u64>> {
-            self.revoked.push((partition, how));
-            if self.fail_revoke == Some(partition) {
-                bail!("partition {partition} stopped: the worker failed");
-            }
-            Ok(self.running.remove(&partition))
+        fn revoke(&mut self, partitions: &[u32], how: Stop) -> (Vec<(u32, u64)>, Result<()>) {
+            self.revoked.extend(partitions.iter().map(|&p| (p, how)));
+            let offsets = partitions.iter().filter_map(|p| Some((*p, self.running.remove(p)?))).collect();
+            (offsets, Ok(()))
         }
         fn push(&mut self, record: SourceRecord, _wait: bool) -> Result<bool> {
             self.pushed.push(record.offset);
@@ -667,18 +817,12 @@ mod tests {
             stop_when_idle: None,
             commits_group_offsets: true,
             offset_out_of_range: OutOfRange::Fail,
+            retry_timeout: Duration::from_secs(300),
         }
     }
 
     fn consumer(owner: Fake) -> BaseConsumer<Membership<Fake>> {
-        let membership = Membership {
-            topic: "positions".into(),
-            partitions: Mutex::new(Some(owner)),
-            assigned_at: Mutex::default(),
-            rebalances: AtomicU64::new(0),
-            commits_group_offsets: true,
-            failure: Mutex::default(),
-        };
+        let membership = Membership::new("positions", owner, true);
         options().client_config().create_with_context(membership).expect("a consumer needs no broker to exist")
     }
 
@@ -714,29 +858,25 @@ mod tests {
     }
 
     #[test]
-    fn a_revocation_hands_over_every_partition_and_commits_what_their_states_hold() {
-        let mut owner = fake(3, &[(0, 10), (1, 20)]);
-        let (offsets, result) = revoke(&mut owner, &[0, 1, 2], false);
-        assert!(result.is_ok());
-        assert_eq!(offsets, [(0, 10), (1, 20)], "partition 2 did not run here");
-        assert_eq!(owner.revoked, [(0, Stop::Handover), (1, Stop::Handover), (2, Stop::Handover)]);
-    }
-
-    #[test]
-    fn a_lost_assignment_drops_the_partitions() {
-        let mut owner = fake(2, &[(0, 10), (1, 20)]);
-        let (_, result) = revoke(&mut owner, &[0, 1], true);
-        assert!(result.is_ok());
-        assert_eq!(owner.revoked, [(0, Stop::Lost), (1, Stop::Lost)]);
-    }
-
-    #[test]
-    fn a_partition_that_fails_to_stop_does_not_keep_the_others_running() {
-        let mut owner = Fake { fail_revoke: Some(0), ..fake(2, &[(0, 10), (1, 20)]) };
-        let (offsets, result) = revoke(&mut owner, &[0, 1], false);
-        assert!(result.unwrap_err().to_string().contains("partition 0 stopped"));
-        assert_eq!(offsets, [(1, 20)]);
-        assert_eq!(owner.revoked.len(), 2);
+    fn a_revocation_hands_its_partitions_over_together_and_drops_their_pending_resumes() {
+        let consumer = consumer(fake(3, &[(0, 10), (1, 20)]));
+        let started = |partition| Started {
+            partition,
+            offset: 0,
+            restored_from: RestoredFrom::Empty,
+            assigned: Instant::now(),
+            took: Duration::ZERO,
+        };
+        let context = consumer.context();
+        for p in [1, 2] {
+            let pending = Resuming { started: started(p), backoff: Backoff::new(Duration::ZERO), due: Instant::now() };
+            lock(&context.resuming).insert(p, pending);
+        }
+        context.rebalance(&consumer, RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS, &mut list(&[0, 1]));
+        assert!(lock(&context.failure).is_none());
+        let owner = lock(&context.partitions);
+        assert_eq!(owner.as_ref().unwrap().revoked, [(0, Stop::Handover), (1, Stop::Handover)], "in one call");
+        assert_eq!(lock(&context.resuming).keys().collect::<Vec<_>>(), [&2], "a revoked partition never resumes");
     }
 
     #[test]

@@ -41,16 +41,20 @@ pub trait Partitions {
     /// that failed is an error (once).
     fn started(&mut self, wait: bool) -> Result<Vec<Started>>;
 
-    /// The partitions the operator stopped since the last call (see
-    /// [`OperatorStopped`](crate::operator::OperatorStopped)), each alone: its records
+    /// The partitions that stopped alone since the last call: each one's records
     /// are dropped from now on (a Kafka source pauses it), its state stays as its last
-    /// commit left it, and [`Partitions::finish`] reports why it stopped. A worker that
-    /// failed for any other reason is the error.
+    /// commit left it. One the operator stopped (see
+    /// [`OperatorStopped`](crate::operator::OperatorStopped)) stays stopped, and
+    /// [`Partitions::finish`] reports why; one whose Kafka transactions another producer
+    /// took over starts again after a backoff, and [`Partitions::started`] returns it
+    /// when it runs. A worker that failed for any other reason is the error.
     fn failed(&mut self) -> Result<Vec<u32>>;
-    /// Stops `partition` as `how` says ([`Stop::Handover`] or [`Stop::Lost`]), dropping
-    /// what waits for it here, and returns the offset committed with its state; `None`
-    /// if it did not run here. A start in progress completes first.
-    fn revoke(&mut self, partition: u32, how: Stop) -> Result<Option<u64>>;
+    /// Stops `partitions` as `how` says ([`Stop::Handover`] or [`Stop::Lost`]), all at
+    /// once, dropping what waits for them here: each is told before any is waited for,
+    /// and one still starting is given up without waiting for its restore. Returns the
+    /// offset committed with the state of each one that ran here, and the first failure;
+    /// every one is stopped even when one fails.
+    fn revoke(&mut self, partitions: &[u32], how: Stop) -> (Vec<(u32, u64)>, Result<()>);
     /// Stops `partition` alone for `error`, which the source found (its log cannot
     /// serve the partition's state): like one the operator stopped, it is returned by
     /// [`Partitions::failed`], reported with `error` at the end, and the others go on.

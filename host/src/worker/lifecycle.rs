@@ -10,13 +10,24 @@
 //!
 //! A partition is stopped as [`Stop`] says: drained at the end of the source, handed
 //! over (batch in hand finished, last checkpoint uploaded) when revoked, or dropped
-//! without a checkpoint when already lost to another host. Each run of a partition
-//! ends in a [`PartitionReport`].
+//! without a checkpoint when already lost to another host. Partitions stopped together
+//! stop at once, each told before any is waited for, so a revocation takes as long as
+//! its slowest handover, not their sum; and a partition still starting is given up
+//! without waiting for its restore (which goes on in the background, into a directory
+//! no worker opens, until it ends). A start given up never takes over the partition's
+//! Kafka transactions afterwards — that would fence the partition's new owner — and
+//! one whose worker was already running when it was given up is stopped before it
+//! takes a record. One partition has one start or worker at a time on this host: a
+//! partition started again waits until the last one has ended. A partition whose
+//! transactions another producer took over (fenced) stops alone and starts again after
+//! a backoff, while the source still assigns it here. Each run of a partition ends in
+//! a [`PartitionReport`].
 //!
 //! This module does not decide which partitions this host owns (the source does) and
 //! does not read records.
 
 use super::{Cadence, Destinations, StopSignal};
+use crate::backoff::Backoff;
 use crate::checkpoint::restore::{self, PartitionPlan};
 use crate::checkpoint::store::{self, ClaimedElsewhere};
 use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
@@ -25,6 +36,7 @@ use crate::lock;
 use crate::operator::wasm::ActiveVersion;
 use crate::operator::{Operator, OperatorStopped};
 use crate::record::{SourceRecord, Stop};
+use crate::sink::transaction::Fenced;
 use crate::source::Started;
 use crate::state::{StateDir, Transaction};
 use crate::stats::{DeadLetters, HostStats, LiveStats, PartitionStats, Totals};
@@ -33,7 +45,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
@@ -44,6 +56,9 @@ pub const STOPPED: &str = "stopped";
 /// Logged when a partition's worker failed and the partition stops alone: `partition 1
 /// stopped: …; the other partitions go on`.
 pub const STOPPED_ALONE: &str = "the other partitions go on";
+/// Logged when a fenced partition is to start again: `partition 1 stopped: …: fenced: …;
+/// starting it again in 1s, …`.
+pub const RESTARTING: &str = "starting it again in";
 
 /// Everything a partition needs to start, shared by all of them.
 pub struct WorkerSetup {
@@ -68,6 +83,9 @@ pub struct WorkerSetup {
     pub ttl: Arc<TtlConfig>,
     /// What becomes of records without a key.
     pub null_keys: NullKeys,
+    /// How long a partition's start tries again while it fails transiently (the store
+    /// failing to answer, its transactions fenced), `[checkpoint] restore_retry_timeout`.
+    pub retry_timeout: Duration,
     /// Set when the host is stopping (SIGTERM): draining partitions hand over instead.
     pub stopping: Arc<AtomicBool>,
 }
@@ -80,8 +98,6 @@ pub struct Checkpointing {
     pub settings: CheckpointSettings,
     /// A restore predicted to take longer than this is warned about.
     pub restore_budget: Duration,
-    /// How long a partition's start tries again while the store fails to answer.
-    pub retry_timeout: Duration,
 }
 
 /// What one run of a partition on this host did, from its start to its stop.
@@ -109,8 +125,83 @@ pub struct PartitionReport {
     pub stopped: Stop,
 }
 
-/// A partition's start, as its starting thread reports it.
-type StartResult = (u32, Result<Running>);
+/// A partition's start, as its starting thread reports it: which start it was, and the
+/// worker it started.
+type StartResult = (u32, Arc<Start>, Result<Running>);
+
+/// One start of one partition, shared by [`Workers`] and the thread doing it.
+#[derive(Debug, Default)]
+struct Start {
+    /// Set when the partition stopped meanwhile: the start ends as soon as it looks.
+    given_up: Mutex<bool>,
+}
+
+impl Start {
+    /// Gives the start up. Waits while it takes over the partition's transactions
+    /// ([`Start::take_over`]), so it never takes them over after this returns.
+    fn give_up(&self) {
+        *lock(&self.given_up) = true;
+    }
+
+    fn given_up(&self) -> bool {
+        *lock(&self.given_up)
+    }
+
+    /// Runs `take_over` — taking over the partition's Kafka transactions, which fences
+    /// their earlier owners — unless the start was given up; [`Start::give_up`] waits
+    /// meanwhile. A partition this host was told it no longer owns must never be taken
+    /// over: it would fence its new owner.
+    fn take_over<T>(&self, take_over: impl FnOnce() -> Result<T>) -> Result<T> {
+        let given_up = lock(&self.given_up);
+        if *given_up {
+            return Err(StartGivenUp.into());
+        }
+        take_over()
+    }
+}
+
+/// The partitions a start or a worker of this host holds: a partition's state directory
+/// and transactions are used by one at a time, so a partition started again before an
+/// earlier start or worker of it ended (a start given up still restoring, say) waits
+/// for that one to end.
+#[derive(Debug, Default)]
+struct Occupancy {
+    held: Mutex<BTreeSet<u32>>,
+    released: Condvar,
+}
+
+/// A partition held in its [`Occupancy`] until dropped.
+#[derive(Debug)]
+struct Held {
+    partition: u32,
+    occupancy: Arc<Occupancy>,
+}
+
+impl Occupancy {
+    /// Holds `partition` for `start`, waiting while an earlier start or worker holds
+    /// it; `None` if `start` is given up first.
+    fn hold(self: &Arc<Self>, partition: u32, start: &Start) -> Option<Held> {
+        let mut held = lock(&self.held);
+        while held.contains(&partition) {
+            if start.given_up() {
+                return None;
+            }
+            held = self.released.wait_timeout(held, GIVE_UP_POLL).expect("no panics under this lock").0;
+        }
+        held.insert(partition);
+        Some(Held { partition, occupancy: self.clone() })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        lock(&self.occupancy.held).remove(&self.partition);
+        self.occupancy.released.notify_all();
+    }
+}
+
+/// How often a waiting start looks whether it was given up.
+const GIVE_UP_POLL: Duration = Duration::from_millis(50);
 
 struct Running {
     sender: SyncSender<Vec<SourceRecord>>,
@@ -120,15 +211,21 @@ struct Running {
     started: Started,
 }
 
+/// A fenced partition starting again: how long it has been retrying, and why it
+/// stopped, the error of the run if it never runs again.
+struct Restart {
+    backoff: Backoff,
+    error: anyhow::Error,
+}
+
 /// The partitions this host owns and their workers.
 pub struct Workers {
     setup: Arc<WorkerSetup>,
     running: BTreeMap<u32, Running>,
-    /// Partitions being restored.
-    starting: BTreeSet<u32>,
-    /// Of `starting`, those stopped meanwhile: a start waiting to try the store again
-    /// gives them up.
-    given_up: Arc<Mutex<BTreeSet<u32>>>,
+    /// Partitions being started (restored), each with its start.
+    starting: BTreeMap<u32, Arc<Start>>,
+    /// Which partitions a start or a worker holds.
+    occupancy: Arc<Occupancy>,
     started_tx: Sender<StartResult>,
     started_rx: Receiver<StartResult>,
     /// Partitions that started and were not yet returned by [`Workers::started`].
@@ -137,8 +234,13 @@ pub struct Workers {
     failure: Option<anyhow::Error>,
     /// Partitions whose worker failed, stopped alone, with why; until started again.
     failed: BTreeMap<u32, anyhow::Error>,
-    /// Of `failed`, those not yet returned by [`Workers::failed`].
+    /// Of `failed` and the fenced ones starting again, those not yet returned by
+    /// [`Workers::failed`].
     newly_failed: Vec<u32>,
+    /// Fenced partitions starting again, or running again since.
+    restarts: BTreeMap<u32, Restart>,
+    /// Workers of starts given up after they started: stopped, never fed, ending.
+    retiring: Vec<JoinHandle<Result<PartitionReport>>>,
     live: LiveStats,
     host: Arc<HostStats>,
     reports: Vec<PartitionReport>,
@@ -151,14 +253,16 @@ impl Workers {
         Workers {
             setup: Arc::new(setup),
             running: BTreeMap::new(),
-            starting: BTreeSet::new(),
-            given_up: Arc::default(),
+            starting: BTreeMap::new(),
+            occupancy: Arc::default(),
             started_tx,
             started_rx,
             arrived: Vec::new(),
             failure: None,
             failed: BTreeMap::new(),
             newly_failed: Vec::new(),
+            restarts: BTreeMap::new(),
+            retiring: Vec::new(),
             live: LiveStats::default(),
             host: Arc::default(),
             reports: Vec::new(),
@@ -173,42 +277,35 @@ impl Workers {
     /// keeps them paused and this host in its group); a partition stopped meanwhile is
     /// given up.
     pub fn start(&mut self, partitions: &[u32]) -> Result<()> {
-        let setup = self.setup.clone();
-        let now = Instant::now();
-        self.starting.extend(partitions);
         for p in partitions {
             self.failed.remove(p);
-            lock(&self.given_up).remove(p);
         }
-        let (tx, given_up, mut partitions) = (self.started_tx.clone(), self.given_up.clone(), partitions.to_vec());
-        let host = self.host.clone();
+        self.launch(partitions, Duration::ZERO, true)
+    }
+
+    /// Starts `partitions` on a thread of their own after `delay`, claiming them in
+    /// the checkpoint store if `claim` says so (a partition started again after it was
+    /// fenced keeps the claim it had: another host may hold it by now, rightly).
+    fn launch(&mut self, partitions: &[u32], delay: Duration, claim: bool) -> Result<()> {
+        let assigned = Instant::now();
+        let starts: BTreeMap<u32, Arc<Start>> = partitions.iter().map(|&p| (p, Arc::default())).collect();
+        self.starting.extend(starts.iter().map(|(&p, start)| (p, start.clone())));
+        let (setup, host, occupancy, tx) =
+            (self.setup.clone(), self.host.clone(), self.occupancy.clone(), self.started_tx.clone());
         std::thread::Builder::new().name("sluice-restore".into()).spawn(move || {
-            let mut sent = Vec::new();
+            let mut sent = BTreeSet::new();
             let finished = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 let mut report = |partition: u32, result: Result<Running>| {
-                    tx.send((partition, result)).ok();
-                    sent.push(partition);
+                    tx.send((partition, starts[&partition].clone(), result)).ok();
+                    sent.insert(partition);
                 };
-                match restore_retrying(&setup, &host, &mut partitions, &given_up, &mut report) {
-                    Ok((plans, restored)) => {
-                        for (plan, restored) in plans.iter().zip(restored) {
-                            report(plan.partition, spawn_worker(&setup, &host, plan, restored, now));
-                        }
-                    }
-                    Err(e) => {
-                        // A partition stopped meanwhile is no longer this host's to fail on.
-                        let gone = lock(&given_up).clone();
-                        for &p in &partitions {
-                            let why = if gone.contains(&p) { StartGivenUp.into() } else { anyhow!("restoring: {e:#}") };
-                            report(p, Err(why));
-                        }
-                    }
-                }
+                let begun = Begun { setup: &setup, host: &host, occupancy: &occupancy, assigned, claim };
+                begun.start(&starts, delay, &mut report);
             }));
             // Whoever waits for these partitions must hear of them, whatever happened.
             if finished.is_err() {
-                for &p in partitions.iter().filter(|p| !sent.contains(p)) {
-                    tx.send((p, Err(anyhow!("the restore thread panicked")))).ok();
+                for (&p, start) in starts.iter().filter(|(p, _)| !sent.contains(p)) {
+                    tx.send((p, start.clone(), Err(anyhow!("the restore thread panicked")))).ok();
                 }
             }
         })?;
@@ -218,8 +315,8 @@ impl Workers {
     /// The partitions whose start completed since the last call, each running from
     /// its `offset`. A start that failed is an error (once).
     pub fn started(&mut self) -> Result<Vec<Started>> {
-        while let Ok((partition, result)) = self.started_rx.try_recv() {
-            self.register(partition, result);
+        while let Ok((partition, start, result)) = self.started_rx.try_recv() {
+            self.register(partition, start, result);
         }
         self.take_started()
     }
@@ -227,27 +324,81 @@ impl Workers {
     /// The partitions whose worker failed since the last call. A running worker ends
     /// only when stopped, so one that ended by itself failed. If the operator stopped it
     /// ([`OperatorStopped`]), its partition stops alone — its error logged and kept for
-    /// the end of the run, its state as its last commit left it — and the others go on;
-    /// any other failure is the host's, and the error.
+    /// the end of the run, its state as its last commit left it — and the others go on.
+    /// If another producer took over its transactions ([`Fenced`]), it stops alone too,
+    /// nothing since its last commit committed, and starts again after a backoff (1, 2,
+    /// 4… s; [`started`](Workers::started) returns it once it runs), for up to
+    /// `[checkpoint] restore_retry_timeout` of runs that committed nothing, then stays
+    /// stopped as one the operator stopped. Any other failure is the host's, and the
+    /// error.
     pub fn failed(&mut self) -> Result<Vec<u32>> {
+        self.reap_retired();
         let ended: Vec<u32> = self.running.iter().filter(|(_, r)| r.thread.is_finished()).map(|(p, _)| *p).collect();
         for partition in ended {
             let running = self.running.remove(&partition).expect("listed above");
             lock(&self.live).remove(&partition);
+            let progressed = running.stats.committed_offset.load(Ordering::Relaxed) > running.started.offset;
             let error = match running.thread.join() {
                 Ok(Err(e)) => e,
                 Ok(Ok(_)) => anyhow!("its worker ended unasked"),
                 Err(_) => anyhow!("its worker panicked"),
             };
             let error = error.context(format!("partition {partition} stopped"));
-            if error.downcast_ref::<OperatorStopped>().is_none() {
+            if error.is::<Fenced>() {
+                self.restart(partition, error, progressed)?;
+            } else if error.is::<OperatorStopped>() {
+                tracing::error!(partition, "{error:#}; {STOPPED_ALONE}");
+                self.failed.insert(partition, error);
+            } else {
                 return Err(error);
             }
-            tracing::error!(partition, "{error:#}; {STOPPED_ALONE}");
-            self.failed.insert(partition, error);
             self.newly_failed.push(partition);
         }
         Ok(std::mem::take(&mut self.newly_failed))
+    }
+
+    /// Starts fenced `partition` again after the next wait of its backoff — a new one
+    /// if the run that failed had committed since it started — or, past its timeout,
+    /// keeps it stopped alone with `error`.
+    fn restart(&mut self, partition: u32, error: anyhow::Error, progressed: bool) -> Result<()> {
+        let mut backoff = match self.restarts.remove(&partition) {
+            Some(restart) if !progressed => restart.backoff,
+            _ => Backoff::new(self.setup.retry_timeout),
+        };
+        match backoff.next_wait() {
+            Some(wait) => {
+                tracing::warn!(
+                    partition,
+                    "{error:#}; {RESTARTING} {}s while the group assigns it here (its next owner's start, or this \
+                     one's, will fence the other), for up to {}s of tries ([checkpoint] restore_retry_timeout); \
+                     {STOPPED_ALONE}",
+                    wait.as_secs(),
+                    backoff.timeout().as_secs()
+                );
+                self.launch(&[partition], wait, false)?;
+                self.restarts.insert(partition, Restart { backoff, error });
+            }
+            None => {
+                let error = error.context(format!(
+                    "fenced for {:.0}s of tries ([checkpoint] restore_retry_timeout)",
+                    backoff.elapsed().as_secs_f64()
+                ));
+                tracing::error!(partition, "{error:#}; {STOPPED_ALONE}");
+                self.failed.insert(partition, error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Joins the workers of given-up starts that have ended.
+    fn reap_retired(&mut self) {
+        let (ended, going) = std::mem::take(&mut self.retiring).into_iter().partition(|t| t.is_finished());
+        self.retiring = going;
+        for thread in ended {
+            if let Ok(Err(e)) = thread.join() {
+                tracing::warn!("a worker stopped before it took a record failed as it stopped: {e:#}");
+            }
+        }
     }
 
     /// Waits until no partition is starting; returns those that started, or the first
@@ -270,12 +421,19 @@ impl Workers {
     fn receive_start(&mut self) {
         // `self` holds a sender, so this ends only when a restore thread reports, and
         // every restore thread reports every one of its partitions.
-        let (partition, result) = self.started_rx.recv().expect("Workers holds a sender");
-        self.register(partition, result);
+        let (partition, start, result) = self.started_rx.recv().expect("Workers holds a sender");
+        self.register(partition, start, result);
     }
 
-    /// Records a completed start: running, or its failure kept for the caller.
-    fn register(&mut self, partition: u32, result: Result<Running>) {
+    /// Records a completed start: running, or its failure kept for the caller; a start
+    /// given up meanwhile has its worker stopped.
+    fn register(&mut self, partition: u32, start: Arc<Start>, result: Result<Running>) {
+        if !self.starting.get(&partition).is_some_and(|current| Arc::ptr_eq(current, &start)) {
+            if let Ok(running) = result {
+                self.retire(partition, running);
+            }
+            return;
+        }
         self.starting.remove(&partition);
         match result {
             Ok(running) => {
@@ -292,9 +450,19 @@ impl Workers {
         }
     }
 
+    /// Stops the worker of a start given up after it took over its partition: it never
+    /// took a record, so it commits nothing and takes no checkpoint ([`Stop::Lost`]).
+    /// Not waited for: it releases its partition when it ends.
+    fn retire(&mut self, partition: u32, running: Running) {
+        tracing::info!(partition, "its start completed after it was stopped here: its worker stops before any record");
+        running.stop.set(Stop::Lost);
+        drop(running.sender);
+        self.retiring.push(running.thread);
+    }
+
     /// Whether `partition` is starting or running here.
     pub fn owns(&self, partition: u32) -> bool {
-        self.running.contains_key(&partition) || self.starting.contains(&partition)
+        self.running.contains_key(&partition) || self.starting.contains_key(&partition)
     }
 
     /// Whether any partition is starting or running here.
@@ -348,35 +516,50 @@ impl Workers {
         self.running.get(&partition).ok_or_else(|| anyhow!("partition {partition} is not running here"))
     }
 
-    /// Stops `partition` as `how` says and waits until it has. A start in progress is
-    /// given up if it waits to try the store again, and otherwise completes first (the
-    /// store request in flight). Returns what the stopped run did; `None` if it did not
-    /// run here.
-    pub fn stop(&mut self, partition: u32, how: Stop) -> Result<Option<&PartitionReport>> {
-        if self.starting.contains(&partition) {
-            lock(&self.given_up).insert(partition);
-        }
-        while self.starting.contains(&partition) {
-            self.receive_start();
-        }
-        self.arrived.retain(|s| s.partition != partition);
-        // One that failed has nothing to hand over: its state is as its last commit left it.
-        let Some(running) = self.running.remove(&partition) else { return Ok(None) };
+    /// Stops `partitions` as `how` says, all at once, and waits until the running ones
+    /// have: each worker is told before any is waited for, and a start in progress is
+    /// given up without waiting for it (if it is taking over its partition's
+    /// transactions, until that returns). Returns the offset each partition that ran
+    /// here committed with its state, and the first failure; every partition is stopped
+    /// even when one fails.
+    pub fn stop(&mut self, partitions: &[u32], how: Stop) -> (Vec<(u32, u64)>, Result<()>) {
         let began = Instant::now();
-        running.stop.set(how);
-        drop(running.sender);
-        let report = running.thread.join().map_err(|_| anyhow!("the worker of partition {partition} panicked"))?;
-        lock(&self.live).remove(&partition);
-        let report = report.with_context(|| format!("partition {partition} stopped"))?;
-        tracing::info!(
-            partition,
-            "{STOPPED} ({how:?}) in {:.0} ms at offset {}; {} records processed since it started here",
-            began.elapsed().as_secs_f64() * 1e3,
-            report.totals.committed_offset,
-            report.totals.processed
-        );
-        self.reports.push(report);
-        Ok(self.reports.last())
+        let mut stopping = Vec::new();
+        for &partition in partitions {
+            self.arrived.retain(|s| s.partition != partition);
+            self.restarts.remove(&partition);
+            // One that failed has nothing to hand over: its state is as its last commit left it.
+            if let Some(Running { sender, stop, thread, .. }) = self.running.remove(&partition) {
+                stop.set(how);
+                drop(sender);
+                stopping.push((partition, thread));
+            }
+        }
+        for partition in partitions {
+            if let Some(start) = self.starting.remove(partition) {
+                start.give_up();
+            }
+        }
+        let (mut offsets, mut result) = (Vec::new(), Ok(()));
+        for (partition, thread) in stopping {
+            let report = thread.join().map_err(|_| anyhow!("the worker of partition {partition} panicked"));
+            lock(&self.live).remove(&partition);
+            match report.and_then(|r| r.with_context(|| format!("partition {partition} stopped"))) {
+                Ok(report) => {
+                    tracing::info!(
+                        partition,
+                        "{STOPPED} ({how:?}) in {:.0} ms at offset {}; {} records processed since it started here",
+                        began.elapsed().as_secs_f64() * 1e3,
+                        report.totals.committed_offset,
+                        report.totals.processed
+                    );
+                    offsets.push((partition, report.totals.committed_offset));
+                    self.reports.push(report);
+                }
+                Err(e) => result = result.and(Err(e)),
+            }
+        }
+        (offsets, result)
     }
 
     /// Stops `partition` alone for `error`, found outside its worker: it hands over
@@ -384,7 +567,7 @@ impl Workers {
     /// end of the run, and [`failed`](Self::failed) returns it next, as a partition the
     /// operator stopped.
     pub fn stop_alone(&mut self, partition: u32, error: anyhow::Error) -> Result<()> {
-        self.stop(partition, Stop::Handover)?;
+        self.stop(&[partition], Stop::Handover).1?;
         let error = error.context(format!("partition {partition} stopped"));
         tracing::error!(partition, "{error:#}; {STOPPED_ALONE}");
         self.failed.insert(partition, error);
@@ -392,22 +575,25 @@ impl Workers {
         Ok(())
     }
 
-    /// Stops every partition as `how` says, waiting for starts in progress first, and
-    /// returns the offset each one's state holds at the end. Every partition is stopped
-    /// even when one fails; the first failure is returned, or else, if partitions
-    /// stopped alone during the run, why each did.
+    /// Stops every partition as `how` says, all at once (a start in progress is given
+    /// up), and returns the offset each one's state holds at the end. Every partition
+    /// is stopped even when one fails; the first failure is returned (a start that
+    /// failed first), or else, if partitions stopped alone during the run (a fenced one
+    /// not running again included), why each did.
     pub fn stop_all(&mut self, how: Stop) -> Result<Vec<(u32, u64)>> {
-        // A start still waiting for the store has nothing to hand over or drain.
-        lock(&self.given_up).extend(&self.starting);
-        let mut result = self.wait_started().and_then(|_| self.failed()).map(|_| Vec::new());
-        for partition in self.running() {
-            let stopped = self.stop(partition, how).map(|r| r.map(|r| (partition, r.totals.committed_offset)));
-            result = result.and_then(|mut offsets| {
-                offsets.extend(stopped?);
-                Ok(offsets)
-            });
+        let mut result = self.started().and_then(|_| self.failed()).map(drop);
+        for (partition, restart) in std::mem::take(&mut self.restarts) {
+            if !self.running.contains_key(&partition) {
+                self.failed.insert(partition, restart.error);
+            }
         }
-        let offsets = result?;
+        let partitions: Vec<u32> = self.running.keys().chain(self.starting.keys()).copied().collect();
+        let (offsets, stopped) = self.stop(&partitions, how);
+        for thread in self.retiring.drain(..) {
+            thread.join().ok();
+        }
+        result = result.and(stopped);
+        result?;
         if !self.failed.is_empty() {
             let failures: Vec<String> = self.failed.values().map(|e| format!("{e:#}")).collect();
             bail!("{}", failures.join("\n"));
@@ -431,28 +617,105 @@ impl Workers {
     }
 }
 
-/// The first wait before a start tries the store again; each retry doubles it.
-const FIRST_RETRY: Duration = Duration::from_secs(1);
-/// The longest wait between two tries.
-const LONGEST_RETRY: Duration = Duration::from_secs(30);
-
 /// Logged while a start waits for the checkpoint store: `partitions [1, 3]: the
 /// checkpoint store failed; trying again in 2s, …`.
 pub const STORE_RETRY: &str = "the checkpoint store failed; trying again in";
 
-/// A start given up because its partition was stopped while it waited for the store.
+/// A start given up because its partition was stopped while it was under way.
 #[derive(Debug, thiserror::Error)]
-#[error("the partition was stopped while its start waited for the checkpoint store")]
+#[error("the partition was stopped while it was starting")]
 struct StartGivenUp;
 
-/// Restores `partitions` as [`Workers::start`] says: their plans and where each one's
-/// state came from. While the store fails to answer, tries again with backoff; before
-/// each try, the partitions in `given_up` leave `partitions` and are `report`ed.
+/// What one start thread shares between its steps.
+struct Begun<'a> {
+    setup: &'a Arc<WorkerSetup>,
+    host: &'a Arc<HostStats>,
+    occupancy: &'a Arc<Occupancy>,
+    /// When its partitions were assigned (or stopped, for a restart): their pause began.
+    assigned: Instant,
+    /// Whether to claim the partitions in the checkpoint store.
+    claim: bool,
+}
+
+impl Begun<'_> {
+    /// Starts `starts`' partitions after `delay`, `report`ing each: once it holds the
+    /// partition ([`Occupancy`]), restores it, then starts its worker unless given up.
+    fn start(
+        &self,
+        starts: &BTreeMap<u32, Arc<Start>>,
+        delay: Duration,
+        report: &mut impl FnMut(u32, Result<Running>),
+    ) {
+        let given_up = |p: &u32| starts[p].given_up();
+        let mut held = BTreeMap::new();
+        for (&p, start) in starts {
+            match self.occupancy.hold(p, start) {
+                Some(h) => drop(held.insert(p, h)),
+                None => report(p, Err(StartGivenUp.into())),
+            }
+        }
+        let mut partitions: Vec<u32> = held.keys().copied().collect();
+        wait_unless(delay, || partitions.iter().all(given_up));
+        drop_given_up(&mut partitions, &given_up, report);
+        if partitions.is_empty() {
+            return;
+        }
+        match restore_retrying(self.setup, self.host, &mut partitions, &given_up, self.claim, report) {
+            Ok((plans, restored)) => {
+                for (plan, restored) in plans.iter().zip(restored) {
+                    let (p, held) = (plan.partition, held.remove(&plan.partition).expect("restored only held ones"));
+                    let start = &starts[&p];
+                    if start.given_up() {
+                        report(p, Err(StartGivenUp.into()));
+                    } else {
+                        report(p, spawn_worker(self.setup, self.host, plan, restored, self.assigned, start, held));
+                    }
+                }
+            }
+            Err(e) => {
+                for p in partitions {
+                    // A partition stopped meanwhile is no longer this host's to fail on.
+                    let why = if given_up(&p) { StartGivenUp.into() } else { anyhow!("restoring: {e:#}") };
+                    report(p, Err(why));
+                }
+            }
+        }
+    }
+}
+
+/// Removes from `partitions` those `given_up` says were stopped, `report`ing each.
+fn drop_given_up(
+    partitions: &mut Vec<u32>,
+    given_up: &dyn Fn(&u32) -> bool,
+    report: &mut impl FnMut(u32, Result<Running>),
+) {
+    partitions.retain(|p| {
+        let gone = given_up(p);
+        if gone {
+            report(*p, Err(StartGivenUp.into()));
+        }
+        !gone
+    });
+}
+
+/// Sleeps for `wait`, or until `done` says so (looked at every [`GIVE_UP_POLL`]).
+fn wait_unless(wait: Duration, done: impl Fn() -> bool) {
+    let until = Instant::now() + wait;
+    while Instant::now() < until && !done() {
+        std::thread::sleep(GIVE_UP_POLL.min(until.saturating_duration_since(Instant::now())));
+    }
+}
+
+/// Restores `partitions` as [`Workers::start`] says (claiming them first if `claim`
+/// says so): their plans and where each one's state came from. While the store fails
+/// to answer, tries again with [`Backoff`]; before each try, the partitions
+/// `given_up` says were stopped leave `partitions` and are `report`ed.
 fn restore_retrying(
     setup: &WorkerSetup,
     host: &HostStats,
     partitions: &mut Vec<u32>,
-    given_up: &Mutex<BTreeSet<u32>>,
+    given_up: &dyn Fn(&u32) -> bool,
+    claim: bool,
     report: &mut impl FnMut(u32, Result<Running>),
 ) -> Result<(Vec<PartitionPlan>, Vec<RestoredFrom>)> {
     let Some(c) = &setup.checkpoints else {
@@ -460,11 +723,15 @@ fn restore_retrying(
         let restored = plan.partitions.iter().map(PartitionPlan::local).collect();
         return Ok((plan.partitions, restored));
     };
-    let began = Instant::now();
-    let mut wait = FIRST_RETRY;
+    let mut backoff = Backoff::new(setup.retry_timeout);
     let mut claimed = BTreeSet::new();
     loop {
-        let claims = setup.runtime.block_on(claim(&c.store, &c.settings.host, partitions, &mut claimed));
+        let claims = match claim {
+            true => {
+                setup.runtime.block_on(claim_partitions(&c.store, &c.settings.host, partitions, given_up, &mut claimed))
+            }
+            false => Ok(Vec::new()),
+        };
         let attempt = claims.and_then(|taken| {
             for &p in &taken {
                 tracing::warn!(partition = p, "another host claimed the partition while its start waited; given up");
@@ -476,38 +743,35 @@ fn restore_retrying(
                 restore::restore(&setup.state, &c.store, plan, c.restore_budget, host).await
             })
         });
-        match attempt {
+        let wait = match attempt {
             Ok(report) => {
                 host.record_restore(report.fetched(), report.took, report.plan.predicted().0);
                 return Ok((report.plan.partitions, report.restored));
             }
-            Err(e) if store::is_unavailable(&e) && began.elapsed() + wait < c.retry_timeout => tracing::warn!(
-                "partitions {partitions:?}: {STORE_RETRY} {}s, for up to {}s in all ([checkpoint] \
-                 restore_retry_timeout); they stay paused and this host stays in its group: {e:#}",
-                wait.as_secs(),
-                c.retry_timeout.as_secs()
-            ),
-            Err(e) if store::is_unavailable(&e) => {
-                return Err(e.context(format!(
-                    "the checkpoint store failed for {:.0}s of tries ([checkpoint] restore_retry_timeout)",
-                    began.elapsed().as_secs_f64()
-                )));
-            }
-            Err(e) => return Err(e),
-        }
-        let until = Instant::now() + wait;
-        while Instant::now() < until && !partitions.iter().any(|p| lock(given_up).contains(p)) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let gone = lock(given_up).clone();
-        for &p in partitions.iter().filter(|p| gone.contains(p)) {
-            report(p, Err(StartGivenUp.into()));
-        }
-        partitions.retain(|p| !gone.contains(p));
+            Err(e) if !store::is_unavailable(&e) => return Err(e),
+            Err(e) => match backoff.next_wait() {
+                Some(wait) => {
+                    tracing::warn!(
+                        "partitions {partitions:?}: {STORE_RETRY} {}s, for up to {}s in all ([checkpoint] \
+                         restore_retry_timeout); they stay paused and this host stays in its group: {e:#}",
+                        wait.as_secs(),
+                        backoff.timeout().as_secs()
+                    );
+                    wait
+                }
+                None => {
+                    return Err(e.context(format!(
+                        "the checkpoint store failed for {:.0}s of tries ([checkpoint] restore_retry_timeout)",
+                        backoff.elapsed().as_secs_f64()
+                    )));
+                }
+            },
+        };
+        wait_unless(wait, || partitions.iter().any(given_up));
+        drop_given_up(partitions, given_up, report);
         if partitions.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
-        wait = (wait * 2).min(LONGEST_RETRY);
     }
 }
 
@@ -515,15 +779,17 @@ fn restore_retrying(
 /// a host that had it and has not noticed losing it stops collecting the checkpoints a
 /// restore reads; of those claimed on an earlier try, checks the claim is still `host`'s
 /// — a host retrying past its own eviction must not take a partition back from its new
-/// owner — and returns those another host claimed since.
-async fn claim(
+/// owner — and returns those another host claimed since. A partition `given_up` by now
+/// is left alone: it may be its next owner's already.
+async fn claim_partitions(
     store: &CheckpointStore,
     host: &str,
     partitions: &[u32],
+    given_up: &dyn Fn(&u32) -> bool,
     claimed: &mut BTreeSet<u32>,
 ) -> Result<Vec<u32>> {
     let mut taken = Vec::new();
-    for &p in partitions {
+    for &p in partitions.iter().filter(|p| !given_up(p)) {
         if claimed.contains(&p) {
             match store.check_claim(p, host).await {
                 Err(e) if e.is::<ClaimedElsewhere>() => taken.push(p),
@@ -537,13 +803,17 @@ async fn claim(
     Ok(taken)
 }
 
-/// Opens `plan`'s partition as `restored` left it and starts its worker thread.
+/// Opens `plan`'s partition as `restored` left it and starts its worker thread, which
+/// keeps the partition `held` until it ends. Its outputs take over the partition's
+/// transactions unless `start` was given up by then.
 fn spawn_worker(
     setup: &Arc<WorkerSetup>,
     host: &Arc<HostStats>,
     plan: &PartitionPlan,
     restored_from: RestoredFrom,
     assigned: Instant,
+    start: &Start,
+    held: Held,
 ) -> Result<Running> {
     let partition = plan.partition;
     let store = setup.state.open_partition(partition)?;
@@ -551,7 +821,7 @@ fn spawn_worker(
     // A batch ends once it wrote what a commit takes: a commit's writes stay bounded.
     let txn = Transaction::new(store, setup.cache_bytes)?.with_ttl(setup.ttl.clone())?;
     let mut instance = setup.operator.instantiate(partition, txn.with_dirty_limit(setup.cadence.commit_dirty_bytes))?;
-    let mut checkpointer = setup.checkpoints.as_ref().map(|c| {
+    let checkpointer = setup.checkpoints.as_ref().map(|c| {
         Checkpointer::new(
             c.store.clone(),
             setup.runtime.clone(),
@@ -562,7 +832,7 @@ fn spawn_worker(
             instance.version().to_string(),
         )
     });
-    let outputs = setup.destinations.sink.partition(partition, offset)?;
+    let outputs = start.take_over(|| setup.destinations.sink.partition(partition, offset))?;
     let stats = Arc::new(PartitionStats::new(offset, instance.state().entries(), instance.version()));
     super::count_state_bytes(instance.state().store(), &stats);
     let (sender, batches) = std::sync::mpsc::sync_channel(setup.queued_batches);
@@ -572,6 +842,10 @@ fn spawn_worker(
         let (setup, host, stats, stop, started) =
             (setup.clone(), host.clone(), stats.clone(), stop.clone(), started.clone());
         move || -> Result<PartitionReport> {
+            // Locals drop in reverse: the checkpointer, the instance (its state's
+            // database), then the partition, free for its next start.
+            let _held = held;
+            let (mut instance, mut checkpointer) = (instance, checkpointer);
             let to = &setup.destinations;
             let checkpointer = checkpointer.as_mut();
             let null_keys = setup.null_keys;
@@ -604,4 +878,61 @@ fn spawn_worker(
         }
     })?;
     Ok(Running { sender, stop, thread, stats, started })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The two decisions a start given up turns on, on their own; the router's tests run
+    //! starts and stops through real workers.
+
+    use super::*;
+
+    /// A start given up never takes its partition's transactions over afterwards, and a
+    /// take-over in flight holds the give-up back until it returns: once a revocation
+    /// returns, no take-over (fencing the partition's next owner) can follow.
+    #[test]
+    fn a_given_up_start_never_takes_its_partition_over_after() {
+        let start = Arc::new(Start::default());
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let taking = std::thread::spawn({
+            let start = start.clone();
+            move || {
+                start.take_over(|| {
+                    entered_tx.send(()).expect("the test waits");
+                    std::thread::sleep(Duration::from_millis(300));
+                    Ok(Instant::now())
+                })
+            }
+        });
+        entered.recv().expect("the take-over began");
+        start.give_up();
+        let gave_up = Instant::now();
+        let took_over = taking.join().expect("no panic").expect("it began before the give-up");
+        assert!(took_over <= gave_up, "the give-up returned while the take-over was in flight");
+        let after = start.take_over(|| -> Result<()> { panic!("taken over after the give-up") });
+        assert!(after.expect_err("given up").is::<StartGivenUp>());
+    }
+
+    /// A partition is held by one start or worker at a time: a second hold waits until
+    /// the first is released, other partitions do not, and a start given up stops
+    /// waiting.
+    #[test]
+    fn a_partition_is_held_by_one_start_or_worker_at_a_time() {
+        let occupancy = Arc::new(Occupancy::default());
+        let first = occupancy.hold(3, &Start::default()).expect("free");
+        let other = occupancy.hold(4, &Start::default()).expect("another partition is free");
+        let given_up = Start::default();
+        given_up.give_up();
+        assert!(occupancy.hold(3, &given_up).is_none(), "a start given up stops waiting");
+        let second = std::thread::spawn({
+            let occupancy = occupancy.clone();
+            move || occupancy.hold(3, &Start::default()).map(|_held| Instant::now())
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let released = Instant::now();
+        drop(first);
+        let held = second.join().expect("no panic").expect("held once released");
+        assert!(held >= released, "held while the first still held it");
+        drop(other);
+    }
 }

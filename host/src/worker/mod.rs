@@ -35,7 +35,9 @@
 mod lifecycle;
 mod router;
 
-pub use lifecycle::{Checkpointing, PartitionReport, STOPPED, STOPPED_ALONE, STORE_RETRY, WorkerSetup, Workers};
+pub use lifecycle::{
+    Checkpointing, PartitionReport, RESTARTING, STOPPED, STOPPED_ALONE, STORE_RETRY, WorkerSetup, Workers,
+};
 pub use router::{DispatchReport, OFFSETS_JUMP, Router};
 
 use crate::checkpoint::Checkpointer;

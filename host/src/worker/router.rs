@@ -137,11 +137,13 @@ impl Partitions for Router {
         self.workers.stop_alone(partition, error)
     }
 
-    fn revoke(&mut self, partition: u32, how: Stop) -> Result<Option<u64>> {
-        // Its next owner reads what waits for it again from the offset stored with the
-        // state.
-        self.close(partition);
-        Ok(self.workers.stop(partition, how)?.map(|report| report.totals.committed_offset))
+    fn revoke(&mut self, partitions: &[u32], how: Stop) -> (Vec<(u32, u64)>, Result<()>) {
+        // Their next owner reads what waits for them again from the offset stored with
+        // the state.
+        for &p in partitions {
+            self.close(p);
+        }
+        self.workers.stop(partitions, how)
     }
 
     fn push(&mut self, record: SourceRecord, wait: bool) -> Result<bool> {
@@ -301,6 +303,7 @@ mod tests {
             cache_bytes: 1 << 20,
             ttl: Default::default(),
             null_keys: Default::default(),
+            retry_timeout: Duration::from_secs(60),
             stopping: Arc::default(),
         })
     }
@@ -336,7 +339,7 @@ mod tests {
         }
         // Two batches were handed over, five records wait here; the worker finishes at
         // most the batch in hand.
-        let committed = router.revoke(0, Stop::Handover)?.expect("partition 0 ran here");
+        let committed = revoke_one(&mut router, 0, Stop::Handover)?.expect("partition 0 ran here");
         assert!([0, 10, 20].contains(&committed), "committed {committed}");
         assert!(!router.owns(0) && !router.backed_up(0));
         assert!(!router.push(all[25].clone(), true)?, "a record of a revoked partition is dropped");
@@ -377,19 +380,67 @@ mod tests {
         Ok(())
     }
 
+    /// Revokes `partition` alone: the offset its state holds if it ran here.
+    fn revoke_one(router: &mut Router, partition: u32, how: Stop) -> anyhow::Result<Option<u64>> {
+        let (offsets, result) = router.revoke(&[partition], how);
+        result?;
+        Ok(offsets.first().map(|&(_, offset)| offset))
+    }
+
     #[test]
-    fn a_revocation_while_restoring_waits_for_the_start_and_stops_it() -> anyhow::Result<()> {
+    fn a_revocation_while_restoring_gives_the_start_up() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let runtime = crate::checkpoint::runtime()?;
         let mut router = router(dir.path(), 2, &runtime)?;
         router.assign(&[0, 1])?;
         assert!(router.owns(0));
-        // Revoked before the source heard it started: the start completes, then stops.
-        assert_eq!(router.revoke(0, Stop::Handover)?, Some(0));
+        // Revoked before the source heard it started: given up, whether its worker had
+        // started by then (stopped unfed) or not (never started).
+        assert_eq!(revoke_one(&mut router, 0, Stop::Handover)?, None);
         let started: Vec<u32> = router.started(true)?.iter().map(|s| s.partition).collect();
         assert_eq!(started, [1], "a revoked partition is never reported started");
         assert!(!router.owns(0) && router.owns(1));
-        assert_eq!(router.finish(Ok(Stop::Drain))?, [(1, 0)]);
+        // Started again, it waits until the given-up start has let go of its state.
+        router.assign(&[0])?;
+        assert_eq!(router.started(true)?.iter().map(|s| s.partition).collect::<Vec<_>>(), [0]);
+        assert_eq!(router.finish(Ok(Stop::Drain))?, [(0, 0), (1, 0)]);
+        Ok(())
+    }
+
+    /// A store whose request never returns (its restore history is a FIFO no one
+    /// writes: reading it blocks, as a request to a store that stopped answering does)
+    /// holds a restore; revoking the partition gives the restore up at once rather than
+    /// wait for the store. The store answers only after 10 s, so a revocation that waited
+    /// for it would take that long.
+    #[test]
+    fn a_revocation_does_not_wait_for_a_restore_in_flight() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::checkpoint::runtime()?;
+        let mut router = router_with_store(dir.path(), Duration::from_secs(600), &runtime)?;
+        let fifo = dir.path().join("store/restores.json");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status()?;
+        assert!(made.success(), "mkfifo {}", fifo.display());
+        let answer = std::thread::spawn(move || -> std::io::Result<()> {
+            std::thread::sleep(Duration::from_secs(10));
+            // Opening it for writing lets the read go on; it reads nothing, no history.
+            let writer = std::fs::OpenOptions::new().write(true).open(&fifo)?;
+            std::fs::remove_file(&fifo)?;
+            drop(writer);
+            Ok(())
+        });
+        router.assign(&[0])?;
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(router.starting() && router.started(false)?.is_empty(), "the restore waits for the store");
+        let began = std::time::Instant::now();
+        assert_eq!(revoke_one(&mut router, 0, Stop::Handover)?, None, "it never ran");
+        let took = began.elapsed();
+        assert!(took < Duration::from_secs(5), "the revocation waited {took:?} for the store");
+        assert!(!router.owns(0) && !router.starting());
+        answer.join().expect("the answering thread")?;
+        // The given-up restore ends; a new start of the partition runs after it.
+        router.assign(&[0])?;
+        assert_eq!(router.started(true)?.iter().map(|s| s.partition).collect::<Vec<_>>(), [0]);
+        assert_eq!(router.finish(Ok(Stop::Handover))?, [(0, 0)]);
         Ok(())
     }
 
@@ -404,7 +455,7 @@ mod tests {
             router.push(record, true)?;
         }
         router.flush(true)?;
-        let committed = router.revoke(0, Stop::Lost)?.expect("partition 0 ran here");
+        let committed = revoke_one(&mut router, 0, Stop::Lost)?.expect("partition 0 ran here");
         assert_eq!(committed % BATCH as u64, 0, "whole batches only: {committed}");
         assert_eq!(router.partition_reports()[0].stopped, Stop::Lost);
         assert_eq!(router.finish(Ok(Stop::Drain))?, []);
@@ -436,10 +487,18 @@ mod tests {
         retry: Duration,
         runtime: &tokio::runtime::Runtime,
     ) -> anyhow::Result<Router> {
+        let router = router_with_store(dir, retry, runtime)?;
+        let path = dir.join("store");
+        std::fs::remove_dir_all(&path)?;
+        std::fs::write(&path, "not a directory")?;
+        Ok(router)
+    }
+
+    /// A router of one partition checkpointing to the directory `dir/store`, its starts
+    /// trying the store again for `retry`.
+    fn router_with_store(dir: &Path, retry: Duration, runtime: &tokio::runtime::Runtime) -> anyhow::Result<Router> {
         let path = dir.join("store");
         let store = crate::checkpoint::CheckpointStore::open(path.to_str().expect("UTF-8 temp path"))?;
-        std::fs::remove_dir(&path)?;
-        std::fs::write(&path, "not a directory")?;
         let mut setup = setup("vehicle_stats", Vec::new(), dir, 1, runtime)?;
         setup.checkpoints = Some(crate::worker::Checkpointing {
             store,
@@ -450,8 +509,8 @@ mod tests {
                 host: "test".into(),
             },
             restore_budget: Duration::from_secs(60),
-            retry_timeout: retry,
         });
+        setup.retry_timeout = retry;
         Ok(Router::new(Workers::new(setup), 1, BATCH))
     }
 
@@ -464,7 +523,7 @@ mod tests {
         router.assign(&[0])?;
         std::thread::sleep(Duration::from_millis(200));
         assert!(router.starting() && router.started(false)?.is_empty(), "still trying");
-        assert_eq!(router.revoke(0, Stop::Handover)?, None, "it never ran");
+        assert_eq!(revoke_one(&mut router, 0, Stop::Handover)?, None, "it never ran");
         assert!(!router.owns(0) && !router.starting());
         assert!(router.started(false)?.is_empty(), "giving up is no failure");
         assert_eq!(router.finish(Ok(Stop::Handover))?, []);
