@@ -274,6 +274,7 @@ fn no_setting_at_any_extreme_panics_the_host() -> Result<()> {
         "[state]\ncommit_interval",
         "[state]\ncommit_every",
         "[state]\ncommit_dirty_mib",
+        "[state]\nqueued_mib",
         "[state]\ncache_mib",
         "[state]\nrocksdb_memory_mib",
         "[ttl]\ndefault",

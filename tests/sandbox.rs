@@ -590,6 +590,31 @@ fn a_batch_of_maximal_writes_ends_at_commit_dirty_mib() -> Result<()> {
     Ok(())
 }
 
+/// A partition's queue is bounded by bytes, not only by records: 400 records of 1 MiB
+/// each, read far faster than a slow operator takes them, would all wait in memory
+/// under the default `queued_records` (16,384). With `[state] queued_mib = 8` a batch
+/// ends at 2 MiB and the source waits once 8 MiB are queued, so the host's peak stays
+/// near its base whatever the input, and every record is processed.
+#[test]
+fn a_partition_s_queue_holds_at_most_queued_mib_of_records() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let pad = "x".repeat(1 << 20);
+    let records: Vec<Value> = (0..400)
+        .map(|i| json!({"vehicle_id": format!("q{i}"), "action": "work", "iterations": 2_000_000, "pad": pad}))
+        .collect();
+    let config = "[state]\nqueued_mib = 8\nrocksdb_memory_mib = 32\ncache_mib = 1\n";
+    let run = run_ok(&mut attack_job(dir, &operator_wasm("probe"), 32, &records, config)?)?;
+    assert_eq!(read_jsonl(&dir.join("out.jsonl"))?.len(), 400, "every record processed");
+    // The queue's 8 MiB, the batch being processed (2 MiB) and the one the router
+    // fills, the instance's 32 (a record is copied in), RocksDB's 32, and 150 for the
+    // binary: without the bound the 400 MiB wait in the queue.
+    let peak = reported_peak_mib(&String::from_utf8(run.stderr)?).context("the report gives the peak memory")?;
+    eprintln!("peak memory queueing 400 MiB of records: {peak:.0} MiB");
+    assert!(peak < 8.0 + 2.0 * 2.0 + 32.0 + 32.0 + 150.0, "peak memory {peak:.0} MiB");
+    Ok(())
+}
+
 /// The memory cap is the whole instance's, not one memory's. Components written by hand
 /// (a Rust one has one memory and fixed tables): one with five linear memories, more
 /// than an instance may have, and one whose three memories are each under the cap but

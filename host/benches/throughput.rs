@@ -210,7 +210,7 @@ fn through_worker(
     dir: &Path,
 ) -> Result<Measured> {
     let batches: Vec<Vec<SourceRecord>> = records.chunks(state.batch_size()).map(<[_]>::to_vec).collect();
-    let (tx, rx) = std::sync::mpsc::sync_channel(batches.len());
+    let (tx, rx) = worker::queue::bounded(batches.len(), usize::MAX);
     for batch in batches {
         tx.send(batch)?;
     }

@@ -56,6 +56,7 @@
 //! partitions = 4
 //! batch_records = 512         # records per batch a worker processes, at most
 //! queued_records = 16384      # records queued per partition (whole batches, at least 4) before its source waits
+//! queued_mib = 64             # ... or this much of records' bytes (batches cut at a quarter of it)
 //! commit_interval = "1s"      # a partition commits its state at least this often
 //! commit_every = 100000       # ... and after this many records
 //! commit_dirty_mib = 64       # ... or this much written
@@ -521,6 +522,13 @@ pub struct StateConfig {
     /// records librdkafka prefetched, so too small a queue pauses it all the time.
     #[serde(default = "default_queued_records")]
     pub queued_records: usize,
+    /// The most bytes of records (keys, values and headers) a partition's worker may
+    /// have queued, MiB, before the source holds the partition back; a batch ends at a
+    /// quarter of it. A queue bounded by records alone would hold `queued_records` of
+    /// the largest record, whatever its size. One record larger than the bound still
+    /// passes, alone.
+    #[serde(default = "default_queued_mib")]
+    pub queued_mib: usize,
     /// The longest a partition's processed records wait for their state commit.
     #[serde(default = "default_commit_interval", deserialize_with = "duration")]
     pub commit_interval: Duration,
@@ -556,6 +564,17 @@ impl StateConfig {
     pub fn queued_batches(&self) -> usize {
         (self.queued_records / self.batch_size()).max(4)
     }
+
+    /// The bytes of records a partition's worker may have queued: `queued_mib`.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_mib << 20
+    }
+
+    /// The bytes of records after which a batch ends: a quarter of `queued_mib`, so a
+    /// full queue holds at least four batches, as it does by records.
+    pub fn batch_bytes(&self) -> usize {
+        (self.queued_bytes() / 4).max(1)
+    }
 }
 
 fn default_state_dir() -> PathBuf {
@@ -572,6 +591,10 @@ fn default_batch_records() -> usize {
 
 fn default_queued_records() -> usize {
     16_384
+}
+
+fn default_queued_mib() -> usize {
+    64
 }
 
 fn default_commit_interval() -> Duration {
@@ -605,6 +628,7 @@ impl Default for StateConfig {
             partitions: default_partitions(),
             batch_records: default_batch_records(),
             queued_records: default_queued_records(),
+            queued_mib: default_queued_mib(),
             commit_interval: default_commit_interval(),
             commit_every: default_commit_every(),
             sync_outputs: default_sync_outputs(),
@@ -979,8 +1003,8 @@ impl Config {
         if self.state.commit_every == 0 || self.state.batch_records == 0 {
             bail!("[state] commit_every and batch_records must be at least 1");
         }
-        if self.state.commit_interval.is_zero() || self.state.commit_dirty_mib == 0 {
-            bail!("[state] commit_interval and commit_dirty_mib must be more than 0");
+        if self.state.commit_interval.is_zero() || self.state.commit_dirty_mib == 0 || self.state.queued_mib == 0 {
+            bail!("[state] commit_interval, commit_dirty_mib and queued_mib must be more than 0");
         }
         let report = &self.report;
         if !(report.skew_ratio >= 1.0 && report.skew_ratio.is_finite()) {
@@ -1016,6 +1040,7 @@ impl Config {
         let sizes_mib = [
             ("[operator] memory_limit_mib", self.operator.memory_limit_mib),
             ("[state] commit_dirty_mib", self.state.commit_dirty_mib as u64),
+            ("[state] queued_mib", self.state.queued_mib as u64),
             ("[state] cache_mib", self.state.cache_mib as u64),
             ("[state] rocksdb_memory_mib", self.state.rocksdb_memory_mib as u64),
         ];

@@ -207,6 +207,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
         checkpoints,
         runtime: runtime.handle().clone(),
         queued_batches: config.state.queued_batches(),
+        queued_bytes: config.state.queued_bytes(),
         // A batch half the poll timeout long is warned about: a rebalance waits for it.
         cadence: Cadence::of(&config.state, max_poll_interval.map(|interval| interval / 2)),
         cache_bytes: config.state.cache_mib << 20,
@@ -220,7 +221,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
         stopping: stopping.clone(),
     });
     let (live, host_stats) = (workers.live(), workers.host_stats());
-    let router = Router::new(workers, partitions, config.state.batch_size());
+    let router = Router::new(workers, partitions, config.state.batch_size(), config.state.batch_bytes());
     let deployer = Arc::new(Deployer::new(registry, sandbox, active, live.clone(), runtime.handle().clone()));
     if let Some(listen) = &config.admin.listen {
         let metrics = Metrics::new(live.clone(), host_stats.clone(), max_poll_interval, checkpoints_on);

@@ -57,6 +57,13 @@ impl SourceRecord {
     pub fn has_null_key(&self) -> bool {
         self.key.is_empty() && self.headers.iter().any(|(name, _)| name == NULL_KEY_HEADER)
     }
+
+    /// What it makes the host hold: its key, value and headers, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.key.len()
+            + self.value.len()
+            + self.headers.iter().map(|(name, value)| name.len() + value.len()).sum::<usize>()
+    }
 }
 
 /// One record an operator emitted.

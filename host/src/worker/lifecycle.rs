@@ -26,6 +26,7 @@
 //! This module does not decide which partitions this host owns (the source does) and
 //! does not read records.
 
+use super::queue::{self, QueueSender};
 use super::{Cadence, Destinations, StopSignal};
 use crate::backoff::Backoff;
 use crate::checkpoint::restore::{self, PartitionPlan};
@@ -44,7 +45,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, Sender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -74,6 +75,8 @@ pub struct WorkerSetup {
     pub runtime: Handle,
     /// Batches a worker may have queued before the source holds its partition back.
     pub queued_batches: usize,
+    /// ... and bytes of records (see [`queue`](super::queue)).
+    pub queued_bytes: usize,
     /// When workers commit, and the batch time they warn at.
     pub cadence: Cadence,
     /// The memory for committed state entries each partition keeps (see
@@ -204,7 +207,7 @@ impl Drop for Held {
 const GIVE_UP_POLL: Duration = Duration::from_millis(50);
 
 struct Running {
-    sender: SyncSender<Vec<SourceRecord>>,
+    sender: QueueSender,
     stop: Arc<StopSignal>,
     thread: JoinHandle<Result<PartitionReport>>,
     stats: Arc<PartitionStats>,
@@ -835,7 +838,7 @@ fn spawn_worker(
     let outputs = start.take_over(|| setup.destinations.sink.partition(partition, offset))?;
     let stats = Arc::new(PartitionStats::new(offset, instance.state().entries(), instance.version()));
     super::count_state_bytes(instance.state().store(), &stats);
-    let (sender, batches) = std::sync::mpsc::sync_channel(setup.queued_batches);
+    let (sender, batches) = queue::bounded(setup.queued_batches, setup.queued_bytes);
     let stop = Arc::new(StopSignal::following(setup.stopping.clone()));
     let started = Started { partition, offset, restored_from, assigned, took: assigned.elapsed() };
     let thread = std::thread::Builder::new().name(format!("sluice-p{partition}")).spawn({

@@ -33,6 +33,7 @@
 //! [source](crate::source)) or how the operator runs (the [operator](crate::operator)).
 
 mod lifecycle;
+pub mod queue;
 mod router;
 
 pub use lifecycle::{
@@ -53,7 +54,7 @@ use anyhow::{Context, Result};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 /// Where workers send what they produce, shared by all of them.
@@ -225,7 +226,7 @@ pub const NULL_KEY_REFUSED: &str = "the record has no key, and keyed state would
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     operator: &mut dyn Operator,
-    batches: Receiver<Vec<SourceRecord>>,
+    batches: queue::QueueReceiver,
     to: &Destinations,
     outputs: PartitionOutputs,
     stats: &PartitionStats,

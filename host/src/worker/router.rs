@@ -40,7 +40,10 @@ pub struct Router {
     /// The next offset each partition running here takes; `None`: not running here.
     next: Vec<Option<u64>>,
     pending: Vec<Vec<SourceRecord>>,
+    /// The bytes of each partition's `pending` records.
+    pending_bytes: Vec<usize>,
     batch_size: usize,
+    batch_bytes: usize,
     report: DispatchReport,
     /// Partitions that stopped alone since the source last asked
     /// ([`Partitions::failed`]): found while pushing and flushing too.
@@ -48,14 +51,16 @@ pub struct Router {
 }
 
 impl Router {
-    /// Batches of at most `batch_size` records for the `partitions` partitions of a
-    /// job, none of them running yet.
-    pub fn new(workers: Workers, partitions: u32, batch_size: usize) -> Self {
+    /// Batches of at most `batch_size` records, ending once they hold `batch_bytes`,
+    /// for the `partitions` partitions of a job, none of them running yet.
+    pub fn new(workers: Workers, partitions: u32, batch_size: usize, batch_bytes: usize) -> Self {
         Router {
             workers,
             next: vec![None; partitions as usize],
             pending: vec![Vec::new(); partitions as usize],
+            pending_bytes: vec![0; partitions as usize],
             batch_size,
+            batch_bytes,
             report: DispatchReport::default(),
             stopped: Vec::new(),
         }
@@ -83,6 +88,7 @@ impl Router {
     fn close(&mut self, p: u32) {
         self.next[p as usize] = None;
         self.pending[p as usize].clear();
+        self.pending_bytes[p as usize] = 0;
     }
 
     /// Closes the partitions whose worker stopped alone since the last look, and keeps
@@ -96,19 +102,40 @@ impl Router {
     }
 
     fn hand_over(&mut self, p: usize, wait: bool, partial: bool) -> Result<()> {
-        while self.pending[p].len() >= self.batch_size || (partial && !self.pending[p].is_empty()) {
-            let at = self.pending[p].len().min(self.batch_size);
+        while let Some(at) = self.next_batch(p, partial) {
             let rest = self.pending[p].split_off(at);
             let batch = std::mem::replace(&mut self.pending[p], rest);
+            let bytes: usize = batch.iter().map(SourceRecord::bytes).sum();
+            self.pending_bytes[p] -= bytes;
             if wait {
                 self.workers.send(p as u32, batch)?;
             } else if let Some(mut batch) = self.workers.try_send(p as u32, batch)? {
                 batch.append(&mut self.pending[p]);
                 self.pending[p] = batch;
+                self.pending_bytes[p] += bytes;
                 break;
             }
         }
         Ok(())
+    }
+
+    /// How many of partition `p`'s pending records its next batch takes: a full
+    /// batch's (`batch_size` records, or fewer holding `batch_bytes`), or with
+    /// `partial` whatever waits; `None` when no batch is due.
+    fn next_batch(&self, p: usize, partial: bool) -> Option<usize> {
+        let pending = &self.pending[p];
+        let mut bytes = 0;
+        for (at, record) in pending.iter().take(self.batch_size).enumerate() {
+            bytes += record.bytes();
+            if bytes >= self.batch_bytes {
+                return Some(at + 1);
+            }
+        }
+        match pending.len() {
+            len if len >= self.batch_size => Some(self.batch_size),
+            len if partial && len > 0 => Some(len),
+            _ => None,
+        }
     }
 }
 
@@ -176,8 +203,9 @@ impl Partitions for Router {
             }
             None => return Ok(false),
         }
+        self.pending_bytes[p] += record.bytes();
         self.pending[p].push(record);
-        if self.pending[p].len() >= self.batch_size {
+        if self.backed_up(p as u32) {
             self.hand_over(p, wait, false)?;
             // A worker that failed took nothing: its partition stops here, once a batch.
             self.close_failed()?;
@@ -191,7 +219,8 @@ impl Partitions for Router {
     }
 
     fn backed_up(&self, partition: u32) -> bool {
-        self.pending[partition as usize].len() >= self.batch_size
+        let p = partition as usize;
+        self.pending[p].len() >= self.batch_size || self.pending_bytes[p] >= self.batch_bytes
     }
 
     fn owns(&self, partition: u32) -> bool {
@@ -270,7 +299,7 @@ mod tests {
         partitions: u32,
         runtime: &tokio::runtime::Runtime,
     ) -> anyhow::Result<Router> {
-        Ok(Router::new(Workers::new(setup(name, config, dir, partitions, runtime)?), partitions, BATCH))
+        Ok(Router::new(Workers::new(setup(name, config, dir, partitions, runtime)?), partitions, BATCH, usize::MAX))
     }
 
     /// What [`router_of`] starts partitions with: no checkpoints.
@@ -293,6 +322,7 @@ mod tests {
             },
             runtime: runtime.handle().clone(),
             queued_batches: 1,
+            queued_bytes: usize::MAX,
             // A commit after every batch, as the tests' offsets expect.
             cadence: Cadence {
                 commit_interval: Duration::from_secs(60),
@@ -511,7 +541,7 @@ mod tests {
             restore_budget: Duration::from_secs(60),
         });
         setup.retry_timeout = retry;
-        Ok(Router::new(Workers::new(setup), 1, BATCH))
+        Ok(Router::new(Workers::new(setup), 1, BATCH, usize::MAX))
     }
 
     #[test]
