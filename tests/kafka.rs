@@ -624,11 +624,12 @@ fn a_revocation_hands_its_partitions_over_at_once() -> Result<()> {
 }
 
 /// A broker that cannot tell where a partition's log is when it resumes costs that
-/// partition a pause, not the host: the store fails (a file where its directory was)
-/// as the host's assignment comes, so its restore waits; the broker stops answering
-/// (frozen) and the store comes back, so the restore completes and the resume's query of
-/// the log's offsets times out. The host says so, tries again with backoff, and resumes
-/// once the broker answers, reading every record.
+/// partition a pause, not the host: the partition's folder in the store is a file, so
+/// its restore fails and waits (a host alone in its group is assigned the partition at
+/// once, so the store is broken before the host starts, where only the partition's
+/// restore reads); the broker stops answering (frozen) and the folder comes back, so the
+/// restore completes and the resume's query of the log's offsets times out. The host says
+/// so, tries again with backoff, and resumes once the broker answers, reading every record.
 #[test]
 fn a_broker_failing_a_partitions_resume_costs_it_a_pause() -> Result<()> {
     let broker = KafkaBroker::start()?;
@@ -638,17 +639,16 @@ fn a_broker_failing_a_partitions_resume_costs_it_a_pause() -> Result<()> {
     let all = dir.join("all.jsonl");
     generate(&all, 20, 500, SEED)?;
     broker.produce_lines("positions", &all)?;
-    let (store, away) = (dir.join("store"), dir.join("store.away"));
+    let store = dir.join("store");
+    let partition_folder = store.join("partition-0000");
+    std::fs::create_dir_all(&store)?;
+    std::fs::write(&partition_folder, "not a directory")?;
     let config = positions_source(dir, &broker.bootstrap, "group = \"resume\"\n")?;
     let minute = Duration::from_secs(60);
     let mut host = spawn_host(dir, "host", 1, &config, Some(&store), &[])?;
-    host.wait_for(JOB_STARTED, 1, minute)?;
-    std::fs::rename(&store, &away)?;
-    std::fs::write(&store, "not a directory")?;
     host.wait_for(STORE_RETRY, 1, minute)?;
     broker.freeze(true)?;
-    std::fs::remove_file(&store)?;
-    std::fs::rename(&away, &store)?;
+    std::fs::remove_file(&partition_folder)?;
     let retried = host.wait_for(RESUME_RETRY, 1, minute);
     broker.freeze(false)?;
     retried?;
