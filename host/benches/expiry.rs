@@ -10,16 +10,17 @@
 //! and their ratio. Run with `./dev.sh bench`; `SLUICE_BENCH_ENTRIES` changes the
 //! vehicles.
 
+#[path = "common/worker_path.rs"]
+mod worker_path;
+
 use anyhow::Result;
-use sluice::config::{NullKeys, StateConfig, TtlConfig};
+use sluice::config::{StateConfig, TtlConfig};
 use sluice::operator::Operator;
 use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
 use sluice::record::SourceRecord;
-use sluice::sink::{DeadLetterSink, LineSink, Sink};
 use sluice::state::{PartitionStore, Transaction};
-use sluice::stats::{HostStats, PartitionStats};
-use sluice::worker::{self, Cadence, Destinations, StopSignal};
-use sluice_tests::{CpuClock, bench_setting, operator_wasm};
+use sluice::worker::Cadence;
+use sluice_tests::{bench_setting, operator_wasm};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,9 +66,9 @@ fn main() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let mut operator = vehicle_stats(dir.path())?;
         // The records alone, committed at the end: what a first sighting costs.
-        let records_cpu = run(&mut operator, &records, &state, dir.path(), Cadence::of(&state, None))?.1;
+        let records_cpu = worker_path::run(&mut operator, &records, &state, dir.path(), Cadence::of(&state, None))?.1;
         let (storm_wall, storm_cpu) = if committed {
-            run(&mut operator, std::slice::from_ref(&jump), &state, dir.path(), Cadence::of(&state, None))?
+            worker_path::run(&mut operator, std::slice::from_ref(&jump), &state, dir.path(), Cadence::of(&state, None))?
         } else {
             // The same records again into fresh state, never committed before the
             // jump: the storm expires entries of the uncommitted batch.
@@ -80,7 +81,7 @@ fn main() -> Result<()> {
                 slow_batch: None,
             };
             let all: Vec<SourceRecord> = records.iter().cloned().chain([jump.clone()]).collect();
-            let (wall, cpu) = run(&mut operator, &all, &state, dir.path(), never)?;
+            let (wall, cpu) = worker_path::run(&mut operator, &all, &state, dir.path(), never)?;
             (wall, cpu.saturating_sub(records_cpu))
         };
         let per_record = records_cpu.as_secs_f64() * 1e6 / entries as f64;
@@ -101,32 +102,4 @@ fn vehicle_stats(dir: &Path) -> Result<impl Operator> {
     let ttl = TtlConfig { default: Some(TTL), ..TtlConfig::default() };
     let txn = Transaction::new(PartitionStore::open(&dir.join("state"), 0)?, 64 << 20)?.with_ttl(Arc::new(ttl))?;
     ActiveVersion::new(Arc::new(operator)).instantiate(0, txn.with_dirty_limit(64 << 20))
-}
-
-/// `records` through [`worker::run`] as `sluice run` would, committing as `cadence`
-/// says and at the end: its wall and CPU time.
-fn run(
-    operator: &mut impl Operator,
-    records: &[SourceRecord],
-    state: &StateConfig,
-    dir: &Path,
-    cadence: Cadence,
-) -> Result<(Duration, Duration)> {
-    let batches: Vec<Vec<SourceRecord>> = records.chunks(state.batch_size()).map(<[_]>::to_vec).collect();
-    let (tx, rx) = worker::queue::bounded(batches.len(), usize::MAX);
-    for batch in batches {
-        tx.send(batch)?;
-    }
-    drop(tx);
-    let destinations = Destinations {
-        sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"), true)?),
-        dead_letters: DeadLetterSink::Lines(LineSink::file(&dir.join("dead.jsonl"), true)?),
-    };
-    let stats = PartitionStats::new(records[0].offset, 0, "bench");
-    let outputs = destinations.sink.partition(0, records[0].offset)?;
-    let clock = CpuClock::start()?;
-    let stop = StopSignal::default();
-    let host = HostStats::default();
-    worker::run(operator, rx, &destinations, outputs, &stats, &host, None, &stop, cadence, NullKeys::default())?;
-    clock.stop()
 }

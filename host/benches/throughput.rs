@@ -31,16 +31,17 @@
 //! builds the component first); `SLUICE_BENCH_RECORDS` changes the records per run and
 //! `SLUICE_BENCH_VEHICLES` runs one fleet size only.
 
+#[path = "common/worker_path.rs"]
+mod worker_path;
+
 use anyhow::Result;
-use sluice::config::{NullKeys, OperatorLimits, StateConfig, TtlConfig};
+use sluice::config::{OperatorLimits, StateConfig, TtlConfig};
 use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
 use sluice::operator::{Operator, Outcome, Output, Switch};
 use sluice::record::SourceRecord;
-use sluice::sink::{DeadLetterSink, LineSink, Sink};
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::state::{PartitionStore, Transaction};
-use sluice::stats::{HostStats, PartitionStats};
-use sluice::worker::{self, Cadence, Destinations, StopSignal};
+use sluice::worker::Cadence;
 use sluice_guest::native::StateBackend;
 use sluice_tests::{CpuClock, bench_setting, operator_wasm};
 use std::cell::RefCell;
@@ -200,7 +201,7 @@ impl std::fmt::Display for Measured {
     }
 }
 
-/// `operator` through [`worker::run`] with every batch already queued; its store is
+/// `operator` through [`worker_path::run`], every batch already queued; its store is
 /// closed at the end, so the paths measured after it share RocksDB's memory budget
 /// with nothing left over.
 fn through_worker(
@@ -209,33 +210,7 @@ fn through_worker(
     state: &StateConfig,
     dir: &Path,
 ) -> Result<Measured> {
-    let batches: Vec<Vec<SourceRecord>> = records.chunks(state.batch_size()).map(<[_]>::to_vec).collect();
-    let (tx, rx) = worker::queue::bounded(batches.len(), usize::MAX);
-    for batch in batches {
-        tx.send(batch)?;
-    }
-    drop(tx);
-    let destinations = Destinations {
-        sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"), true)?),
-        dead_letters: DeadLetterSink::Lines(LineSink::file(&dir.join("dead.jsonl"), true)?),
-    };
-    let stats = PartitionStats::new(0, 0, "bench");
-    let clock = CpuClock::start()?;
-    let outputs = destinations.sink.partition(0, 0)?;
-    let stop = StopSignal::default();
-    worker::run(
-        &mut operator,
-        rx,
-        &destinations,
-        outputs,
-        &stats,
-        &HostStats::default(),
-        None,
-        &stop,
-        Cadence::of(state, None),
-        NullKeys::default(),
-    )?;
-    let (wall, cpu) = clock.stop()?;
+    let (wall, cpu) = worker_path::run(&mut operator, records, state, dir, Cadence::of(state, None))?;
     let (hits, misses) = operator.state().cache().hits_and_misses();
     Ok(Measured {
         rate: records.len() as f64 / wall.as_secs_f64(),

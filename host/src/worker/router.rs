@@ -102,10 +102,9 @@ impl Router {
     }
 
     fn hand_over(&mut self, p: usize, wait: bool, partial: bool) -> Result<()> {
-        while let Some(at) = self.next_batch(p, partial) {
+        while let Some((at, bytes)) = self.next_batch(p, partial) {
             let rest = self.pending[p].split_off(at);
             let batch = std::mem::replace(&mut self.pending[p], rest);
-            let bytes: usize = batch.iter().map(SourceRecord::bytes).sum();
             self.pending_bytes[p] -= bytes;
             if wait {
                 self.workers.send(p as u32, batch)?;
@@ -119,21 +118,22 @@ impl Router {
         Ok(())
     }
 
-    /// How many of partition `p`'s pending records its next batch takes: a full
-    /// batch's (`batch_size` records, or fewer holding `batch_bytes`), or with
-    /// `partial` whatever waits; `None` when no batch is due.
-    fn next_batch(&self, p: usize, partial: bool) -> Option<usize> {
+    /// How many of partition `p`'s pending records its next batch takes, and their
+    /// bytes: a full batch (`batch_size` records, or fewer holding `batch_bytes`), or
+    /// with `partial` whatever waits; `None` when no batch is due.
+    fn next_batch(&self, p: usize, partial: bool) -> Option<(usize, usize)> {
         let pending = &self.pending[p];
         let mut bytes = 0;
         for (at, record) in pending.iter().take(self.batch_size).enumerate() {
             bytes += record.bytes();
             if bytes >= self.batch_bytes {
-                return Some(at + 1);
+                return Some((at + 1, bytes));
             }
         }
+        // Under `batch_bytes`: the batch takes every record summed above.
         match pending.len() {
-            len if len >= self.batch_size => Some(self.batch_size),
-            len if partial && len > 0 => Some(len),
+            len if len >= self.batch_size => Some((self.batch_size, bytes)),
+            len if partial && len > 0 => Some((len, bytes)),
             _ => None,
         }
     }
