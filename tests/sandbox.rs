@@ -76,6 +76,20 @@ fn attack_job(dir: &Path, operator: &Path, memory_mib: u32, records: &[Value], c
     Ok(command)
 }
 
+/// The `cabi_realloc` of the components written by hand: a bump allocator from `start`
+/// (`$next`, which a component may reset), freeing nothing.
+fn bump_realloc(start: u32) -> String {
+    format!(
+        r#"(global $next (mut i32) (i32.const {start}))
+          (func (export "cabi_realloc") (param i32 i32) (param $align i32) (param $size i32) (result i32)
+            (local $at i32)
+            (local.set $at (i32.and (i32.add (global.get $next) (i32.sub (local.get $align) (i32.const 1)))
+                                    (i32.sub (i32.const 0) (local.get $align))))
+            (global.set $next (i32.add (local.get $at) (local.get $size)))
+            (local.get $at))"#
+    )
+}
+
 /// A component of the `operator` world written by hand in WebAssembly text, for what a
 /// Rust operator cannot do: `memories` linear memories of `pages` 64 KiB pages each,
 /// and a `process` that grows a table by `grow_slots` for each record whose value is
@@ -84,18 +98,13 @@ fn handmade_operator(dir: &Path, name: &str, memories: usize, pages: u32, grow_s
     let more_memories: String = (1..memories).map(|_| format!("(memory {pages})")).collect();
     // `init` and `process` answer with the zeroed bytes at 16: `ok`, an empty list.
     // Lists the host passes in are bump-allocated from 4096, and freed after each call.
+    let realloc = bump_realloc(4096);
     let wat = format!(
         r#"(module
           (memory (export "memory") {pages})
           {more_memories}
           (table $slots 1 funcref)
-          (global $next (mut i32) (i32.const 4096))
-          (func (export "cabi_realloc") (param i32 i32) (param $align i32) (param $size i32) (result i32)
-            (local $at i32)
-            (local.set $at (i32.and (i32.add (global.get $next) (i32.sub (local.get $align) (i32.const 1)))
-                                    (i32.sub (i32.const 0) (local.get $align))))
-            (global.set $next (i32.add (local.get $at) (local.get $size)))
-            (local.get $at))
+          {realloc}
           (func (export "init") (param i32 i32) (result i32) (i32.const 16))
           (func (export "process") (param i32 i32 i32) (param $value_len i32) (param i64 i32 i64 i32 i32) (result i32)
             (if (i32.gt_u (local.get $value_len) (i32.const 40))
@@ -185,17 +194,12 @@ fn aliasing_operator(dir: &Path, name: &str, batched: bool) -> Result<PathBuf> {
             "../wit/operator.wit",
         ),
     };
+    let realloc = bump_realloc(65536);
     let wat = format!(
         r#"(module
           {imports}
           (memory (export "memory") {pages})
-          (global $next (mut i32) (i32.const 65536))
-          (func (export "cabi_realloc") (param i32 i32) (param $align i32) (param $size i32) (result i32)
-            (local $at i32)
-            (local.set $at (i32.and (i32.add (global.get $next) (i32.sub (local.get $align) (i32.const 1)))
-                                    (i32.sub (i32.const 0) (local.get $align))))
-            (global.set $next (i32.add (local.get $at) (local.get $size)))
-            (local.get $at))
+          {realloc}
           (func (export "init") (param i32 i32) (result i32) (i32.const 0))
           {reply}
           (func (export "process") (param $kp i32) (param $kl i32) (param $vp i32) (param $vl i32)
