@@ -384,7 +384,9 @@ fn logs_are_plain_in_files_coloured_on_terminals_and_json_when_asked() -> Result
         assert!(lines.len() <= 4, "8 partitions, only those worth attention:\n{summary}");
     }
     assert!(summaries.iter().any(|s| s.contains("(slowest") || s.contains("largest")), "{piped}");
-    assert!(summaries[0].contains("8 partitions"), "{}", summaries[0]);
+    // A summary counts the partitions running when it is written: the first may come
+    // while some of the eight are still opening their state.
+    assert!(summaries.iter().any(|s| s.contains("8 partitions")), "{piped}");
 
     // `script` gives the job a terminal.
     let on_terminal = |no_color: bool| -> Result<String> {
