@@ -9,7 +9,7 @@
 //! names stays readable, and `sluice deploy --config` tries versions out in a private
 //! directory. (Two hosts switching together: tests/kafka.rs.)
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde_json::Value;
 use sluice_tests::*;
 use std::collections::BTreeMap;
@@ -702,6 +702,64 @@ fn a_replay_moves_the_clock_and_expires_as_the_first_run_did_whenever_it_runs() 
     let outputs = outputs_of(&swapped)?;
     assert_eq!(outputs_of(&later)?, outputs, "the same outputs 25 seconds later");
     assert_eq!(outputs_of(&killed)?, outputs, "the same outputs (each at least once) after the kill");
+    Ok(())
+}
+
+/// A replay processes each record with the version that first processed it. A job
+/// runs version 1, version 2 is deployed in its middle, and the job ends; then its
+/// host loses its disk and the checkpoints taken since the deploy are gone, so the
+/// next run restores checkpoints version 1 took and replays records from before the
+/// switch, with version 2 in force. Version 1 processes them again — every replayed
+/// record's output names the version its first output named — version 2 takes over at
+/// the offset where it first did, and the state ends as the first run left it.
+#[test]
+fn a_replay_from_before_a_hot_swap_runs_each_record_with_the_version_that_first_did() -> Result<()> {
+    use sluice::worker::REPLAYED_WITH;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let more = "[checkpoint]\ninterval = \"500ms\"\nretain = 1000\n";
+    let PacedJob { config, mut host, admin, .. } =
+        PacedJob::start(dir, (400, 24_000), 4_000, &operator_wasm("vehicle_stats"), more)?;
+    std::thread::sleep(Duration::from_secs(2));
+    let deployed = run_ok(
+        sluice().arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats_v2")).arg("--admin").arg(&admin),
+    )?;
+    let v2 = named_version(&String::from_utf8_lossy(&deployed.stdout));
+    assert!(host.wait_exit(Duration::from_secs(60))?.success(), "{}", host.log());
+    let version_at = |outputs: &[Value]| -> BTreeMap<(u64, u64), String> {
+        let at = |o: &Value| (o["partition"].as_u64().unwrap(), o["offset"].as_u64().unwrap());
+        outputs.iter().map(|o| (at(o), o["operator"].as_str().unwrap().to_string())).collect()
+    };
+    let first = version_at(&read_jsonl(&dir.join("out.jsonl"))?);
+    let state = dump_state_lines(&dir.join("state"))?;
+
+    // The disk is lost, and so are the checkpoints version 2 took.
+    std::fs::remove_dir_all(dir.join("state"))?;
+    std::fs::rename(dir.join("out.jsonl"), dir.join("first.jsonl"))?;
+    let store = dir.join("state.checkpoints");
+    for partition in 0..4 {
+        for manifest in checkpoint_manifests(&store, partition)? {
+            if manifest["operator"] == v2.as_str() {
+                let id = manifest["id"].as_u64().context("a manifest names its checkpoint")?;
+                std::fs::remove_file(store.join(format!("partition-{partition:04}/manifests/{id:010}.json")))?;
+            }
+        }
+    }
+    let run =
+        run_ok(sluice().arg("run").arg("--config").arg(&config).args(["--rate", "1000000"]).env("SLUICE_LOG", "info"))?;
+    let log = String::from_utf8_lossy(&run.stderr);
+    let v1 = first.values().find(|v| **v != v2).context("version 1 ran first")?;
+    let back = format!("from {v2} to {v1} at offset");
+    let replayed = log.lines().filter(|l| l.contains(REPLAYED_WITH) && l.contains(&back)).count();
+    assert_eq!(replayed, 4, "each partition replays with version 1, then switches to 2 again:\n{log}");
+    assert!(log.contains("8 version switches"), "{log}");
+    let again = version_at(&read_jsonl(&dir.join("out.jsonl"))?);
+    let v1_replayed = again.iter().filter(|(_, version)| **version != v2).count();
+    assert!(v1_replayed > 0 && again.values().any(|v| *v == v2), "the replay crossed the switch: {v1_replayed}");
+    for (at, version) in &again {
+        assert_eq!(Some(version), first.get(at), "partition {} offset {}", at.0, at.1);
+    }
+    assert_eq!(dump_state_lines(&dir.join("state"))?, state, "the state the first run left");
     Ok(())
 }
 

@@ -1402,6 +1402,97 @@ fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() ->
     Ok(())
 }
 
+/// A silent replay runs the version whose outputs it does not send again: a host
+/// running version 1 with exactly-once outputs is killed between a transaction's commit
+/// and its state's, and version 2 is deployed while no host runs. The restart processes
+/// the records whose outputs are committed with version 1, switching to it at the offset
+/// its state resumes at, and takes version 2 on at the offset the outputs are committed
+/// up to; every input has one output, those past that offset by version 2.
+#[test]
+fn a_silent_replay_runs_the_version_whose_outputs_it_does_not_send_again() -> Result<()> {
+    use sluice::worker::REPLAYED_WITH;
+    let broker = KafkaBroker::start_transactional()?;
+    broker.create_topic("positions", 2)?;
+    broker.create_topic("summaries", 2)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let (vehicles, count) = (100, 3_000);
+    let input = dir.join("input.jsonl");
+    generate(&input, vehicles, count, SEED)?;
+    broker.produce_lines("positions", &input)?;
+    // Under the name of the job's operator, which the file's stem gives.
+    let v1_file = dir.join("vehicle_stats.wasm");
+    std::fs::copy(operator_wasm("vehicle_stats"), &v1_file)?;
+    let config = dir.join("job.toml");
+    let brokers = &broker.bootstrap;
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = {v1_file:?}\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\ntopic = \"positions\"\n\
+             group = \"eos-replay\"\nstop_when_idle = \"2s\"\ninstance_id = \"replay-host\"\n[source.properties]\n\
+             \"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n[sink]\nkind = \"kafka\"\n\
+             brokers = \"{brokers}\"\ntopic = \"summaries\"\nguarantee = \"exactly-once\"\n[state]\ndir = {:?}\n\
+             partitions = 2\nbatch_records = 100\ncommit_every = 500\n[dead_letter]\npath = {:?}\n[report]\ninterval_s = 0\n",
+            dir.join("state"),
+            dir.join("dead.jsonl"),
+        ),
+    )?;
+    let job = || {
+        let mut command = sluice();
+        command.arg("run").arg("--config").arg(&config);
+        command
+    };
+    let killed = job().env("SLUICE_KILL_AT", format!("{OUTPUTS_COMMITTED}:3")).output()?;
+    assert!(!killed.status.success(), "killed: {}", String::from_utf8_lossy(&killed.stderr));
+    let deployed = run_ok(
+        sluice().arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats_v2")).arg("--config").arg(&config),
+    )?;
+    let v2 = String::from_utf8_lossy(&deployed.stdout)
+        .split_whitespace()
+        .find(|w| w.starts_with("vehicle_stats@"))
+        .unwrap_or_default()
+        .to_string();
+    let restarted = run_ok(job().env("SLUICE_LOG", "info"))?;
+    let log = String::from_utf8_lossy(&restarted.stderr);
+
+    // `outputs committed up to offset N, state at S: records S..N are processed again
+    // without outputs (…) partition=P`
+    let silent: Vec<(String, u64, u64)> = log
+        .lines()
+        .filter(|line| line.contains(REPLAYED_SILENTLY))
+        .map(|line| {
+            let number =
+                |after: &str| line.split(after).nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok();
+            let partition = line.rsplit("partition=").next().unwrap_or_default().trim().to_string();
+            (partition, number("state at ").unwrap_or(0), number(&format!("{COVERED} ")).unwrap_or(0))
+        })
+        .collect();
+    assert!(!silent.is_empty(), "a kill between the commits leaves records to replay silently:\n{log}");
+    let switches: Vec<&str> = log.lines().filter(|line| line.contains("switched from")).collect();
+    for (partition, state_at, covered) in &silent {
+        let in_partition = |line: &&&str| line.ends_with(&format!("partition={partition}"));
+        let to_v1 = switches.iter().filter(in_partition).find(|l| l.contains(REPLAYED_WITH));
+        let to_v1 = to_v1.with_context(|| format!("partition {partition} replays with version 1:\n{log}"))?;
+        assert!(
+            to_v1.contains(&format!("from {v2} to ")) && to_v1.contains(&format!("at offset {state_at} (")),
+            "{to_v1}"
+        );
+        let to_v2 = switches.iter().filter(in_partition).find(|l| l.contains(&format!("to {v2} at offset {covered},")));
+        assert!(to_v2.is_some(), "partition {partition} takes version 2 on at offset {covered}:\n{log}");
+    }
+    let outputs = broker.read_topic("summaries")?;
+    assert_each_input_has_one_output(&outputs, count, &Reference::fold(&input)?, "killed between the commits");
+    for (partition, _, covered) in &silent {
+        let past: Vec<&KafkaRecord> = outputs
+            .iter()
+            .filter(|r| r.headers["sluice-partition"] == *partition)
+            .filter(|r| r.headers["sluice-offset"].parse::<u64>().is_ok_and(|offset| offset >= *covered))
+            .collect();
+        assert!(past.iter().all(|r| r.headers["sluice-operator"] == v2), "partition {partition} past {covered}");
+    }
+    Ok(())
+}
+
 /// A fenced partition costs only itself, and takes its transactions back: while a host
 /// runs, a producer takes over partition 0's transactions, as a zombie's late start would
 /// (or the partition's next owner's, when this host is the zombie). More records come,

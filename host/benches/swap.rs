@@ -119,7 +119,7 @@ fn switch_alone(versions: &[PathBuf; 2]) -> Result<Vec<Duration>> {
     (0..200)
         .map(|i| {
             active.activate(operators[i % 2].clone());
-            let switch = instance.follow_deploys()?.context("a new version was active")?;
+            let switch = instance.follow_deploys(i as u64)?.context("a new version was active")?;
             Ok(switch.stall)
         })
         .collect()

@@ -265,7 +265,7 @@ impl Operator for NativeVehicleStats {
         "vehicle_stats@native"
     }
 
-    fn follow_deploys(&mut self) -> Result<Option<Switch>> {
+    fn follow_deploys(&mut self, _offset: u64) -> Result<Option<Switch>> {
         Ok(None)
     }
 }

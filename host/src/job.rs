@@ -14,6 +14,7 @@ use crate::config::{Config, Guarantee, NullKeys, SinkConfig, SourceConfig};
 use crate::lock;
 use crate::metrics::Metrics;
 use crate::operator::deploy::{Deployer, Sandbox};
+use crate::operator::replay::SwitchLog;
 use crate::operator::wasm::ActiveVersion;
 use crate::record::RawRecord;
 use crate::sink::{DeadLetterSink, Sink};
@@ -180,6 +181,8 @@ pub fn run(config: &Config) -> Result<JobReport> {
     )?;
     let version = operator.version().to_string();
     let active = ActiveVersion::new(operator);
+    let switches =
+        SwitchLog::new(registry.clone(), sandbox.limits.clone(), sandbox.config.clone(), runtime.handle().clone());
     // After the operator loaded, so a component that cannot run is the error a start
     // names first.
     if let Some(checkpoints) = &checkpoints {
@@ -204,6 +207,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
         state,
         destinations: Destinations { sink, dead_letters },
         operator: active.clone(),
+        switches,
         checkpoints,
         runtime: runtime.handle().clone(),
         queued_batches: config.state.queued_batches(),

@@ -522,7 +522,7 @@ fn roll_back(name: &str, job: JobTarget) -> Result<()> {
         Job::Registry { registry, sandbox, poll_versions, .. } => {
             let runtime = checkpoint::runtime()?;
             let target = runtime.block_on(registry.rollback_target())?;
-            let component = runtime.block_on(registry.component(&target))?;
+            let component = runtime.block_on(registry.component(&target.version))?;
             sandbox.validate(&target.version, &component, &format!("version {}", target.version))?;
             let deployment = runtime.block_on(registry.rollback(&target, "sluice rollback"))?;
             recorded(&deployment, poll_versions)

@@ -168,7 +168,7 @@ impl Deployer {
             current.seq,
             configured.display()
         );
-        let bytes = runtime.block_on(registry.component(&current))?;
+        let bytes = runtime.block_on(registry.component(&current.version))?;
         let operator = sandbox.validate(&current.version, &bytes, &format!("version {}", current.version))?;
         Ok((registry, Arc::new(operator)))
     }
@@ -256,7 +256,7 @@ impl Deployer {
         if let Some(previous) = versions.previous.take_if(|p| p.version() == deployment.version) {
             return Ok(previous);
         }
-        let bytes = self.runtime.block_on(self.registry.component(deployment))?;
+        let bytes = self.runtime.block_on(self.registry.component(&deployment.version))?;
         let origin = format!("version {}", deployment.version);
         Ok(Arc::new(self.sandbox.validate(&deployment.version, &bytes, &origin)?))
     }

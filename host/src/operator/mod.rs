@@ -9,11 +9,14 @@
 //!   partition's instance follows.
 //! - [`registry`]: the deployed versions and their history, kept in the job's store.
 //! - [`deploy`]: validating a new version, recording it and switching this host to it.
+//! - [`replay`]: each partition's switches of versions, recorded so that records
+//!   processed again are processed with the version that first processed them.
 //!
 //! It does not decide when state commits or where outputs go.
 
 pub mod deploy;
 pub mod registry;
+pub mod replay;
 pub mod wasm;
 
 pub use crate::record::Output;
@@ -132,10 +135,20 @@ pub trait Operator: Send {
     /// output and dead letter it produces, and every checkpoint of its state, says so.
     fn version(&self) -> &str;
 
-    /// Switches to the version deployed since this operator last looked, if any,
-    /// keeping the partition's state. The worker calls it only between batches, so
+    /// Switches to the version that processes the record at `offset` on, if it runs
+    /// another, keeping the partition's state: while the partition replays records, the
+    /// version that first processed that one ([`replay`]), else the version deployed
+    /// since this operator last looked. The worker calls it only between batches, so
     /// each record is processed by exactly one version.
-    fn follow_deploys(&mut self) -> Result<Option<Switch>>;
+    fn follow_deploys(&mut self, offset: u64) -> Result<Option<Switch>>;
+
+    /// The first offset after `offset` whose record a replay may process with another
+    /// version than the record at `offset`'s: a batch starting at `offset` ends before
+    /// it. `None` when the partition does not replay.
+    fn next_switch(&self, offset: u64) -> Option<u64> {
+        let _ = offset;
+        None
+    }
 }
 
 /// [`Operator::process_batch`] one call of [`Operator::process`] per record.
@@ -210,4 +223,6 @@ pub struct Switch {
     /// Why the new version could not start on this partition, which keeps running
     /// `from`.
     pub refused: Option<String>,
+    /// Whether a replay switched where the first run of its records had.
+    pub replayed: bool,
 }

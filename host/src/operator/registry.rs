@@ -9,6 +9,8 @@
 //! ```text
 //! <store>/operators/<name>/components/<digest>.wasm    each deployed build, once
 //! <store>/operators/<name>/history/0000000003.json     entry 3: deploy or rollback
+//! <store>/operators/<name>/switches/partition-0001/00000000000000001500.json
+//!                                                      partition 1 ran a version from offset 1500 on
 //! ```
 //!
 //! A digest is a SHA-256 (64 hex digits); a build recorded before versions were named
@@ -17,7 +19,9 @@
 //! still the same version ([`Registry::version_of`]).
 //!
 //! A deploy pushes a version, a rollback pops back to the one before it; the running
-//! version is the top of that stack. This module owns the layout and the history's
+//! version is the top of that stack. Each partition also records the offsets where it
+//! changed versions ([`Registry::record_switch`]), so that a replay of its records
+//! processes each with the version that first did ([`replay`](super::replay)). This module owns the layout and the history's
 //! meaning; it does not validate components (the [deployer](super::deploy) does before
 //! it records anything) and does not run them.
 //!
@@ -117,6 +121,17 @@ impl fmt::Display for Deployment {
     }
 }
 
+/// A partition's switch of versions, as [`Registry::record_switch`] stores it.
+#[derive(Debug, Serialize, Deserialize)]
+struct SwitchRecord {
+    /// The first offset the version processed.
+    offset: u64,
+    /// The version switched to.
+    version: String,
+    /// When it was recorded, milliseconds since the Unix epoch.
+    at_ms: u64,
+}
+
 /// The versions of one operator in one store.
 #[derive(Debug, Clone)]
 pub struct Registry {
@@ -194,9 +209,9 @@ impl Registry {
         Ok(in_force(&self.history().await?).pop())
     }
 
-    /// The component of `deployment`'s version, checked against the digest its name holds.
-    pub async fn component(&self, deployment: &Deployment) -> Result<Vec<u8>, DeployError> {
-        self.read_component(&deployment.version).await.map_err(DeployError::StoreUnavailable)
+    /// The component of `version`, checked against the digest its name holds.
+    pub async fn component(&self, version: &str) -> Result<Vec<u8>, DeployError> {
+        self.read_component(version).await.map_err(DeployError::StoreUnavailable)
     }
 
     async fn read_component(&self, version: &str) -> Result<Vec<u8>> {
@@ -361,6 +376,48 @@ impl Registry {
         }
     }
 
+    /// Records that `partition` runs `version` from `offset` on, replacing what was
+    /// recorded at that offset: a switch made there before a record was processed is
+    /// undone by the next one.
+    pub async fn record_switch(&self, partition: u32, offset: u64, version: &str) -> Result<()> {
+        let switch = SwitchRecord { offset, version: version.to_string(), at_ms: crate::stats::now_ms() };
+        let json = serde_json::to_vec_pretty(&switch).expect("a switch record serializes");
+        self.store.put_bytes(&self.switch_path(partition, offset), json).await
+    }
+
+    /// The versions `partition` switched to, by the offset each switch took effect at.
+    pub async fn switches(&self, partition: u32) -> Result<BTreeMap<u64, String>> {
+        let folder = self.switch_folder(partition);
+        let mut switches = BTreeMap::new();
+        for name in self.store.object_names(&folder).await? {
+            let path = format!("{folder}/{name}");
+            let Some(offset) = name.strip_suffix(".json").and_then(|n| n.parse::<u64>().ok()) else { continue };
+            let bytes = self.store.get_optional(&path).await?.ok_or_else(|| anyhow!("{path} vanished"))?;
+            let switch: SwitchRecord = serde_json::from_slice(&bytes)
+                .with_context(|| format!("{path} in {} is not a sluice switch record", self.store.url()))?;
+            if switch.offset != offset || !switch.version.starts_with(&format!("{}@", self.name)) {
+                bail!(
+                    "{path} in {} is corrupt: it records a switch to {} at offset {}, not one of operator {} at \
+                     offset {offset}",
+                    self.store.url(),
+                    switch.version,
+                    switch.offset,
+                    self.name
+                );
+            }
+            switches.insert(offset, switch.version);
+        }
+        Ok(switches)
+    }
+
+    fn switch_folder(&self, partition: u32) -> String {
+        format!("{}/partition-{partition:04}", self.folder("switches"))
+    }
+
+    fn switch_path(&self, partition: u32, offset: u64) -> String {
+        format!("{}/{offset:020}.json", self.switch_folder(partition))
+    }
+
     fn folder(&self, what: &str) -> String {
         format!("operators/{}/{what}", self.name)
     }
@@ -428,7 +485,7 @@ mod tests {
             assert_eq!(registry.rollback(&registry.rollback_target().await?, "t").await?.version, v1.version);
             // A restart with the first file runs what the history says: v1 after the rollbacks.
             assert_eq!(registry.adopt(b"two", "restart").await?.version, v1.version);
-            assert_eq!(registry.component(&registry.current().await?.unwrap()).await?, b"one");
+            assert_eq!(registry.component(&registry.current().await?.unwrap().version).await?, b"one");
             assert_eq!(registry.history().await?.len(), 5);
             Ok(())
         })
@@ -443,7 +500,7 @@ mod tests {
         assert_eq!(v1.version, super::super::version_of("op", b"one"));
         let object = dir.path().join(format!("operators/op/components/{}.wasm", super::super::digest_of(&v1.version)));
         std::fs::write(&object, b"two")?;
-        let err = runtime.block_on(registry.component(&v1)).unwrap_err();
+        let err = runtime.block_on(registry.component(&v1.version)).unwrap_err();
         assert!(matches!(err, DeployError::StoreUnavailable(_)), "{err:?}");
         let err = format!("{err:#}");
         assert!(err.contains("is corrupt") && err.contains("operators/op/components"), "{err}");
@@ -454,7 +511,7 @@ mod tests {
         assert_eq!(std::fs::read(&object)?, b"two");
         std::fs::remove_file(&object)?;
         runtime.block_on(registry.deploy(b"one", "t"))?;
-        assert_eq!(runtime.block_on(registry.component(&v1))?, b"one");
+        assert_eq!(runtime.block_on(registry.component(&v1.version))?, b"one");
         // An entry whose contents do not match its name is refused, not followed.
         let entry = dir.path().join("operators/op/history/0000000001.json");
         std::fs::write(&entry, std::fs::read_to_string(&entry)?.replace("op@", "other@"))?;
@@ -487,7 +544,7 @@ mod tests {
             assert_eq!(v2.version.len(), "op@".len() + 64);
             let back = registry.rollback(&registry.rollback_target().await?, "t").await?;
             assert_eq!(back.version, old);
-            assert_eq!(registry.component(&back).await?, b"one", "read and checked by its CRC-64");
+            assert_eq!(registry.component(&back.version).await?, b"one", "read and checked by its CRC-64");
             let again = registry.deploy(b"one", "t").await.unwrap_err();
             assert!(matches!(again, DeployError::AlreadyInForce { seq: 3, .. }), "{again:?}");
             Ok(())

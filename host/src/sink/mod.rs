@@ -123,6 +123,15 @@ pub enum PartitionOutputs {
 }
 
 impl PartitionOutputs {
+    /// The offset below which every input's outputs are committed already, so that
+    /// processing those inputs again emits nothing: a committed transaction's, else 0.
+    pub fn covered(&self) -> u64 {
+        match self {
+            PartitionOutputs::Acknowledged(_) => 0,
+            PartitionOutputs::Transaction(transaction) => transaction.covered(),
+        }
+    }
+
     /// The first delivery that failed so far, or a transactional producer's fatal
     /// error (fenced, above all), as an error, without waiting.
     pub fn check(&self) -> Result<()> {

@@ -217,6 +217,11 @@ impl PartitionTransaction {
         Ok(())
     }
 
+    /// The offset below which every input's outputs are in committed transactions.
+    pub fn covered(&self) -> u64 {
+        self.covered
+    }
+
     /// The producer's fatal error, if it had one (fenced, above all), without waiting.
     pub fn check(&self) -> Result<()> {
         match self.producer.client().fatal_error() {

@@ -34,6 +34,7 @@ use crate::checkpoint::store::{self, ClaimedElsewhere};
 use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
 use crate::config::{NullKeys, TtlConfig};
 use crate::lock;
+use crate::operator::replay::SwitchLog;
 use crate::operator::wasm::ActiveVersion;
 use crate::operator::{Operator, OperatorStopped};
 use crate::record::{SourceRecord, Stop};
@@ -67,6 +68,8 @@ pub struct WorkerSetup {
     pub state: StateDir,
     /// The operator version every partition runs, switched by deploys.
     pub operator: Arc<ActiveVersion>,
+    /// Where partitions record their switches of versions and read them back to replay.
+    pub switches: Arc<SwitchLog>,
     /// Where restores come from and checkpoints go; `None` when checkpoints are off.
     pub checkpoints: Option<Checkpointing>,
     /// Where outputs and dead letters go.
@@ -836,6 +839,7 @@ fn spawn_worker(
         )
     });
     let outputs = start.take_over(|| setup.destinations.sink.partition(partition, offset))?;
+    instance.follow_switches(&setup.switches, partition, offset, outputs.covered())?;
     let stats = Arc::new(PartitionStats::new(offset, instance.state().entries(), instance.version()));
     super::count_state_bytes(instance.state().store(), &stats);
     let (sender, batches) = queue::bounded(setup.queued_batches, setup.queued_bytes);

@@ -210,6 +210,10 @@ impl Cadence {
     }
 }
 
+/// Logged with a switch a replay makes: `switched from … to … at offset 1500 (the
+/// version that first processed these records)`.
+pub const REPLAYED_WITH: &str = "the version that first processed these records";
+
 /// The reason a dead letter of a record without a key gives.
 pub const NULL_KEY_REFUSED: &str = "the record has no key, and keyed state would put it with every other keyless record \
      of its partition; [source] null_keys = \"operator\" gives such records to the operator instead";
@@ -285,6 +289,12 @@ pub fn run(
             _in_version = version_span(operator.version());
             uncommitted.commit(operator, stats, to)?;
         }
+        // A replay switches versions where the first run of its records did.
+        if let Some(cut) = operator.next_switch(first.offset)
+            && let Some(at) = batch.iter().position(|record| record.offset >= cut)
+        {
+            rest = Some(batch.split_off(at));
+        }
         let started = Instant::now();
         // A processing-time clock reads the wall clock once a batch: the batch's
         // expiries are decided at one time.
@@ -307,8 +317,11 @@ pub fn run(
         let next_offset = batch.get(outcomes.len()).map_or(batch[batch.len() - 1].offset + 1, |next| next.offset);
         let partition = batch[0].partition;
         if outcomes.len() < batch.len() {
-            // Ended at a per-batch bound: the rest is the next batch.
-            rest = Some(batch.split_off(outcomes.len()));
+            // Ended at a per-batch bound: the rest is the next batch, before what a
+            // replay's switch cut off.
+            let mut unprocessed = batch.split_off(outcomes.len());
+            unprocessed.extend(rest.take().into_iter().flatten());
+            rest = Some(unprocessed);
         }
         let version = operator.version();
         // Each expiry's outputs come before those of the record it preceded.
@@ -565,7 +578,7 @@ fn follow_deploys(
     host: &HostStats,
     offset: u64,
 ) -> Result<bool> {
-    let Some(switch) = operator.follow_deploys()? else { return Ok(false) };
+    let Some(switch) = operator.follow_deploys(offset)? else { return Ok(false) };
     let partition = operator.state().store().partition();
     if let Some(reason) = switch.refused {
         tracing::error!(
@@ -578,9 +591,10 @@ fn follow_deploys(
         return Ok(false);
     }
     let stall_us = crate::micros(switch.stall);
+    let why = if switch.replayed { format!(" ({REPLAYED_WITH})") } else { String::new() };
     tracing::info!(
         partition,
-        "switched from {} to {} at offset {offset}, standing still {stall_us} µs",
+        "switched from {} to {} at offset {offset}{why}, standing still {stall_us} µs",
         switch.from,
         switch.to
     );

@@ -275,6 +275,9 @@ mod tests {
     //! vehicle-stats component over real state, driven as the Kafka source drives it.
 
     use super::*;
+    use crate::checkpoint::CheckpointStore;
+    use crate::operator::registry::Registry;
+    use crate::operator::replay::SwitchLog;
     use crate::operator::wasm::{ActiveVersion, Limits, WasmOperator};
     use crate::sink::{DeadLetterSink, LineSink, Sink};
     use crate::source::generator::{Fleet, FleetOptions};
@@ -311,10 +314,12 @@ mod tests {
         runtime: &tokio::runtime::Runtime,
     ) -> anyhow::Result<WorkerSetup> {
         let limits = Limits { call_timeout: Some(Duration::from_secs(5)), memory_bytes: 64 << 20, ..Limits::default() };
-        let operator = WasmOperator::load(&sluice_tests::operator_wasm(name), limits, config)?;
+        let operator = WasmOperator::load(&sluice_tests::operator_wasm(name), limits.clone(), config.clone())?;
+        let registry = Registry::new(CheckpointStore::open(&dir.join("versions").to_string_lossy())?, name)?;
         Ok(WorkerSetup {
             state: StateDir::open(&dir.join("state"), partitions)?,
             operator: ActiveVersion::new(Arc::new(operator)),
+            switches: SwitchLog::new(registry, limits, config, runtime.handle().clone()),
             checkpoints: None,
             destinations: Destinations {
                 sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"), true)?),

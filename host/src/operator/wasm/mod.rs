@@ -4,7 +4,8 @@
 //! (pre-instantiated, so an instance costs microseconds, not a compile). The
 //! [`ActiveVersion`] says which one this host runs; it makes one [`WasmInstance`] per
 //! partition, and each instance switches to a newly activated version between two
-//! batches, keeping the partition's state. Instances get only the `sluice:operator`
+//! batches, keeping the partition's state — or, while its partition replays records, to
+//! the version that first processed them ([`replay`](super::replay)). Instances get only the `sluice:operator`
 //! imports (keyed state and logging). WASI imports that the Rust standard library
 //! links in are defined as traps, so a guest that touches the filesystem, network,
 //! clock or environment traps with the name of the function; any other import is
@@ -33,6 +34,7 @@
 
 mod lift;
 
+use super::replay::{PartitionSwitches, SwitchLog};
 use super::{Expiration, Operator, OperatorStopped, Outcome, Processed, Switch};
 use crate::config::{self, OperatorLimits, RetryPolicy};
 use crate::log_rate::{self, Admitted, LogRate};
@@ -697,7 +699,14 @@ impl ActiveVersion {
     pub fn instantiate(self: &Arc<Self>, partition: u32, txn: Transaction) -> Result<WasmInstance> {
         let (generation, operator) = self.get();
         let live = operator.start(operator.context(partition, txn)).map_err(|(e, _)| e)?;
-        Ok(WasmInstance { operator, active: self.clone(), generation, live: Some(live), replaced: 0 })
+        Ok(WasmInstance {
+            operator,
+            active: self.clone(),
+            generation: Some(generation),
+            switches: None,
+            live: Some(live),
+            replaced: 0,
+        })
     }
 }
 
@@ -705,8 +714,12 @@ impl ActiveVersion {
 pub struct WasmInstance {
     operator: Arc<WasmOperator>,
     active: Arc<ActiveVersion>,
-    /// The generation of the active version this instance last followed.
-    generation: u64,
+    /// The generation of the active version this instance last followed; `None` once
+    /// it must look again whatever the generation (its replay ended, its switches are
+    /// to be recorded).
+    generation: Option<u64>,
+    /// Its partition's switches of versions: those it replays, those it records.
+    switches: Option<PartitionSwitches>,
     /// Always `Some` between calls; taken only while the instance is replaced.
     live: Option<Live>,
     /// How many times a trap replaced the instance.
@@ -1111,32 +1124,79 @@ impl Operator for WasmInstance {
         self.operator.version()
     }
 
-    fn follow_deploys(&mut self) -> Result<Option<Switch>> {
-        if self.active.generation() == self.generation {
+    fn follow_deploys(&mut self, offset: u64) -> Result<Option<Switch>> {
+        if let Some(first) = self.switches.as_ref().and_then(|s| s.replayed(offset)) {
+            // After the replay, the active version is looked at whatever its generation.
+            self.generation = None;
+            if first.version == self.operator.version {
+                return Ok(None);
+            }
+            return self.switch_to(first.clone(), true).map(Some);
+        }
+        if self.generation == Some(self.active.generation()) {
             return Ok(None);
         }
         let began = Instant::now();
         let (generation, next) = self.active.get();
-        self.generation = generation;
+        self.generation = Some(generation);
+        if let Some(switches) = &mut self.switches
+            && let Err(e) = switches.record(offset, &next.version)
+        {
+            // Unrecorded, a replay of what it would process could not repeat it.
+            let reason = format!("recording the switch at offset {offset} failed: {e:#}");
+            let (from, to) = (self.operator.version.clone(), next.version.clone());
+            return Ok(Some(Switch { from, to, stall: began.elapsed(), refused: Some(reason), replayed: false }));
+        }
         // Deployed and rolled back again before this partition looked.
         if next.version == self.operator.version {
             return Ok(None);
         }
+        self.switch_to(next, false).map(Some)
+    }
+
+    fn next_switch(&self, offset: u64) -> Option<u64> {
+        self.switches.as_ref()?.next_change(offset)
+    }
+}
+
+impl WasmInstance {
+    /// Follows `partition`'s switches in `log` from now on, its state resuming at
+    /// offset `resume_at` and its outputs committed up to `covered`: replays the records
+    /// before both with the versions that first processed them, then records each
+    /// switch, beginning with the version it runs then. Fails when the log cannot be
+    /// read or a version it names cannot be loaded.
+    pub fn follow_switches(
+        &mut self,
+        log: &Arc<SwitchLog>,
+        partition: u32,
+        resume_at: u64,
+        covered: u64,
+    ) -> Result<()> {
+        self.switches = Some(log.partition(partition, resume_at, covered, &self.operator)?);
+        self.generation = None;
+        Ok(())
+    }
+
+    /// Switches to `next`, keeping the partition's state; a version that fails to start
+    /// leaves the old one running (`replayed`: a switch a replay repeats).
+    fn switch_to(&mut self, next: Arc<WasmOperator>, replayed: bool) -> Result<Switch> {
+        let began = Instant::now();
         let from = self.operator.version.clone();
         let ctx = self.live.take().expect("instance is live between calls").store.into_data();
-        match next.start(ctx) {
+        let to = next.version.clone();
+        let refused = match next.start(ctx) {
             Ok(live) => {
                 self.live = Some(live);
                 self.operator = next;
-                Ok(Some(Switch { from, to: self.operator.version.clone(), stall: began.elapsed(), refused: None }))
+                None
             }
             // Validated before activation, so rare: keep running the old version here.
             Err((reason, ctx)) => {
                 self.live = Some(self.operator.start(ctx).map_err(|(e, _)| e)?);
-                let to = next.version.clone();
-                Ok(Some(Switch { from, to, stall: began.elapsed(), refused: Some(format!("{reason:#}")) }))
+                Some(format!("{reason:#}"))
             }
-        }
+        };
+        Ok(Switch { from, to, stall: began.elapsed(), refused, replayed })
     }
 }
 
@@ -1950,15 +2010,15 @@ mod tests {
 
         // Not validated first, so it gets as far as a partition, which keeps its version.
         active.activate(failing.clone());
-        let switch = instance.follow_deploys()?.expect("a new version is active");
+        let switch = instance.follow_deploys(1)?.expect("a new version is active");
         assert_eq!((switch.from.as_str(), switch.to.as_str()), (good.version(), failing.version()));
         assert!(switch.refused.as_deref().is_some_and(|r| r.contains("fail_init is set")), "{switch:?}");
         assert_eq!(instance.version(), good.version());
-        assert!(instance.follow_deploys()?.is_none(), "a refused version is tried once");
+        assert!(instance.follow_deploys(1)?.is_none(), "a refused version is tried once");
         assert_eq!(count(&mut instance, 1)?, br#"{"count":2}"#, "the state is still there");
 
         active.activate(good.clone());
-        assert!(instance.follow_deploys()?.is_none(), "already runs it");
+        assert!(instance.follow_deploys(2)?.is_none(), "already runs it");
         Ok(())
     }
 }

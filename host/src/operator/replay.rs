@@ -1,0 +1,224 @@
+//! The version each record of a partition is processed with when it is processed again.
+//!
+//! A record processed twice — after a crash, a restore from an older checkpoint, a
+//! handover — must be decided the same way both times: with exactly-once outputs the
+//! second run is silent, so a state that decided otherwise would no longer be the fold
+//! of the outputs already committed. Which version processes a record is one of those
+//! decisions. So a partition records in the [registry](super::registry) the offset of
+//! each switch of versions before the new version processes anything, and a partition
+//! that starts reads its switches back: its records below the offset its outputs are
+//! committed up to, or below its last recorded switch, are processed with the version
+//! that first processed them, switching where the first run switched; from there on it
+//! follows the host's [active version](super::wasm::ActiveVersion) again, recording
+//! each switch.
+//!
+//! This module owns that plan ([`PartitionSwitches`]) and the log it is read from and
+//! written to ([`SwitchLog`]). The [instance](super::wasm::WasmInstance) carries the
+//! plan out between batches; the registry owns the log's layout.
+
+use super::registry::Registry;
+use super::wasm::{Limits, WasmOperator};
+use crate::lock;
+use anyhow::{Context, Result};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use tokio::runtime::Handle;
+
+/// The switches of every partition of a job, kept in its registry, and the versions
+/// replays need, compiled once for all partitions.
+pub struct SwitchLog {
+    registry: Registry,
+    limits: Limits,
+    config: Vec<(String, String)>,
+    runtime: Handle,
+    /// Versions compiled for replays, by name.
+    compiled: Mutex<BTreeMap<String, Arc<WasmOperator>>>,
+}
+
+impl SwitchLog {
+    /// The log in `registry`; versions a replay needs are compiled with `limits` and
+    /// `config` (the job's sandbox), and the store is called on `runtime`.
+    pub fn new(registry: Registry, limits: Limits, config: Vec<(String, String)>, runtime: Handle) -> Arc<Self> {
+        Arc::new(SwitchLog { registry, limits, config, runtime, compiled: Mutex::default() })
+    }
+
+    /// The switches of `partition`, whose state resumes at offset `resume_at` and whose
+    /// outputs are committed up to offset `covered`, its instance running `running`.
+    /// Fails when the log cannot be read or a recorded version cannot be loaded.
+    pub fn partition(
+        self: &Arc<Self>,
+        partition: u32,
+        resume_at: u64,
+        covered: u64,
+        running: &Arc<WasmOperator>,
+    ) -> Result<PartitionSwitches> {
+        let recorded = self
+            .runtime
+            .block_on(self.registry.switches(partition))
+            .with_context(|| format!("reading partition {partition}'s version switches"))?;
+        let until = covered.max(recorded.keys().next_back().copied().unwrap_or(0));
+        let mut versions = BTreeMap::new();
+        if resume_at < until {
+            // Records from `resume_at` up to the first switch after it ran the version in
+            // force there: the one recorded at or before it, or, with none recorded (a
+            // store older than this log), the one running now.
+            let before = recorded.range(..=resume_at).next_back().map(|(_, v)| v.as_str());
+            let first = match before {
+                Some(version) => self.compiled(version, running)?,
+                None => running.clone(),
+            };
+            versions.insert(resume_at, first);
+            for (&offset, version) in recorded.range(resume_at + 1..until) {
+                versions.insert(offset, self.compiled(version, running)?);
+            }
+        }
+        Ok(PartitionSwitches {
+            log: self.clone(),
+            partition,
+            versions,
+            until,
+            logged: recorded.into_values().next_back(),
+        })
+    }
+
+    /// `version`, compiled: `running` itself, or compiled from the registry once.
+    fn compiled(&self, version: &str, running: &Arc<WasmOperator>) -> Result<Arc<WasmOperator>> {
+        if running.version() == version {
+            return Ok(running.clone());
+        }
+        let mut compiled = lock(&self.compiled);
+        if let Some(operator) = compiled.get(version) {
+            return Ok(operator.clone());
+        }
+        let bytes = self.runtime.block_on(self.registry.component(version))?;
+        let origin = format!("version {version}, which a replay repeats");
+        let operator =
+            Arc::new(WasmOperator::compile(version, &bytes, &origin, self.limits.clone(), self.config.clone())?);
+        compiled.insert(version.to_string(), operator.clone());
+        Ok(operator)
+    }
+}
+
+/// One partition's switches: those its replay repeats, then those it records.
+pub struct PartitionSwitches {
+    log: Arc<SwitchLog>,
+    partition: u32,
+    /// From each offset on, the version that first processed the records there, for
+    /// the records the partition replays: the first key is the offset it resumed at.
+    versions: BTreeMap<u64, Arc<WasmOperator>>,
+    /// Records below it are replayed with `versions`.
+    until: u64,
+    /// The version the log has from its last switch on, if it has any.
+    logged: Option<String>,
+}
+
+impl PartitionSwitches {
+    /// The version that processes the record at `offset` if the partition replays it:
+    /// the one that first did.
+    pub fn replayed(&self, offset: u64) -> Option<&Arc<WasmOperator>> {
+        if offset >= self.until {
+            return None;
+        }
+        self.versions.range(..=offset).next_back().map(|(_, version)| version)
+    }
+
+    /// The first offset after `offset` whose record may be processed with another
+    /// version than the record at `offset`: a batch must end before it.
+    pub fn next_change(&self, offset: u64) -> Option<u64> {
+        if offset >= self.until {
+            return None;
+        }
+        Some(self.versions.range(offset + 1..).next().map_or(self.until, |(&at, _)| at))
+    }
+
+    /// Records that the partition runs `version` from `offset` on, unless the log says
+    /// so already. Called before `version` processes anything there.
+    pub fn record(&mut self, offset: u64, version: &str) -> Result<()> {
+        if self.logged.as_deref() == Some(version) {
+            return Ok(());
+        }
+        self.log.runtime.block_on(self.log.registry.record_switch(self.partition, offset, version))?;
+        self.logged = Some(version.to_string());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::CheckpointStore;
+
+    /// Versions 1 and 2 of vehicle_stats deployed in a registry in `dir`: the log over
+    /// that registry (calling it on `runtime`), version 1, and version 2 compiled as the
+    /// running one.
+    fn log_with_two_versions(
+        dir: &std::path::Path,
+        runtime: &tokio::runtime::Runtime,
+    ) -> Result<(Arc<SwitchLog>, String, Arc<WasmOperator>)> {
+        let registry = Registry::new(CheckpointStore::open(&dir.to_string_lossy())?, "vehicle_stats")?;
+        let bytes = |name| std::fs::read(sluice_tests::operator_wasm(name));
+        let v1 = runtime.block_on(registry.deploy(&bytes("vehicle_stats")?, "test"))?.version;
+        let v2_bytes = bytes("vehicle_stats_v2")?;
+        let v2 = runtime.block_on(registry.deploy(&v2_bytes, "test"))?.version;
+        let running = Arc::new(WasmOperator::compile(&v2, &v2_bytes, "test", Limits::default(), Vec::new())?);
+        let log = SwitchLog::new(registry, Limits::default(), Vec::new(), runtime.handle().clone());
+        Ok((log, v1, running))
+    }
+
+    fn version(switches: &PartitionSwitches, offset: u64) -> Option<&str> {
+        switches.replayed(offset).map(|operator| operator.version())
+    }
+
+    /// A partition resuming before its last switch replays up to it with the versions
+    /// recorded, or up to the offset its outputs are committed to when that is later;
+    /// one resuming after both replays nothing; a switch already recorded is not
+    /// written again, and records before the log began run the running version.
+    #[test]
+    fn a_replay_runs_the_recorded_versions_up_to_the_last_switch_or_the_committed_outputs() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::checkpoint::runtime()?;
+        let (log, v1, running) = log_with_two_versions(dir.path(), &runtime)?;
+        let v2 = running.version().to_string();
+        let mut start = log.partition(0, 0, 0, &running)?;
+        assert_eq!(version(&start, 0), None, "an empty log replays nothing");
+        start.record(0, &v1)?;
+        start.record(100, &v2)?;
+        start.record(100, &v2)?;
+        assert_eq!(runtime.block_on(log.registry.switches(0))?, BTreeMap::from([(0, v1.clone()), (100, v2.clone())]));
+
+        let before_switch = log.partition(0, 50, 0, &running)?;
+        assert_eq!((version(&before_switch, 50), version(&before_switch, 99)), (Some(v1.as_str()), Some(v1.as_str())));
+        assert_eq!(version(&before_switch, 100), None, "from the last switch on, the active version");
+        assert_eq!((before_switch.next_change(50), before_switch.next_change(100)), (Some(100), None));
+
+        let covered = log.partition(0, 50, 150, &running)?;
+        assert_eq!((version(&covered, 99), version(&covered, 149)), (Some(v1.as_str()), Some(v2.as_str())));
+        assert_eq!(
+            (covered.next_change(50), covered.next_change(100), covered.next_change(150)),
+            (Some(100), Some(150), None)
+        );
+
+        let after = log.partition(0, 200, 150, &running)?;
+        assert_eq!((version(&after, 200), after.next_change(200)), (None, None));
+
+        // A partition whose log began after the checkpoint it resumes from.
+        let mut late = log.partition(1, 0, 0, &running)?;
+        late.record(100, &v1)?;
+        let late = log.partition(1, 10, 0, &running)?;
+        assert_eq!((version(&late, 10), version(&late, 100)), (Some(v2.as_str()), None));
+        Ok(())
+    }
+
+    #[test]
+    fn a_corrupt_switch_record_is_refused_by_name() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::checkpoint::runtime()?;
+        let (log, v1, running) = log_with_two_versions(dir.path(), &runtime)?;
+        log.partition(0, 0, 0, &running)?.record(100, &v1)?;
+        let path = dir.path().join("operators/vehicle_stats/switches/partition-0000/00000000000000000100.json");
+        std::fs::write(&path, std::fs::read_to_string(&path)?.replace("\"offset\": 100", "\"offset\": 7"))?;
+        let err = format!("{:#}", log.partition(0, 0, 0, &running).err().context("a corrupt record is refused")?);
+        assert!(err.contains("00000000000000000100.json") && err.contains("is corrupt"), "{err}");
+        Ok(())
+    }
+}
