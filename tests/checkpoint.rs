@@ -344,6 +344,28 @@ fn a_corrupt_and_a_missing_file_are_named_and_skipped() -> Result<()> {
     Ok(())
 }
 
+/// An object of the store too large to be a record sluice wrote — a manifest of 4 GiB
+/// (sparse: it costs the disk nothing) — is named and skipped without being read: the
+/// restore falls back to the checkpoint before it.
+#[test]
+fn an_oversized_manifest_is_named_and_skipped_unread() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (dir, store) = (dir.path(), dir.path().join("state.checkpoints"));
+    for count in [10_000, 20_000] {
+        run_ok(&mut checkpoint_at_end(dir, 400, count, 1))?;
+    }
+    let manifest = store.join("partition-0000/manifests/0000000002.json");
+    std::fs::File::options().write(true).open(&manifest)?.set_len(4 << 30)?;
+    std::fs::remove_dir_all(dir.join("state"))?;
+    let mut command = checkpoint_at_end(dir, 400, 20_000, 1);
+    let run = run_ok(command.env("SLUICE_LOG", "info"))?;
+    let log = stderr(&run);
+    let refused = format!("manifests/0000000002.json in checkpoint store {} takes 4294967296 bytes", store.display());
+    assert!(log.contains("unreadable checkpoint: checkpoint 2") && log.contains(&refused), "{log}");
+    assert!(log.contains("checkpoint 1@10000"), "fell back to checkpoint 1:\n{log}");
+    assert_state_is_fold(dir, 400, 20_000, "after skipping the oversized manifest")
+}
+
 #[test]
 fn a_small_change_uploads_a_small_fraction_of_the_state() -> Result<()> {
     let dir = tempfile::tempdir()?;

@@ -46,7 +46,7 @@ use crate::config::AdminConfig;
 use crate::lock;
 use crate::metrics::{self, CONTENT_TYPE};
 use crate::operator::deploy::{self, DeployReport, Deployer};
-use crate::operator::registry::{DeployError, Deployment};
+use crate::operator::registry::{DeployError, Deployment, MAX_COMPONENT_BYTES};
 use crate::stats::{HostEvent, HostStats, now_ms};
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
@@ -68,9 +68,6 @@ use tokio::task::{AbortHandle, JoinHandle};
 
 /// Logged once the API listens: `admin API listening on http://127.0.0.1:PORT`.
 pub const LISTENING: &str = "admin API listening on ";
-
-/// The largest component a deploy accepts.
-pub const MAX_COMPONENT_BYTES: usize = 256 << 20;
 
 /// The longest a connection may take to send a request's headers.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -519,7 +516,7 @@ const PAGE_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; style
 
 /// A deploy's body: at most [`MAX_COMPONENT_BYTES`], within [`BODY_TIMEOUT`].
 async fn read_body(body: Incoming) -> std::result::Result<Bytes, (StatusCode, String)> {
-    match tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_COMPONENT_BYTES).collect()).await {
+    match tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_COMPONENT_BYTES as usize).collect()).await {
         Ok(Ok(body)) => Ok(body.to_bytes()),
         Ok(Err(e)) => Err((StatusCode::PAYLOAD_TOO_LARGE, format!("reading the request body: {e}"))),
         Err(_) => Err((StatusCode::REQUEST_TIMEOUT, format!("the body took more than {BODY_TIMEOUT:?}"))),

@@ -50,6 +50,11 @@ pub struct StoredFile {
 /// The checkpoint format this build writes and reads.
 pub const CHECKPOINT_FORMAT: u32 = 1;
 
+/// The most bytes sluice reads of a record it keeps in a store — a manifest, a claim,
+/// the restore history, a registry entry — far more than it writes (a manifest names
+/// each file in about 150 bytes, so this is over 400,000 files).
+pub const MAX_RECORD_BYTES: u64 = 64 << 20;
+
 const STORE_MANIFEST: &str = "sluice-checkpoints.json";
 const RESTORES: &str = "restores.json";
 /// Restores remembered for predicting the next one.
@@ -268,7 +273,7 @@ impl CheckpointStore {
 
     /// The store's own manifest, if the store has been used.
     pub async fn store_manifest(&self) -> Result<Option<StoreManifest>> {
-        let Some(bytes) = self.get_optional(STORE_MANIFEST).await? else { return Ok(None) };
+        let Some(bytes) = self.get_optional(STORE_MANIFEST, MAX_RECORD_BYTES).await? else { return Ok(None) };
         let manifest: StoreManifest = serde_json::from_slice(&bytes).with_context(|| {
             format!("{STORE_MANIFEST} in checkpoint store {} is not a sluice store manifest", self.url)
         })?;
@@ -340,7 +345,7 @@ impl CheckpointStore {
     /// `partition` (or nobody claimed it: a store older than claims).
     pub async fn check_claim(&self, partition: u32, host: &str) -> Result<()> {
         let path = claim_path(partition);
-        let Some(bytes) = self.get_optional(&path).await? else { return Ok(()) };
+        let Some(bytes) = self.get_optional(&path, MAX_RECORD_BYTES).await? else { return Ok(()) };
         let claim: PartitionClaim =
             serde_json::from_slice(&bytes).with_context(|| format!("{path} is not a sluice partition claim"))?;
         if claim.host != host {
@@ -372,7 +377,7 @@ impl CheckpointStore {
     /// Reads the manifest of checkpoint `id` of `partition`.
     pub async fn manifest(&self, partition: u32, id: u64) -> Result<Manifest> {
         let path = manifest_path(partition, id);
-        let bytes = self.get_optional(&path).await?.ok_or_else(|| anyhow!("{path} is missing"))?;
+        let bytes = self.get_optional(&path, MAX_RECORD_BYTES).await?.ok_or_else(|| anyhow!("{path} is missing"))?;
         let manifest: Manifest =
             serde_json::from_slice(&bytes).with_context(|| format!("{path} is not a sluice checkpoint manifest"))?;
         if let Some(bad) =
@@ -545,7 +550,7 @@ impl CheckpointStore {
 
     /// The restores measured from this store so far.
     pub async fn restore_history(&self) -> Result<RestoreHistory> {
-        match self.get_optional(RESTORES).await? {
+        match self.get_optional(RESTORES, MAX_RECORD_BYTES).await? {
             // The history only informs predictions: a damaged one starts afresh.
             Some(bytes) => Ok(serde_json::from_slice(&bytes).unwrap_or_default()),
             None => Ok(RestoreHistory::default()),
@@ -561,9 +566,17 @@ impl CheckpointStore {
         self.put_bytes(RESTORES, serde_json::to_vec_pretty(&history)?).await
     }
 
-    /// Reads object `path`, if the store holds it.
-    pub(crate) async fn get_optional(&self, path: &str) -> Result<Option<Vec<u8>>> {
+    /// Reads object `path`, if the store holds it and it takes at most `limit` bytes;
+    /// a larger one is refused, naming it, before anything of it is read, so a damaged
+    /// or crafted object never chooses what the host allocates.
+    pub(crate) async fn get_optional(&self, path: &str, limit: u64) -> Result<Option<Vec<u8>>> {
         match self.objects.get(&ObjectPath::from(path)).await {
+            Ok(found) if found.meta.size > limit => bail!(
+                "{path} in checkpoint store {} takes {} bytes, more than the {limit} sluice reads of such an object: \
+                 it is damaged or not sluice's",
+                self.url,
+                found.meta.size
+            ),
             Ok(found) => Ok(Some(
                 found
                     .bytes()

@@ -16,7 +16,7 @@
 //!
 //! [registry]: super::registry
 
-use super::registry::{DeployError, Deployment, Registry};
+use super::registry::{DeployError, Deployment, MAX_COMPONENT_BYTES, Registry};
 use super::wasm::{ActiveVersion, Limits, WasmOperator};
 use crate::checkpoint::CheckpointStore;
 use crate::config::OperatorConfig;
@@ -65,9 +65,16 @@ impl Sandbox {
 
     /// Compiles `component` as `version` (what its registry names it) from `origin` and
     /// runs its `init` once over an empty scratch database (created and removed here):
-    /// the checks a version passes before it runs. A failure of the scratch database is
+    /// the checks a version passes before it runs, after its size (at most
+    /// [`MAX_COMPONENT_BYTES`]). A failure of the scratch database is
     /// this host's, not the component's.
     pub fn validate(&self, version: &str, component: &[u8], origin: &str) -> Result<WasmOperator, DeployError> {
+        if component.len() as u64 > MAX_COMPONENT_BYTES {
+            return Err(DeployError::Refused(anyhow::anyhow!(
+                "operator {origin} takes {} bytes, more than the {MAX_COMPONENT_BYTES} a job deploys",
+                component.len()
+            )));
+        }
         let operator = WasmOperator::compile(version, component, origin, self.limits.clone(), self.config.clone())
             .map_err(DeployError::Refused)?;
         let scratch = PartitionStore::open(&self.scratch, 0)
@@ -382,5 +389,16 @@ mod tests {
         assert!(started.elapsed() < SWITCH_TIMEOUT / 2, "did not wait for the refusal");
         assert_eq!((running, worst, behind), (2, Duration::from_micros(200), vec![2]));
         Ok(())
+    }
+
+    #[test]
+    fn a_component_larger_than_a_job_deploys_is_refused_before_it_is_compiled() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let sandbox = Sandbox { limits: Limits::default(), config: Vec::new(), scratch: dir.path().join("scratch") };
+        // Zeroed pages the allocator maps lazily: the test costs no memory.
+        let huge = vec![0u8; MAX_COMPONENT_BYTES as usize + 1];
+        let refused = sandbox.validate("op@0", &huge, "huge.wasm").err().expect("refused");
+        assert!(matches!(refused, DeployError::Refused(_)), "{refused:?}");
+        assert!(refused.to_string().contains("huge.wasm takes 268435457 bytes"), "{refused}");
     }
 }

@@ -30,6 +30,7 @@
 //! refuses an invalid version for good but tries an unreadable store again.
 
 use crate::checkpoint::CheckpointStore;
+use crate::checkpoint::store::MAX_RECORD_BYTES;
 use crate::checksum;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
@@ -142,6 +143,9 @@ pub struct Registry {
     read: Arc<Mutex<BTreeMap<u64, Deployment>>>,
 }
 
+/// The largest component a job deploys or reads back from its registry.
+pub const MAX_COMPONENT_BYTES: u64 = 256 << 20;
+
 /// How often a deploy retries when other deploys keep taking the next number.
 const APPEND_ATTEMPTS: usize = 10;
 
@@ -189,7 +193,8 @@ impl Registry {
     /// Reads history entry `seq`, checking that it is what its name says.
     async fn read_entry(&self, seq: u64) -> Result<Deployment> {
         let path = self.entry_path(seq);
-        let bytes = self.store.get_optional(&path).await?.ok_or_else(|| anyhow!("{path} vanished"))?;
+        let bytes =
+            self.store.get_optional(&path, MAX_RECORD_BYTES).await?.ok_or_else(|| anyhow!("{path} vanished"))?;
         let entry: Deployment = serde_json::from_slice(&bytes)
             .with_context(|| format!("{path} in {} is not a sluice deployment record", self.store.url()))?;
         if entry.seq != seq || !entry.version.starts_with(&format!("{}@", self.name)) {
@@ -216,7 +221,7 @@ impl Registry {
 
     async fn read_component(&self, version: &str) -> Result<Vec<u8>> {
         let path = self.component_path(version);
-        let bytes = self.store.get_optional(&path).await?.ok_or_else(|| {
+        let bytes = self.store.get_optional(&path, MAX_COMPONENT_BYTES).await?.ok_or_else(|| {
             anyhow!("{path} is missing from {}: version {version} cannot be loaded", self.store.url())
         })?;
         if !super::names_build(version, &bytes) {
@@ -235,7 +240,7 @@ impl Registry {
         if self.history().await?.iter().any(|d| d.version == crc_named) {
             let stored = self
                 .store
-                .get_optional(&self.component_path(&crc_named))
+                .get_optional(&self.component_path(&crc_named), MAX_COMPONENT_BYTES)
                 .await
                 .map_err(DeployError::StoreUnavailable)?;
             if stored.as_deref() == Some(component) {
@@ -366,7 +371,7 @@ impl Registry {
         if self.store.put_new(&path, component.to_vec()).await? {
             return Ok(());
         }
-        match self.store.get_optional(&path).await? {
+        match self.store.get_optional(&path, MAX_COMPONENT_BYTES).await? {
             Some(stored) if stored == component => Ok(()),
             _ => bail!(
                 "{path} in {} holds other bytes than the build {version}, and sluice never overwrites a component: \
@@ -392,7 +397,8 @@ impl Registry {
         for name in self.store.object_names(&folder).await? {
             let path = format!("{folder}/{name}");
             let Some(offset) = name.strip_suffix(".json").and_then(|n| n.parse::<u64>().ok()) else { continue };
-            let bytes = self.store.get_optional(&path).await?.ok_or_else(|| anyhow!("{path} vanished"))?;
+            let bytes =
+                self.store.get_optional(&path, MAX_RECORD_BYTES).await?.ok_or_else(|| anyhow!("{path} vanished"))?;
             let switch: SwitchRecord = serde_json::from_slice(&bytes)
                 .with_context(|| format!("{path} in {} is not a sluice switch record", self.store.url()))?;
             if switch.offset != offset || !switch.version.starts_with(&format!("{}@", self.name)) {
