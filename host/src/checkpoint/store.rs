@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! <store>/sluice-checkpoints.json                   format, partition count and identity of the job
+//! <store>/sluice-job.json                           the job that claimed a store older than identities
 //! <store>/restores.json                             measured restore bandwidth
 //! <store>/partition-0000/claim.json                 the host that took the partition last
 //! <store>/partition-0000/manifests/0000000012.json  one per checkpoint, written last
@@ -56,6 +57,9 @@ pub const CHECKPOINT_FORMAT: u32 = 1;
 pub const MAX_RECORD_BYTES: u64 = 64 << 20;
 
 const STORE_MANIFEST: &str = "sluice-checkpoints.json";
+/// The object a job creates to claim a store written before stores named their job,
+/// before it records itself in the store's manifest.
+pub const LEGACY_CLAIM: &str = "sluice-job.json";
 const RESTORES: &str = "restores.json";
 /// Restores remembered for predicting the next one.
 const RESTORE_SAMPLES: usize = 20;
@@ -305,9 +309,10 @@ impl CheckpointStore {
     }
 
     /// Checks that the store belongs to `job`, with `partitions` partitions, and claims
-    /// it for that job when it is new (or older than job identities). A new store is
-    /// claimed by a conditional create, so of two new jobs starting on one store at once
-    /// exactly one owns it and the other is refused as any other job would be.
+    /// it for that job when it is new (or older than job identities). Either claim is a
+    /// conditional create — of the store's manifest, or for an older store of its
+    /// [`LEGACY_CLAIM`] — so of two jobs starting on one such store at once exactly one
+    /// owns it and the other is refused as any other job would be.
     pub async fn claim(&self, partitions: u32, job: &JobIdentity) -> Result<()> {
         let manifest = match self.check_partitions(partitions).await? {
             Some(StoreManifest { job: Some(owner), .. }) if owner != *job => bail!(
@@ -316,7 +321,24 @@ impl CheckpointStore {
                 self.url
             ),
             Some(StoreManifest { job: Some(_), .. }) => return Ok(()),
-            Some(manifest) => StoreManifest { job: Some(job.clone()), ..manifest },
+            Some(manifest) => {
+                let claim = serde_json::to_vec_pretty(job)?;
+                if !self.put_new(LEGACY_CLAIM, claim).await? {
+                    let bytes = self.get_optional(LEGACY_CLAIM, MAX_RECORD_BYTES).await?;
+                    let owner: JobIdentity = serde_json::from_slice(&bytes.unwrap_or_default())
+                        .with_context(|| format!("{LEGACY_CLAIM} in {} is not a sluice job claim", self.url))?;
+                    // This job's own claim, from a start that stopped before the manifest.
+                    if owner != *job {
+                        bail!(
+                            "checkpoint store {} was claimed by another job ({owner}), not this one ({job}): \
+                             restoring its checkpoints would start from state this job never wrote. Give this job \
+                             a store of its own",
+                            self.url
+                        );
+                    }
+                }
+                StoreManifest { job: Some(job.clone()), ..manifest }
+            }
             None => {
                 let manifest = StoreManifest {
                     format: CHECKPOINT_FORMAT,
@@ -744,6 +766,28 @@ mod tests {
         let err = format!("{:#}", again.expect_err("a second checkpoint 7 is refused"));
         assert!(err.contains("checkpoint 7 of partition 0 already exists"), "{err}");
         assert_eq!(runtime.block_on(store.manifest(0, 7))?.offset, 100, "the first one stands");
+        Ok(())
+    }
+
+    /// A store written before stores named their job is claimed by a conditional
+    /// create too: a job that finds another's claim (it won the create and has not
+    /// recorded itself in the manifest yet) is refused; the claimer itself, starting
+    /// again after stopping in between, goes on.
+    #[test]
+    fn of_two_jobs_claiming_a_store_older_than_identities_one_owns_it() -> Result<()> {
+        let runtime = super::super::runtime()?;
+        let dir = tempfile::tempdir()?;
+        let store = CheckpointStore::open(dir.path().to_str().expect("UTF-8 temp path"))?;
+        let legacy = StoreManifest { format: CHECKPOINT_FORMAT, partitions: 4, created_by: "0.1.0".into(), job: None };
+        std::fs::write(dir.path().join(STORE_MANIFEST), serde_json::to_vec(&legacy)?)?;
+        let (a, b) =
+            (JobIdentity { operator: "a".into(), input: None }, JobIdentity { operator: "b".into(), input: None });
+        std::fs::write(dir.path().join(LEGACY_CLAIM), serde_json::to_vec(&a)?)?;
+        let err = format!("{:#}", runtime.block_on(store.claim(4, &b)).expect_err("a claimed it first"));
+        assert!(err.contains("was claimed by another job (operator a)"), "{err}");
+        assert_eq!(runtime.block_on(store.store_manifest())?.and_then(|m| m.job), None, "b wrote nothing");
+        runtime.block_on(store.claim(4, &a))?;
+        assert_eq!(runtime.block_on(store.store_manifest())?.and_then(|m| m.job), Some(a));
         Ok(())
     }
 
