@@ -1,0 +1,84 @@
+//! What a call's end becomes for its record: the outcome of a returned result, and the
+//! one-line reason of a trap (the limit it hit, the panic message, the denied import).
+
+use super::*;
+
+/// What a call that returned `result` did for its record: its outputs, or, when they
+/// pass one of `limits`, a failure naming it (the instance did nothing wrong by its own
+/// rules, and is kept), or the operator's error.
+pub(super) fn outcome_of(result: GuestResult, limits: &OperatorLimits) -> Outcome {
+    let outputs = match result {
+        Ok(GuestOutputs::Lifted(outputs)) => outputs,
+        Ok(GuestOutputs::TooMany(count)) => {
+            let reason = limit_passed("outputs_per_record", limits.outputs_per_record, count);
+            return Outcome::Trapped { reason, attempts: 1 };
+        }
+        Ok(GuestOutputs::TooLarge(bytes)) => {
+            let reason = limit_passed("output_bytes_per_record", limits.output_bytes_per_record, bytes);
+            return Outcome::Trapped { reason, attempts: 1 };
+        }
+        Err(GuestReason(reason)) => return Outcome::Rejected(reason),
+    };
+    let foreign = outputs.iter().filter_map(|o| o.topic.as_ref()).find(|topic| !limits.output_topics.contains(topic));
+    if let Some(topic) = foreign {
+        let reason = format!(
+            "operator sent an output to topic {topic:?}, which [operator.limits] output_topics = {:?} does not list",
+            limits.output_topics
+        );
+        return Outcome::Trapped { reason: lift::cut_reason(reason, limits.reason_bytes), attempts: 1 };
+    }
+    Outcome::Emitted(outputs)
+}
+
+/// The reason a call failed: it reached `used` of something `[operator.limits] name`
+/// allows `max` of.
+pub(super) fn limit_passed(name: &str, max: usize, used: usize) -> String {
+    format!("operator passed its limit [operator.limits] {name} = {max} (reached {used})")
+}
+
+/// Why a call trapped, in one line — the limit it hit, the panic message, or the
+/// denied import, from what `ctx` recorded during the call — followed by wasmtime's
+/// account with the guest's backtrace.
+pub(super) fn describe_trap(trap: wasmtime::Error, limits: &Limits, ctx: &mut HostCtx) -> String {
+    let stopped = trap.downcast_ref::<wasmtime::Trap>().copied();
+    // A recorded cause is where the call stopped; an error log line is only the last
+    // thing the guest said, the panic message when it panicked.
+    let reason = match (stopped, ctx.cause.take(), ctx.last_error.take()) {
+        (_, Some(Cause::Deadline), _) => {
+            format!("call exceeded its CPU deadline of {:?} ([operator] call_timeout_ms)", ctx.call_timeout)
+        }
+        (Some(wasmtime::Trap::OutOfFuel), _, _) => format!(
+            "operator passed its limit [operator] instructions_per_call = {}",
+            limits.instructions.unwrap_or_default()
+        ),
+        (_, Some(Cause::MemoryCap), _) => {
+            format!("operator exceeded its memory limit of {} MiB", limits.memory_bytes >> 20)
+        }
+        (_, Some(Cause::Limit(reason)), _) => reason,
+        (_, Some(Cause::DeniedImport(import)), _) => {
+            format!(
+                "operator called `{import}`, which the sandbox denies (no filesystem, network, clock, randomness or \
+                 environment){}",
+                instead_of(&import)
+            )
+        }
+        (_, None, Some(panic)) => panic,
+        (_, None, None) => trap.root_cause().to_string(),
+    };
+    // wasmtime's account ends with the guest's backtrace, as long as its stack was deep.
+    lift::cut_reason(format!("{reason}\n{trap:#}"), limits.per_call.reason_bytes)
+}
+
+/// What an operator should use instead of denied WASI `import`, where there is a
+/// usual reason to reach for it: a replay must decide exactly as the first run did,
+/// so neither the clock nor randomness may decide anything.
+fn instead_of(import: &str) -> &'static str {
+    if import.starts_with("wasi:random/") {
+        "; std's `HashMap::new()` and `HashSet::new()` seed themselves with randomness: use a `BTreeMap`, or a \
+         `HashMap` with a fixed hasher (`HashMap::with_hasher(BuildHasherDefault::<DefaultHasher>::default())`)"
+    } else if import.starts_with("wasi:clocks/") {
+        "; for time use the record's event time (`record.timestamp_ms`), which a replay sees again"
+    } else {
+        ""
+    }
+}
