@@ -322,7 +322,7 @@ demo)
     echo "--- three vehicles' final summaries (sluice state dump --state-dir $out/state):"
     "$sluice" state dump --state-dir "$out/state" | head -n 3
     echo "--- the demo runs the debug build; for a host of your own, ./dev.sh install [PREFIX] builds the" \
-        "release binary and installs it without its debug info (README: Running a job)"
+        "release binary and installs it without its debug info (docs/getting-started.md: Installing)"
     ;;
 test)
     setup test

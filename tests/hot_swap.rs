@@ -250,7 +250,7 @@ fn closed_within(mut stream: std::net::TcpStream, timeout: Duration) -> bool {
 /// The status page at `GET /`, as Chromium renders it during a run: a row per partition
 /// whose numbers grow while the job runs, totals, and — after a deploy — the new
 /// version in every row and the switch on the timeline. It leaves a screenshot in
-/// cargo's test directory (`status-page.png`, the README's).
+/// cargo's test directory (`status-page.png`, the one docs/observability.md shows).
 #[test]
 fn the_status_page_shows_the_partitions_live_and_a_deploy_on_its_timeline() -> Result<()> {
     let dir = tempfile::tempdir()?;

@@ -1,11 +1,13 @@
 //! `./dev.sh doctor` against scratch trees: set-up installs a prerequisite exactly when
 //! what the build loads is absent, whatever look-alikes are present. And `./dev.sh
-//! install`, which ships the binary without its debug info.
+//! install`, which ships the binary without its debug info; and the README and `docs/`,
+//! whose links all reach a file and a heading.
 //!
 //! The file checks are rooted at `SLUICE_SETUP_ROOT` and the test servers looked up in
 //! `SLUICE_TOOLS`, so each case lays out a fake `/usr/lib/llvm-*` or tools directory.
 
 use anyhow::{Context, Result};
+use std::collections::HashSet;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -177,5 +179,207 @@ fn install_splits_the_debug_info_off_the_binary() -> Result<()> {
     assert!(sections.contains(".gnu_debuglink") && !sections.contains(".debug_info"), "{sections}");
     let help = Command::new(&installed).arg("--help").output()?;
     assert!(help.status.success() && String::from_utf8_lossy(&help.stdout).contains("run"));
+    Ok(())
+}
+
+/// The repository's root, where the README and `docs/` are.
+fn repository_root() -> Result<PathBuf> {
+    Ok(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize()?)
+}
+
+/// The README and every Markdown file of `docs/`, in order.
+fn documentation_files() -> Result<Vec<PathBuf>> {
+    let root = repository_root()?;
+    let mut files = vec![root.join("README.md")];
+    for entry in std::fs::read_dir(root.join("docs")).context("reading docs/")? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|extension| extension == "md") {
+            files.push(path);
+        }
+    }
+    files[1..].sort();
+    Ok(files)
+}
+
+/// A Markdown text with its fenced code blocks blanked, line for line: what renders as
+/// prose, headings and links.
+fn without_code_blocks(markdown: &str) -> String {
+    let mut fence: Option<String> = None;
+    let mut lines = Vec::new();
+    for line in markdown.lines() {
+        let trimmed = line.trim_start();
+        let marker: String = trimmed.chars().take_while(|c| *c == '`' || *c == '~').collect();
+        let opens = marker.len() >= 3 && marker.chars().all(|c| c == marker.chars().next().unwrap());
+        match &fence {
+            None if opens => fence = Some(marker),
+            Some(open) if opens && marker.starts_with(open.as_str()) && trimmed.trim() == marker => fence = None,
+            None => {
+                lines.push(line);
+                continue;
+            }
+            Some(_) => {}
+        }
+        lines.push("");
+    }
+    lines.join("\n")
+}
+
+/// `prose` with its code spans (`` `…` ``, ``` ``…`` ```) blanked, newlines kept. A span
+/// ends in its paragraph.
+fn without_code_spans(prose: &str) -> String {
+    prose.split("\n\n").map(paragraph_without_code_spans).collect::<Vec<_>>().join("\n\n")
+}
+
+fn paragraph_without_code_spans(paragraph: &str) -> String {
+    let chars: Vec<char> = paragraph.chars().collect();
+    let mut text = String::with_capacity(paragraph.len());
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i] != '`' {
+            text.push(chars[i]);
+            i += 1;
+            continue;
+        }
+        let run = chars[i..].iter().take_while(|c| **c == '`').count();
+        // The span ends at the next run of exactly as many backticks; without one, the
+        // backticks are text.
+        let mut end = None;
+        let mut j = i + run;
+        while j < chars.len() {
+            let next = chars[j..].iter().take_while(|c| **c == '`').count();
+            if next == run {
+                end = Some(j + run);
+                break;
+            }
+            j += next.max(1);
+        }
+        match end {
+            Some(end) => {
+                text.extend(chars[i..end].iter().map(|c| if *c == '\n' { '\n' } else { ' ' }));
+                i = end;
+            }
+            None => {
+                text.extend(&chars[i..i + run]);
+                i += run;
+            }
+        }
+    }
+    text
+}
+
+/// The anchor GitHub gives a heading: lowercase, spaces to `-`, every other character
+/// but letters, digits, `-` and `_` dropped.
+fn heading_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a Markdown text's headings; a repeated heading's get `-1`, `-2`… as on
+/// GitHub.
+fn heading_anchors(markdown: &str) -> HashSet<String> {
+    let mut anchors = HashSet::new();
+    for line in without_code_blocks(markdown).lines() {
+        let level = line.chars().take_while(|c| *c == '#').count();
+        let Some(heading) = line[level..].strip_prefix(' ').filter(|_| (1..=6).contains(&level)) else {
+            continue;
+        };
+        let anchor = heading_anchor(heading.trim_end_matches('#'));
+        let mut numbered = anchor.clone();
+        for n in 1.. {
+            if anchors.insert(numbered.clone()) {
+                break;
+            }
+            numbered = format!("{anchor}-{n}");
+        }
+    }
+    anchors
+}
+
+/// The targets of a Markdown text's links and images, `[text](target)` and `[label]:
+/// target`, outside code.
+fn link_targets(markdown: &str) -> Vec<String> {
+    let prose = without_code_spans(&without_code_blocks(markdown));
+    let mut targets = Vec::new();
+    for (start, _) in prose.match_indices("](") {
+        let rest = &prose[start + 2..];
+        let mut depth = 0;
+        let end = rest
+            .find(|c: char| {
+                match c {
+                    '(' => depth += 1,
+                    ')' if depth == 0 => return true,
+                    ')' => depth -= 1,
+                    _ => {}
+                }
+                c.is_whitespace()
+            })
+            .unwrap_or(rest.len());
+        targets.push(rest[..end].trim_start_matches('<').trim_end_matches('>').to_string());
+    }
+    for line in prose.lines() {
+        let line = line.trim_start();
+        if let Some((label, target)) = line.strip_prefix('[').and_then(|line| line.split_once("]:"))
+            && !label.contains(']')
+        {
+            targets.extend(target.split_whitespace().next().map(str::to_string));
+        }
+    }
+    targets
+}
+
+/// Every relative link of the README and of `docs/` reaches a file that exists, relative
+/// to the file linking it, and a link's `#fragment` one of that file's headings (as GitHub
+/// makes anchors of them). Links to the web (`http:`, `https:`, `mailto:`) and anything
+/// inside code are not links to check.
+#[test]
+fn readme_and_docs_links_reach_their_files_and_headings() -> Result<()> {
+    let root = repository_root()?;
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for file in documentation_files()? {
+        let markdown = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        let name = file.strip_prefix(&root)?.display().to_string();
+        for target in link_targets(&markdown) {
+            if ["http://", "https://", "mailto:"].iter().any(|scheme| target.starts_with(scheme)) {
+                continue;
+            }
+            checked += 1;
+            let (path, fragment) = target.split_once('#').unwrap_or((&target, ""));
+            let linked = if path.is_empty() { file.clone() } else { file.parent().unwrap().join(path) };
+            if !linked.exists() {
+                broken.push(format!("{name}: ({target}): no file {}", linked.display()));
+            } else if !fragment.is_empty() {
+                let text = std::fs::read_to_string(&linked).unwrap_or_default();
+                if linked.extension().is_none_or(|extension| extension != "md") {
+                    broken.push(format!("{name}: ({target}): a #fragment of a file that is not Markdown"));
+                } else if !heading_anchors(&text).contains(fragment) {
+                    broken.push(format!("{name}: ({target}): no heading #{fragment} in {}", linked.display()));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{} of {checked} links broken:\n{}", broken.len(), broken.join("\n"));
+    assert!(checked > 50, "only {checked} links found: is the reading of links broken?");
+    Ok(())
+}
+
+/// The README is the map of `docs/`: it links every file there.
+#[test]
+fn readme_links_every_doc() -> Result<()> {
+    let readme = std::fs::read_to_string(repository_root()?.join("README.md"))?;
+    let targets: HashSet<String> =
+        link_targets(&readme).into_iter().map(|target| target.split('#').next().unwrap().to_string()).collect();
+    for file in &documentation_files()?[1..] {
+        let doc = format!("docs/{}", file.file_name().unwrap().to_string_lossy());
+        assert!(targets.contains(&doc), "the README does not link {doc}");
+    }
     Ok(())
 }

@@ -7,7 +7,8 @@
 //! restores), so a scrape costs the job nothing between scrapes and can never disagree
 //! with the running summary or the final report. Names and labels follow Prometheus'
 //! conventions: counters end in `_total`, durations are `_seconds`, sizes `_bytes`, and
-//! every per-partition series carries a `partition` label. The README lists them all.
+//! every per-partition series carries a `partition` label. docs/observability.md lists them
+//! all.
 
 use crate::lock;
 use crate::stats::{HostStats, LiveStats, PartitionStats, Skew, now_ms};

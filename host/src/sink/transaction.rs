@@ -3,7 +3,7 @@
 //! per state commit, and each transaction also commits, to the source's consumer group,
 //! the input offset it covers.
 //!
-//! The protocol of one partition (the README's *Exactly-once outputs* argues it):
+//! The protocol of one partition (docs/exactly-once.md argues it):
 //! 1. At start, the producer's `init_transactions` under the partition's
 //!    [`transactional_id`] fences every earlier producer of that id — an owner that was
 //!    revoked or evicted can no longer commit — and aborts its open transaction; so does

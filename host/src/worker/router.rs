@@ -180,7 +180,7 @@ impl Partitions for Router {
             Some(next) if record.offset >= next => {
                 if record.offset > next {
                     // Offsets alone cannot tell a legitimate jump from a lost record (see
-                    // the README's *Offset gaps*): each is counted, each partition's
+                    // docs/kafka.md, *Offset gaps*): each is counted, each partition's
                     // first is logged.
                     let gaps = self.report.gaps.entry(record.partition).or_default();
                     if *gaps == 0 {
