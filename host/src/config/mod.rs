@@ -158,17 +158,7 @@ impl Config {
     /// A job running the operator at `path` with every other setting at its default.
     pub fn for_operator(path: &Path) -> Self {
         Config {
-            operator: OperatorConfig {
-                path: path.to_path_buf(),
-                name: None,
-                poll_versions: default_poll_versions(),
-                instructions_per_call: 0,
-                call_timeout_ms: default_call_timeout_ms(),
-                memory_limit_mib: default_memory_limit_mib(),
-                config: BTreeMap::new(),
-                limits: OperatorLimits::default(),
-                retry: RetryPolicy::default(),
-            },
+            operator: OperatorConfig::for_path(path),
             source: SourceConfig::default(),
             sink: SinkConfig::default(),
             state: StateConfig::default(),

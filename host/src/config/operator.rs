@@ -169,6 +169,21 @@ pub(super) fn default_poll_versions() -> Duration {
 }
 
 impl OperatorConfig {
+    /// The component at `path` with every other setting at its default.
+    pub fn for_path(path: &Path) -> Self {
+        OperatorConfig {
+            path: path.to_path_buf(),
+            name: None,
+            poll_versions: default_poll_versions(),
+            instructions_per_call: 0,
+            call_timeout_ms: default_call_timeout_ms(),
+            memory_limit_mib: default_memory_limit_mib(),
+            config: BTreeMap::new(),
+            limits: OperatorLimits::default(),
+            retry: RetryPolicy::default(),
+        }
+    }
+
     /// Checks values that parse but cannot work.
     pub fn validate(&self) -> Result<()> {
         check_duration("[operator] poll_versions", self.poll_versions)?;
@@ -217,11 +232,11 @@ impl OperatorConfig {
 }
 
 /// `[operator] call_timeout_ms` when unset.
-pub fn default_call_timeout_ms() -> u64 {
+fn default_call_timeout_ms() -> u64 {
     1000
 }
 
 /// `[operator] memory_limit_mib` when unset.
-pub fn default_memory_limit_mib() -> u64 {
+fn default_memory_limit_mib() -> u64 {
     64
 }

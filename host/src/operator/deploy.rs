@@ -51,13 +51,7 @@ impl Sandbox {
     /// The sandbox `[operator]` configures, trying versions out in `scratch`.
     pub fn new(operator: &OperatorConfig, scratch: PathBuf) -> Self {
         Sandbox {
-            limits: Limits {
-                call_timeout: Some(Duration::from_millis(operator.call_timeout_ms)),
-                instructions: Some(operator.instructions_per_call).filter(|&n| n > 0),
-                memory_bytes: (operator.memory_limit_mib as usize) << 20,
-                per_call: operator.limits.clone(),
-                retry: operator.retry.clone(),
-            },
+            limits: Limits::from(operator),
             config: operator.config.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             scratch,
         }

@@ -26,16 +26,23 @@ pub struct Limits {
     pub retry: RetryPolicy,
 }
 
+impl From<&OperatorConfig> for Limits {
+    /// The limits `operator` configures.
+    fn from(operator: &OperatorConfig) -> Self {
+        Limits {
+            call_timeout: Some(Duration::from_millis(operator.call_timeout_ms)),
+            instructions: Some(operator.instructions_per_call).filter(|&n| n > 0),
+            memory_bytes: (operator.memory_limit_mib as usize) << 20,
+            per_call: operator.limits.clone(),
+            retry: operator.retry.clone(),
+        }
+    }
+}
+
 impl Default for Limits {
     /// The defaults of `[operator]`.
     fn default() -> Self {
-        Limits {
-            call_timeout: Some(Duration::from_millis(config::default_call_timeout_ms())),
-            instructions: None,
-            memory_bytes: (config::default_memory_limit_mib() as usize) << 20,
-            per_call: OperatorLimits::default(),
-            retry: RetryPolicy::default(),
-        }
+        Limits::from(&OperatorConfig::for_path(Path::new("")))
     }
 }
 

@@ -71,7 +71,7 @@ use outcome::*;
 
 use super::replay::{PartitionSwitches, SwitchLog};
 use super::{Expiration, Operator, OperatorStopped, Outcome, Processed, Switch};
-use crate::config::{self, OperatorLimits, RetryPolicy};
+use crate::config::{OperatorConfig, OperatorLimits, RetryPolicy};
 use crate::log_rate::{self, Admitted, LogRate};
 use crate::record::SourceRecord;
 use crate::state::{Expired, Transaction};
