@@ -240,15 +240,19 @@ impl WasmInstance {
         let expired = live.exports.expired.expect("called only when the component exports it");
         live.store.data_mut().txn.scope(&entry.key);
         let params = (entry.key.as_slice(), entry.name.as_str(), entry.value.as_slice(), entry.expired_at_ms);
-        let outcome = match live.call::<ExpiredParams<'_>, ProcessResults>(expired, params, true)? {
-            Ok((result,)) => outcome_of(result, &self.operator.limits.per_call),
-            Err(trap) => {
-                self.state().end_record(false);
-                return Ok(Outcome::Trapped { reason: self.replace_after(trap)?, attempts: 1 });
-            }
-        };
+        let outcome = self.call_for_outcome::<ExpiredParams<'_>>(expired, params)?;
         self.state().end_record(matches!(outcome, Outcome::Emitted(_)));
         Ok(outcome)
+    }
+
+    /// Calls `func` — an export that returns one record's result, `P -> ProcessResults`
+    /// — with `params` in the record scope the caller opened: the record's outcome, a
+    /// trap replacing the instance. An `Err` is a host failure.
+    fn call_for_outcome<P: ComponentNamedList + Lower>(&mut self, func: Func, params: P) -> Result<Outcome> {
+        match self.live().call::<P, ProcessResults>(func, params, true)? {
+            Ok((result,)) => Ok(outcome_of(result, &self.operator.limits.per_call)),
+            Err(trap) => Ok(Outcome::Trapped { reason: self.replace_after(trap)?, attempts: 1 }),
+        }
     }
 
     /// Runs `run`, records of one key scope after another, in one `process-batch` call,
@@ -365,14 +369,9 @@ fn input_record<'a>(record: &'a SourceRecord, headers: &'a [types::Header<'a>]) 
 
 impl Operator for WasmInstance {
     fn process(&mut self, record: &SourceRecord) -> Result<Outcome> {
-        let live = self.live();
         let headers = headers(record);
-        let input = input_record(record, &headers);
-        let process = live.exports.process;
-        match live.call::<ProcessParams<'_>, ProcessResults>(process, (input,), true)? {
-            Ok((result,)) => Ok(outcome_of(result, &self.operator.limits.per_call)),
-            Err(trap) => Ok(Outcome::Trapped { reason: self.replace_after(trap)?, attempts: 1 }),
-        }
+        let process = self.live().exports.process;
+        self.call_for_outcome::<ProcessParams<'_>>(process, (input_record(record, &headers),))
     }
 
     fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
