@@ -224,7 +224,7 @@ impl PartitionStats {
             return;
         }
         self.dead_letters.fetch_add(dead.total(), Ordering::Relaxed);
-        let mut by_version = self.dead_by_version.lock().expect("no panics under this lock");
+        let mut by_version = lock(&self.dead_by_version);
         match by_version.get_mut(version) {
             Some(counts) => counts.add(&dead),
             None => {

@@ -32,6 +32,7 @@
 use crate::checkpoint::CheckpointStore;
 use crate::checkpoint::store::MAX_RECORD_BYTES;
 use crate::checksum;
+use crate::lock;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -179,12 +180,12 @@ impl Registry {
         seqs.sort_unstable();
         let mut history = Vec::with_capacity(seqs.len());
         for seq in seqs {
-            if let Some(entry) = self.read.lock().expect("no panics under this lock").get(&seq) {
+            if let Some(entry) = lock(&self.read).get(&seq) {
                 history.push(entry.clone());
                 continue;
             }
             let entry = self.read_entry(seq).await.map_err(DeployError::StoreUnavailable)?;
-            self.read.lock().expect("no panics under this lock").insert(seq, entry.clone());
+            lock(&self.read).insert(seq, entry.clone());
             history.push(entry);
         }
         Ok(history)

@@ -20,7 +20,7 @@ impl ActiveVersion {
 
     /// The active version and its generation.
     pub fn get(&self) -> (u64, Arc<WasmOperator>) {
-        let current = self.current.lock().expect("no panics under this lock");
+        let current = crate::lock(&self.current);
         (self.generation.load(Ordering::Acquire), current.clone())
     }
 
@@ -31,7 +31,7 @@ impl ActiveVersion {
 
     /// Makes `operator` the active version.
     pub fn activate(&self, operator: Arc<WasmOperator>) {
-        let mut current = self.current.lock().expect("no panics under this lock");
+        let mut current = crate::lock(&self.current);
         *current = operator;
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
