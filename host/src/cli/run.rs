@@ -2,9 +2,11 @@
 //! line's overrides applied, run to its end, and its report written to stderr.
 //!
 //! This module owns how the flags of `sluice run` override a config file: which flag
-//! replaces which setting, and which flags a source or a sink refuses. It does not own
-//! the flags themselves ([`args`](super::args)), the config's rules (`Config::validate`,
-//! which runs last) or the job (`sluice::job`).
+//! replaces which setting (most stand for one setting each, a table of one line a
+//! flag), how `--input` and `--output` make a source and a sink, and which flags the
+//! configured source refuses. It does not own the flags themselves
+//! ([`args`](super::args)), the config's rules (`Config::validate`, which runs last) or
+//! the job (`sluice::job`).
 
 use super::args::RunArgs;
 use anyhow::{Result, bail};
@@ -26,9 +28,6 @@ impl RunArgs {
             (None, Some(operator)) => Config::for_operator(operator),
             (None, None) => bail!("no operator: pass --operator FILE.wasm or --config FILE with an [operator] path"),
         };
-        if let Some(path) = self.operator {
-            config.operator.path = path;
-        }
         // A file source of the config keeps its fields and rate; any other becomes one.
         if let Some(input) = self.input {
             match &mut config.source {
@@ -78,43 +77,28 @@ impl RunArgs {
                 None => SinkConfig::File { path: output },
             };
         }
-        if let Some(dir) = self.state_dir {
-            config.state.dir = dir;
-        }
-        if let Some(partitions) = self.partitions {
-            config.state.partitions = partitions;
-        }
-        if let Some(path) = self.dead_letter {
-            config.dead_letter.path = Some(path);
-        }
-        if let Some(interval) = self.report_interval {
-            config.report.interval = interval;
-        }
-        if let Some(store) = self.checkpoint_store {
-            config.checkpoint.store = Some(store);
-        }
-        if let Some(interval) = self.checkpoint_interval {
-            config.checkpoint.interval = interval;
-        }
-        if let Some(interval) = self.commit_interval {
-            config.state.commit_interval = interval;
-        }
-        if let Some(cache) = self.cache_mib {
-            config.state.cache_mib = cache;
-        }
-        if let Some(memory) = self.rocksdb_memory_mib {
-            config.state.rocksdb_memory_mib = memory;
-        }
-        if let Some(ttl) = self.ttl {
-            config.ttl.default = Some(ttl);
-        }
-        if self.no_checkpoints {
-            config.checkpoint.enabled = false;
-        }
-        if let Some(listen) = self.admin {
-            config.admin.listen = Some(listen);
-        }
+        // The flags that each stand for one setting: given, they replace the file's.
+        set(&mut config.operator.path, self.operator);
+        set(&mut config.state.dir, self.state_dir);
+        set(&mut config.state.partitions, self.partitions);
+        set(&mut config.dead_letter.path, self.dead_letter.map(Some));
+        set(&mut config.report.interval, self.report_interval);
+        set(&mut config.checkpoint.store, self.checkpoint_store.map(Some));
+        set(&mut config.checkpoint.interval, self.checkpoint_interval);
+        set(&mut config.state.commit_interval, self.commit_interval);
+        set(&mut config.state.cache_mib, self.cache_mib);
+        set(&mut config.state.rocksdb_memory_mib, self.rocksdb_memory_mib);
+        set(&mut config.ttl.default, self.ttl.map(Some));
+        set(&mut config.checkpoint.enabled, self.no_checkpoints.then_some(false));
+        set(&mut config.admin.listen, self.admin.map(Some));
         config.validate()?;
         Ok(config)
+    }
+}
+
+/// Puts `flag`, if given, in place of `setting`.
+fn set<T>(setting: &mut T, flag: Option<T>) {
+    if let Some(value) = flag {
+        *setting = value;
     }
 }
