@@ -1,0 +1,333 @@
+//! The command line's grammar: every command, flag and help text of `sluice`, as clap
+//! derives them.
+//!
+//! What a flag means is written here once, in its doc comment, which is also its
+//! `--help`. This module owns the shapes the command line parses into and nothing else: what a
+//! command does with them is its own module's (`run`, `test`, `versions`, …), and how
+//! `sluice run`'s flags override a config file is [`run`](super::run)'s.
+
+use clap::{Args, Parser, Subcommand};
+use sluice::config;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Runs stateful stream operators as sandboxed WebAssembly components")]
+// A flag given twice takes its last value, so scripts can append overrides.
+#[command(args_override_self = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// How log lines are written to stderr: `text` (coloured only on a terminal without
+    /// `NO_COLOR` set) or `json`, one object a line. Levels come from `SLUICE_LOG`.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run a job: source -> operator (with keyed state) -> sink.
+    Run(Box<RunArgs>),
+    /// Write the fleet generator's records as JSONL to stdout.
+    Generate(FleetArgs),
+    /// Run an operator component over the records of a JSONL file in the host's sandbox,
+    /// over fresh (or given) state, one record at a time, and compare what it emits with
+    /// what is expected: a readable difference and exit code 1 when they differ.
+    Test(Box<TestArgs>),
+    /// Create things: `sluice new operator NAME` writes a new operator crate.
+    New {
+        #[command(subcommand)]
+        command: NewCommand,
+    },
+    /// Inspect a state directory.
+    State {
+        #[command(subcommand)]
+        command: StateCommand,
+    },
+    /// Inspect a checkpoint store.
+    Checkpoints {
+        #[command(subcommand)]
+        command: CheckpointsCommand,
+    },
+    /// Deploy a new version of an operator into the running hosts of its job: validated
+    /// first, then switched to between two batches, state kept, nothing restarted.
+    Deploy {
+        /// The operator's name (`[operator] name`; by default the configured file's stem).
+        name: String,
+        /// The new version's component (.wasm).
+        file: PathBuf,
+        #[command(flatten)]
+        job: JobTarget,
+    },
+    /// Return an operator to the version that ran before its newest deploy.
+    Rollback {
+        /// The operator's name.
+        name: String,
+        #[command(flatten)]
+        job: JobTarget,
+    },
+    /// List an operator's deployed versions, with when and how each was deployed.
+    Versions {
+        /// The operator's name.
+        name: String,
+        #[command(flatten)]
+        job: JobTarget,
+    },
+    /// Show a job's partitions as a table: of running hosts (owner, offset, lag,
+    /// entries, batch p99, checkpoint age, version, then each host's rebalances, latest
+    /// restore and warnings, from their metrics), or of a state directory and checkpoint
+    /// store when no host runs.
+    #[command(group = clap::ArgGroup::new("target").required(true).args(["admin", "state_dir"]))]
+    Status {
+        /// A running host's admin API (`http://host:port`); repeat it for every host of
+        /// the job.
+        #[arg(long)]
+        admin: Vec<String>,
+        /// A state directory no host runs on.
+        #[arg(long, conflicts_with = "admin")]
+        state_dir: Option<PathBuf>,
+        /// With `--state-dir`: the job's checkpoint store, for each partition's newest
+        /// checkpoint.
+        #[arg(long, requires = "state_dir")]
+        store: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum NewCommand {
+    /// A new operator crate, ready to build and test: the SDK, the wasm32-wasip2 build,
+    /// a native unit test, a test of the built component through the sluice-test kit,
+    /// `sluice test` fixtures and a README.
+    Operator {
+        /// The crate's name (lowercase letters, digits, - and _).
+        name: String,
+        /// Where to write it; default `./NAME`.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// The sluice source tree holding the SDK and the kit it depends on; default the
+        /// one this binary was built from.
+        #[arg(long)]
+        sluice: Option<PathBuf>,
+    },
+}
+
+/// `sluice test`
+#[derive(Args)]
+pub struct TestArgs {
+    /// The operator component (.wasm).
+    pub operator: PathBuf,
+    /// The input records, one JSON object per line, read as a file source reads them.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// The expected outputs, one JSON line each, in order: each field given must match
+    /// the output's (`key`, `value`, `topic`, `cause`…; a `value` object's fields
+    /// likewise), fields left out are not compared. Without it, the outputs are printed.
+    #[arg(long)]
+    pub expect: Option<PathBuf>,
+    /// The expected dead letters, likewise (`key`, `error`, `reason`…). With `--expect`
+    /// and without this, any dead letter is a difference.
+    #[arg(long)]
+    pub expect_dead_letters: Option<PathBuf>,
+    /// State to start from, as `sluice state dump` writes it (`key`, `name`, `value`).
+    #[arg(long)]
+    pub state: Option<PathBuf>,
+    /// A job's config file: its `[operator]` limits and config and its `[ttl]` apply,
+    /// as in that job (without it, a job's defaults).
+    #[arg(long)]
+    pub job: Option<PathBuf>,
+    /// `name=value` for the operator's `[operator.config]` (after the job's); repeat it
+    /// for more.
+    #[arg(long = "config", value_name = "NAME=VALUE")]
+    pub config: Vec<String>,
+    /// The JSON field holding a record's key.
+    #[arg(long, default_value_t = config::default_key_field())]
+    pub key_field: String,
+    /// The JSON field holding a record's event time, ms since the epoch.
+    #[arg(long, default_value_t = config::default_timestamp_field())]
+    pub timestamp_field: String,
+    /// The host's TTL for state entries without one of their own, in event time: e.g.
+    /// 10m, 7d.
+    #[arg(long, value_parser = config::parse_duration)]
+    pub ttl: Option<Duration>,
+    /// After the last record, move the event-time clock to this time (ms since the
+    /// epoch), expiring what comes due by then.
+    #[arg(long)]
+    pub advance_to: Option<i64>,
+    /// Print the state after the run, as `sluice state dump` does.
+    #[arg(long)]
+    pub show_state: bool,
+}
+
+/// Which job a deploy, rollback or versions command talks to.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub struct JobTarget {
+    /// The job's config file: the version is validated here under the job's sandbox
+    /// settings and recorded in the job's registry (its checkpoint store); running
+    /// hosts switch within `poll_versions`.
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// A running host's admin API (`http://host:port`): the host validates and records
+    /// the version and answers once its partitions have switched; the others follow.
+    #[arg(long)]
+    pub admin: Option<String>,
+}
+
+#[derive(Subcommand)]
+pub enum CheckpointsCommand {
+    /// List each partition's checkpoints: offset, entries, files, size, bytes uploaded.
+    List {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Only this partition.
+        #[arg(long)]
+        partition: Option<u32>,
+    },
+    /// Read every file of a checkpoint and check it against the manifest.
+    Verify {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The partition.
+        #[arg(long)]
+        partition: u32,
+        /// The checkpoint id; default the newest.
+        #[arg(long)]
+        checkpoint: Option<u64>,
+    },
+    /// Say what a start with this state directory would restore, and how long it
+    /// should take given the bandwidth of earlier restores.
+    Estimate {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The local state directory (absent or missing: a new machine).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+}
+
+/// Which checkpoint store.
+#[derive(Args)]
+pub struct StoreArgs {
+    /// The checkpoint store: a directory, file:///dir or s3://bucket/prefix.
+    #[arg(long)]
+    pub store: String,
+}
+
+#[derive(Subcommand)]
+pub enum StateCommand {
+    /// Print every state entry as JSONL: partition, key, name, value.
+    Dump {
+        /// The state directory.
+        #[arg(long)]
+        state_dir: PathBuf,
+    },
+}
+
+/// `sluice run`: a config file, and flags that override it.
+#[derive(Args)]
+pub struct RunArgs {
+    /// TOML config file; flags below override it.
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// Operator component (.wasm).
+    #[arg(long)]
+    pub operator: Option<PathBuf>,
+    /// Read records from this JSONL file instead of the configured source.
+    #[arg(long, conflicts_with_all = ["vehicles", "count", "seed", "churn"])]
+    pub input: Option<PathBuf>,
+    #[command(flatten)]
+    pub fleet: FleetOverrides,
+    /// Records per second from the source.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Write outputs to this JSONL file; `-` is stdout; `kafka://host:port/topic` is a
+    /// Kafka topic (with the config's `[sink.properties]` and `guarantee`, if it names a
+    /// Kafka sink).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// State directory.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Number of partitions.
+    #[arg(long)]
+    pub partitions: Option<u32>,
+    /// Dead-letter JSONL file.
+    #[arg(long)]
+    pub dead_letter: Option<PathBuf>,
+    /// Time between running-summary lines: seconds, or e.g. 500ms; 0 turns them off.
+    #[arg(long, value_parser = config::parse_duration)]
+    pub report_interval: Option<Duration>,
+    /// The longest processed records wait for their state commit: seconds, or e.g.
+    /// 500ms, 10s.
+    #[arg(long, value_parser = config::parse_duration)]
+    pub commit_interval: Option<Duration>,
+    /// Memory for committed state entries kept per partition, MiB; 0 keeps none.
+    #[arg(long)]
+    pub cache_mib: Option<usize>,
+    /// Memory RocksDB may use for all partitions together (memtables and blocks), MiB.
+    #[arg(long)]
+    pub rocksdb_memory_mib: Option<usize>,
+    /// The TTL of state entries without one of their own, in event time: e.g. 10m, 7d.
+    #[arg(long, value_parser = config::parse_duration)]
+    pub ttl: Option<Duration>,
+    /// Checkpoint store: a directory, file:///dir or s3://bucket/prefix.
+    #[arg(long)]
+    pub checkpoint_store: Option<String>,
+    /// Time between a partition's checkpoints: seconds, or e.g. 10s, 1m.
+    #[arg(long, value_parser = config::parse_duration)]
+    pub checkpoint_interval: Option<Duration>,
+    /// Neither checkpoint nor restore from a checkpoint store.
+    #[arg(long, conflicts_with_all = ["checkpoint_store", "checkpoint_interval"])]
+    pub no_checkpoints: bool,
+    /// Serve the admin HTTP API (deploy, rollback, versions) on this `host:port`.
+    #[arg(long)]
+    pub admin: Option<String>,
+}
+
+/// Generator settings that override the configured ones.
+#[derive(Args)]
+pub struct FleetOverrides {
+    /// Vehicles in the generated fleet.
+    #[arg(long)]
+    pub vehicles: Option<u32>,
+    /// Records to generate.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Generator seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Every this many records a generated vehicle leaves for good and a new one joins.
+    #[arg(long)]
+    pub churn: Option<u64>,
+}
+
+impl FleetOverrides {
+    /// Whether any generator setting is given.
+    pub fn any(&self) -> bool {
+        self.vehicles.is_some() || self.count.is_some() || self.seed.is_some() || self.churn.is_some()
+    }
+}
+
+/// `sluice generate`
+#[derive(Args)]
+pub struct FleetArgs {
+    /// Vehicles in the fleet.
+    #[arg(long, default_value_t = 100)]
+    pub vehicles: u32,
+    /// Records to generate.
+    #[arg(long, default_value_t = 10_000)]
+    pub count: u64,
+    /// Seed: the same seed gives the same records.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Every this many records a vehicle leaves for good and a new one joins.
+    #[arg(long)]
+    pub churn: Option<u64>,
+}
