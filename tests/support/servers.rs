@@ -358,15 +358,18 @@ impl KafkaBroker {
     }
 
     /// Waits until `group` has committed all `records` records of `topic` (offsets
-    /// summing to the count: each partition's offsets run from 0 without gaps).
+    /// summing to the count: each partition's offsets run from 0 without gaps). A look
+    /// the broker fails to answer (busy under the hosts it serves) is tried again until
+    /// `timeout`.
     pub fn wait_committed(&self, group: &str, topic: &str, records: i64, timeout: std::time::Duration) -> Result<()> {
         let started = std::time::Instant::now();
         loop {
-            let offsets = self.committed(group, topic)?;
-            if offsets.values().map(|&o| o.max(0)).sum::<i64>() == records {
+            let looked = self.committed(group, topic);
+            if looked.as_ref().is_ok_and(|offsets| offsets.values().map(|&o| o.max(0)).sum::<i64>() == records) {
                 return Ok(());
             }
             if started.elapsed() > timeout {
+                let offsets = looked?;
                 bail!(
                     "group {group} has not committed the {records} records of {topic} after {timeout:?}: {offsets:?}"
                 );
