@@ -194,10 +194,7 @@ impl Registry {
     /// Reads history entry `seq`, checking that it is what its name says.
     async fn read_entry(&self, seq: u64) -> Result<Deployment> {
         let path = self.entry_path(seq);
-        let bytes =
-            self.store.get_optional(&path, MAX_RECORD_BYTES).await?.ok_or_else(|| anyhow!("{path} vanished"))?;
-        let entry: Deployment = serde_json::from_slice(&bytes)
-            .with_context(|| format!("{path} in {} is not a sluice deployment record", self.store.url()))?;
+        let entry: Deployment = self.read_record(&path, "deployment").await?;
         if entry.seq != seq || !entry.version.starts_with(&format!("{}@", self.name)) {
             bail!(
                 "{path} in {} is corrupt: it records entry {} of version {}, not an entry {seq} of operator {}",
@@ -398,10 +395,7 @@ impl Registry {
         for name in self.store.object_names(&folder).await? {
             let path = format!("{folder}/{name}");
             let Some(offset) = name.strip_suffix(".json").and_then(|n| n.parse::<u64>().ok()) else { continue };
-            let bytes =
-                self.store.get_optional(&path, MAX_RECORD_BYTES).await?.ok_or_else(|| anyhow!("{path} vanished"))?;
-            let switch: SwitchRecord = serde_json::from_slice(&bytes)
-                .with_context(|| format!("{path} in {} is not a sluice switch record", self.store.url()))?;
+            let switch: SwitchRecord = self.read_record(&path, "switch").await?;
             if switch.offset != offset || !switch.version.starts_with(&format!("{}@", self.name)) {
                 bail!(
                     "{path} in {} is corrupt: it records a switch to {} at offset {}, not one of operator {} at \
@@ -415,6 +409,13 @@ impl Registry {
             switches.insert(offset, switch.version);
         }
         Ok(switches)
+    }
+
+    /// Reads the JSON record at `path`, listed a moment ago, as a sluice `what` record.
+    async fn read_record<T: serde::de::DeserializeOwned>(&self, path: &str, what: &str) -> Result<T> {
+        let bytes = self.store.get_optional(path, MAX_RECORD_BYTES).await?.ok_or_else(|| anyhow!("{path} vanished"))?;
+        serde_json::from_slice(&bytes)
+            .with_context(|| format!("{path} in {} is not a sluice {what} record", self.store.url()))
     }
 
     fn switch_folder(&self, partition: u32) -> String {
