@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// import one another.
 const CHAIN: &[&[&str]] = &[
     &["record", "backoff", "log_rate"],
-    &["stats", "config", "checksum"],
+    &["stats", "config", "checksum", "lines"],
     &["state"],
     &["checkpoint"],
     &["operator"],

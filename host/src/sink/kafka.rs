@@ -21,8 +21,8 @@
 //! would make every worker wait for the others' records too, and under load never
 //! return. This module does not read from Kafka.
 
-use super::EXPIRY_CAUSE;
 use crate::config::kafka_client;
+use crate::lines::EXPIRY_CAUSE;
 use crate::lock;
 use crate::record::{Cause, DeadLetter, Origin, Output};
 use anyhow::{Context, Result, bail};
