@@ -31,7 +31,7 @@ fn main() -> Result<()> {
     let records = bench_setting("SLUICE_BENCH_RECORDS", 1_000_000)?;
     let state_mb: u64 = bench_setting("SLUICE_BENCH_STATE_MB", 1024)?;
     let dir = tempfile::tempdir()?;
-    let runtime = checkpoint::runtime()?;
+    let runtime = sluice::objects::runtime()?;
 
     throughput(dir.path(), records)?;
     steady_updates(&runtime, &dir.path().join("steady"))?;

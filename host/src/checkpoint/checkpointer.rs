@@ -377,7 +377,7 @@ mod tests {
     fn garbage_collection_spares_files_newer_than_the_newest_checkpoint() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let store = CheckpointStore::open(dir.path().join("store").to_str().expect("UTF-8 temp path"))?;
-        let runtime = super::super::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let upload = |name: &str| -> Result<ManifestFile> {
             let local = dir.path().join(name);
             std::fs::write(&local, name.repeat(10))?;
@@ -409,7 +409,7 @@ mod tests {
     fn a_host_whose_partition_was_claimed_by_another_writes_and_deletes_nothing() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let store = CheckpointStore::open(dir.path().join("store").to_str().expect("UTF-8 temp path"))?;
-        let runtime = super::super::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let settings = |host: &str| CheckpointSettings {
             interval: Duration::ZERO,
             retain: 1,

@@ -10,7 +10,8 @@
 //! checkpoint uploads roughly what changed. A checkpoint exists only once its manifest
 //! is written, and the manifest is written last.
 //!
-//! - [`store`]: the store's layout, manifests, verified transfers, restore history.
+//! - [`store`]: the store's layout, manifests, verified transfers, restore history,
+//!   over the [`Objects`](crate::objects::Objects) at the store's URL.
 //! - [`checkpointer`]: taking a partition's checkpoints in the background of its
 //!   worker, retention and garbage collection.
 //! - [`restore`]: choosing between local recovery and a checkpoint, predicting and
@@ -28,7 +29,6 @@ pub use checkpointer::{CheckpointSettings, Checkpointer};
 pub use restore::{RestorePlan, RestoreReport, RestoredFrom};
 pub use store::{CheckpointStore, JobIdentity, Manifest, ManifestFile};
 
-use anyhow::Result;
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -42,15 +42,6 @@ pub fn host_id() -> &'static str {
         let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
         format!("{hostname}/{}/{started}", std::process::id())
     })
-}
-
-/// The runtime checkpoint I/O runs on: two threads beside the partition workers.
-pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("sluice-checkpoint")
-        .enable_all()
-        .build()?)
 }
 
 /// `n` bytes for people: B, KiB, MiB or GiB.

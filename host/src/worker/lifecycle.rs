@@ -30,10 +30,11 @@ use super::queue::{self, QueueSender};
 use super::{Cadence, Destinations, StopSignal};
 use crate::backoff::Backoff;
 use crate::checkpoint::restore::{self, PartitionPlan};
-use crate::checkpoint::store::{self, ClaimedElsewhere};
+use crate::checkpoint::store::ClaimedElsewhere;
 use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
 use crate::config::{NullKeys, TtlConfig};
 use crate::lock;
+use crate::objects;
 use crate::operator::replay::SwitchLog;
 use crate::operator::wasm::ActiveVersion;
 use crate::operator::{Operator, OperatorStopped};
@@ -754,7 +755,7 @@ fn restore_retrying(
                 host.record_restore(report.fetched(), report.took, report.plan.predicted().0);
                 return Ok((report.plan.partitions, report.restored));
             }
-            Err(e) if !store::is_unavailable(&e) => return Err(e),
+            Err(e) if !objects::is_unavailable(&e) => return Err(e),
             Err(e) => match backoff.next_wait() {
                 Some(wait) => {
                     tracing::warn!(
