@@ -9,9 +9,10 @@
 //! checkpoint rate instead of piling up snapshots.
 
 use super::bytes;
-use super::restore::{PartitionPlan, RestoredFrom};
+use super::restore::PartitionPlan;
 use super::store::{self, CheckpointStore, Manifest, ManifestFile};
 use crate::lock;
+use crate::record::RestoredFrom;
 use crate::state::{PartitionStore, STATE_FORMAT};
 use crate::stats::PartitionStats;
 use anyhow::{Context, Result};

@@ -26,7 +26,7 @@ pub mod restore;
 pub mod store;
 
 pub use checkpointer::{CheckpointSettings, Checkpointer};
-pub use restore::{RestorePlan, RestoreReport, RestoredFrom};
+pub use restore::{RestorePlan, RestoreReport};
 pub use store::{CheckpointStore, JobIdentity, Manifest, ManifestFile};
 
 use std::sync::OnceLock;

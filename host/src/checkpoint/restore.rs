@@ -16,6 +16,7 @@
 use super::bytes;
 use super::store::{CheckpointStore, Manifest};
 use crate::objects;
+use crate::record::RestoredFrom;
 use crate::state::{PartitionStore, StateDir};
 use crate::stats::HostStats;
 use anyhow::{Context, Result, bail};
@@ -131,37 +132,6 @@ impl fmt::Display for RestorePlan {
             time.as_secs_f64(),
             bytes(bandwidth as u64)
         )
-    }
-}
-
-/// Where a partition's state came from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RestoredFrom {
-    /// No local state and no checkpoint: an empty database.
-    Empty,
-    /// The local database, as new as or newer than any usable checkpoint.
-    Local {
-        /// Its committed offset.
-        offset: u64,
-    },
-    /// A checkpoint from the store.
-    Checkpoint {
-        /// The checkpoint's id.
-        id: u64,
-        /// Its offset.
-        offset: u64,
-        /// Bytes fetched.
-        bytes: u64,
-    },
-}
-
-impl fmt::Display for RestoredFrom {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RestoredFrom::Empty => write!(f, "empty"),
-            RestoredFrom::Local { offset } => write!(f, "local@{offset}"),
-            RestoredFrom::Checkpoint { id, offset, .. } => write!(f, "checkpoint {id}@{offset}"),
-        }
     }
 }
 

@@ -728,7 +728,7 @@ mod tests {
     //! local to librdkafka.
 
     use super::*;
-    use crate::checkpoint::RestoredFrom;
+    use crate::record::RestoredFrom;
 
     /// Partitions that record what the source asked of them.
     #[derive(Default)]
