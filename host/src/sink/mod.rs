@@ -2,15 +2,17 @@
 //! Kafka topics ([`kafka`]).
 //!
 //! This module owns the choice of sinks and where lines go (how a line is written is
-//! [`lines`](crate::lines)'s). A worker hands a whole batch's outputs to
-//! [`Sink::send`], and its dead letters to [`DeadLetterSink::send`], and goes on with
-//! its next batch; before it commits state it makes them final through its
-//! [`PartitionOutputs`]: it waits until every output (and every dead letter on a Kafka
-//! topic) of the batches the commit covers is where it was sent, or, with exactly-once
-//! outputs, commits their Kafka [transaction]. So an output is never lost: after a
-//! crash, the batches processed since the last commit are processed again, and sent
-//! again (at-least-once) or, where a committed transaction holds their outputs
-//! already, not (exactly-once).
+//! [`lines`](crate::lines)'s). Each worker has its partition's side of the sinks, a
+//! [`PartitionOutputs`] ([`Sink::partition`]): it hands it a whole batch's outputs
+//! ([`send`](PartitionOutputs::send)) and dead letters
+//! ([`send_dead_letters`](PartitionOutputs::send_dead_letters)) and goes on with its
+//! next batch; before it commits state it makes them final
+//! ([`commit`](PartitionOutputs::commit)): it waits until every output (and every dead
+//! letter on a Kafka topic) of the batches the commit covers is where it was sent, or,
+//! with exactly-once outputs, commits their Kafka [transaction]. So an output is never
+//! lost: after a crash, the batches processed since the last commit are processed
+//! again, and sent again (at-least-once) or, where a committed transaction holds their
+//! outputs already, not (exactly-once).
 
 pub mod kafka;
 pub mod transaction;
@@ -34,63 +36,36 @@ pub enum Sink {
     /// JSONL lines to a file or stdout.
     Lines(LineSink),
     /// Records on Kafka topics, at least once.
-    Kafka(kafka::KafkaSink),
+    Kafka(Arc<kafka::KafkaSink>),
     /// Records on Kafka topics, exactly once: each partition through its own
     /// transactions.
     Transactional(transaction::TransactionalSink),
 }
 
 impl Sink {
-    /// `partition`'s side of this sink, made when its worker starts with state at
-    /// `state_offset`: for exactly-once outputs it takes over the partition's
-    /// transactions, fencing earlier owners.
-    pub fn partition(&self, partition: u32, state_offset: u64) -> Result<PartitionOutputs> {
-        Ok(match self {
-            Sink::Transactional(sink) => PartitionOutputs::Transaction(sink.begin(partition, state_offset)?),
-            Sink::Lines(_) | Sink::Kafka(_) => PartitionOutputs::Acknowledged(None),
-        })
-    }
-
-    /// Sends a batch's outputs, each with its origin, all produced by operator
-    /// `version`, as part of `into`, the sending partition's outputs. A line sink has
-    /// written them when it returns (formatted into `scratch`, which the caller keeps
-    /// from batch to batch so its memory is reused, [`LINE_CHUNK_BYTES`] at a time, so
-    /// it holds that plus one line); a Kafka sink has queued them,
-    /// counted in `into` until the broker acknowledges them, or in `into`'s open
-    /// transaction. An output Kafka refuses for itself (over the producer's
-    /// `message.max.bytes`) is not sent: its dead letter goes into `refused`.
-    pub fn send(
+    /// `partition`'s side of this sink and of `dead_letters`, made when its worker
+    /// starts with state at `state_offset`: for exactly-once outputs it takes over the
+    /// partition's transactions, fencing earlier owners. Dead letters on a topic need a
+    /// Kafka sink to go through ([`DeadLetterSink::open`] refuses them without).
+    pub fn partition(
         &self,
-        outputs: &[(Origin, Output)],
-        version: &str,
-        scratch: &mut Vec<u8>,
-        into: &mut PartitionOutputs,
-        refused: &mut Vec<DeadLetter>,
-    ) -> Result<()> {
-        if outputs.is_empty() {
-            return Ok(());
-        }
-        match (self, into) {
-            (Sink::Lines(lines), _) => {
-                scratch.clear();
-                let operator = OperatorField::new(version);
-                for (origin, output) in outputs {
-                    format_output(scratch, origin, output, &operator);
-                    if scratch.len() >= LINE_CHUNK_BYTES {
-                        lines.write(scratch)?;
-                        scratch.clear();
-                    }
-                }
-                lines.write(scratch)
+        dead_letters: &DeadLetterSink,
+        partition: u32,
+        state_offset: u64,
+    ) -> Result<PartitionOutputs> {
+        Ok(match (self, dead_letters) {
+            (Sink::Lines(lines), DeadLetterSink::Lines(dead)) => {
+                PartitionOutputs::Lines { outputs: lines.clone(), dead_letters: dead.clone() }
             }
-            (Sink::Kafka(kafka), PartitionOutputs::Acknowledged(acks)) => {
-                kafka.send(outputs, version, acks.get_or_insert_with(Default::default), refused)
+            (Sink::Lines(_), DeadLetterSink::Topic(topic)) => return Err(topic_needs_kafka(topic)),
+            (Sink::Kafka(sink), dead_letters) => {
+                PartitionOutputs::Kafka { sink: sink.clone(), acks: None, dead_letters: dead_letters.clone() }
             }
-            (Sink::Transactional(_), PartitionOutputs::Transaction(transaction)) => {
-                transaction.send(outputs, version, refused)
-            }
-            _ => unreachable!("a partition's outputs come from Sink::partition of the same sink"),
-        }
+            (Sink::Transactional(sink), dead_letters) => PartitionOutputs::Transaction {
+                transaction: sink.begin(partition, state_offset)?,
+                dead_letters: dead_letters.clone(),
+            },
+        })
     }
 
     /// Makes the lines a line sink wrote durable ([`LineSink::sync`]); a Kafka sink's
@@ -112,23 +87,94 @@ impl Sink {
     }
 }
 
-/// One partition's outputs since its last commit, as its sink keeps them until the
-/// commit makes them final.
+/// One partition's side of the job's sink and dead letters: where its outputs and dead
+/// letters go, each variant owning what sending them takes, and what it sent since its
+/// last commit, kept until the commit makes it final. Made by [`Sink::partition`].
 pub enum PartitionOutputs {
-    /// Sent through a shared sink: the acknowledgements a Kafka broker still owes (a
-    /// line sink's writes are done when [`Sink::send`] returns).
-    Acknowledged(Option<Arc<kafka::Acks>>),
+    /// Lines to a file or stdout, written when sent; dead letters to a file.
+    Lines {
+        /// Where outputs go.
+        outputs: LineSink,
+        /// Where dead letters go.
+        dead_letters: LineSink,
+    },
+    /// Records on Kafka topics through the shared producer.
+    Kafka {
+        /// The shared sink.
+        sink: Arc<kafka::KafkaSink>,
+        /// The acknowledgements the broker still owes.
+        acks: Option<Arc<kafka::Acks>>,
+        /// Where dead letters go: a file, or a topic through `sink`.
+        dead_letters: DeadLetterSink,
+    },
     /// The partition's own Kafka transaction.
-    Transaction(transaction::PartitionTransaction),
+    Transaction {
+        /// The transaction.
+        transaction: transaction::PartitionTransaction,
+        /// Where dead letters go: a file, or a topic in the transaction.
+        dead_letters: DeadLetterSink,
+    },
 }
 
 impl PartitionOutputs {
+    /// Sends a batch's outputs, each with its origin, all produced by operator
+    /// `version`. Lines are written when it returns (formatted into `scratch`, which
+    /// the caller keeps from batch to batch so its memory is reused,
+    /// [`LINE_CHUNK_BYTES`] at a time, so it holds that plus one line); Kafka records
+    /// are queued, counted until the broker acknowledges them, or in the open
+    /// transaction. An output Kafka refuses for itself (over the producer's
+    /// `message.max.bytes`) is not sent: its dead letter goes into `refused`.
+    pub fn send(
+        &mut self,
+        outputs: &[(Origin, Output)],
+        version: &str,
+        scratch: &mut Vec<u8>,
+        refused: &mut Vec<DeadLetter>,
+    ) -> Result<()> {
+        if outputs.is_empty() {
+            return Ok(());
+        }
+        match self {
+            PartitionOutputs::Lines { outputs: lines, .. } => {
+                let operator = OperatorField::new(version);
+                lines
+                    .write_each(outputs, scratch, |buf, (origin, output)| format_output(buf, origin, output, &operator))
+            }
+            PartitionOutputs::Kafka { sink, acks, .. } => {
+                sink.send(outputs, version, acks.get_or_insert_with(Default::default), refused)
+            }
+            PartitionOutputs::Transaction { transaction, .. } => transaction.send(outputs, version, refused),
+        }
+    }
+
+    /// Sends `dead`, all of operator `version`'s batch (formatting lines into `scratch`,
+    /// as [`send`](Self::send) does): a dead-letter topic's records go as the outputs
+    /// do, counted until acknowledged or in the transaction.
+    pub fn send_dead_letters(&mut self, dead: &[DeadLetter], version: &str, scratch: &mut Vec<u8>) -> Result<()> {
+        if dead.is_empty() {
+            return Ok(());
+        }
+        match self {
+            PartitionOutputs::Lines { dead_letters: lines, .. }
+            | PartitionOutputs::Kafka { dead_letters: DeadLetterSink::Lines(lines), .. }
+            | PartitionOutputs::Transaction { dead_letters: DeadLetterSink::Lines(lines), .. } => {
+                lines.write_each(dead, scratch, |buf, dead| format_dead_letter(buf, dead, version))
+            }
+            PartitionOutputs::Kafka { sink, acks, dead_letters: DeadLetterSink::Topic(topic) } => {
+                sink.send_dead_letters(topic, dead, version, acks.get_or_insert_with(Default::default))
+            }
+            PartitionOutputs::Transaction { transaction, dead_letters: DeadLetterSink::Topic(topic) } => {
+                transaction.send_dead_letters(topic, dead, version)
+            }
+        }
+    }
+
     /// The offset below which every input's outputs are committed already, so that
     /// processing those inputs again emits nothing: a committed transaction's, else 0.
     pub fn covered(&self) -> u64 {
         match self {
-            PartitionOutputs::Acknowledged(_) => 0,
-            PartitionOutputs::Transaction(transaction) => transaction.covered(),
+            PartitionOutputs::Lines { .. } | PartitionOutputs::Kafka { .. } => 0,
+            PartitionOutputs::Transaction { transaction, .. } => transaction.covered(),
         }
     }
 
@@ -136,40 +182,44 @@ impl PartitionOutputs {
     /// error (fenced, above all), as an error, without waiting.
     pub fn check(&self) -> Result<()> {
         match self {
-            PartitionOutputs::Acknowledged(acks) => match acks.as_deref().and_then(kafka::Acks::failure) {
+            PartitionOutputs::Lines { .. } => Ok(()),
+            PartitionOutputs::Kafka { acks, .. } => match acks.as_deref().and_then(kafka::Acks::failure) {
                 Some(failure) => Err(anyhow::anyhow!("{failure}")),
                 None => Ok(()),
             },
-            PartitionOutputs::Transaction(transaction) => transaction.check(),
+            PartitionOutputs::Transaction { transaction, .. } => transaction.check(),
         }
     }
 
     /// Makes every output sent since the last commit final, before the state of the
     /// inputs below `next_offset` commits: waits until each is acknowledged, or commits
-    /// the transaction with `next_offset` as the group's offset. A failed delivery or
-    /// transaction, or outputs still unacknowledged after [`kafka::DELIVERY_TIMEOUT`],
-    /// is the error, and then nothing sent since the last commit may be taken as
-    /// delivered.
+    /// the transaction with `next_offset` as the group's offset (lines are written
+    /// already). A failed delivery or transaction, or outputs still unacknowledged
+    /// after [`kafka::DELIVERY_TIMEOUT`], is the error, and then nothing sent since the
+    /// last commit may be taken as delivered.
     pub fn commit(&mut self, next_offset: u64) -> Result<()> {
         match self {
-            PartitionOutputs::Acknowledged(acks) => {
+            PartitionOutputs::Lines { .. } => Ok(()),
+            PartitionOutputs::Kafka { acks, .. } => {
                 if let Some(acks) = acks.take() {
                     acks.wait(kafka::DELIVERY_TIMEOUT).map_err(|failure| anyhow::anyhow!("{failure}"))?;
                 }
                 Ok(())
             }
-            PartitionOutputs::Transaction(transaction) => transaction.commit(next_offset),
+            PartitionOutputs::Transaction { transaction, .. } => transaction.commit(next_offset),
         }
     }
 }
 
-/// A destination of JSONL lines shared by all workers.
+/// A destination of JSONL lines shared by all workers. Cheap to clone; every clone
+/// writes to the same destination.
+#[derive(Clone)]
 pub struct LineSink {
-    out: Mutex<Box<dyn Write + Send>>,
+    out: Arc<Mutex<Box<dyn Write + Send>>>,
     /// The file written to, for [`sync`](Self::sync) (another handle of it, so a sync
     /// does not hold up the writers); `None` for stdout, for what is not a regular file,
     /// and when not syncing.
-    file: Option<File>,
+    file: Option<Arc<File>>,
     name: String,
 }
 
@@ -208,12 +258,16 @@ impl LineSink {
             }
             (false, _) => None,
         };
-        Ok(LineSink { out: Mutex::new(Box::new(file)), file: handle, name: path.display().to_string() })
+        Ok(LineSink {
+            out: Arc::new(Mutex::new(Box::new(file))),
+            file: handle.map(Arc::new),
+            name: path.display().to_string(),
+        })
     }
 
     /// Writes to standard output.
     pub fn stdout() -> Self {
-        LineSink { out: Mutex::new(Box::new(std::io::stdout())), file: None, name: "stdout".into() }
+        LineSink { out: Arc::new(Mutex::new(Box::new(std::io::stdout()))), file: None, name: "stdout".into() }
     }
 
     /// Makes every line written so far durable (on disk, not only handed to the OS):
@@ -229,6 +283,25 @@ impl LineSink {
     /// Where this sink writes, for messages.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Writes a line for each of `items`, as `format` appends it to a buffer, through
+    /// `scratch` (cleared first) [`LINE_CHUNK_BYTES`] at a time.
+    fn write_each<T>(
+        &self,
+        items: &[T],
+        scratch: &mut Vec<u8>,
+        mut format: impl FnMut(&mut Vec<u8>, &T),
+    ) -> Result<()> {
+        scratch.clear();
+        for item in items {
+            format(scratch, item);
+            if scratch.len() >= LINE_CHUNK_BYTES {
+                self.write(scratch)?;
+                scratch.clear();
+            }
+        }
+        self.write(scratch)
     }
 
     /// Writes complete lines in one piece and flushes them to the OS.
@@ -247,6 +320,7 @@ impl LineSink {
 pub const NOT_SYNCED: &str = "is not a regular file: lines written to it are not synced to disk";
 
 /// Where dead letters go, shared by all workers.
+#[derive(Clone)]
 pub enum DeadLetterSink {
     /// JSONL lines to a file.
     Lines(LineSink),
@@ -266,45 +340,7 @@ impl DeadLetterSink {
                 kafka::check_topic(brokers, properties, topic, "[dead_letter]")?;
                 Ok(DeadLetterSink::Topic(topic.clone()))
             }
-            (Some(topic), _) => anyhow::bail!("[dead_letter] topic = {topic:?} needs a Kafka sink"),
-        }
-    }
-
-    /// Sends `dead`, all of operator `version`'s batch, as part of `into`, the sending
-    /// partition's outputs on `sink` (formatting lines into `scratch`, as
-    /// [`Sink::send`] does).
-    pub fn send(
-        &self,
-        dead: &[DeadLetter],
-        version: &str,
-        sink: &Sink,
-        scratch: &mut Vec<u8>,
-        into: &mut PartitionOutputs,
-    ) -> Result<()> {
-        if dead.is_empty() {
-            return Ok(());
-        }
-        match (self, sink, into) {
-            (DeadLetterSink::Lines(lines), _, _) => {
-                scratch.clear();
-                for dead in dead {
-                    format_dead_letter(scratch, dead, version);
-                    if scratch.len() >= LINE_CHUNK_BYTES {
-                        lines.write(scratch)?;
-                        scratch.clear();
-                    }
-                }
-                lines.write(scratch)
-            }
-            (DeadLetterSink::Topic(topic), Sink::Kafka(kafka), PartitionOutputs::Acknowledged(acks)) => {
-                kafka.send_dead_letters(topic, dead, version, acks.get_or_insert_with(Default::default))
-            }
-            (DeadLetterSink::Topic(topic), Sink::Transactional(_), PartitionOutputs::Transaction(transaction)) => {
-                transaction.send_dead_letters(topic, dead, version)
-            }
-            _ => {
-                unreachable!("a dead-letter topic is opened on a Kafka sink, and a partition's outputs are that sink's")
-            }
+            (Some(topic), _) => Err(topic_needs_kafka(topic)),
         }
     }
 
@@ -324,6 +360,11 @@ impl DeadLetterSink {
             DeadLetterSink::Topic(topic) => format!("topic {topic}"),
         }
     }
+}
+
+/// The error of dead letters for `topic` without a Kafka sink to send them through.
+fn topic_needs_kafka(topic: &str) -> anyhow::Error {
+    anyhow::anyhow!("[dead_letter] topic = {topic:?} needs a Kafka sink")
 }
 
 /// Truncates `file` after its last newline.
@@ -360,7 +401,7 @@ impl Sink {
             (SinkConfig::File { path }, _) => Sink::Lines(LineSink::file(path, sync_files)?),
             (SinkConfig::Stdout, _) => Sink::Lines(LineSink::stdout()),
             (SinkConfig::Kafka { brokers, topic, properties, guarantee: Guarantee::AtLeastOnce }, _) => {
-                Sink::Kafka(kafka::KafkaSink::open(brokers, topic, properties)?)
+                Sink::Kafka(Arc::new(kafka::KafkaSink::open(brokers, topic, properties)?))
             }
             (
                 SinkConfig::Kafka { brokers, topic, properties, guarantee: Guarantee::ExactlyOnce },
@@ -413,6 +454,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("out.jsonl");
         let sink = Sink::Lines(LineSink::file(&path, true)?);
+        let dead_letters = DeadLetterSink::Lines(LineSink::file(&dir.path().join("dead.jsonl"), true)?);
         let outputs: Vec<(Origin, Output)> = (0..3_000)
             .map(|offset| {
                 let origin = Origin { partition: 0, offset, cause: Cause::Record };
@@ -420,8 +462,7 @@ mod tests {
             })
             .collect();
         let (mut scratch, mut refused) = (Vec::new(), Vec::new());
-        let mut into = PartitionOutputs::Acknowledged(None);
-        sink.send(&outputs, "v", &mut scratch, &mut into, &mut refused)?;
+        sink.partition(&dead_letters, 0, 0)?.send(&outputs, "v", &mut scratch, &mut refused)?;
         assert_eq!(refused, []);
         let written = std::fs::read_to_string(&path)?;
         assert!(written.len() > 3_000 * 6_000, "each NUL byte is written as six: {} bytes", written.len());

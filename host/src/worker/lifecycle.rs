@@ -839,7 +839,8 @@ fn spawn_worker(
             instance.version().to_string(),
         )
     });
-    let outputs = start.take_over(|| setup.destinations.sink.partition(partition, offset))?;
+    let outputs =
+        start.take_over(|| setup.destinations.sink.partition(&setup.destinations.dead_letters, partition, offset))?;
     instance.follow_switches(&setup.switches, partition, offset, outputs.covered())?;
     let stats = Arc::new(PartitionStats::new(offset, instance.state().entries(), instance.version()));
     super::count_state_bytes(instance.state().store(), &stats);
