@@ -10,8 +10,11 @@
 //! checkpoint uploads roughly what changed. A checkpoint exists only once its manifest
 //! is written, and the manifest is written last.
 //!
-//! - [`store`]: the store's layout, manifests, verified transfers, restore history,
-//!   over the [`Objects`](crate::objects::Objects) at the store's URL.
+//! - [`layout`]: where the store keeps what.
+//! - [`records`]: the store's manifest, claims, checkpoint manifests and restore
+//!   history, as JSON.
+//! - [`store`]: claims, verified transfers and the records in and out, over the
+//!   [`Objects`](crate::objects::Objects) at the store's URL.
 //! - [`checkpointer`]: taking a partition's checkpoints in the background of its
 //!   worker, retention and garbage collection.
 //! - [`restore`]: choosing between local recovery and a checkpoint, predicting and
@@ -22,12 +25,15 @@
 //! writes into a database that is open.
 
 pub mod checkpointer;
+pub mod layout;
+pub mod records;
 pub mod restore;
 pub mod store;
 
 pub use checkpointer::{CheckpointSettings, Checkpointer};
+pub use records::{JobIdentity, Manifest, ManifestFile};
 pub use restore::{RestorePlan, RestoreReport};
-pub use store::{CheckpointStore, JobIdentity, Manifest, ManifestFile};
+pub use store::CheckpointStore;
 
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};

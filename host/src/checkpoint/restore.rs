@@ -14,7 +14,8 @@
 //! owns the directory layout it writes into.
 
 use super::bytes;
-use super::store::{CheckpointStore, Manifest};
+use super::records::Manifest;
+use super::store::CheckpointStore;
 use crate::objects;
 use crate::record::RestoredFrom;
 use crate::state::{PartitionStore, StateDir};

@@ -1,37 +1,30 @@
-//! The checkpoint store: where checkpoints live, how they are laid out, and how files
-//! get in and out of it verified.
+//! The checkpoint store: how checkpoints get in and out of the [`Objects`] at the
+//! store's URL (a local directory or S3-compatible object storage), verified.
 //!
-//! ```text
-//! <store>/sluice-checkpoints.json                   format, partition count and identity of the job
-//! <store>/sluice-job.json                           the job that claimed a store older than identities
-//! <store>/restores.json                             measured restore bandwidth
-//! <store>/partition-0000/claim.json                 the host that took the partition last
-//! <store>/partition-0000/manifests/0000000012.json  one per checkpoint, written last
-//! <store>/partition-0000/files/000042.sst.1f3a…     a file, under its name and checksum
-//! <store>/operators/vehicle_stats/…                 deployed operator versions (see
-//!                                                   [`registry`](crate::operator::registry))
-//! ```
-//!
-//! A store is the [`Objects`] at a URL: a local directory or S3-compatible object
-//! storage. Files are addressed by content
-//! (name plus checksum): a file the store holds is never uploaded again, and a file
-//! uploaded by a checkpoint that never finished is garbage, found and deleted by the
-//! next checkpoint's collection.
+//! A file uploaded by a checkpoint that never finished is garbage, found and deleted by
+//! the next checkpoint's collection.
 //!
 //! Each host that takes a partition first writes its [`PartitionClaim`]; a host whose
 //! claim was overwritten (it was evicted from its group without knowing yet) writes no
 //! manifest and deletes nothing of that partition ([`CheckpointStore::check_claim`]), so
 //! it cannot collect files the new owner restores or references.
 //!
-//! This module owns the layout, the manifest format, claims and verification; it does
-//! not decide what to upload, keep or restore.
+//! This module owns claims, verification and the store's side of each record; where
+//! objects are is the [`layout`](super::layout)'s, what the records hold the
+//! [`records`](super::records)'; it does not decide what to upload, keep or restore.
 
-use crate::checksum::{self, Checksum};
+use super::layout::{
+    LEGACY_CLAIM, RESTORES, STORE_MANIFEST, claim_path, file_path, files_dir, manifest_path, partition_dir,
+};
+use super::records::{
+    CHECKPOINT_FORMAT, JobIdentity, Manifest, ManifestFile, PartitionClaim, RestoreHistory, RestoreSample,
+    StoreManifest,
+};
+use crate::checksum::Checksum;
 use crate::objects::{MAX_RECORD_BYTES, Objects};
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
 use object_store::{GetResult, GetResultPayload};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -48,63 +41,8 @@ pub struct StoredFile {
     pub written: SystemTime,
 }
 
-/// The checkpoint format this build writes and reads.
-pub const CHECKPOINT_FORMAT: u32 = 1;
-
-const STORE_MANIFEST: &str = "sluice-checkpoints.json";
-/// The object a job creates to claim a store written before stores named their job,
-/// before it records itself in the store's manifest.
-pub const LEGACY_CLAIM: &str = "sluice-job.json";
-const RESTORES: &str = "restores.json";
 /// Restores remembered for predicting the next one.
 const RESTORE_SAMPLES: usize = 20;
-
-/// What a store was created for: a checkpoint of partition `p` only makes sense to a
-/// job that hashes keys into the same number of partitions.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StoreManifest {
-    /// The [`CHECKPOINT_FORMAT`] of the sluice that created the store.
-    pub format: u32,
-    /// The job's partition count.
-    pub partitions: u32,
-    /// The sluice version that created the store, for error messages.
-    pub created_by: String,
-    /// The job the store belongs to; absent in stores older than the field, which the
-    /// next job to open them claims.
-    #[serde(default)]
-    pub job: Option<JobIdentity>,
-}
-
-/// Which job a store's checkpoints belong to: two jobs of the same partition count
-/// must never restore each other's state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JobIdentity {
-    /// The operator's name (`[operator] name`), the same across its versions.
-    pub operator: String,
-    /// The input it reads, where that names a job: `kafka topic <topic>`; `None` for
-    /// the embedded sources, whose input may change between runs.
-    pub input: Option<String>,
-}
-
-impl std::fmt::Display for JobIdentity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "operator {}", self.operator)?;
-        match &self.input {
-            Some(input) => write!(f, " reading {input}"),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Who took a partition last: the only host that may write its checkpoints and
-/// collect its garbage.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartitionClaim {
-    /// The claiming host's [id](crate::checkpoint::host_id): one per process.
-    pub host: String,
-    /// When it claimed, milliseconds since the Unix epoch (its clock).
-    pub claimed_at_ms: u64,
-}
 
 /// A host checked its claim on a partition and found another host's: it no longer owns
 /// the partition, whatever its consumer still believes.
@@ -122,79 +60,6 @@ pub struct ClaimedElsewhere {
     pub host: String,
     /// The claim found.
     pub claim: PartitionClaim,
-}
-
-/// One checkpoint of one partition. It exists once this manifest is in the store.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
-    /// [`CHECKPOINT_FORMAT`].
-    pub format: u32,
-    /// The state format of the snapshot's database.
-    pub state_format: u32,
-    /// The partition.
-    pub partition: u32,
-    /// Increases by one per checkpoint of the partition.
-    pub id: u64,
-    /// The next source offset to process: the state reflects every record before it.
-    pub offset: u64,
-    /// State entries held.
-    pub entries: u64,
-    /// The operator version running when the checkpoint was taken: the latest to write
-    /// the state (after a hot swap, older versions wrote parts of it).
-    pub operator: String,
-    /// Creation time, milliseconds since the Unix epoch.
-    pub created_at_ms: u64,
-    /// Bytes this checkpoint uploaded (files the store did not hold yet).
-    pub uploaded_bytes: u64,
-    /// Every file of the snapshot.
-    pub files: Vec<ManifestFile>,
-}
-
-/// One file of a checkpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ManifestFile {
-    /// The file's name in the database directory.
-    pub name: String,
-    /// Its size in bytes.
-    pub size: u64,
-    /// Its [checksum](crate::checksum).
-    pub checksum: String,
-}
-
-impl Manifest {
-    /// The snapshot's size: the bytes a restore fetches.
-    pub fn bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.size).sum()
-    }
-}
-
-/// Restore bandwidth measured on earlier restores from a store.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RestoreHistory {
-    /// The latest restores, oldest first.
-    pub samples: Vec<RestoreSample>,
-}
-
-/// One measured restore.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RestoreSample {
-    /// Bytes fetched.
-    pub bytes: u64,
-    /// Wall-clock seconds it took.
-    pub seconds: f64,
-}
-
-impl RestoreHistory {
-    /// Bytes per second over the remembered restores, if any were measured. The file
-    /// is the store's, so anyone with write access to it may have crafted it: samples
-    /// that no restore could have measured (a time that is not a positive number) are
-    /// passed over, and a bandwidth no division can use is none.
-    pub fn bandwidth(&self) -> Option<f64> {
-        let measured = self.samples.iter().filter(|s| s.seconds.is_finite() && s.seconds > 0.0);
-        let (bytes, seconds) = measured.fold((0.0, 0.0), |(b, t), s| (b + s.bytes as f64, t + s.seconds));
-        let bandwidth = bytes / seconds;
-        (bandwidth.is_finite() && bandwidth > 0.0).then_some(bandwidth)
-    }
 }
 
 /// A checkpoint store: the checkpoints' layout over the [`Objects`] at a URL. Cheap to
@@ -529,32 +394,6 @@ impl CheckpointStore {
     }
 }
 
-/// The object name a file is stored under: its name and checksum, so a file with the
-/// same name but other contents (RocksDB's MANIFEST, CURRENT) never overwrites it.
-pub fn object_name(file: &ManifestFile) -> String {
-    format!("{}.{}", file.name, file.checksum)
-}
-
-fn partition_dir(partition: u32) -> String {
-    format!("partition-{partition:04}")
-}
-
-fn files_dir(partition: u32) -> String {
-    format!("{}/files", partition_dir(partition))
-}
-
-fn file_path(partition: u32, file: &ManifestFile) -> String {
-    format!("{}/{}", files_dir(partition), object_name(file))
-}
-
-fn claim_path(partition: u32) -> String {
-    format!("{}/claim.json", partition_dir(partition))
-}
-
-fn manifest_path(partition: u32, id: u64) -> String {
-    format!("{}/manifests/{id:010}.json", partition_dir(partition))
-}
-
 /// Compares what was read of `file` (at object `path`) with its manifest entry.
 fn check_file(file: &ManifestFile, path: &str, size: u64, checksum: &str) -> Result<()> {
     if size != file.size || checksum != file.checksum {
@@ -595,17 +434,6 @@ impl VerifiedFile {
         self.file.sync_all().with_context(|| format!("syncing {}", self.path.display()))?;
         Ok((self.checksum.len(), self.checksum.hex()))
     }
-}
-
-/// Describes a local file as a manifest entry.
-pub fn describe(path: &Path) -> Result<ManifestFile> {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| anyhow!("{} has no UTF-8 file name", path.display()))?
-        .to_string();
-    let (size, checksum) = checksum::of_file(path)?;
-    Ok(ManifestFile { name, size, checksum })
 }
 
 #[cfg(test)]
