@@ -35,7 +35,7 @@ struct Line<'a> {
     value: BytesField<'a>,
     /// The operator build that produced it (or that refused the input).
     operator: &'a str,
-    /// The [`DeadLetterKind`]'s name; dead letters only.
+    /// The [`DeadLetterKind`](crate::record::DeadLetterKind)'s name; dead letters only.
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -264,7 +264,7 @@ impl OperatorField {
 }
 
 /// Appends the output line for `output`, of `origin`, by the operator whose field is
-/// `operator`, to `buf`: the same line as [`Line`] writes, field by field.
+/// `operator`, to `buf`: the same line as `Line` writes, field by field.
 pub fn format_output(buf: &mut Vec<u8>, origin: &Origin, output: &Output, operator: &OperatorField) {
     let text = |buf: &mut Vec<u8>, text: &str| serde_json::to_writer(&mut *buf, text).expect("writing to memory");
     buf.extend_from_slice(br#"{"partition":"#);

@@ -93,7 +93,7 @@ pub struct ManifestFile {
     pub name: String,
     /// Its size in bytes.
     pub size: u64,
-    /// Its [checksum](crate::checksum).
+    /// Its [checksum].
     pub checksum: String,
 }
 
