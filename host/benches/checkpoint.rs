@@ -17,8 +17,9 @@
 //! not the disk. `SLUICE_BENCH_RECORDS` sets the job runs' length.
 
 use anyhow::Result;
-use sluice::checkpoint::{self, CheckpointSettings, CheckpointStore, Checkpointer, JobIdentity, bytes, restore};
+use sluice::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, JobIdentity, bytes, restore};
 use sluice::config::{Config, SourceConfig};
+use sluice::record::RestoredFrom;
 use sluice::state::{StateDir, Transaction};
 use sluice::stats::{HostStats, PartitionStats};
 use sluice_tests::bench_setting;
@@ -31,7 +32,7 @@ fn main() -> Result<()> {
     let records = bench_setting("SLUICE_BENCH_RECORDS", 1_000_000)?;
     let state_mb: u64 = bench_setting("SLUICE_BENCH_STATE_MB", 1024)?;
     let dir = tempfile::tempdir()?;
-    let runtime = checkpoint::runtime()?;
+    let runtime = sluice::objects::runtime()?;
 
     throughput(dir.path(), records)?;
     steady_updates(&runtime, &dir.path().join("steady"))?;
@@ -176,7 +177,7 @@ fn fill_and_checkpoint(runtime: &tokio::runtime::Runtime, dir: &Path, size: u64)
         upload_bytes_per_s: None,
         host: sluice::checkpoint::host_id().to_string(),
     };
-    let restored = checkpoint::RestoredFrom::Local { offset: keys };
+    let restored = RestoredFrom::Local { offset: keys };
     let mut checkpointer = Checkpointer::new(
         store.clone(),
         runtime.handle().clone(),
@@ -233,7 +234,7 @@ fn local_recovery(runtime: &tokio::runtime::Runtime, dir: &Path, store: &Checkpo
     let plan = runtime.block_on(restore::plan(Some(&state), &[0], Some(store)))?;
     let report =
         runtime.block_on(restore::restore(&state, store, plan, Duration::from_secs(3600), &HostStats::default()))?;
-    assert!(matches!(report.restored[0], checkpoint::RestoredFrom::Local { .. }), "{:?}", report.restored);
+    assert!(matches!(report.restored[0], RestoredFrom::Local { .. }), "{:?}", report.restored);
     state.open_partition(0)?.committed_offset()?;
     Ok(started.elapsed())
 }

@@ -13,7 +13,7 @@
 //! run covers (default 24).
 
 use anyhow::Result;
-use sluice::checkpoint::{self, CheckpointStore, bytes};
+use sluice::checkpoint::{CheckpointStore, bytes};
 use sluice::config::{Config, SourceConfig};
 use sluice::state::StateDir;
 use sluice_tests::bench_setting;
@@ -51,7 +51,7 @@ fn main() -> Result<()> {
         TTL.as_secs()
     );
     let dir = tempfile::tempdir()?;
-    let runtime = checkpoint::runtime()?;
+    let runtime = sluice::objects::runtime()?;
     let mut runs = Vec::new();
     for ttl in [Some(TTL), None] {
         let dir = dir.path().join(if ttl.is_some() { "ttl" } else { "none" });

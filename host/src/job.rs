@@ -166,7 +166,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let source = OpenSource::open(config)?;
     let max_poll_interval = source.max_poll_interval(partitions)?;
     state::limit_memory(config.state.rocksdb_memory_mib << 20)?;
-    let runtime = checkpoint::runtime()?;
+    let runtime = crate::objects::runtime()?;
     // Before the state directory, which records its partition count when it is new: a
     // store of another count refuses the start before that.
     let checkpoints = open_checkpoints(config, &runtime)?;

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 /// The modules in the order they may import each other; a stage's modules may not
 /// import one another.
 const CHAIN: &[&[&str]] = &[
-    &["record", "backoff", "log_rate"],
-    &["stats", "config", "checksum"],
+    &["record", "backoff", "log_rate", "objects", "kafka"],
+    &["stats", "config", "checksum", "lines"],
     &["state"],
     &["checkpoint"],
     &["operator"],

@@ -14,13 +14,17 @@
 //! The layers point one way: each module imports only modules before it in
 //!
 //! ```text
-//! record, backoff, log_rate → stats, config, checksum → state → checkpoint → operator
-//!     → sink → source → worker → metrics, warnings, test_driver → admin → job, scaffold
+//! record, backoff, log_rate, objects, kafka → stats, config, checksum, lines → state
+//!     → checkpoint → operator → sink → source → worker → metrics, warnings, test_driver
+//!     → admin → job, scaffold
 //! ```
 //!
 //! [`record`] (the data every layer shares), [`backoff`] (the schedule of retries after
-//! transient failures) and [`log_rate`] (log lines within a rate) are the leaves;
-//! [`stats`] holds live counters.
+//! transient failures), [`log_rate`] (log lines within a rate), [`objects`] (the object
+//! store at a URL, under checkpoints and the operator registry) and [`kafka`] (the
+//! settings every Kafka client starts from) are the leaves;
+//! [`stats`] holds live counters; [`lines`] writes the JSON lines of the sinks and of a
+//! state dump.
 //! A test in this crate fails on an import against the chain.
 
 pub mod admin;
@@ -29,8 +33,11 @@ pub mod checkpoint;
 pub mod checksum;
 pub mod config;
 pub mod job;
+pub mod kafka;
+pub mod lines;
 pub mod log_rate;
 pub mod metrics;
+pub mod objects;
 pub mod operator;
 pub mod record;
 pub mod scaffold;

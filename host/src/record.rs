@@ -1,7 +1,9 @@
 //! The data every layer shares: a record as a source reads it ([`RawRecord`]) and at
 //! its place in the partitioned log ([`SourceRecord`]), what an operator emits for it
 //! ([`Output`]) and what caused that ([`Origin`]), what goes to the dead letters
-//! ([`DeadLetter`]), and how a partition's run ends ([`Stop`]).
+//! ([`DeadLetter`]), where a partition's state came from when it started
+//! ([`RestoredFrom`]: the restore decides it, the source reports it) and how a
+//! partition's run ends ([`Stop`]).
 //!
 //! This module is a leaf: it imports nothing of the host, and every layer may import
 //! it. It holds data only; what is done with a record belongs to the layer doing it.
@@ -159,6 +161,37 @@ pub struct DeadLetter {
     pub reason: String,
     /// The calls a trapped record got (`[operator.retry]`).
     pub attempts: Option<u32>,
+}
+
+/// Where a partition's state came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RestoredFrom {
+    /// No local state and no checkpoint: an empty database.
+    Empty,
+    /// The local database, as new as or newer than any usable checkpoint.
+    Local {
+        /// Its committed offset.
+        offset: u64,
+    },
+    /// A checkpoint from the store.
+    Checkpoint {
+        /// The checkpoint's id.
+        id: u64,
+        /// Its offset.
+        offset: u64,
+        /// Bytes fetched.
+        bytes: u64,
+    },
+}
+
+impl std::fmt::Display for RestoredFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RestoredFrom::Empty => write!(f, "empty"),
+            RestoredFrom::Local { offset } => write!(f, "local@{offset}"),
+            RestoredFrom::Checkpoint { id, offset, .. } => write!(f, "checkpoint {id}@{offset}"),
+        }
+    }
 }
 
 /// How a partition's run on this host ends.

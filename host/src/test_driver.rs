@@ -25,10 +25,10 @@
 //! ```
 
 use crate::config::{self, TtlConfig};
+use crate::lines;
 use crate::operator::wasm::{ActiveVersion, Limits, WasmInstance, WasmOperator};
 use crate::operator::{Expiration, Operator, Outcome, Processed};
 use crate::record::{Cause, Origin, SourceRecord};
-use crate::sink;
 use crate::source::file::JsonlFile;
 use crate::state::{StateDir, Transaction};
 use crate::worker::Emission;
@@ -190,7 +190,10 @@ impl TestDriver {
     /// The committed state, as `sluice state dump` shows it, in key and name order.
     pub fn state(&mut self) -> Result<Vec<Value>> {
         let store = self.instance.state().store();
-        store.entries().map(|entry| entry.map(|entry| sink::state_line(0, &entry))).collect()
+        store
+            .entries()
+            .map(|entry| entry.map(|e| lines::state_line(0, &e.key, &e.name, &e.value, e.expires_at_ms)))
+            .collect()
     }
 
     fn expirations(&self, expirations: Vec<Expiration>) -> Step {
@@ -209,14 +212,15 @@ impl TestDriver {
         let mut line = Vec::new();
         match Emission::of(origin, key, value, outcome) {
             Emission::Outputs(outputs) => {
+                let operator = lines::OperatorField::new(version);
                 for output in outputs {
                     line.clear();
-                    sink::format_output_line(&mut line, &origin, &output, version);
+                    lines::format_output(&mut line, &origin, &output, &operator);
                     step.outputs.push(serde_json::from_slice(&line).expect("the sink writes JSON lines"));
                 }
             }
             Emission::DeadLetter(dead) => {
-                sink::format_dead_letter(&mut line, &dead, version);
+                lines::format_dead_letter(&mut line, &dead, version);
                 step.dead_letters.push(serde_json::from_slice(&line).expect("the sink writes JSON lines"));
             }
         }
@@ -271,14 +275,14 @@ impl TestDriver {
 /// text), or `<name>_base64` decoded.
 fn bytes_field(entry: &Value, name: &str) -> Result<Vec<u8>> {
     use base64::Engine;
-    if let Some(encoded) = entry.get(format!("{name}{}", sink::BASE64_SUFFIX)) {
-        let text = encoded.as_str().with_context(|| format!("\"{name}{}\" is not a string", sink::BASE64_SUFFIX))?;
+    if let Some(encoded) = entry.get(format!("{name}{}", lines::BASE64_SUFFIX)) {
+        let text = encoded.as_str().with_context(|| format!("\"{name}{}\" is not a string", lines::BASE64_SUFFIX))?;
         return base64::engine::general_purpose::STANDARD.decode(text).context("not base64");
     }
     match entry.get(name) {
         Some(Value::String(text)) if name == "key" => Ok(text.as_bytes().to_vec()),
         Some(value) => Ok(serde_json::to_vec(value)?),
-        None => anyhow::bail!("no \"{name}\" (or \"{name}{}\")", sink::BASE64_SUFFIX),
+        None => anyhow::bail!("no \"{name}\" (or \"{name}{}\")", lines::BASE64_SUFFIX),
     }
 }
 

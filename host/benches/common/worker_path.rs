@@ -35,7 +35,7 @@ pub fn run(
     };
     let first = records[0].offset;
     let stats = PartitionStats::new(first, 0, "bench");
-    let outputs = destinations.sink.partition(0, first)?;
+    let outputs = destinations.sink.partition(&destinations.dead_letters, 0, first)?;
     let clock = CpuClock::start()?;
     let (stop, host) = (StopSignal::default(), HostStats::default());
     worker::run(operator, rx, &destinations, outputs, &stats, &host, None, &stop, cadence, NullKeys::default())?;

@@ -9,9 +9,12 @@
 //! checkpoint rate instead of piling up snapshots.
 
 use super::bytes;
-use super::restore::{PartitionPlan, RestoredFrom};
-use super::store::{self, CheckpointStore, Manifest, ManifestFile};
+use super::layout::object_name;
+use super::records::{self, Manifest, ManifestFile};
+use super::restore::PartitionPlan;
+use super::store::CheckpointStore;
 use crate::lock;
+use crate::record::RestoredFrom;
 use crate::state::{PartitionStore, STATE_FORMAT};
 use crate::stats::PartitionStats;
 use anyhow::{Context, Result};
@@ -159,7 +162,7 @@ impl Checkpointer {
             store: self.store.clone(),
             settings: self.settings.clone(),
             manifest: Manifest {
-                format: store::CHECKPOINT_FORMAT,
+                format: records::CHECKPOINT_FORMAT,
                 state_format: STATE_FORMAT,
                 partition: self.partition,
                 id,
@@ -248,7 +251,7 @@ impl Upload {
         let partition = self.manifest.partition;
         let stored = self.store.files(partition).await?;
         let missing: Vec<&ManifestFile> =
-            files.iter().filter(|f| stored.get(&store::object_name(f)).map(|s| s.size) != Some(f.size)).collect();
+            files.iter().filter(|f| stored.get(&object_name(f)).map(|s| s.size) != Some(f.size)).collect();
         let total: u64 = files.iter().map(|f| f.size).sum();
         let uploading: u64 = missing.iter().map(|f| f.size).sum();
         tracing::debug!(
@@ -306,7 +309,7 @@ fn describe_snapshot(dir: &Path, sst_checksums: &Mutex<HashMap<(String, u64), St
         let file = match cached {
             Some(checksum) => ManifestFile { name, size, checksum },
             None => {
-                let file = store::describe(&path)?;
+                let file = records::describe(&path)?;
                 if file.name.ends_with(".sst") {
                     lock(sst_checksums).insert((file.name.clone(), file.size), file.checksum.clone());
                 }
@@ -338,7 +341,7 @@ pub async fn collect_garbage(store: &CheckpointStore, partition: u32, retain: us
     for &id in kept {
         // A kept manifest that cannot be read might still reference files: keep all.
         let manifest = store.manifest(partition, id).await.context("keeping every file")?;
-        referenced.extend(manifest.files.iter().map(store::object_name));
+        referenced.extend(manifest.files.iter().map(object_name));
     }
     store.check_claim(partition, host).await?;
     let mut deleted = store.remove_partial_uploads(partition).await?;
@@ -360,7 +363,7 @@ mod tests {
     /// Checkpoint `id` of partition 0, at offset `id`, listing `files`.
     fn manifest(id: u64, files: Vec<ManifestFile>) -> Manifest {
         Manifest {
-            format: store::CHECKPOINT_FORMAT,
+            format: records::CHECKPOINT_FORMAT,
             state_format: STATE_FORMAT,
             partition: 0,
             id,
@@ -377,11 +380,11 @@ mod tests {
     fn garbage_collection_spares_files_newer_than_the_newest_checkpoint() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let store = CheckpointStore::open(dir.path().join("store").to_str().expect("UTF-8 temp path"))?;
-        let runtime = super::super::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let upload = |name: &str| -> Result<ManifestFile> {
             let local = dir.path().join(name);
             std::fs::write(&local, name.repeat(10))?;
-            let file = store::describe(&local)?;
+            let file = records::describe(&local)?;
             runtime.block_on(store.put_file(0, &file, local))?;
             Ok(file)
         };
@@ -391,7 +394,7 @@ mod tests {
         checkpoint(1, vec![kept.clone()])?;
         pause();
         // Another host's checkpoint 2, files uploaded, manifest not yet written.
-        let in_flight = store::object_name(&upload("000002.sst")?);
+        let in_flight = object_name(&upload("000002.sst")?);
         assert_eq!(runtime.block_on(collect_garbage(&store, 0, 1, "a"))?, 0, "nothing newer than checkpoint 1 goes");
         pause();
         checkpoint(2, vec![kept])?;
@@ -409,7 +412,7 @@ mod tests {
     fn a_host_whose_partition_was_claimed_by_another_writes_and_deletes_nothing() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let store = CheckpointStore::open(dir.path().join("store").to_str().expect("UTF-8 temp path"))?;
-        let runtime = super::super::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let settings = |host: &str| CheckpointSettings {
             interval: Duration::ZERO,
             retain: 1,
@@ -434,12 +437,12 @@ mod tests {
         runtime.block_on(store.claim_partition(0, "b"))?;
 
         let refused = checkpoint("a", 2, "000002.sst").expect_err("a's claim was taken");
-        assert!(refused.downcast_ref::<store::ClaimedElsewhere>().is_some(), "{refused:#}");
+        assert!(refused.downcast_ref::<crate::checkpoint::store::ClaimedElsewhere>().is_some(), "{refused:#}");
         let collected = runtime.block_on(collect_garbage(&store, 0, 1, "a")).expect_err("nor may a collect");
         assert!(format!("{collected:#}").contains("claimed by host b"), "{collected:#}");
         assert_eq!(runtime.block_on(store.checkpoint_ids(0))?, [1], "b's restore still finds checkpoint 1");
         let files = runtime.block_on(store.files(0))?;
-        assert!(restored.files.iter().all(|f| files.contains_key(&store::object_name(f))), "{files:?}");
+        assert!(restored.files.iter().all(|f| files.contains_key(&object_name(f))), "{files:?}");
 
         checkpoint("b", 2, "000002.sst")?;
         assert_eq!(runtime.block_on(store.checkpoint_ids(0))?, [2], "the owner's checkpoints and collection go on");

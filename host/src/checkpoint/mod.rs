@@ -10,7 +10,11 @@
 //! checkpoint uploads roughly what changed. A checkpoint exists only once its manifest
 //! is written, and the manifest is written last.
 //!
-//! - [`store`]: the store's layout, manifests, verified transfers, restore history.
+//! - [`layout`]: where the store keeps what.
+//! - [`records`]: the store's manifest, claims, checkpoint manifests and restore
+//!   history, as JSON.
+//! - [`store`]: claims, verified transfers and the records in and out, over the
+//!   [`Objects`](crate::objects::Objects) at the store's URL.
 //! - [`checkpointer`]: taking a partition's checkpoints in the background of its
 //!   worker, retention and garbage collection.
 //! - [`restore`]: choosing between local recovery and a checkpoint, predicting and
@@ -21,14 +25,16 @@
 //! writes into a database that is open.
 
 pub mod checkpointer;
+pub mod layout;
+pub mod records;
 pub mod restore;
 pub mod store;
 
 pub use checkpointer::{CheckpointSettings, Checkpointer};
-pub use restore::{RestorePlan, RestoreReport, RestoredFrom};
-pub use store::{CheckpointStore, JobIdentity, Manifest, ManifestFile};
+pub use records::{JobIdentity, Manifest, ManifestFile};
+pub use restore::{RestorePlan, RestoreReport};
+pub use store::CheckpointStore;
 
-use anyhow::Result;
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -42,15 +48,6 @@ pub fn host_id() -> &'static str {
         let started = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
         format!("{hostname}/{}/{started}", std::process::id())
     })
-}
-
-/// The runtime checkpoint I/O runs on: two threads beside the partition workers.
-pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("sluice-checkpoint")
-        .enable_all()
-        .build()?)
 }
 
 /// `n` bytes for people: B, KiB, MiB or GiB.

@@ -7,14 +7,17 @@
 //! database opened to confirm it holds the manifest's offset, and only then moved into
 //! place; a missing or corrupt file is named and the previous checkpoint tried. A
 //! half-restored database is never where the job will open it. A store that fails to
-//! answer is the caller's to try again ([`store::is_unavailable`]): falling back would
+//! answer is the caller's to try again ([`objects::is_unavailable`]): falling back would
 //! meet the same store.
 //!
 //! This module owns that decision and the copying; the [state](crate::state) module
 //! owns the directory layout it writes into.
 
 use super::bytes;
-use super::store::{self, CheckpointStore, Manifest};
+use super::records::Manifest;
+use super::store::CheckpointStore;
+use crate::objects;
+use crate::record::RestoredFrom;
 use crate::state::{PartitionStore, StateDir};
 use crate::stats::HostStats;
 use anyhow::{Context, Result, bail};
@@ -130,37 +133,6 @@ impl fmt::Display for RestorePlan {
             time.as_secs_f64(),
             bytes(bandwidth as u64)
         )
-    }
-}
-
-/// Where a partition's state came from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RestoredFrom {
-    /// No local state and no checkpoint: an empty database.
-    Empty,
-    /// The local database, as new as or newer than any usable checkpoint.
-    Local {
-        /// Its committed offset.
-        offset: u64,
-    },
-    /// A checkpoint from the store.
-    Checkpoint {
-        /// The checkpoint's id.
-        id: u64,
-        /// Its offset.
-        offset: u64,
-        /// Bytes fetched.
-        bytes: u64,
-    },
-}
-
-impl fmt::Display for RestoredFrom {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RestoredFrom::Empty => write!(f, "empty"),
-            RestoredFrom::Local { offset } => write!(f, "local@{offset}"),
-            RestoredFrom::Checkpoint { id, offset, .. } => write!(f, "checkpoint {id}@{offset}"),
-        }
     }
 }
 
@@ -377,7 +349,7 @@ async fn restore_partition(
                 });
             }
             // An older checkpoint is in the same store: the caller tries this one again.
-            Err(e) if store::is_unavailable(&e) => return Err(e),
+            Err(e) if objects::is_unavailable(&e) => return Err(e),
             Err(e) => {
                 tracing::error!(
                     partition,
@@ -430,7 +402,7 @@ async fn fetch(store: &CheckpointStore, manifest: &Manifest, side: &Path, progre
     let downloads: Vec<Result<()>> =
         futures::stream::iter(downloads).buffer_unordered(PARALLEL_DOWNLOADS).collect().await;
     let mut failures: Vec<anyhow::Error> = downloads.into_iter().filter_map(Result::err).collect();
-    if let Some(unavailable) = failures.iter().position(store::is_unavailable) {
+    if let Some(unavailable) = failures.iter().position(objects::is_unavailable) {
         return Err(failures.swap_remove(unavailable));
     }
     // Every bad file is named, not just the first: the operator fixing the store needs

@@ -1,37 +1,30 @@
-//! The checkpoint store: where checkpoints live, how they are laid out, and how files
-//! get in and out of it verified.
+//! The checkpoint store: how checkpoints get in and out of the [`Objects`] at the
+//! store's URL (a local directory or S3-compatible object storage), verified.
 //!
-//! ```text
-//! <store>/sluice-checkpoints.json                   format, partition count and identity of the job
-//! <store>/sluice-job.json                           the job that claimed a store older than identities
-//! <store>/restores.json                             measured restore bandwidth
-//! <store>/partition-0000/claim.json                 the host that took the partition last
-//! <store>/partition-0000/manifests/0000000012.json  one per checkpoint, written last
-//! <store>/partition-0000/files/000042.sst.1f3a…     a file, under its name and checksum
-//! <store>/operators/vehicle_stats/…                 deployed operator versions (see
-//!                                                   [`registry`](crate::operator::registry))
-//! ```
-//!
-//! A store is a local directory or S3-compatible object storage, both behind the
-//! `object_store` crate, so one code path serves both. Files are addressed by content
-//! (name plus checksum): a file the store holds is never uploaded again, and a file
-//! uploaded by a checkpoint that never finished is garbage, found and deleted by the
-//! next checkpoint's collection.
+//! A file uploaded by a checkpoint that never finished is garbage, found and deleted by
+//! the next checkpoint's collection.
 //!
 //! Each host that takes a partition first writes its [`PartitionClaim`]; a host whose
 //! claim was overwritten (it was evicted from its group without knowing yet) writes no
 //! manifest and deletes nothing of that partition ([`CheckpointStore::check_claim`]), so
 //! it cannot collect files the new owner restores or references.
 //!
-//! This module owns the layout, the manifest format, claims and verification; it does
-//! not decide what to upload, keep or restore.
+//! This module owns claims, verification and the store's side of each record; where
+//! objects are is the [`layout`](super::layout)'s, what the records hold the
+//! [`records`](super::records)'; it does not decide what to upload, keep or restore.
 
-use crate::checksum::{self, Checksum};
+use super::layout::{
+    LEGACY_CLAIM, RESTORES, STORE_MANIFEST, claim_path, file_path, files_dir, manifest_path, partition_dir,
+};
+use super::records::{
+    CHECKPOINT_FORMAT, JobIdentity, Manifest, ManifestFile, PartitionClaim, RestoreHistory, RestoreSample,
+    StoreManifest,
+};
+use crate::checksum::Checksum;
+use crate::objects::{MAX_RECORD_BYTES, Objects};
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
-use object_store::path::Path as ObjectPath;
-use object_store::{GetResult, GetResultPayload, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
-use serde::{Deserialize, Serialize};
+use object_store::{GetResult, GetResultPayload};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -48,68 +41,8 @@ pub struct StoredFile {
     pub written: SystemTime,
 }
 
-/// The checkpoint format this build writes and reads.
-pub const CHECKPOINT_FORMAT: u32 = 1;
-
-/// The most bytes sluice reads of a record it keeps in a store — a manifest, a claim,
-/// the restore history, a registry entry — far more than it writes (a manifest names
-/// each file in about 150 bytes, so this is over 400,000 files).
-pub const MAX_RECORD_BYTES: u64 = 64 << 20;
-
-const STORE_MANIFEST: &str = "sluice-checkpoints.json";
-/// The object a job creates to claim a store written before stores named their job,
-/// before it records itself in the store's manifest.
-pub const LEGACY_CLAIM: &str = "sluice-job.json";
-const RESTORES: &str = "restores.json";
 /// Restores remembered for predicting the next one.
 const RESTORE_SAMPLES: usize = 20;
-
-/// What a store was created for: a checkpoint of partition `p` only makes sense to a
-/// job that hashes keys into the same number of partitions.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StoreManifest {
-    /// The [`CHECKPOINT_FORMAT`] of the sluice that created the store.
-    pub format: u32,
-    /// The job's partition count.
-    pub partitions: u32,
-    /// The sluice version that created the store, for error messages.
-    pub created_by: String,
-    /// The job the store belongs to; absent in stores older than the field, which the
-    /// next job to open them claims.
-    #[serde(default)]
-    pub job: Option<JobIdentity>,
-}
-
-/// Which job a store's checkpoints belong to: two jobs of the same partition count
-/// must never restore each other's state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JobIdentity {
-    /// The operator's name (`[operator] name`), the same across its versions.
-    pub operator: String,
-    /// The input it reads, where that names a job: `kafka topic <topic>`; `None` for
-    /// the embedded sources, whose input may change between runs.
-    pub input: Option<String>,
-}
-
-impl std::fmt::Display for JobIdentity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "operator {}", self.operator)?;
-        match &self.input {
-            Some(input) => write!(f, " reading {input}"),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Who took a partition last: the only host that may write its checkpoints and
-/// collect its garbage.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartitionClaim {
-    /// The claiming host's [id](crate::checkpoint::host_id): one per process.
-    pub host: String,
-    /// When it claimed, milliseconds since the Unix epoch (its clock).
-    pub claimed_at_ms: u64,
-}
 
 /// A host checked its claim on a partition and found another host's: it no longer owns
 /// the partition, whatever its consumer still believes.
@@ -129,163 +62,46 @@ pub struct ClaimedElsewhere {
     pub claim: PartitionClaim,
 }
 
-/// One checkpoint of one partition. It exists once this manifest is in the store.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
-    /// [`CHECKPOINT_FORMAT`].
-    pub format: u32,
-    /// The state format of the snapshot's database.
-    pub state_format: u32,
-    /// The partition.
-    pub partition: u32,
-    /// Increases by one per checkpoint of the partition.
-    pub id: u64,
-    /// The next source offset to process: the state reflects every record before it.
-    pub offset: u64,
-    /// State entries held.
-    pub entries: u64,
-    /// The operator version running when the checkpoint was taken: the latest to write
-    /// the state (after a hot swap, older versions wrote parts of it).
-    pub operator: String,
-    /// Creation time, milliseconds since the Unix epoch.
-    pub created_at_ms: u64,
-    /// Bytes this checkpoint uploaded (files the store did not hold yet).
-    pub uploaded_bytes: u64,
-    /// Every file of the snapshot.
-    pub files: Vec<ManifestFile>,
-}
-
-/// One file of a checkpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ManifestFile {
-    /// The file's name in the database directory.
-    pub name: String,
-    /// Its size in bytes.
-    pub size: u64,
-    /// Its [checksum](crate::checksum).
-    pub checksum: String,
-}
-
-impl Manifest {
-    /// The snapshot's size: the bytes a restore fetches.
-    pub fn bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.size).sum()
-    }
-}
-
-/// Restore bandwidth measured on earlier restores from a store.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct RestoreHistory {
-    /// The latest restores, oldest first.
-    pub samples: Vec<RestoreSample>,
-}
-
-/// One measured restore.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RestoreSample {
-    /// Bytes fetched.
-    pub bytes: u64,
-    /// Wall-clock seconds it took.
-    pub seconds: f64,
-}
-
-impl RestoreHistory {
-    /// Bytes per second over the remembered restores, if any were measured. The file
-    /// is the store's, so anyone with write access to it may have crafted it: samples
-    /// that no restore could have measured (a time that is not a positive number) are
-    /// passed over, and a bandwidth no division can use is none.
-    pub fn bandwidth(&self) -> Option<f64> {
-        let measured = self.samples.iter().filter(|s| s.seconds.is_finite() && s.seconds > 0.0);
-        let (bytes, seconds) = measured.fold((0.0, 0.0), |(b, t), s| (b + s.bytes as f64, t + s.seconds));
-        let bandwidth = bytes / seconds;
-        (bandwidth.is_finite() && bandwidth > 0.0).then_some(bandwidth)
-    }
-}
-
-/// A checkpoint store. Cheap to clone; every clone talks to the same store.
+/// A checkpoint store: the checkpoints' layout over the [`Objects`] at a URL. Cheap to
+/// clone; every clone talks to the same store.
 #[derive(Clone)]
 pub struct CheckpointStore {
-    objects: Arc<dyn ObjectStore>,
-    url: String,
-    /// The directory of a directory store.
-    local_root: Option<PathBuf>,
+    objects: Objects,
 }
 
 impl std::fmt::Debug for CheckpointStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CheckpointStore").field("url", &self.url).finish()
+        f.debug_struct("CheckpointStore").field("url", &self.objects.url()).finish()
     }
 }
 
 impl CheckpointStore {
-    /// Opens a store that exists, to read it (`sluice checkpoints …`, `status --store`):
-    /// as [`open`](CheckpointStore::open), but a directory that does not exist is an
-    /// error, not created (a mistyped path would otherwise leave an empty store behind).
+    /// Opens a store that exists, to read it ([`Objects::open_existing`]).
     pub fn open_existing(url: &str) -> Result<Self> {
-        Self::open_at(url, false)
+        Ok(CheckpointStore { objects: Objects::open_existing(url)? })
     }
 
-    /// Opens the store at `url`: `s3://bucket/prefix` (credentials, region and endpoint
-    /// from the usual `AWS_*` environment variables), `file:///abs/dir`, or a plain
-    /// directory path. A directory is created when missing.
+    /// Opens the store at `url` ([`Objects::open`]).
     pub fn open(url: &str) -> Result<Self> {
-        Self::open_at(url, true)
-    }
-
-    /// [`open`](CheckpointStore::open), creating a missing directory if `create`.
-    fn open_at(url: &str, create: bool) -> Result<Self> {
-        let mut local_root = None;
-        let objects: Arc<dyn ObjectStore> = if let Some(rest) = url.strip_prefix("s3://") {
-            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            if bucket.is_empty() {
-                bail!("checkpoint store `{url}` names no bucket (expected s3://bucket/prefix)");
-            }
-            let s3 = object_store::aws::AmazonS3Builder::from_env()
-                .with_url(format!("s3://{bucket}"))
-                .build()
-                .with_context(|| format!("opening checkpoint store {url}"))?;
-            match prefix.trim_matches('/') {
-                "" => Arc::new(s3),
-                prefix => Arc::new(object_store::prefix::PrefixStore::new(s3, prefix)),
-            }
-        } else {
-            let dir = url.strip_prefix("file://").unwrap_or(url);
-            if dir.contains("://") {
-                bail!(
-                    "checkpoint store `{url}`: unsupported scheme (use a directory, file:///dir or s3://bucket/prefix)"
-                );
-            }
-            if create {
-                std::fs::create_dir_all(dir).with_context(|| format!("creating checkpoint store directory {dir}"))?;
-            } else if !Path::new(dir).is_dir() {
-                bail!("checkpoint store directory {dir} does not exist");
-            }
-            let local = object_store::local::LocalFileSystem::new_with_prefix(dir)
-                .with_context(|| format!("opening checkpoint store directory {dir}"))?
-                // A manifest must not outlive (on disk) the files it lists.
-                .with_fsync(true);
-            local_root = Some(PathBuf::from(dir));
-            Arc::new(local)
-        };
-        Ok(CheckpointStore { objects, url: url.to_string(), local_root })
+        Ok(CheckpointStore { objects: Objects::open(url)? })
     }
 
     /// The URL the store was opened with.
     pub fn url(&self) -> &str {
-        &self.url
+        self.objects.url()
     }
 
     /// The store's own manifest, if the store has been used.
     pub async fn store_manifest(&self) -> Result<Option<StoreManifest>> {
-        let Some(bytes) = self.get_optional(STORE_MANIFEST, MAX_RECORD_BYTES).await? else { return Ok(None) };
+        let Some(bytes) = self.objects.get_optional(STORE_MANIFEST, MAX_RECORD_BYTES).await? else { return Ok(None) };
         let manifest: StoreManifest = serde_json::from_slice(&bytes).with_context(|| {
-            format!("{STORE_MANIFEST} in checkpoint store {} is not a sluice store manifest", self.url)
+            format!("{STORE_MANIFEST} in checkpoint store {} is not a sluice store manifest", self.url())
         })?;
         if manifest.format != CHECKPOINT_FORMAT {
             bail!(
                 "checkpoint store {} holds checkpoint format {} (written by sluice {}); this sluice reads format \
                  {CHECKPOINT_FORMAT}",
-                self.url,
+                self.url(),
                 manifest.format,
                 manifest.created_by
             );
@@ -300,7 +116,7 @@ impl CheckpointStore {
             Some(manifest) if manifest.partitions != partitions => bail!(
                 "checkpoint store {} holds {} partitions but the job asks for {partitions}; keys would hash to \
                  partitions whose checkpoints do not hold their state. Use partitions = {} or another store",
-                self.url,
+                self.url(),
                 manifest.partitions,
                 manifest.partitions
             ),
@@ -318,22 +134,22 @@ impl CheckpointStore {
             Some(StoreManifest { job: Some(owner), .. }) if owner != *job => bail!(
                 "checkpoint store {} belongs to another job ({owner}), not this one ({job}): restoring its \
                  checkpoints would start from state this job never wrote. Give this job a store of its own",
-                self.url
+                self.url()
             ),
             Some(StoreManifest { job: Some(_), .. }) => return Ok(()),
             Some(manifest) => {
                 let claim = serde_json::to_vec_pretty(job)?;
-                if !self.put_new(LEGACY_CLAIM, claim).await? {
-                    let bytes = self.get_optional(LEGACY_CLAIM, MAX_RECORD_BYTES).await?;
+                if !self.objects.put_new(LEGACY_CLAIM, claim).await? {
+                    let bytes = self.objects.get_optional(LEGACY_CLAIM, MAX_RECORD_BYTES).await?;
                     let owner: JobIdentity = serde_json::from_slice(&bytes.unwrap_or_default())
-                        .with_context(|| format!("{LEGACY_CLAIM} in {} is not a sluice job claim", self.url))?;
+                        .with_context(|| format!("{LEGACY_CLAIM} in {} is not a sluice job claim", self.url()))?;
                     // This job's own claim, from a start that stopped before the manifest.
                     if owner != *job {
                         bail!(
                             "checkpoint store {} was claimed by another job ({owner}), not this one ({job}): \
                              restoring its checkpoints would start from state this job never wrote. Give this job \
                              a store of its own",
-                            self.url
+                            self.url()
                         );
                     }
                 }
@@ -346,28 +162,28 @@ impl CheckpointStore {
                     created_by: env!("CARGO_PKG_VERSION").to_string(),
                     job: Some(job.clone()),
                 };
-                if self.put_new(STORE_MANIFEST, serde_json::to_vec_pretty(&manifest)?).await? {
+                if self.objects.put_new(STORE_MANIFEST, serde_json::to_vec_pretty(&manifest)?).await? {
                     return Ok(());
                 }
                 // Another job created it between the look and the create: judge its claim.
                 return Box::pin(self.claim(partitions, job)).await;
             }
         };
-        self.put_bytes(STORE_MANIFEST, serde_json::to_vec_pretty(&manifest)?).await
+        self.objects.put_bytes(STORE_MANIFEST, serde_json::to_vec_pretty(&manifest)?).await
     }
 
     /// Records that `host` owns `partition` from now on: the host that took it before
     /// (if it still runs) stops checkpointing and collecting it.
     pub async fn claim_partition(&self, partition: u32, host: &str) -> Result<()> {
         let claim = PartitionClaim { host: host.to_string(), claimed_at_ms: crate::stats::now_ms() };
-        self.put_bytes(&claim_path(partition), serde_json::to_vec_pretty(&claim)?).await
+        self.objects.put_bytes(&claim_path(partition), serde_json::to_vec_pretty(&claim)?).await
     }
 
     /// Fails with [`ClaimedElsewhere`] unless `host` holds the newest claim on
     /// `partition` (or nobody claimed it: a store older than claims).
     pub async fn check_claim(&self, partition: u32, host: &str) -> Result<()> {
         let path = claim_path(partition);
-        let Some(bytes) = self.get_optional(&path, MAX_RECORD_BYTES).await? else { return Ok(()) };
+        let Some(bytes) = self.objects.get_optional(&path, MAX_RECORD_BYTES).await? else { return Ok(()) };
         let claim: PartitionClaim =
             serde_json::from_slice(&bytes).with_context(|| format!("{path} is not a sluice partition claim"))?;
         if claim.host != host {
@@ -383,11 +199,8 @@ impl CheckpointStore {
 
     /// The checkpoints of `partition` by id, with when the store wrote each manifest.
     pub async fn manifests_written(&self, partition: u32) -> Result<BTreeMap<u64, SystemTime>> {
-        let prefix = ObjectPath::from(format!("{}/manifests", partition_dir(partition)));
         let mut written = BTreeMap::new();
-        let mut listing = self.objects.list(Some(&prefix));
-        while let Some(meta) = listing.next().await {
-            let meta = meta.with_context(|| format!("listing {prefix} in checkpoint store {}", self.url))?;
+        for meta in self.objects.list(&format!("{}/manifests", partition_dir(partition))).await? {
             let id: Option<u64> = meta.location.filename().and_then(|name| name.strip_suffix(".json")?.parse().ok());
             if let Some(id) = id {
                 written.insert(id, meta.last_modified.into());
@@ -399,7 +212,8 @@ impl CheckpointStore {
     /// Reads the manifest of checkpoint `id` of `partition`.
     pub async fn manifest(&self, partition: u32, id: u64) -> Result<Manifest> {
         let path = manifest_path(partition, id);
-        let bytes = self.get_optional(&path, MAX_RECORD_BYTES).await?.ok_or_else(|| anyhow!("{path} is missing"))?;
+        let bytes =
+            self.objects.get_optional(&path, MAX_RECORD_BYTES).await?.ok_or_else(|| anyhow!("{path} is missing"))?;
         let manifest: Manifest =
             serde_json::from_slice(&bytes).with_context(|| format!("{path} is not a sluice checkpoint manifest"))?;
         if let Some(bad) =
@@ -425,13 +239,13 @@ impl CheckpointStore {
         let path = manifest_path(manifest.partition, manifest.id);
         // Never over another host's checkpoint of the same number: after a rebalance
         // the old owner's last upload and the new owner's first may race.
-        if !self.put_new(&path, serde_json::to_vec_pretty(manifest)?).await? {
+        if !self.objects.put_new(&path, serde_json::to_vec_pretty(manifest)?).await? {
             bail!(
                 "checkpoint {} of partition {} already exists in {}: another host wrote it (this one may no longer \
                  own the partition)",
                 manifest.id,
                 manifest.partition,
-                self.url
+                self.url()
             );
         }
         Ok(())
@@ -439,17 +253,14 @@ impl CheckpointStore {
 
     /// Deletes checkpoint `id` of `partition` (its manifest; files are collected later).
     pub async fn delete_manifest(&self, partition: u32, id: u64) -> Result<()> {
-        self.delete(&manifest_path(partition, id)).await
+        self.objects.delete(&manifest_path(partition, id)).await
     }
 
     /// The files `partition`'s checkpoints have uploaded, with their sizes, keyed by
     /// object name relative to the partition's files folder.
     pub async fn files(&self, partition: u32) -> Result<HashMap<String, StoredFile>> {
-        let prefix = ObjectPath::from(files_dir(partition));
         let mut files = HashMap::new();
-        let mut listing = self.objects.list(Some(&prefix));
-        while let Some(meta) = listing.next().await {
-            let meta = meta.with_context(|| format!("listing {prefix} in checkpoint store {}", self.url))?;
+        for meta in self.objects.list(&files_dir(partition)).await? {
             if let Some(name) = meta.location.filename() {
                 files.insert(name.to_string(), StoredFile { size: meta.size, written: meta.last_modified.into() });
             }
@@ -464,10 +275,7 @@ impl CheckpointStore {
         })
         .await??;
         let path = file_path(partition, file);
-        self.objects
-            .put(&ObjectPath::from(path.as_str()), PutPayload::from(bytes))
-            .await
-            .with_context(|| format!("uploading {path} to checkpoint store {}", self.url))?;
+        self.objects.upload(&path, bytes).await?;
         Ok(file.size)
     }
 
@@ -475,7 +283,7 @@ impl CheckpointStore {
     /// system writes `<object>#<n>` and renames it when complete; listings hide these).
     /// Object stores have no such leftovers. Returns how many it deleted.
     pub async fn remove_partial_uploads(&self, partition: u32) -> Result<usize> {
-        let Some(root) = &self.local_root else { return Ok(0) };
+        let Some(root) = self.objects.local_root() else { return Ok(0) };
         let dir = root.join(files_dir(partition));
         tokio::task::spawn_blocking(move || -> Result<usize> {
             let entries = match std::fs::read_dir(&dir) {
@@ -501,7 +309,7 @@ impl CheckpointStore {
 
     /// Deletes the uploaded file `object` (a name from [`files`](Self::files)).
     pub async fn delete_file(&self, partition: u32, object: &str) -> Result<()> {
-        self.delete(&format!("{}/{object}", files_dir(partition))).await
+        self.objects.delete(&format!("{}/{object}", files_dir(partition))).await
     }
 
     /// Downloads `file` of `partition` to `dest`, adding bytes to `progress` as they
@@ -540,7 +348,7 @@ impl CheckpointStore {
         if checked.is_err() {
             // Every checkpoint listing it is broken anyway, and while it stays, later
             // checkpoints would take it for a good copy and not upload the file again.
-            self.delete(&path).await?;
+            self.objects.delete(&path).await?;
             return checked.context("deleted it from the store; a later checkpoint uploads the file again");
         }
         checked
@@ -561,18 +369,15 @@ impl CheckpointStore {
     /// Starts reading `file` of `partition`; returns its object path too.
     async fn get_file(&self, partition: u32, file: &ManifestFile) -> Result<(String, GetResult)> {
         let path = file_path(partition, file);
-        match self.objects.get(&ObjectPath::from(path.as_str())).await {
-            Ok(found) => Ok((path, found)),
-            Err(object_store::Error::NotFound { .. }) => {
-                bail!("file `{}` is missing from the store (object {path})", file.name)
-            }
-            Err(e) => Err(e).with_context(|| format!("reading {path} from checkpoint store {}", self.url)),
+        match self.objects.get_stream(&path).await? {
+            Some(found) => Ok((path, found)),
+            None => bail!("file `{}` is missing from the store (object {path})", file.name),
         }
     }
 
     /// The restores measured from this store so far.
     pub async fn restore_history(&self) -> Result<RestoreHistory> {
-        match self.get_optional(RESTORES, MAX_RECORD_BYTES).await? {
+        match self.objects.get_optional(RESTORES, MAX_RECORD_BYTES).await? {
             // The history only informs predictions: a damaged one starts afresh.
             Some(bytes) => Ok(serde_json::from_slice(&bytes).unwrap_or_default()),
             None => Ok(RestoreHistory::default()),
@@ -585,106 +390,8 @@ impl CheckpointStore {
         history.samples.push(RestoreSample { bytes, seconds: took.as_secs_f64() });
         let excess = history.samples.len().saturating_sub(RESTORE_SAMPLES);
         history.samples.drain(..excess);
-        self.put_bytes(RESTORES, serde_json::to_vec_pretty(&history)?).await
+        self.objects.put_bytes(RESTORES, serde_json::to_vec_pretty(&history)?).await
     }
-
-    /// Reads object `path`, if the store holds it and it takes at most `limit` bytes;
-    /// a larger one is refused, naming it, before anything of it is read, so a damaged
-    /// or crafted object never chooses what the host allocates.
-    pub(crate) async fn get_optional(&self, path: &str, limit: u64) -> Result<Option<Vec<u8>>> {
-        match self.objects.get(&ObjectPath::from(path)).await {
-            Ok(found) if found.meta.size > limit => bail!(
-                "{path} in checkpoint store {} takes {} bytes, more than the {limit} sluice reads of such an object: \
-                 it is damaged or not sluice's",
-                self.url,
-                found.meta.size
-            ),
-            Ok(found) => Ok(Some(
-                found
-                    .bytes()
-                    .await
-                    .with_context(|| format!("reading {path} in checkpoint store {}", self.url))?
-                    .to_vec(),
-            )),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading {path} in checkpoint store {}", self.url)),
-        }
-    }
-
-    /// Writes object `path` unless it exists (a conditional put, so of two hosts racing
-    /// for one name exactly one wins); returns whether this call wrote it.
-    pub(crate) async fn put_new(&self, path: &str, bytes: Vec<u8>) -> Result<bool> {
-        let create = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
-        match self.objects.put_opts(&ObjectPath::from(path), PutPayload::from(bytes), create).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
-            Err(e) => Err(e).with_context(|| format!("writing {path} to checkpoint store {}", self.url)),
-        }
-    }
-
-    /// The names of the objects under folder `prefix`.
-    pub(crate) async fn object_names(&self, prefix: &str) -> Result<Vec<String>> {
-        let prefix = ObjectPath::from(prefix);
-        let mut names = Vec::new();
-        let mut listing = self.objects.list(Some(&prefix));
-        while let Some(meta) = listing.next().await {
-            let meta = meta.with_context(|| format!("listing {prefix} in checkpoint store {}", self.url))?;
-            names.extend(meta.location.filename().map(str::to_string));
-        }
-        Ok(names)
-    }
-
-    /// Writes object `path`, replacing whatever is there.
-    pub(crate) async fn put_bytes(&self, path: &str, bytes: Vec<u8>) -> Result<()> {
-        self.objects
-            .put(&ObjectPath::from(path), PutPayload::from(bytes))
-            .await
-            .with_context(|| format!("writing {path} to checkpoint store {}", self.url))?;
-        Ok(())
-    }
-
-    async fn delete(&self, path: &str) -> Result<()> {
-        match self.objects.delete(&ObjectPath::from(path)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("deleting {path} from checkpoint store {}", self.url)),
-        }
-    }
-}
-
-/// The object name a file is stored under: its name and checksum, so a file with the
-/// same name but other contents (RocksDB's MANIFEST, CURRENT) never overwrites it.
-pub fn object_name(file: &ManifestFile) -> String {
-    format!("{}.{}", file.name, file.checksum)
-}
-
-fn partition_dir(partition: u32) -> String {
-    format!("partition-{partition:04}")
-}
-
-fn files_dir(partition: u32) -> String {
-    format!("{}/files", partition_dir(partition))
-}
-
-fn file_path(partition: u32, file: &ManifestFile) -> String {
-    format!("{}/{}", files_dir(partition), object_name(file))
-}
-
-fn claim_path(partition: u32) -> String {
-    format!("{}/claim.json", partition_dir(partition))
-}
-
-fn manifest_path(partition: u32, id: u64) -> String {
-    format!("{}/manifests/{id:010}.json", partition_dir(partition))
-}
-
-/// Whether `error` is the store failing to answer — unreachable, refusing, erring —
-/// rather than answering that something is missing or wrong: worth trying again later.
-pub fn is_unavailable(error: &anyhow::Error) -> bool {
-    error.chain().any(|cause| {
-        cause.downcast_ref::<object_store::Error>().is_some_and(|e| {
-            !matches!(e, object_store::Error::NotFound { .. } | object_store::Error::AlreadyExists { .. })
-        })
-    })
 }
 
 /// Compares what was read of `file` (at object `path`) with its manifest entry.
@@ -729,17 +436,6 @@ impl VerifiedFile {
     }
 }
 
-/// Describes a local file as a manifest entry.
-pub fn describe(path: &Path) -> Result<ManifestFile> {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| anyhow!("{} has no UTF-8 file name", path.display()))?
-        .to_string();
-    let (size, checksum) = checksum::of_file(path)?;
-    Ok(ManifestFile { name, size, checksum })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -760,7 +456,7 @@ mod tests {
             uploaded_bytes: 0,
             files: Vec::new(),
         };
-        let runtime = super::super::runtime()?;
+        let runtime = crate::objects::runtime()?;
         runtime.block_on(store.put_manifest(&manifest))?;
         let again = runtime.block_on(store.put_manifest(&Manifest { offset: 50, ..manifest }));
         let err = format!("{:#}", again.expect_err("a second checkpoint 7 is refused"));
@@ -775,7 +471,7 @@ mod tests {
     /// again after stopping in between, goes on.
     #[test]
     fn of_two_jobs_claiming_a_store_older_than_identities_one_owns_it() -> Result<()> {
-        let runtime = super::super::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let dir = tempfile::tempdir()?;
         let store = CheckpointStore::open(dir.path().to_str().expect("UTF-8 temp path"))?;
         let legacy = StoreManifest { format: CHECKPOINT_FORMAT, partitions: 4, created_by: "0.1.0".into(), job: None };
@@ -796,7 +492,7 @@ mod tests {
     /// believing the store its own, and restore each other's checkpoints later).
     #[test]
     fn of_two_jobs_claiming_a_new_store_at_once_exactly_one_owns_it() -> Result<()> {
-        let runtime = super::super::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let job = |operator: &str| JobIdentity { operator: operator.into(), input: None };
         for round in 0..50 {
             let dir = tempfile::tempdir()?;

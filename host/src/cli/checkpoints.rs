@@ -17,7 +17,7 @@ use tokio::runtime::Runtime;
 
 /// `sluice checkpoints …`
 pub fn checkpoints(command: CheckpointsCommand) -> Result<()> {
-    let runtime = checkpoint::runtime()?;
+    let runtime = sluice::objects::runtime()?;
     match command {
         CheckpointsCommand::List { store, partition } => list_checkpoints(&runtime, &store.open(&runtime)?, partition),
         CheckpointsCommand::Verify { store, partition, checkpoint } => {

@@ -2,7 +2,7 @@
 //!
 //! This module owns only the command: it opens the directory read-only, so a running
 //! host's state can be dumped, and writes each entry in the line
-//! `sluice::sink::state_line` makes of it (the line `sluice test --state` reads back).
+//! `sluice::lines::state_line` makes of it (the line `sluice test --state` reads back).
 //! It does not own the state or the line.
 
 use anyhow::Result;
@@ -18,7 +18,8 @@ pub fn dump_state(state_dir: &Path) -> Result<()> {
     for partition in (0..dir.partitions()).filter(|&p| dir.partition_path(p).exists()) {
         let store = dir.open_partition(partition)?;
         for entry in store.entries() {
-            let line = sluice::sink::state_line(partition, &entry?);
+            let entry = entry?;
+            let line = sluice::lines::state_line(partition, &entry.key, &entry.name, &entry.value, entry.expires_at_ms);
             serde_json::to_writer(&mut out, &line)?;
             out.write_all(b"\n")?;
         }

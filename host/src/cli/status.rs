@@ -10,7 +10,7 @@
 use anyhow::{Result, bail};
 use hyper::Method;
 use sluice::admin;
-use sluice::checkpoint::{self, CheckpointStore, bytes};
+use sluice::checkpoint::{CheckpointStore, bytes};
 use sluice::metrics;
 use sluice::state::StateDir;
 use sluice::stats;
@@ -83,7 +83,7 @@ pub fn status(hosts: &[String]) -> Result<()> {
 pub fn stored_status(state_dir: &Path, store: Option<&str>) -> Result<()> {
     let dir = StateDir::open_read_only(state_dir)?;
     let store = store.map(CheckpointStore::open_existing).transpose()?;
-    let runtime = checkpoint::runtime()?;
+    let runtime = sluice::objects::runtime()?;
     println!("{:>9}  {:>10}  {:>9}  newest checkpoint", "partition", "offset", "entries");
     for p in 0..dir.partitions() {
         // A partition never started here has no database.

@@ -13,8 +13,8 @@ use super::args::JobTarget;
 use anyhow::{Context, Result, bail};
 use hyper::Method;
 use sluice::admin::{self, DeployAnswer, VersionsAnswer};
-use sluice::checkpoint::{self, CheckpointStore};
 use sluice::config::Config;
+use sluice::objects::{self, Objects};
 use sluice::operator::deploy::{self, Sandbox};
 use sluice::operator::registry::{self, Deployment, Registry};
 use std::path::Path;
@@ -29,7 +29,7 @@ pub fn deploy_version(name: &str, file: &Path, job: JobTarget) -> Result<()> {
             admin_answer(&admin::call(&admin, Method::POST, &path, component)?)?
         }
         Job::Registry { registry, sandbox, poll_versions, .. } => {
-            let runtime = checkpoint::runtime()?;
+            let runtime = objects::runtime()?;
             let version = runtime.block_on(registry.version_of(&component))?;
             sandbox.validate(&version, &component, &file.display().to_string())?;
             let origin = format!("sluice deploy {}", file.display());
@@ -49,7 +49,7 @@ pub fn roll_back(name: &str, job: JobTarget) -> Result<()> {
             admin_answer(&admin::call(&admin, Method::POST, &path, Vec::new())?)?
         }
         Job::Registry { registry, sandbox, poll_versions, .. } => {
-            let runtime = checkpoint::runtime()?;
+            let runtime = objects::runtime()?;
             let target = runtime.block_on(registry.rollback_target())?;
             let component = runtime.block_on(registry.component(&target.version))?;
             sandbox.validate(&target.version, &component, &format!("version {}", target.version))?;
@@ -69,7 +69,7 @@ pub fn versions(name: &str, job: JobTarget) -> Result<()> {
             let answer: VersionsAnswer = serde_json::from_str(&admin::call(&admin, Method::GET, &path, Vec::new())?)?;
             (answer.history, Some(answer.running))
         }
-        Job::Registry { registry, .. } => (checkpoint::runtime()?.block_on(registry.history())?, None),
+        Job::Registry { registry, .. } => (objects::runtime()?.block_on(registry.history())?, None),
     };
     if history.is_empty() {
         bail!("operator {name} has no deployed versions yet (a job records its first when it starts)");
@@ -122,7 +122,7 @@ impl JobTarget {
             return Ok(Job::Admin(self.admin.expect("clap requires --config or --admin")));
         };
         let config = Config::load(path)?;
-        let registry = Registry::new(CheckpointStore::open(&config.registry_url())?, &config.operator.name())?;
+        let registry = Registry::new(Objects::open(&config.registry_url())?, &config.operator.name())?;
         deploy::check_name(&registry, name).with_context(|| format!("config file {}", path.display()))?;
         // Created afresh, private (mode 0700), under a random name: a predictable path in a
         // shared temporary directory could be another user's link to elsewhere.

@@ -253,21 +253,6 @@ fn check_mib(sizes: &[(&str, u64)]) -> Result<()> {
     }
 }
 
-/// A librdkafka client configuration for `brokers`: sluice's `defaults`, then the
-/// user's `properties` (from `[source]` or `[sink]`), which win.
-pub fn kafka_client(
-    brokers: &str,
-    defaults: &[(&str, &str)],
-    properties: &std::collections::BTreeMap<String, String>,
-) -> rdkafka::config::ClientConfig {
-    let mut config = rdkafka::config::ClientConfig::new();
-    config.set("bootstrap.servers", brokers);
-    for (name, value) in defaults.iter().copied().chain(properties.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
-        config.set(name, value);
-    }
-    config
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,9 +18,9 @@
 
 use super::registry::{DeployError, Deployment, MAX_COMPONENT_BYTES, Registry};
 use super::wasm::{ActiveVersion, Limits, WasmOperator};
-use crate::checkpoint::CheckpointStore;
 use crate::config::OperatorConfig;
 use crate::lock;
+use crate::objects::Objects;
 use crate::state::{PartitionStore, Transaction};
 use crate::stats::LiveStats;
 use anyhow::{Context, Result};
@@ -155,7 +155,7 @@ impl Deployer {
         runtime: &Handle,
     ) -> Result<(Registry, Arc<WasmOperator>)> {
         let bytes = std::fs::read(configured).with_context(|| format!("reading operator {}", configured.display()))?;
-        let registry = Registry::new(CheckpointStore::open(registry_url)?, name)?;
+        let registry = Registry::new(Objects::open(registry_url)?, name)?;
         let version = runtime.block_on(registry.version_of(&bytes))?;
         let operator = sandbox.validate(&version, &bytes, &configured.display().to_string())?;
         let origin = format!("configured file {} at start", configured.display());
@@ -352,8 +352,8 @@ mod tests {
     #[test]
     fn a_deploy_stops_waiting_for_a_partition_that_refused_the_version() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
-        let store = CheckpointStore::open(dir.path().join("store").to_str().expect("UTF-8 temp path"))?;
+        let runtime = crate::objects::runtime()?;
+        let store = Objects::open(dir.path().join("store").to_str().expect("UTF-8 temp path"))?;
         let limits = Limits::default();
         let probe = Arc::new(WasmOperator::load(&sluice_tests::operator_wasm("probe"), limits.clone(), Vec::new())?);
         let sandbox = Sandbox { limits, config: Vec::new(), scratch: dir.path().join("scratch") };

@@ -29,10 +29,9 @@
 //! admin API answers each with its own status, and a host following the registry
 //! refuses an invalid version for good but tries an unreadable store again.
 
-use crate::checkpoint::CheckpointStore;
-use crate::checkpoint::store::MAX_RECORD_BYTES;
 use crate::checksum;
 use crate::lock;
+use crate::objects::{MAX_RECORD_BYTES, Objects};
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -137,7 +136,7 @@ struct SwitchRecord {
 /// The versions of one operator in one store.
 #[derive(Debug, Clone)]
 pub struct Registry {
-    store: CheckpointStore,
+    store: Objects,
     name: String,
     /// Entries read so far, by number: an entry never changes once written, so a host
     /// looking every second reads only the new ones.
@@ -152,7 +151,7 @@ const APPEND_ATTEMPTS: usize = 10;
 
 impl Registry {
     /// The registry of operator `name` in `store`.
-    pub fn new(store: CheckpointStore, name: &str) -> Result<Self> {
+    pub fn new(store: Objects, name: &str) -> Result<Self> {
         if name.starts_with('.') || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) {
             bail!(
                 "operator name {name:?} (`[operator] name`, by default the file's stem): use letters, digits, `_`, \
@@ -464,13 +463,13 @@ mod tests {
     use super::*;
 
     fn registry(dir: &std::path::Path) -> Registry {
-        Registry::new(CheckpointStore::open(dir.to_str().unwrap()).unwrap(), "op").unwrap()
+        Registry::new(Objects::open(dir.to_str().unwrap()).unwrap(), "op").unwrap()
     }
 
     #[test]
     fn deploys_push_rollbacks_pop_and_adopting_a_known_version_changes_nothing() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let registry = registry(dir.path());
         runtime.block_on(async {
             assert!(registry.rollback_target().await.is_err(), "nothing deployed");
@@ -502,7 +501,7 @@ mod tests {
     #[test]
     fn a_corrupt_component_is_refused_by_name_and_never_overwritten() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let registry = registry(dir.path());
         let v1 = runtime.block_on(registry.deploy(b"one", "t"))?;
         assert_eq!(v1.version, super::super::version_of("op", b"one"));
@@ -535,7 +534,7 @@ mod tests {
     #[test]
     fn builds_recorded_under_crc64_names_keep_them() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let old = format!("op@{}", checksum::of_bytes(b"one"));
         let components = dir.path().join("operators/op/components");
         std::fs::create_dir_all(&components)?;

@@ -146,7 +146,7 @@ impl PartitionSwitches {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::CheckpointStore;
+    use crate::objects::Objects;
 
     /// Versions 1 and 2 of vehicle_stats deployed in a registry in `dir`: the log over
     /// that registry (calling it on `runtime`), version 1, and version 2 compiled as the
@@ -155,7 +155,7 @@ mod tests {
         dir: &std::path::Path,
         runtime: &tokio::runtime::Runtime,
     ) -> Result<(Arc<SwitchLog>, String, Arc<WasmOperator>)> {
-        let registry = Registry::new(CheckpointStore::open(&dir.to_string_lossy())?, "vehicle_stats")?;
+        let registry = Registry::new(Objects::open(&dir.to_string_lossy())?, "vehicle_stats")?;
         let bytes = |name| std::fs::read(sluice_tests::operator_wasm(name));
         let v1 = runtime.block_on(registry.deploy(&bytes("vehicle_stats")?, "test"))?.version;
         let v2_bytes = bytes("vehicle_stats_v2")?;
@@ -176,7 +176,7 @@ mod tests {
     #[test]
     fn a_replay_runs_the_recorded_versions_up_to_the_last_switch_or_the_committed_outputs() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let (log, v1, running) = log_with_two_versions(dir.path(), &runtime)?;
         let v2 = running.version().to_string();
         let mut start = log.partition(0, 0, 0, &running)?;
@@ -212,7 +212,7 @@ mod tests {
     #[test]
     fn a_corrupt_switch_record_is_refused_by_name() -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let (log, v1, running) = log_with_two_versions(dir.path(), &runtime)?;
         log.partition(0, 0, 0, &running)?.record(100, &v1)?;
         let path = dir.path().join("operators/vehicle_stats/switches/partition-0000/00000000000000000100.json");

@@ -21,8 +21,8 @@
 //! would make every worker wait for the others' records too, and under load never
 //! return. This module does not read from Kafka.
 
-use super::EXPIRY_CAUSE;
-use crate::config::kafka_client;
+use crate::kafka::client_config;
+use crate::lines::EXPIRY_CAUSE;
 use crate::lock;
 use crate::record::{Cause, DeadLetter, Origin, Output};
 use anyhow::{Context, Result, bail};
@@ -51,7 +51,7 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// the topic.
 pub(super) fn check_topic(brokers: &str, properties: &BTreeMap<String, String>, topic: &str, what: &str) -> Result<()> {
     let consumer: rdkafka::consumer::BaseConsumer =
-        kafka_client(brokers, &[("allow.auto.create.topics", "false")], properties)
+        client_config(brokers, &[("allow.auto.create.topics", "false")], properties)
             .create()
             .with_context(|| format!("creating a Kafka client for {brokers}"))?;
     let metadata = rdkafka::consumer::Consumer::fetch_metadata(&consumer, Some(topic), METADATA_TIMEOUT)
@@ -177,7 +177,7 @@ pub(super) fn producer_config(brokers: &str, properties: &BTreeMap<String, Strin
         ("partitioner", "murmur2_random"),
         ("allow.auto.create.topics", "false"),
     ];
-    kafka_client(brokers, &defaults, properties)
+    client_config(brokers, &defaults, properties)
 }
 
 /// The headers of the output record of `origin` made by operator `version`.

@@ -27,7 +27,7 @@
 //! This module does not decide when to commit, and does not consume.
 
 use super::kafka::{check_topic, headers, producer_config, refuses_the_record, send_dead_letter, send_waiting};
-use crate::config::kafka_client;
+use crate::kafka::client_config;
 use crate::record::{DeadLetter, Origin, Output};
 use anyhow::{Context, Result, anyhow};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
@@ -109,7 +109,7 @@ impl TransactionalSink {
         // Not subscribed: it only reads the group's offset and names the group to the
         // transactions. Read committed, whatever the source's properties say: an offset
         // of a transaction still open is not a transaction's yet.
-        let consumer: BaseConsumer = kafka_client(&input.brokers, &[("group.id", &input.group)], &input.properties)
+        let consumer: BaseConsumer = client_config(&input.brokers, &[("group.id", &input.group)], &input.properties)
             .set("isolation.level", "read_committed")
             .set("enable.auto.commit", "false")
             .create()

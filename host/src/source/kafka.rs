@@ -36,7 +36,8 @@
 
 use super::{Partitions, Started};
 use crate::backoff::Backoff;
-use crate::config::{OutOfRange, kafka_client};
+use crate::config::OutOfRange;
+use crate::kafka::client_config;
 use crate::lock;
 use crate::record::{NULL_KEY_HEADER, SourceRecord, Stop, TOMBSTONE_HEADER};
 use crate::stats::RebalanceChange;
@@ -123,7 +124,7 @@ impl KafkaOptions {
         if let Some(instance) = &self.instance_id {
             defaults.push(("group.instance.id", instance));
         }
-        kafka_client(&self.brokers, &defaults, &self.properties)
+        client_config(&self.brokers, &defaults, &self.properties)
     }
 
     /// `max.poll.interval.ms` as configured, or librdkafka's default (300 s): the
@@ -728,7 +729,7 @@ mod tests {
     //! local to librdkafka.
 
     use super::*;
-    use crate::checkpoint::RestoredFrom;
+    use crate::record::RestoredFrom;
 
     /// Partitions that record what the source asked of them.
     #[derive(Default)]

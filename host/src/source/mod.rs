@@ -17,8 +17,7 @@ pub mod file;
 pub mod generator;
 pub mod kafka;
 
-use crate::checkpoint::RestoredFrom;
-use crate::record::{RawRecord, SourceRecord, Stop};
+use crate::record::{RawRecord, RestoredFrom, SourceRecord, Stop};
 use crate::stats::RebalanceChange;
 use anyhow::Result;
 use std::sync::atomic::{AtomicBool, Ordering};

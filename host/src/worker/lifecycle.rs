@@ -30,14 +30,15 @@ use super::queue::{self, QueueSender};
 use super::{Cadence, Destinations, StopSignal};
 use crate::backoff::Backoff;
 use crate::checkpoint::restore::{self, PartitionPlan};
-use crate::checkpoint::store::{self, ClaimedElsewhere};
-use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, RestoredFrom};
+use crate::checkpoint::store::ClaimedElsewhere;
+use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer};
 use crate::config::{NullKeys, TtlConfig};
 use crate::lock;
+use crate::objects;
 use crate::operator::replay::SwitchLog;
 use crate::operator::wasm::ActiveVersion;
 use crate::operator::{Operator, OperatorStopped};
-use crate::record::{SourceRecord, Stop};
+use crate::record::{RestoredFrom, SourceRecord, Stop};
 use crate::sink::transaction::Fenced;
 use crate::source::Started;
 use crate::state::{StateDir, Transaction};
@@ -754,7 +755,7 @@ fn restore_retrying(
                 host.record_restore(report.fetched(), report.took, report.plan.predicted().0);
                 return Ok((report.plan.partitions, report.restored));
             }
-            Err(e) if !store::is_unavailable(&e) => return Err(e),
+            Err(e) if !objects::is_unavailable(&e) => return Err(e),
             Err(e) => match backoff.next_wait() {
                 Some(wait) => {
                     tracing::warn!(
@@ -838,7 +839,8 @@ fn spawn_worker(
             instance.version().to_string(),
         )
     });
-    let outputs = start.take_over(|| setup.destinations.sink.partition(partition, offset))?;
+    let outputs =
+        start.take_over(|| setup.destinations.sink.partition(&setup.destinations.dead_letters, partition, offset))?;
     instance.follow_switches(&setup.switches, partition, offset, outputs.covered())?;
     let stats = Arc::new(PartitionStats::new(offset, instance.state().entries(), instance.version()));
     super::count_state_bytes(instance.state().store(), &stats);

@@ -263,7 +263,7 @@ pub fn run(
                     let expirations = operator.expire(next)?;
                     let partition = operator.state().store().partition();
                     emitted.expirations(partition, expirations);
-                    emitted.send(to, operator.version(), stats, &mut uncommitted.outputs)?;
+                    emitted.send(operator.version(), stats, &mut uncommitted.outputs)?;
                 }
                 uncommitted.commit(operator, stats, to)?;
                 // An idle partition's size catches up with its last writes.
@@ -337,7 +337,7 @@ pub fn run(
         // between replays the records since the last commit but never leaves state
         // ahead of what was emitted.
         crate::kill_point(BEFORE_SEND);
-        emitted.send(to, version, stats, &mut uncommitted.outputs)?;
+        emitted.send(version, stats, &mut uncommitted.outputs)?;
         crate::kill_point(AFTER_SEND);
         // A delivery already refused stops the partition now rather than at the commit.
         uncommitted.outputs.check().with_context(|| format!("sending outputs to {}", to.sink.name()))?;
@@ -454,16 +454,10 @@ impl Emitted {
     /// Sends the outputs, all of operator `version`, as part of the partition's
     /// `outputs`, then the dead letters (those of outputs Kafka refused included),
     /// counts them, and empties itself.
-    fn send(
-        &mut self,
-        to: &Destinations,
-        version: &str,
-        stats: &PartitionStats,
-        outputs: &mut PartitionOutputs,
-    ) -> Result<()> {
-        to.sink.send(&self.outputs, version, &mut self.lines, outputs, &mut self.dead)?;
+    fn send(&mut self, version: &str, stats: &PartitionStats, outputs: &mut PartitionOutputs) -> Result<()> {
+        outputs.send(&self.outputs, version, &mut self.lines, &mut self.dead)?;
         stats.outputs.fetch_add(self.outputs.len() as u64, Ordering::Relaxed);
-        to.dead_letters.send(&self.dead, version, &to.sink, &mut self.lines, outputs)?;
+        outputs.send_dead_letters(&self.dead, version, &mut self.lines)?;
         let mut counts = DeadLetters::default();
         self.dead.iter().for_each(|dead| counts.count(dead.kind));
         stats.count_dead(version, counts);

@@ -275,7 +275,7 @@ mod tests {
     //! vehicle-stats component over real state, driven as the Kafka source drives it.
 
     use super::*;
-    use crate::checkpoint::CheckpointStore;
+    use crate::objects::Objects;
     use crate::operator::registry::Registry;
     use crate::operator::replay::SwitchLog;
     use crate::operator::wasm::{ActiveVersion, Limits, WasmOperator};
@@ -315,7 +315,7 @@ mod tests {
     ) -> anyhow::Result<WorkerSetup> {
         let limits = Limits { call_timeout: Some(Duration::from_secs(5)), memory_bytes: 64 << 20, ..Limits::default() };
         let operator = WasmOperator::load(&sluice_tests::operator_wasm(name), limits.clone(), config.clone())?;
-        let registry = Registry::new(CheckpointStore::open(&dir.join("versions").to_string_lossy())?, name)?;
+        let registry = Registry::new(Objects::open(&dir.join("versions").to_string_lossy())?, name)?;
         Ok(WorkerSetup {
             state: StateDir::open(&dir.join("state"), partitions)?,
             operator: ActiveVersion::new(Arc::new(operator)),
@@ -364,7 +364,7 @@ mod tests {
     #[test]
     fn a_revocation_mid_batch_drops_what_waits_and_the_next_start_resumes_at_the_state() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let all = records(45);
         let mut router = router(dir.path(), 1, &runtime)?;
         router.assign(&[0])?;
@@ -397,7 +397,7 @@ mod tests {
     #[test]
     fn offsets_that_jump_are_counted_per_partition_and_the_records_after_them_processed() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let mut router = router(dir.path(), 1, &runtime)?;
         router.assign(&[0])?;
         router.started(true)?;
@@ -425,7 +425,7 @@ mod tests {
     #[test]
     fn a_revocation_while_restoring_gives_the_start_up() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let mut router = router(dir.path(), 2, &runtime)?;
         router.assign(&[0, 1])?;
         assert!(router.owns(0));
@@ -450,7 +450,7 @@ mod tests {
     #[test]
     fn a_revocation_does_not_wait_for_a_restore_in_flight() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let mut router = router_with_store(dir.path(), Duration::from_secs(600), &runtime)?;
         let fifo = dir.path().join("store/restores.json");
         let made = std::process::Command::new("mkfifo").arg(&fifo).status()?;
@@ -482,7 +482,7 @@ mod tests {
     #[test]
     fn a_lost_partition_stops_with_what_it_committed() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let mut router = router(dir.path(), 1, &runtime)?;
         router.assign(&[0])?;
         router.started(true)?;
@@ -502,7 +502,7 @@ mod tests {
     #[test]
     fn a_failed_start_is_an_error_naming_the_partition_which_is_not_owned() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
+        let runtime = crate::objects::runtime()?;
         // The probe operator traps in `init` with this config: no instance can start.
         let config = vec![("trap_init".to_string(), "true".to_string())];
         let mut router = router_of("probe", config, dir.path(), 1, &runtime)?;
@@ -552,7 +552,7 @@ mod tests {
     #[test]
     fn a_start_waiting_for_a_failing_store_is_given_up_when_its_partition_is_revoked() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
+        let runtime = crate::objects::runtime()?;
         // Ten minutes of tries: only giving up ends this start within the test.
         let mut router = router_with_failing_store(dir.path(), Duration::from_secs(600), &runtime)?;
         router.assign(&[0])?;
@@ -568,7 +568,7 @@ mod tests {
     #[test]
     fn a_start_fails_once_the_store_failed_for_its_retry_timeout() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let runtime = crate::checkpoint::runtime()?;
+        let runtime = crate::objects::runtime()?;
         let mut router = router_with_failing_store(dir.path(), Duration::ZERO, &runtime)?;
         router.assign(&[0])?;
         let err = format!("{:#}", router.started(true).expect_err("the store never answers"));
