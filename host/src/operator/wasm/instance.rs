@@ -255,12 +255,60 @@ impl WasmInstance {
         }
     }
 
+    /// Brings the batch to `record`, its next, unless the batch's bounds are spent:
+    /// observes the record's clock, expires the entries due before it and opens its
+    /// key's scope. Returns whether the batch goes on with it.
+    fn reach(&mut self, record: &SourceRecord, expirations: &mut Vec<Expiration>) -> Result<bool> {
+        let limits = &self.operator.limits.per_call;
+        let ctx = self.live.as_mut().expect("instance is live between calls").store.data_mut();
+        if ctx.budget.started() && ctx.budget.is_spent(limits, &ctx.txn) {
+            return Ok(false);
+        }
+        ctx.txn.observe(record.offset, record.timestamp_ms);
+        if !self.expire_before(record.offset, expirations)? {
+            return Ok(false);
+        }
+        self.state().scope(&record.key);
+        Ok(true)
+    }
+
+    /// The records of `rest` the next `process-batch` call takes, its first reached:
+    /// that one `alone`, or as many as an eighth of the memory cap holds (the inputs of
+    /// a call are copied into the guest's memory at once, however large a batch's
+    /// records are) — for an operator told of expiries, up to the record that makes
+    /// entries due, which starts the next run.
+    fn next_run<'r>(&mut self, rest: &'r [SourceRecord], alone: bool) -> &'r [SourceRecord] {
+        if alone {
+            return &rest[..1];
+        }
+        let mut len = run_length(rest, self.operator.limits.memory_bytes / 8);
+        if self.live().exports.expired.is_some() {
+            len = 1 + self.state().records_before_due(&rest[1..len]);
+        }
+        &rest[..len]
+    }
+
     /// Runs `run`, records of one key scope after another, in one `process-batch` call,
-    /// its first record's clock observed, its expiries done and its scope open; appends
-    /// the outcomes of the records it finished to `outcomes`. Returns how the next run
-    /// starts: whether its first record runs alone (this call trapped before finishing
-    /// one, or a retry is due), and the attempt it is on.
-    fn call_batch(&mut self, run: &[SourceRecord], attempt: &mut u32, outcomes: &mut Vec<Outcome>) -> Result<bool> {
+    /// its first record reached; appends the outcomes of the records it finished to
+    /// `outcomes`, and sets how the `next` call starts.
+    fn call_batch(&mut self, run: &[SourceRecord], next: &mut NextCall, outcomes: &mut Vec<Outcome>) -> Result<()> {
+        let RunEnd { finished, cut, called } = self.call_run(run, outcomes)?;
+        if finished > 0 {
+            next.attempt = 1;
+        }
+        let Called { result, mid_record } = called;
+        next.alone = if mid_record {
+            self.after_unfinished(run, finished, result, &mut next.attempt, outcomes)?
+        } else {
+            self.after_last_finish(result, cut)?;
+            false
+        };
+        Ok(())
+    }
+
+    /// The `process-batch` call of `run` itself: the inputs handed over, the outcomes
+    /// of those it finished appended to `outcomes`. An `Err` is a host failure.
+    fn call_run(&mut self, run: &[SourceRecord], outcomes: &mut Vec<Outcome>) -> Result<RunEnd> {
         let told = self.live().exports.expired.is_some();
         let live = self.live();
         let process_batch = live.exports.process_batch.expect("called only when the component exports it");
@@ -273,21 +321,33 @@ impl WasmInstance {
         outcomes.append(&mut ctx.batch.outcomes);
         let cut = ctx.batch.cut;
         ctx.batch.end();
-        let Called { result, mid_record } = called?;
-        if finished > 0 {
-            *attempt = 1;
-        }
-        if !mid_record {
-            // Every input finished (or the call was cut between two); a trap after the
-            // last `finish` still poisons the instance.
-            if let Err(trap) = result {
-                let reason = self.replace_after(trap)?;
-                if !cut {
-                    tracing::warn!("operator trapped after finishing its batch: {reason}");
-                }
+        Ok(RunEnd { finished, cut, called: called? })
+    }
+
+    /// After a call that finished every input of its run (or was cut between two): a
+    /// trap after the last `finish` still poisons the instance, which is replaced.
+    fn after_last_finish(&mut self, result: wasmtime::Result<()>, cut: bool) -> Result<()> {
+        if let Err(trap) = result {
+            let reason = self.replace_after(trap)?;
+            if !cut {
+                tracing::warn!("operator trapped after finishing its batch: {reason}");
             }
-            return Ok(false);
         }
+        Ok(())
+    }
+
+    /// After a call that ended inside the input after the `finished` first of `run`,
+    /// returning `result`: drops that input's writes, replaces the instance if it
+    /// trapped, and returns whether the input runs alone next (a call of its own, or a
+    /// retry on `attempt`); else appends its failure to `outcomes`.
+    fn after_unfinished(
+        &mut self,
+        run: &[SourceRecord],
+        finished: usize,
+        result: wasmtime::Result<()>,
+        attempt: &mut u32,
+        outcomes: &mut Vec<Outcome>,
+    ) -> Result<bool> {
         // The input being processed when the call ended: its writes go.
         self.state().end_record(false);
         let reason = match result {
@@ -304,38 +364,55 @@ impl WasmInstance {
         if self.retry(attempt, &run[finished], &reason) {
             return Ok(true);
         }
-        let outcome = Outcome::Trapped { reason, attempts: *attempt };
-        self.ctx().budget.add_record(&outcome);
-        outcomes.push(outcome);
-        *attempt = 1;
+        self.add_outcome(Outcome::Trapped { reason, attempts: std::mem::replace(attempt, 1) }, outcomes);
         Ok(false)
     }
 
-    /// Runs `record`, its clock observed, its expiries done and its scope open, in a
-    /// call of `process` of its own (a component without `process-batch`), or again
-    /// after a trap as the retry policy says; appends its outcome unless it gets
-    /// another call.
+    /// Runs `record`, reached, in a call of `process` of its own (a component without
+    /// `process-batch`), or again after a trap as the retry policy says; appends its
+    /// outcome unless it gets another call.
     fn call_alone(&mut self, record: &SourceRecord, attempt: &mut u32, outcomes: &mut Vec<Outcome>) -> Result<()> {
         let replaced = self.replaced;
-        let outcome = crate::operator::process_scoped(self, record)?;
-        // A trap, not outputs past a limit: the instance is a fresh one.
-        if let Outcome::Trapped { reason, .. } = &outcome
-            && self.replaced != replaced
-        {
-            if self.retry(attempt, record, reason) {
-                return Ok(());
+        let outcome = match crate::operator::process_scoped(self, record)? {
+            // A trap, not outputs past a limit: the instance is a fresh one.
+            Outcome::Trapped { reason, .. } if self.replaced != replaced => {
+                if self.retry(attempt, record, &reason) {
+                    return Ok(());
+                }
+                Outcome::Trapped { reason, attempts: std::mem::replace(attempt, 1) }
             }
-            let reason = reason.clone();
-            return self.finish_alone(Outcome::Trapped { reason, attempts: std::mem::replace(attempt, 1) }, outcomes);
-        }
-        self.finish_alone(outcome, outcomes)
-    }
-
-    fn finish_alone(&mut self, outcome: Outcome, outcomes: &mut Vec<Outcome>) -> Result<()> {
-        self.ctx().budget.add_record(&outcome);
-        outcomes.push(outcome);
+            outcome => outcome,
+        };
+        self.add_outcome(outcome, outcomes);
         Ok(())
     }
+
+    /// Counts a finished record's `outcome` in the batch's budget and appends it to
+    /// `outcomes`.
+    fn add_outcome(&mut self, outcome: Outcome, outcomes: &mut Vec<Outcome>) {
+        self.ctx().budget.add_record(&outcome);
+        outcomes.push(outcome);
+    }
+}
+
+/// How a batch's next call starts, carried from one call to the next.
+struct NextCall {
+    /// Whether its first record runs alone: the last run trapped before finishing
+    /// one, or the record that ended it is retried.
+    alone: bool,
+    /// The call its first record is on: a record that trapped runs again (alone, in
+    /// the fresh instance) as the retry policy says.
+    attempt: u32,
+}
+
+/// How a `process-batch` call of a run ended, when the host did not fail.
+struct RunEnd {
+    /// How many of the run's inputs it finished.
+    finished: usize,
+    /// Whether `finish` cut it short ([`Batch::cut`]).
+    cut: bool,
+    /// What it returned, or its trap, and whether it ended inside an input.
+    called: Called<()>,
 }
 
 /// How many of `records`, at least one, make a `process-batch` call whose inputs' keys
@@ -374,43 +451,28 @@ impl Operator for WasmInstance {
         self.call_for_outcome::<ProcessParams<'_>>(process, (input_record(record, &headers),))
     }
 
+    /// Reaches each record in turn ([`reach`](WasmInstance::reach): the bounds, its
+    /// clock, its expiries, its scope) and calls it: in a run of records per
+    /// `process-batch` call, or alone in a `process` call.
     fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
-        let told = self.live().exports.expired.is_some();
         let batched = self.live().exports.process_batch.is_some();
         self.ctx().budget = BatchBudget::new(&self.operator.limits.per_call);
         let mut processed = Processed::default();
-        // The inputs of a call are copied into the guest's memory at once: a run takes
-        // at most an eighth of the memory cap, however large a batch's records are.
-        let call_bytes = self.operator.limits.memory_bytes / 8;
-        // Whether the next record runs alone: its run trapped before finishing one.
-        let mut alone = false;
-        // The call the next record is on: a record that trapped runs again (alone, in
-        // the fresh instance) as the retry policy says.
-        let mut attempt = 1;
+        let mut next = NextCall { alone: false, attempt: 1 };
         // One call per run of records: a trap ends a run at the record it hit, and the
         // records after it make the next run, in a fresh instance; for an operator told
         // of expiries, an expiry ends a run before the record that makes it due. The
         // batch ends at its bounds (see `Operator::process_batch`).
         while let Some(rest) = records.get(processed.outcomes.len()..).filter(|rest| !rest.is_empty()) {
-            let first = &rest[0];
-            let ctx = self.live.as_mut().expect("instance is live between calls").store.data_mut();
-            if ctx.budget.started() && ctx.budget.is_spent(&self.operator.limits.per_call, &ctx.txn) {
+            if !self.reach(&rest[0], &mut processed.expirations)? {
                 break;
             }
-            ctx.txn.observe(first.offset, first.timestamp_ms);
-            if !self.expire_before(first.offset, &mut processed.expirations)? {
-                break;
+            if batched {
+                let run = self.next_run(rest, std::mem::take(&mut next.alone));
+                self.call_batch(run, &mut next, &mut processed.outcomes)?;
+            } else {
+                self.call_alone(&rest[0], &mut next.attempt, &mut processed.outcomes)?;
             }
-            self.state().scope(&first.key);
-            if !batched {
-                self.call_alone(first, &mut attempt, &mut processed.outcomes)?;
-                continue;
-            }
-            let mut len = if std::mem::take(&mut alone) { 1 } else { run_length(rest, call_bytes) };
-            if told {
-                len = 1 + self.state().records_before_due(&rest[1..len]);
-            }
-            alone = self.call_batch(&rest[..len], &mut attempt, &mut processed.outcomes)?;
         }
         self.check_strict(records, &processed)?;
         Ok(processed)
