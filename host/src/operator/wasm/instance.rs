@@ -1,6 +1,6 @@
 //! Running a version per partition: the [`ActiveVersion`] a host follows, and the
 //! [`WasmInstance`] that calls a partition's records into it, replaces it after a trap
-//! and switches versions between batches.
+//! and switches versions between batches. How a batch runs through it is `batch`'s.
 
 use super::*;
 
@@ -80,7 +80,7 @@ pub(super) struct Called<R> {
     pub(super) result: wasmtime::Result<R>,
     /// Whether it ended inside a record (a `process-batch` that trapped or returned
     /// before finishing its inputs).
-    mid_record: bool,
+    pub(super) mid_record: bool,
 }
 
 impl Live {
@@ -98,7 +98,7 @@ impl Live {
     }
 
     /// [`call`](Live::call), also saying whether it ended inside a record.
-    fn call_in_record<P, R>(&mut self, func: Func, params: P, in_record: bool) -> Result<Called<R>>
+    pub(super) fn call_in_record<P, R>(&mut self, func: Func, params: P, in_record: bool) -> Result<Called<R>>
     where
         P: ComponentNamedList + Lower,
         R: ComponentNamedList + Lift,
@@ -131,53 +131,10 @@ impl WasmInstance {
         self.live().store.data_mut()
     }
 
-    /// Whether `record`, whose `attempt`th call trapped for `reason`, gets another
-    /// call: then it has waited the retry policy's backoff, and `attempt` counts the
-    /// call to come.
-    pub(super) fn retry(&self, attempt: &mut u32, record: &SourceRecord, reason: &str) -> bool {
-        let policy = &self.operator.limits.retry;
-        if *attempt >= policy.attempts {
-            return false;
-        }
-        *attempt += 1;
-        let wait = policy.backoff_before(*attempt);
-        let (partition, offset) = (record.partition, record.offset);
-        let first_line = reason.lines().next().unwrap_or_default();
-        tracing::info!(
-            partition,
-            offset,
-            "operator trapped; {RETRYING} in {wait:?}, attempt {attempt} of {}: {first_line}",
-            policy.attempts
-        );
-        std::thread::sleep(wait);
-        true
-    }
-
-    /// In strict mode (`[operator.retry] strict`), the first record of `records` that
-    /// failed by a trap or a limit after its attempts — or an expiry that did, in
-    /// `processed` — stops the partition instead of going to the dead letters.
-    fn check_strict(&self, records: &[SourceRecord], processed: &Processed) -> Result<()> {
-        if !self.operator.limits.retry.strict {
-            return Ok(());
-        }
-        let failed =
-            records.iter().zip(&processed.outcomes).map(|(record, outcome)| (record.offset, "record", outcome));
-        let expired = processed.expirations.iter().map(|e| (e.offset, "expiry before the record", &e.outcome));
-        for (offset, what, outcome) in failed.chain(expired) {
-            if let Outcome::Trapped { reason, attempts } = outcome {
-                return Err(anyhow::Error::new(OperatorStopped(format!(
-                    "the {what} at offset {offset} failed in {attempts} call(s), and [operator.retry] strict = true \
-                     stops the partition rather than dead-letter it: {reason}"
-                ))));
-            }
-        }
-        Ok(())
-    }
-
     /// Says why the last call trapped and replaces the instance: a trapped instance may
     /// hold broken invariants in its memory. A fresh instance that fails to start is
     /// tried again as the retry policy says; an `Err` is the last attempt's failure.
-    fn replace_after(&mut self, trap: wasmtime::Error) -> Result<String> {
+    pub(super) fn replace_after(&mut self, trap: wasmtime::Error) -> Result<String> {
         self.replaced += 1;
         let live = self.live.take().expect("instance is live between calls");
         let mut ctx = live.store.into_data();
@@ -210,7 +167,7 @@ impl WasmInstance {
     /// Expires the entries due before the record at `offset`, calling the component's
     /// `expired` for each when it exports it, until none is due or the batch is spent
     /// (after it did something); returns whether none is due.
-    fn expire_before(&mut self, offset: u64, expirations: &mut Vec<Expiration>) -> Result<bool> {
+    pub(super) fn expire_before(&mut self, offset: u64, expirations: &mut Vec<Expiration>) -> Result<bool> {
         let told = self.live().exports.expired.is_some();
         loop {
             let limits = &self.operator.limits.per_call;
@@ -254,100 +211,6 @@ impl WasmInstance {
             Err(trap) => Ok(Outcome::Trapped { reason: self.replace_after(trap)?, attempts: 1 }),
         }
     }
-
-    /// Runs `run`, records of one key scope after another, in one `process-batch` call,
-    /// its first record's clock observed, its expiries done and its scope open; appends
-    /// the outcomes of the records it finished to `outcomes`. Returns how the next run
-    /// starts: whether its first record runs alone (this call trapped before finishing
-    /// one, or a retry is due), and the attempt it is on.
-    fn call_batch(&mut self, run: &[SourceRecord], attempt: &mut u32, outcomes: &mut Vec<Outcome>) -> Result<bool> {
-        let told = self.live().exports.expired.is_some();
-        let live = self.live();
-        let process_batch = live.exports.process_batch.expect("called only when the component exports it");
-        live.store.data_mut().batch.start(run, told);
-        let headers: Vec<Vec<types::Header<'_>>> = run.iter().map(headers).collect();
-        let inputs: Vec<InputRecord<'_>> = run.iter().zip(&headers).map(|(r, h)| input_record(r, h)).collect();
-        let called = live.call_in_record::<BatchParams<'_>, ()>(process_batch, (&inputs,), true);
-        let ctx = live.store.data_mut();
-        let finished = ctx.batch.outcomes.len();
-        outcomes.append(&mut ctx.batch.outcomes);
-        let cut = ctx.batch.cut;
-        ctx.batch.end();
-        let Called { result, mid_record } = called?;
-        if finished > 0 {
-            *attempt = 1;
-        }
-        if !mid_record {
-            // Every input finished (or the call was cut between two); a trap after the
-            // last `finish` still poisons the instance.
-            if let Err(trap) = result {
-                let reason = self.replace_after(trap)?;
-                if !cut {
-                    tracing::warn!("operator trapped after finishing its batch: {reason}");
-                }
-            }
-            return Ok(false);
-        }
-        // The input being processed when the call ended: its writes go.
-        self.state().end_record(false);
-        let reason = match result {
-            Ok(()) => format!("`{PROCESS_BATCH}` returned before finishing this record"),
-            Err(trap) => self.replace_after(trap)?,
-        };
-        if finished == 0 && run.len() > 1 {
-            // Trapped before its first `finish`: perhaps by the run's inputs themselves
-            // (copying them in, under the memory cap), not by this record. It gets a
-            // call of its own.
-            tracing::debug!("`{PROCESS_BATCH}` of {} records trapped before finishing one: {reason}", run.len());
-            return Ok(true);
-        }
-        if self.retry(attempt, &run[finished], &reason) {
-            return Ok(true);
-        }
-        let outcome = Outcome::Trapped { reason, attempts: *attempt };
-        self.ctx().budget.add_record(&outcome);
-        outcomes.push(outcome);
-        *attempt = 1;
-        Ok(false)
-    }
-
-    /// Runs `record`, its clock observed, its expiries done and its scope open, in a
-    /// call of `process` of its own (a component without `process-batch`), or again
-    /// after a trap as the retry policy says; appends its outcome unless it gets
-    /// another call.
-    fn call_alone(&mut self, record: &SourceRecord, attempt: &mut u32, outcomes: &mut Vec<Outcome>) -> Result<()> {
-        let replaced = self.replaced;
-        let outcome = crate::operator::process_scoped(self, record)?;
-        // A trap, not outputs past a limit: the instance is a fresh one.
-        if let Outcome::Trapped { reason, .. } = &outcome
-            && self.replaced != replaced
-        {
-            if self.retry(attempt, record, reason) {
-                return Ok(());
-            }
-            let reason = reason.clone();
-            return self.finish_alone(Outcome::Trapped { reason, attempts: std::mem::replace(attempt, 1) }, outcomes);
-        }
-        self.finish_alone(outcome, outcomes)
-    }
-
-    fn finish_alone(&mut self, outcome: Outcome, outcomes: &mut Vec<Outcome>) -> Result<()> {
-        self.ctx().budget.add_record(&outcome);
-        outcomes.push(outcome);
-        Ok(())
-    }
-}
-
-/// How many of `records`, at least one, make a `process-batch` call whose inputs' keys
-/// and values take at most `bytes`.
-pub(super) fn run_length(records: &[SourceRecord], bytes: usize) -> usize {
-    let mut total = 0;
-    let within = records.iter().take_while(|record| {
-        let headers: usize = record.headers.iter().map(|(key, value)| key.len() + value.len()).sum();
-        total += record.key.len() + record.value.len() + headers;
-        total <= bytes
-    });
-    within.count().max(1)
 }
 
 /// `record`'s headers as the guest receives them, borrowing their bytes.
@@ -356,7 +219,7 @@ pub(super) fn headers(record: &SourceRecord) -> Vec<types::Header<'_>> {
 }
 
 /// `record` with its `headers` as the guest receives it, borrowing its bytes.
-fn input_record<'a>(record: &'a SourceRecord, headers: &'a [types::Header<'a>]) -> InputRecord<'a> {
+pub(super) fn input_record<'a>(record: &'a SourceRecord, headers: &'a [types::Header<'a>]) -> InputRecord<'a> {
     InputRecord {
         key: &record.key,
         value: &record.value,
@@ -375,45 +238,7 @@ impl Operator for WasmInstance {
     }
 
     fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
-        let told = self.live().exports.expired.is_some();
-        let batched = self.live().exports.process_batch.is_some();
-        self.ctx().budget = BatchBudget::new(&self.operator.limits.per_call);
-        let mut processed = Processed::default();
-        // The inputs of a call are copied into the guest's memory at once: a run takes
-        // at most an eighth of the memory cap, however large a batch's records are.
-        let call_bytes = self.operator.limits.memory_bytes / 8;
-        // Whether the next record runs alone: its run trapped before finishing one.
-        let mut alone = false;
-        // The call the next record is on: a record that trapped runs again (alone, in
-        // the fresh instance) as the retry policy says.
-        let mut attempt = 1;
-        // One call per run of records: a trap ends a run at the record it hit, and the
-        // records after it make the next run, in a fresh instance; for an operator told
-        // of expiries, an expiry ends a run before the record that makes it due. The
-        // batch ends at its bounds (see `Operator::process_batch`).
-        while let Some(rest) = records.get(processed.outcomes.len()..).filter(|rest| !rest.is_empty()) {
-            let first = &rest[0];
-            let ctx = self.live.as_mut().expect("instance is live between calls").store.data_mut();
-            if ctx.budget.started() && ctx.budget.is_spent(&self.operator.limits.per_call, &ctx.txn) {
-                break;
-            }
-            ctx.txn.observe(first.offset, first.timestamp_ms);
-            if !self.expire_before(first.offset, &mut processed.expirations)? {
-                break;
-            }
-            self.state().scope(&first.key);
-            if !batched {
-                self.call_alone(first, &mut attempt, &mut processed.outcomes)?;
-                continue;
-            }
-            let mut len = if std::mem::take(&mut alone) { 1 } else { run_length(rest, call_bytes) };
-            if told {
-                len = 1 + self.state().records_before_due(&rest[1..len]);
-            }
-            alone = self.call_batch(&rest[..len], &mut attempt, &mut processed.outcomes)?;
-        }
-        self.check_strict(records, &processed)?;
-        Ok(processed)
+        self.run_batch(records)
     }
 
     fn expire(&mut self, offset: u64) -> Result<Vec<Expiration>> {

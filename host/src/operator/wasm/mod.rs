@@ -37,8 +37,10 @@
 //! the epoch thread, the CPU clock of deadlines), `limits`, `ctx` (what a call's host
 //! functions see and count), `host` (the imports a guest calls), `lift` (what a call
 //! returns, checked before it is copied), `outcome` (what a call's end becomes for its
-//! record), `instance` (the active version and each partition's instance), `tests`.
+//! record), `instance` (the active version and each partition's instance), `batch`
+//! (how a batch runs through an instance: runs per call, retries, strict mode), `tests`.
 
+mod batch;
 mod bindings;
 mod component;
 mod ctx;

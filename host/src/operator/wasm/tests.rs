@@ -1,3 +1,4 @@
+use super::batch::run_length;
 use super::*;
 use crate::state::PartitionStore;
 
