@@ -35,8 +35,7 @@ use crate::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, Resto
 use crate::config::{NullKeys, TtlConfig};
 use crate::lock;
 use crate::operator::replay::SwitchLog;
-use crate::operator::wasm::ActiveVersion;
-use crate::operator::{Operator, OperatorStopped};
+use crate::operator::{Instantiate, OperatorStopped};
 use crate::record::{SourceRecord, Stop};
 use crate::sink::transaction::Fenced;
 use crate::source::Started;
@@ -66,8 +65,8 @@ pub const RESTARTING: &str = "starting it again in";
 pub struct WorkerSetup {
     /// This host's state directory.
     pub state: StateDir,
-    /// The operator version every partition runs, switched by deploys.
-    pub operator: Arc<ActiveVersion>,
+    /// Instantiates the operator version every partition runs, switched by deploys.
+    pub operator: Box<dyn Instantiate>,
     /// Where partitions record their switches of versions and read them back to replay.
     pub switches: Arc<SwitchLog>,
     /// Where restores come from and checkpoints go; `None` when checkpoints are off.
@@ -857,7 +856,7 @@ fn spawn_worker(
             let checkpointer = checkpointer.as_mut();
             let null_keys = setup.null_keys;
             super::run(
-                &mut instance,
+                &mut *instance,
                 batches,
                 to,
                 outputs,
