@@ -27,7 +27,7 @@
 //! does not read records.
 
 use super::queue::{self, QueueSender};
-use super::{Cadence, Destinations, StopSignal};
+use super::{Cadence, Destinations, Partition, PartitionWorker, StopSignal};
 use crate::backoff::Backoff;
 use crate::checkpoint::restore::{self, PartitionPlan};
 use crate::checkpoint::store::{self, ClaimedElsewhere};
@@ -840,7 +840,7 @@ fn spawn_worker(
     let outputs = start.take_over(|| setup.destinations.sink.partition(partition, offset))?;
     instance.follow_switches(&setup.switches, partition, offset, outputs.covered())?;
     let stats = Arc::new(PartitionStats::new(offset, instance.state().entries(), instance.version()));
-    super::count_state_bytes(instance.state().store(), &stats);
+    super::commit::count_state_bytes(instance.state().store(), &stats);
     let (sender, batches) = queue::bounded(setup.queued_batches, setup.queued_bytes);
     let stop = Arc::new(StopSignal::following(setup.stopping.clone()));
     let started = Started { partition, offset, restored_from, assigned, took: assigned.elapsed() };
@@ -852,21 +852,17 @@ fn spawn_worker(
             // database), then the partition, free for its next start.
             let _held = held;
             let (mut instance, mut checkpointer) = (instance, checkpointer);
-            let to = &setup.destinations;
-            let checkpointer = checkpointer.as_mut();
-            let null_keys = setup.null_keys;
-            super::run(
-                &mut *instance,
-                batches,
-                to,
-                outputs,
-                &stats,
-                &host,
-                checkpointer,
-                &stop,
-                setup.cadence,
-                null_keys,
-            )?;
+            let partition_of_run = Partition {
+                operator: &mut *instance,
+                to: &setup.destinations,
+                stats: &stats,
+                host: &host,
+                checkpointer: checkpointer.as_mut(),
+                stop: &stop,
+                cadence: setup.cadence,
+                null_keys: setup.null_keys,
+            };
+            PartitionWorker::new(partition_of_run, outputs).run(batches)?;
             Ok(PartitionReport {
                 partition,
                 resumed_at: started.offset,
