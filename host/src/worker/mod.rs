@@ -38,6 +38,8 @@ mod commit;
 mod lifecycle;
 pub mod queue;
 mod router;
+#[cfg(test)]
+mod tests;
 
 pub use commit::{AFTER_SEND, BEFORE_SEND, Cadence, OUTPUTS_COMMITTED, STATE_COMMITTED};
 pub use lifecycle::{
