@@ -38,14 +38,14 @@ mod commit;
 mod lifecycle;
 pub mod queue;
 mod router;
+mod start;
 #[cfg(test)]
 mod tests;
 
 pub use commit::{AFTER_SEND, BEFORE_SEND, Cadence, OUTPUTS_COMMITTED, STATE_COMMITTED};
-pub use lifecycle::{
-    Checkpointing, PartitionReport, RESTARTING, STOPPED, STOPPED_ALONE, STORE_RETRY, WorkerSetup, Workers,
-};
+pub use lifecycle::{Checkpointing, PartitionReport, RESTARTING, STOPPED, STOPPED_ALONE, WorkerSetup, Workers};
 pub use router::{DispatchReport, OFFSETS_JUMP, Router};
+pub use start::STORE_RETRY;
 
 use crate::checkpoint::Checkpointer;
 use crate::config::NullKeys;
