@@ -206,7 +206,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let workers = Workers::new(WorkerSetup {
         state,
         destinations: Destinations { sink, dead_letters },
-        operator: active.clone(),
+        operator: Box::new(active.clone()),
         switches,
         checkpoints,
         runtime: runtime.handle().clone(),

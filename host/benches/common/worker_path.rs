@@ -7,12 +7,12 @@ use sluice::operator::Operator;
 use sluice::record::SourceRecord;
 use sluice::sink::{DeadLetterSink, LineSink, Sink};
 use sluice::stats::{HostStats, PartitionStats};
-use sluice::worker::{self, Cadence, Destinations, StopSignal};
+use sluice::worker::{self, Cadence, Destinations, Partition, PartitionWorker, StopSignal};
 use sluice_tests::CpuClock;
 use std::path::Path;
 use std::time::Duration;
 
-/// `records` (of partition 0) through [`worker::run`] with every batch of `state`'s
+/// `records` (of partition 0) through a [`PartitionWorker`] with every batch of `state`'s
 /// size queued before it starts, committing as `cadence` says and at the end, outputs
 /// to `dir/out.jsonl` and dead letters to `dir/dead.jsonl`: its wall and CPU time
 /// (every thread of the process).
@@ -38,6 +38,16 @@ pub fn run(
     let outputs = destinations.sink.partition(&destinations.dead_letters, 0, first)?;
     let clock = CpuClock::start()?;
     let (stop, host) = (StopSignal::default(), HostStats::default());
-    worker::run(operator, rx, &destinations, outputs, &stats, &host, None, &stop, cadence, NullKeys::default())?;
+    let partition = Partition {
+        operator,
+        to: &destinations,
+        stats: &stats,
+        host: &host,
+        checkpointer: None,
+        stop: &stop,
+        cadence,
+        null_keys: NullKeys::default(),
+    };
+    PartitionWorker::new(partition, outputs).run(rx)?;
     clock.stop()
 }

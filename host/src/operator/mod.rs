@@ -1,7 +1,8 @@
 //! Running operator code against a partition's state.
 //!
 //! This module owns the boundary between the host and operator logic: the
-//! [`Operator`] trait the [worker](crate::worker) drives, the [`Outcome`] of one
+//! [`Operator`] trait the [worker](crate::worker) drives and the [`Instantiate`] it gets
+//! one from, the [`Outcome`] of one
 //! record or [`Expiration`] of one state entry, and the versions an operator goes
 //! through:
 //!
@@ -23,6 +24,8 @@ pub use crate::record::Output;
 use crate::record::SourceRecord;
 use crate::state::{Expired, Transaction};
 use anyhow::Result;
+use replay::SwitchLog;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What became of one record.
@@ -149,6 +152,24 @@ pub trait Operator: Send {
         let _ = offset;
         None
     }
+
+    /// Follows `partition`'s switches in `log` from now on, its state resuming at offset
+    /// `resume_at` and its outputs committed up to `covered`: replays the records before
+    /// both with the versions that first processed them, then records each switch. An
+    /// operator that runs one version only has none to follow.
+    fn follow_switches(&mut self, log: &Arc<SwitchLog>, partition: u32, resume_at: u64, covered: u64) -> Result<()> {
+        let _ = (log, partition, resume_at, covered);
+        Ok(())
+    }
+}
+
+/// Where each partition's [`Operator`] comes from: the one way a
+/// [worker](crate::worker) gets one, so it runs whatever stands behind this —
+/// [`wasm::ActiveVersion`] in a job, a fake in the worker's tests.
+pub trait Instantiate: Send + Sync {
+    /// An operator for `partition` over `txn`, running the active version, its `init`
+    /// called.
+    fn instantiate(&self, partition: u32, txn: Transaction) -> Result<Box<dyn Operator>>;
 }
 
 /// [`Operator::process_batch`] one call of [`Operator::process`] per record.

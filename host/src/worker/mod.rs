@@ -20,7 +20,9 @@
 //!
 //! The steps of that protocol are [kill points](crate::kill_point) a test can crash
 //! the host at: [`BEFORE_SEND`], [`AFTER_SEND`], [`OUTPUTS_COMMITTED`],
-//! [`STATE_COMMITTED`].
+//! [`STATE_COMMITTED`]. The protocol (what is uncommitted, when a commit is due, the
+//! order of its steps) is the `commit` room's; a [`PartitionWorker`] runs it, one
+//! handler per event of a run: a batch, an idle moment, the end.
 //!
 //! Checkpoints happen between batches, right after a commit, so a snapshot always
 //! holds whole batches and the offset committed with them.
@@ -32,25 +34,29 @@
 //! partition. This module does not own where records come from (the
 //! [source](crate::source)) or how the operator runs (the [operator](crate::operator)).
 
+mod commit;
 mod lifecycle;
 pub mod queue;
 mod router;
+mod start;
+#[cfg(test)]
+mod tests;
 
-pub use lifecycle::{
-    Checkpointing, PartitionReport, RESTARTING, STOPPED, STOPPED_ALONE, STORE_RETRY, WorkerSetup, Workers,
-};
+pub use commit::{AFTER_SEND, BEFORE_SEND, Cadence, OUTPUTS_COMMITTED, STATE_COMMITTED};
+pub use lifecycle::{Checkpointing, PartitionReport, RESTARTING, STOPPED, STOPPED_ALONE, WorkerSetup, Workers};
 pub use router::{DispatchReport, OFFSETS_JUMP, Router};
+pub use start::STORE_RETRY;
 
 use crate::checkpoint::Checkpointer;
-use crate::config::{NullKeys, StateConfig};
+use crate::config::NullKeys;
 use crate::lock;
 use crate::log_rate::{self, Admitted, LogRate};
 use crate::operator::{Expiration, Operator, Outcome, Output, Processed};
 use crate::record::{Cause, DeadLetter, DeadLetterKind, Origin, SourceRecord, Stop};
 use crate::sink::{DeadLetterSink, PartitionOutputs, Sink};
-use crate::state::PartitionStore;
 use crate::stats::{DeadLetters, HostStats, PartitionStats};
 use anyhow::{Context, Result};
+use commit::Uncommitted;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -105,23 +111,13 @@ impl StopSignal {
     }
 }
 
-/// How long a worker waits for a batch before it looks whether a checkpoint is due or
-/// a new operator version was deployed (the longest an idle partition takes to switch).
 /// Logged when a partition's batch times near the consumer's poll timeout: `batch
 /// processing time p99 … reaches 1000 ms, half of max.poll.interval.ms: …`.
 pub const SLOW_BATCH: &str = "half of max.poll.interval.ms";
 
+/// How long a worker waits for a batch before it looks whether a checkpoint is due or
+/// a new operator version was deployed (the longest an idle partition takes to switch).
 const IDLE_TICK: Duration = Duration::from_millis(50);
-
-/// Kill point: a batch processed, its outputs not sent yet.
-pub const BEFORE_SEND: &str = "before-send";
-/// Kill point: a batch's outputs sent (queued, or produced in the open transaction).
-pub const AFTER_SEND: &str = "after-send";
-/// Kill point: a commit's outputs final (acknowledged, or their transaction committed),
-/// its state not committed yet.
-pub const OUTPUTS_COMMITTED: &str = "outputs-committed";
-/// Kill point: a commit's state committed with its offset.
-pub const STATE_COMMITTED: &str = "state-committed";
 
 /// Names, in the host's events, the warning of batch times near the poll timeout.
 pub const SLOW_BATCHES: &str = "slow batches";
@@ -185,31 +181,6 @@ impl BatchTimes {
     }
 }
 
-/// When a worker commits its partition's state, and which batch time it warns at.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Cadence {
-    /// Commit once this long has passed since the last commit...
-    pub commit_interval: Duration,
-    /// ... or this many records were processed since ...
-    pub commit_every: usize,
-    /// ... or this many bytes of state were written since (each entry's last value).
-    pub commit_dirty_bytes: usize,
-    /// A batch taking this long or longer is warned about (see [`BatchTimes`]).
-    pub slow_batch: Option<Duration>,
-}
-
-impl Cadence {
-    /// The cadence `[state]` configures, warning at `slow_batch`.
-    pub fn of(state: &StateConfig, slow_batch: Option<Duration>) -> Self {
-        Cadence {
-            commit_interval: state.commit_interval,
-            commit_every: state.commit_every,
-            commit_dirty_bytes: state.commit_dirty_mib << 20,
-            slow_batch,
-        }
-    }
-}
-
 /// Logged with a switch a replay makes: `switched from … to … at offset 1500 (the
 /// version that first processed these records)`.
 pub const REPLAYED_WITH: &str = "the version that first processed these records";
@@ -218,99 +189,114 @@ pub const REPLAYED_WITH: &str = "the version that first processed these records"
 pub const NULL_KEY_REFUSED: &str = "the record has no key, and keyed state would put it with every other keyless record \
      of its partition; [source] null_keys = \"operator\" gives such records to the operator instead";
 
-/// Processes batches from `batches` until the sender goes away or `stop` says to end.
-/// After each batch it sends the batch's outputs, as part of the partition's
-/// `outputs`, and writes its dead letters; it commits the state writes with the next
-/// offset when `cadence` or a due checkpoint says so, when no batch came for a moment,
-/// after a deploy switched the version, and at the end (unless the partition was lost).
-/// After a commit `checkpointer` checkpoints when one is due; at the end (unless the partition
-/// was lost), a last checkpoint holds the final state — its failure is an error when
-/// the source ended, a warning at a handover. Records without a key go to the dead
-/// letters unseen by the operator unless `null_keys` says otherwise.
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    operator: &mut dyn Operator,
-    batches: queue::QueueReceiver,
-    to: &Destinations,
-    outputs: PartitionOutputs,
-    stats: &PartitionStats,
-    host: &HostStats,
-    mut checkpointer: Option<&mut Checkpointer>,
-    stop: &StopSignal,
-    cadence: Cadence,
-    null_keys: NullKeys,
-) -> Result<()> {
-    // Its buffers are reused from batch to batch.
-    let mut emitted = Emitted::default();
-    let mut times = BatchTimes::new(cadence.slow_batch);
-    let mut uncommitted = Uncommitted::new(outputs);
-    // What is left of a batch that ended early at a per-batch bound: the next batch.
-    let mut rest: Option<Vec<SourceRecord>> = None;
-    let mut _in_version = version_span(operator.version());
-    loop {
-        let received = match rest.take() {
-            Some(rest) => Ok(rest),
-            None => batches.recv_timeout(IDLE_TICK),
-        };
-        let mut batch = match received {
-            Ok(batch) => batch,
-            // An idle partition expires what its processing-time clock (the wall
-            // clock) made due, commits what it processed, still follows deploys and
-            // gets its due checkpoint of what it last committed.
-            Err(RecvTimeoutError::Timeout) => {
-                if operator.state().tick() {
-                    let next = uncommitted.next_offset.unwrap_or(stats.committed_offset.load(Ordering::Relaxed));
-                    let expirations = operator.expire(next)?;
-                    let partition = operator.state().store().partition();
-                    emitted.expirations(partition, expirations);
-                    emitted.send(operator.version(), stats, &mut uncommitted.outputs)?;
-                }
-                uncommitted.commit(operator, stats, to)?;
-                // An idle partition's size catches up with its last writes.
-                uncommitted.size_state(operator.state().store(), stats);
-                let at = stats.committed_offset.load(Ordering::Relaxed);
-                if follow_deploys(operator, checkpointer.as_deref_mut(), stats, host, at)? {
-                    _in_version = version_span(operator.version());
-                }
-                if let Some(checkpointer) = checkpointer.as_deref_mut() {
-                    checkpointer.checkpoint_if_due(operator.state().store(), stats);
-                }
-                continue;
+/// A partition as its worker sees it through one run: what it works on and with.
+pub struct Partition<'a> {
+    /// The operator, bound to the partition's state.
+    pub operator: &'a mut dyn Operator,
+    /// Where the outputs and dead letters go.
+    pub to: &'a Destinations,
+    /// The partition's live counters.
+    pub stats: &'a PartitionStats,
+    /// The host's counters and warnings.
+    pub host: &'a HostStats,
+    /// Checkpoints the partition when one is due; `None` when checkpoints are off.
+    pub checkpointer: Option<&'a mut Checkpointer>,
+    /// How the worker is told to end.
+    pub stop: &'a StopSignal,
+    /// When it commits, and the batch time it warns at.
+    pub cadence: Cadence,
+    /// What becomes of records without a key.
+    pub null_keys: NullKeys,
+}
+
+/// A partition's worker through one run: it processes batches until the sender goes
+/// away or its [`StopSignal`] says to end. After each batch it sends the batch's
+/// outputs, as part of the partition's outputs, and writes its dead letters; it commits
+/// the state writes with the next offset when its [`Cadence`] or a due checkpoint says
+/// so, when no batch came for a moment, after a deploy switched the version, and at the
+/// end (unless the partition was lost). After a commit the checkpointer checkpoints
+/// when one is due; at the end (unless the partition was lost), a last checkpoint holds
+/// the final state — its failure is an error when the source ended, a warning at a
+/// handover. Records without a key go to the dead letters unseen by the operator unless
+/// [`NullKeys`] says otherwise.
+pub struct PartitionWorker<'a> {
+    p: Partition<'a>,
+    /// What a batch emits; its buffers are reused from batch to batch.
+    emitted: Emitted,
+    times: BatchTimes,
+    uncommitted: Uncommitted,
+    /// What is left of a batch that ended early at a per-batch bound: the next batch.
+    rest: Option<Vec<SourceRecord>>,
+    /// Entered for the version the operator runs (see [`version_span`]).
+    _in_version: tracing::span::EnteredSpan,
+}
+
+impl<'a> PartitionWorker<'a> {
+    /// A worker of `p`, its outputs since its start sent as part of `outputs`.
+    pub fn new(p: Partition<'a>, outputs: PartitionOutputs) -> Self {
+        let times = BatchTimes::new(p.cadence.slow_batch);
+        let _in_version = version_span(p.operator.version());
+        let (emitted, uncommitted) = (Emitted::default(), Uncommitted::new(outputs));
+        PartitionWorker { p, emitted, times, uncommitted, rest: None, _in_version }
+    }
+
+    /// Processes what `batches` hands over until it goes away or the worker is told to
+    /// end, then ends as it was told (see [`PartitionWorker`]).
+    pub fn run(mut self, batches: queue::QueueReceiver) -> Result<()> {
+        loop {
+            let received = match self.rest.take() {
+                Some(rest) => Ok(rest),
+                None => batches.recv_timeout(IDLE_TICK),
+            };
+            match received {
+                Ok(_) if matches!(self.p.stop.get(), Some(Stop::Handover | Stop::Lost)) => break,
+                Ok(batch) => self.on_batch(batch)?,
+                Err(RecvTimeoutError::Timeout) => self.on_idle()?,
+                Err(RecvTimeoutError::Disconnected) => break,
             }
-            Err(RecvTimeoutError::Disconnected) => break,
-        };
-        if matches!(stop.get(), Some(Stop::Handover | Stop::Lost)) {
-            break;
         }
-        let Some(first) = batch.first() else { continue };
+        self.finish()
+    }
+
+    /// An idle partition expires what its processing-time clock (the wall clock) made
+    /// due, commits what it processed, still follows deploys and gets its due
+    /// checkpoint of what it last committed.
+    fn on_idle(&mut self) -> Result<()> {
+        let p = &mut self.p;
+        if p.operator.state().tick() {
+            let next = self.uncommitted.next_offset.unwrap_or(p.stats.committed_offset.load(Ordering::Relaxed));
+            let expirations = p.operator.expire(next)?;
+            let partition = p.operator.state().store().partition();
+            self.emitted.expirations(partition, expirations);
+            self.emitted.send(p.operator.version(), p.stats, &mut self.uncommitted.outputs)?;
+        }
+        self.uncommitted.commit(p.operator, p.stats, p.to)?;
+        // An idle partition's size catches up with its last writes.
+        self.uncommitted.size_state(p.operator.state().store(), p.stats);
+        let at = p.stats.committed_offset.load(Ordering::Relaxed);
+        self.follow_deploys(at)?;
+        self.checkpoint_if_due();
+        Ok(())
+    }
+
+    /// Processes `batch` (or the part of it before a per-batch bound, the rest coming
+    /// next), sends what it emitted, and commits if due.
+    fn on_batch(&mut self, mut batch: Vec<SourceRecord>) -> Result<()> {
+        let Some(first) = batch.first() else { return Ok(()) };
+        let first = first.offset;
         // Between two batches: the whole batch runs on one version, and a switch
         // commits what the old version processed.
-        if follow_deploys(operator, checkpointer.as_deref_mut(), stats, host, first.offset)? {
-            _in_version = version_span(operator.version());
-            uncommitted.commit(operator, stats, to)?;
+        if self.follow_deploys(first)? {
+            self.uncommitted.commit(self.p.operator, self.p.stats, self.p.to)?;
         }
         // A replay switches versions where the first run of its records did.
-        if let Some(cut) = operator.next_switch(first.offset)
+        if let Some(cut) = self.p.operator.next_switch(first)
             && let Some(at) = batch.iter().position(|record| record.offset >= cut)
         {
-            rest = Some(batch.split_off(at));
+            self.rest = Some(batch.split_off(at));
         }
         let started = Instant::now();
-        // A processing-time clock reads the wall clock once a batch: the batch's
-        // expiries are decided at one time.
-        operator.state().tick();
-        // An error stops the worker; what it processed since the last commit is never
-        // committed. A keyless record the job refuses ends the batch before it, and a
-        // batch starting with such records has them refused and ends after them.
-        let refused = |record: &SourceRecord| null_keys == NullKeys::DeadLetter && record.has_null_key();
-        let Processed { outcomes, expirations } = match batch.iter().position(refused) {
-            Some(0) => Processed {
-                outcomes: batch.iter().take_while(|r| refused(r)).map(|_| Outcome::NullKey).collect(),
-                expirations: Vec::new(),
-            },
-            Some(keyed) => operator.process_batch(&batch[..keyed])?,
-            None => operator.process_batch(&batch)?,
-        };
+        let Processed { outcomes, expirations } = self.process(&batch)?;
         // The offset the next commit stores: past the last record processed, or, when
         // the batch ended in the expiries before a record, that record's (the clock and
         // the expiries so far commit with it, and the next batch goes on with the rest).
@@ -320,56 +306,137 @@ pub fn run(
             // Ended at a per-batch bound: the rest is the next batch, before what a
             // replay's switch cut off.
             let mut unprocessed = batch.split_off(outcomes.len());
-            unprocessed.extend(rest.take().into_iter().flatten());
-            rest = Some(unprocessed);
+            unprocessed.extend(self.rest.take().into_iter().flatten());
+            self.rest = Some(unprocessed);
         }
-        let version = operator.version();
-        // Each expiry's outputs come before those of the record it preceded.
+        self.emit(partition, &batch, outcomes, expirations);
+        self.send()?;
+        let p = &mut self.p;
+        p.stats.processed.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.uncommitted.add(next_offset, batch.len());
+        let checkpoint_due = p.checkpointer.as_deref().is_some_and(Checkpointer::is_due);
+        if checkpoint_due || self.uncommitted.due(&p.cadence, p.operator.state().dirty_bytes()) {
+            self.uncommitted.commit(p.operator, p.stats, p.to)?;
+            self.checkpoint_if_due();
+        }
+        self.times.record(started.elapsed(), partition, self.p.stats, self.p.host);
+        Ok(())
+    }
+
+    /// Runs `batch` through the operator on the batch's one reading of the clock. An
+    /// error stops the worker; what it processed since the last commit is never
+    /// committed. A keyless record the job refuses ends the batch before it, and a batch
+    /// starting with such records has them refused and ends after them.
+    fn process(&mut self, batch: &[SourceRecord]) -> Result<Processed> {
+        let operator = &mut *self.p.operator;
+        // A processing-time clock reads the wall clock once a batch: the batch's
+        // expiries are decided at one time.
+        operator.state().tick();
+        let null_keys = self.p.null_keys;
+        let refused = |record: &SourceRecord| null_keys == NullKeys::DeadLetter && record.has_null_key();
+        Ok(match batch.iter().position(refused) {
+            Some(0) => Processed {
+                outcomes: batch.iter().take_while(|r| refused(r)).map(|_| Outcome::NullKey).collect(),
+                expirations: Vec::new(),
+            },
+            Some(keyed) => operator.process_batch(&batch[..keyed])?,
+            None => operator.process_batch(batch)?,
+        })
+    }
+
+    /// Gathers what the records of `batch` with `outcomes` (a prefix of it) and the
+    /// `expirations` among them emitted: each expiry's outputs before those of the
+    /// record it preceded.
+    fn emit(&mut self, partition: u32, batch: &[SourceRecord], outcomes: Vec<Outcome>, expirations: Vec<Expiration>) {
         let mut expirations = expirations.into_iter().peekable();
         for (record, outcome) in batch.iter().zip(outcomes) {
             let before = std::iter::from_fn(|| expirations.next_if(|e| e.offset <= record.offset));
-            emitted.expirations(partition, before);
-            emitted.outcome(Origin::of(record), &record.key, &record.value, outcome);
+            self.emitted.expirations(partition, before);
+            self.emitted.outcome(Origin::of(record), &record.key, &record.value, outcome);
         }
         // Those before the record the batch ended at.
-        emitted.expirations(partition, expirations);
-        // Outputs first, then state: the commit makes them final first, so a crash in
-        // between replays the records since the last commit but never leaves state
-        // ahead of what was emitted.
+        self.emitted.expirations(partition, expirations);
+    }
+
+    /// Sends what the batch emitted. Outputs first, then state: the commit makes them
+    /// final first, so a crash in between replays the records since the last commit but
+    /// never leaves state ahead of what was emitted.
+    fn send(&mut self) -> Result<()> {
+        let p = &mut self.p;
         crate::kill_point(BEFORE_SEND);
-        emitted.send(version, stats, &mut uncommitted.outputs)?;
+        self.emitted.send(p.operator.version(), p.stats, &mut self.uncommitted.outputs)?;
         crate::kill_point(AFTER_SEND);
         // A delivery already refused stops the partition now rather than at the commit.
-        uncommitted.outputs.check().with_context(|| format!("sending outputs to {}", to.sink.name()))?;
-        stats.processed.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        uncommitted.add(next_offset, batch.len());
-        let checkpoint_due = checkpointer.as_deref().is_some_and(Checkpointer::is_due);
-        if checkpoint_due || uncommitted.due(&cadence, operator.state().dirty_bytes()) {
-            uncommitted.commit(operator, stats, to)?;
-            if let Some(checkpointer) = checkpointer.as_deref_mut() {
-                checkpointer.checkpoint_if_due(operator.state().store(), stats);
-            }
-        }
-        times.record(started.elapsed(), partition, stats, host);
+        self.uncommitted.outputs.check().with_context(|| format!("sending outputs to {}", p.to.sink.name()))
     }
-    // A lost partition is another host's already: what it processed since its last
-    // commit is left to the new owner, whose start fenced its transactions anyway.
-    if !matches!(stop.get(), Some(Stop::Lost)) {
-        uncommitted.commit(operator, stats, to)?;
-    }
-    match (checkpointer, stop.get()) {
-        (Some(_), Some(Stop::Lost)) | (None, _) => Ok(()),
-        // A handover's last checkpoint only spares the next owner some replay: if it
-        // fails (the store is down, or another host already wrote that checkpoint because
-        // the group briefly gave the partition to two members), the next owner restores
-        // an older one and reads more. Logged, not fatal.
-        (Some(checkpointer), Some(Stop::Handover)) => {
-            if let Err(e) = checkpointer.finish(operator.state().store(), stats) {
-                tracing::warn!("last checkpoint before the handover failed: {e:#}");
-            }
-            Ok(())
+
+    /// Checkpoints the partition if a checkpoint is due (checkpoints are taken right
+    /// after a commit, or while idle, of what was last committed).
+    fn checkpoint_if_due(&mut self) {
+        if let Some(checkpointer) = self.p.checkpointer.as_deref_mut() {
+            checkpointer.checkpoint_if_due(self.p.operator.state().store(), self.p.stats);
         }
-        (Some(checkpointer), _) => checkpointer.finish(operator.state().store(), stats),
+    }
+
+    /// Switches the operator to a newly deployed version if there is one, from offset
+    /// `offset` on, and tells the checkpointer, the partition's and the host's counters
+    /// and the log; returns whether it switched.
+    fn follow_deploys(&mut self, offset: u64) -> Result<bool> {
+        let p = &mut self.p;
+        let Some(switch) = p.operator.follow_deploys(offset)? else { return Ok(false) };
+        let partition = p.operator.state().store().partition();
+        if let Some(reason) = switch.refused {
+            tracing::error!(
+                partition,
+                "version {} failed to start here; {} keeps running: {reason}",
+                switch.to,
+                switch.from
+            );
+            *lock(&p.stats.refused) = Some((switch.to, reason));
+            return Ok(false);
+        }
+        let stall_us = crate::micros(switch.stall);
+        let why = if switch.replayed { format!(" ({REPLAYED_WITH})") } else { String::new() };
+        tracing::info!(
+            partition,
+            "switched from {} to {} at offset {offset}{why}, standing still {stall_us} µs",
+            switch.from,
+            switch.to
+        );
+        if let Some(checkpointer) = p.checkpointer.as_deref_mut() {
+            checkpointer.set_operator(&switch.to);
+        }
+        p.stats.switches.fetch_add(1, Ordering::Relaxed);
+        p.stats.last_switch_stall_us.store(stall_us, Ordering::Relaxed);
+        p.host.record_switch(&switch.from, &switch.to);
+        *lock(&p.stats.version) = switch.to;
+        self._in_version = version_span(p.operator.version());
+        Ok(true)
+    }
+
+    /// Ends the run as the worker was told: commits what is uncommitted and takes a
+    /// last checkpoint, unless the partition was lost.
+    fn finish(mut self) -> Result<()> {
+        let p = &mut self.p;
+        // A lost partition is another host's already: what it processed since its last
+        // commit is left to the new owner, whose start fenced its transactions anyway.
+        if !matches!(p.stop.get(), Some(Stop::Lost)) {
+            self.uncommitted.commit(p.operator, p.stats, p.to)?;
+        }
+        match (p.checkpointer.as_deref_mut(), p.stop.get()) {
+            (Some(_), Some(Stop::Lost)) | (None, _) => Ok(()),
+            // A handover's last checkpoint only spares the next owner some replay: if it
+            // fails (the store is down, or another host already wrote that checkpoint
+            // because the group briefly gave the partition to two members), the next
+            // owner restores an older one and reads more. Logged, not fatal.
+            (Some(checkpointer), Some(Stop::Handover)) => {
+                if let Err(e) = checkpointer.finish(p.operator.state().store(), p.stats) {
+                    tracing::warn!("last checkpoint before the handover failed: {e:#}");
+                }
+                Ok(())
+            }
+            (Some(checkpointer), _) => checkpointer.finish(p.operator.state().store(), p.stats),
+        }
     }
 }
 
@@ -467,137 +534,10 @@ impl Emitted {
     }
 }
 
-/// What a worker processed since its last commit.
-struct Uncommitted {
-    /// The offset the next commit stores; `None`: nothing to commit.
-    next_offset: Option<u64>,
-    records: usize,
-    /// When the first of them was processed.
-    since: Option<Instant>,
-    /// Their outputs, until the commit makes them final.
-    outputs: PartitionOutputs,
-    /// When the partition's state bytes were last counted (the worker's start counts
-    /// them first).
-    sized: Instant,
-}
-
-/// How often a worker counts its partition's state bytes: RocksDB's size properties
-/// are read under its database lock, too dear for every commit.
-const SIZE_STATE_EVERY: Duration = Duration::from_secs(1);
-
-impl Uncommitted {
-    fn new(outputs: PartitionOutputs) -> Self {
-        Uncommitted { next_offset: None, records: 0, since: None, outputs, sized: Instant::now() }
-    }
-
-    /// Counts the state bytes of `store` into `stats` if [`SIZE_STATE_EVERY`] has passed
-    /// since the last count.
-    fn size_state(&mut self, store: &PartitionStore, stats: &PartitionStats) {
-        if self.sized.elapsed() >= SIZE_STATE_EVERY {
-            self.sized = Instant::now();
-            count_state_bytes(store, stats);
-        }
-    }
-
-    fn add(&mut self, next_offset: u64, records: usize) {
-        self.next_offset = Some(next_offset);
-        self.records += records;
-        self.since.get_or_insert_with(Instant::now);
-    }
-
-    /// Whether `cadence` asks for a commit, with `dirty_bytes` of state written.
-    fn due(&self, cadence: &Cadence, dirty_bytes: usize) -> bool {
-        self.records >= cadence.commit_every
-            || dirty_bytes >= cadence.commit_dirty_bytes
-            || self.since.is_some_and(|since| since.elapsed() >= cadence.commit_interval)
-    }
-
-    /// Commits the operator's state with the next offset, if anything waits (records,
-    /// or expiries of an idle partition), once the outputs sent since the last commit
-    /// are final, and publishes the committed offset, entry count and clock. A delivery
-    /// or transaction that failed is the error, and the state is not committed.
-    fn commit(&mut self, operator: &mut dyn Operator, stats: &PartitionStats, to: &Destinations) -> Result<()> {
-        let state = operator.state();
-        let next_offset = match self.next_offset {
-            Some(next_offset) => next_offset,
-            None if state.has_writes() => stats.committed_offset.load(Ordering::Relaxed),
-            None => return Ok(()),
-        };
-        self.outputs.commit(next_offset).with_context(|| format!("sending outputs to {}", to.sink.name()))?;
-        // Lines written to files reach the disk before the state that covers them: after
-        // a power loss, state is never ahead of its outputs.
-        to.sink.sync()?;
-        to.dead_letters.sync()?;
-        crate::kill_point(OUTPUTS_COMMITTED);
-        state.commit(next_offset)?;
-        crate::kill_point(STATE_COMMITTED);
-        stats.committed_offset.store(next_offset, Ordering::Relaxed);
-        stats.entries.store(state.entries(), Ordering::Relaxed);
-        self.size_state(state.store(), stats);
-        let (hits, misses) = state.cache().hits_and_misses();
-        stats.cache_hits.store(hits, Ordering::Relaxed);
-        stats.cache_misses.store(misses, Ordering::Relaxed);
-        stats.expired.store(state.expired(), Ordering::Relaxed);
-        stats.backlog.store(state.backlog(), Ordering::Relaxed);
-        stats.clock_ms.store(state.clock().now_ms(), Ordering::Relaxed);
-        stats.clock_ignored.store(state.clock().ignored, Ordering::Relaxed);
-        (self.next_offset, self.records, self.since) = (None, 0, None);
-        Ok(())
-    }
-}
-
-/// Sets `stats`' state bytes to what `store` takes in RocksDB. A size for the metrics
-/// only: a failed read leaves the last one.
-pub(crate) fn count_state_bytes(store: &PartitionStore, stats: &PartitionStats) {
-    if let (Ok(tables), Ok(memtables)) = (store.live_data_bytes(), store.memtable_bytes()) {
-        stats.state_bytes.store(tables + memtables, Ordering::Relaxed);
-    }
-}
-
 /// A span entered until the worker switches versions, so that every event the worker
 /// logs carries the operator version it runs (`operator{operator_version=…}` in the
 /// text log, `span.operator_version` in the JSON one). A root span: the next version's
 /// is not the previous one's child.
 fn version_span(version: &str) -> tracing::span::EnteredSpan {
     tracing::info_span!(parent: None, "operator", operator_version = %version).entered()
-}
-
-/// Switches `operator` to a newly deployed version if there is one, from offset
-/// `offset` on, and tells the checkpointer, the partition's and the host's counters and
-/// the log; returns whether it switched.
-fn follow_deploys(
-    operator: &mut dyn Operator,
-    checkpointer: Option<&mut Checkpointer>,
-    stats: &PartitionStats,
-    host: &HostStats,
-    offset: u64,
-) -> Result<bool> {
-    let Some(switch) = operator.follow_deploys(offset)? else { return Ok(false) };
-    let partition = operator.state().store().partition();
-    if let Some(reason) = switch.refused {
-        tracing::error!(
-            partition,
-            "version {} failed to start here; {} keeps running: {reason}",
-            switch.to,
-            switch.from
-        );
-        *lock(&stats.refused) = Some((switch.to, reason));
-        return Ok(false);
-    }
-    let stall_us = crate::micros(switch.stall);
-    let why = if switch.replayed { format!(" ({REPLAYED_WITH})") } else { String::new() };
-    tracing::info!(
-        partition,
-        "switched from {} to {} at offset {offset}{why}, standing still {stall_us} µs",
-        switch.from,
-        switch.to
-    );
-    if let Some(checkpointer) = checkpointer {
-        checkpointer.set_operator(&switch.to);
-    }
-    stats.switches.fetch_add(1, Ordering::Relaxed);
-    stats.last_switch_stall_us.store(stall_us, Ordering::Relaxed);
-    host.record_switch(&switch.from, &switch.to);
-    *lock(&stats.version) = switch.to;
-    Ok(true)
 }

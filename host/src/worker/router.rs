@@ -318,7 +318,7 @@ mod tests {
         let registry = Registry::new(Objects::open(&dir.join("versions").to_string_lossy())?, name)?;
         Ok(WorkerSetup {
             state: StateDir::open(&dir.join("state"), partitions)?,
-            operator: ActiveVersion::new(Arc::new(operator)),
+            operator: Box::new(ActiveVersion::new(Arc::new(operator))),
             switches: SwitchLog::new(registry, limits, config, runtime.handle().clone()),
             checkpoints: None,
             destinations: Destinations {

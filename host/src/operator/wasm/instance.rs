@@ -3,6 +3,7 @@
 //! and switches versions between batches. How a batch runs through it is `batch`'s.
 
 use super::*;
+use crate::operator::Instantiate;
 
 /// The version every partition of this host runs: set by a deploy, followed by each
 /// partition's [`WasmInstance`] at its next batch boundary.
@@ -48,6 +49,13 @@ impl ActiveVersion {
             live: Some(live),
             replaced: 0,
         })
+    }
+}
+
+/// How a worker instantiates the active version, not knowing it is WebAssembly.
+impl Instantiate for Arc<ActiveVersion> {
+    fn instantiate(&self, partition: u32, txn: Transaction) -> Result<Box<dyn Operator>> {
+        Ok(Box::new(ActiveVersion::instantiate(self, partition, txn)?))
     }
 }
 
@@ -289,26 +297,17 @@ impl Operator for WasmInstance {
     fn next_switch(&self, offset: u64) -> Option<u64> {
         self.switches.as_ref()?.next_change(offset)
     }
-}
 
-impl WasmInstance {
-    /// Follows `partition`'s switches in `log` from now on, its state resuming at
-    /// offset `resume_at` and its outputs committed up to `covered`: replays the records
-    /// before both with the versions that first processed them, then records each
-    /// switch, beginning with the version it runs then. Fails when the log cannot be
-    /// read or a version it names cannot be loaded.
-    pub fn follow_switches(
-        &mut self,
-        log: &Arc<SwitchLog>,
-        partition: u32,
-        resume_at: u64,
-        covered: u64,
-    ) -> Result<()> {
+    /// Replays, then records each switch beginning with the version it runs then. Fails
+    /// when the log cannot be read or a version it names cannot be loaded.
+    fn follow_switches(&mut self, log: &Arc<SwitchLog>, partition: u32, resume_at: u64, covered: u64) -> Result<()> {
         self.switches = Some(log.partition(partition, resume_at, covered, &self.operator)?);
         self.generation = None;
         Ok(())
     }
+}
 
+impl WasmInstance {
     /// Switches to `next`, keeping the partition's state; a version that fails to start
     /// leaves the old one running (`replayed`: a switch a replay repeats).
     fn switch_to(&mut self, next: Arc<WasmOperator>, replayed: bool) -> Result<Switch> {
