@@ -67,5 +67,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::New { command: NewCommand::Operator { name, dir, sluice } } => {
             cli::new::new_operator(&name, dir, sluice)
         }
+        // `--reference` is required: printing the reference is all the command does.
+        Command::Config { .. } => cli::config::print_reference(),
     }
 }

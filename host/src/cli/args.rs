@@ -98,6 +98,13 @@ pub enum Command {
         #[arg(long, requires = "state_dir")]
         store: Option<String>,
     },
+    /// Describe a job's config file.
+    Config {
+        /// Print the annotated reference: every setting at its default, with what it
+        /// does.
+        #[arg(long, required = true)]
+        reference: bool,
+    },
 }
 
 #[derive(Subcommand)]

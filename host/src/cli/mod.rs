@@ -1,6 +1,6 @@
 //! The `sluice` binary's commands, one module per family of them: [`run`], [`test`],
 //! [`versions`] (deploy, rollback, versions), [`status`], [`checkpoints`], [`state`],
-//! [`generate`] and [`new`], over the grammar of them all in [`args`].
+//! [`generate`], [`new`] and [`config`], over the grammar of them all in [`args`].
 //!
 //! The library does the work; each module here turns its family's arguments into calls
 //! of it, and its answers into what the command prints and the error it ends with.
@@ -9,6 +9,7 @@
 
 pub mod args;
 pub mod checkpoints;
+pub mod config;
 pub mod generate;
 pub mod new;
 pub mod run;

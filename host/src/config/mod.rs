@@ -9,94 +9,9 @@
 //! Each section is a room of its own — `operator`, `source`, `sink` (with `[dead_letter]`),
 //! `state` (with `[ttl]`), `checkpoint`, `report` (with `[admin]`), and `duration` for
 //! the values of every section — holding its types, defaults and `validate`; the
-//! rules between sections are [`Config::validate`]'s.
-//!
-//! ```toml
-//! [operator]
-//! path = "vehicle_stats.wasm" # the first version; `sluice deploy` records later ones
-//! # name = "vehicle_stats"    # what versions are deployed under; default: the file stem
-//! call_timeout_ms = 1000      # CPU time of one call (its thread's: waiting for a core does not count)
-//! instructions_per_call = 0   # WebAssembly instructions one call may run, exact on every replay; 0: uncounted
-//! memory_limit_mib = 64       # linear-memory cap of one instance
-//! poll_versions = "1s"        # how often a host looks for versions deployed elsewhere
-//! [operator.config]           # passed to the operator's init
-//! [operator.limits]           # what one call may make the host hold; passing one fails the record
-//! outputs_per_record = 1000
-//! output_bytes_per_record = 1048576     # keys, values and topics of one record's outputs
-//! writes_per_record = 1000              # state puts and deletes
-//! written_bytes_per_record = 16777216   # names and values of one record's state writes
-//! reads_per_record = 10000
-//! state_value_bytes = 1048576
-//! state_name_bytes = 256
-//! log_lines_per_s = 100                 # per instance; lines past these are dropped and counted
-//! log_bytes_per_s = 65536
-//! log_line_bytes = 4096                 # a longer line is cut
-//! reason_bytes = 4096                   # a longer reason of a failed record is cut
-//! output_bytes_per_batch = 67108864     # a batch past these ends there; the rest is the next batch
-//! time_per_batch_ms = 10000
-//! output_topics = []                    # topics an output may name; none: only the sink's own
-//! [operator.retry]            # a record whose call trapped is called again on a fresh instance
-//! attempts = 2                # calls in all; then its dead letter
-//! backoff = "10ms"            # before the first retry, doubling
-//! strict = false              # true: after the last attempt stop the partition instead
-//!
-//! [source]                    # or: kind = "file", path = "input.jsonl", key_field = "vehicle_id",
-//!                             #     max_line_bytes = 16777216 (a longer line is skipped, logged)
-//!                             # or: kind = "kafka", brokers = "host:9092", topic = "positions",
-//!                             #     offset_out_of_range = "fail" (or "earliest")
-//!                             #     null_keys = "dead_letter" (or "operator")
-//! kind = "generator"
-//! vehicles = 10000
-//! count = 1000000             # or duration = "1m"; neither = unbounded
-//! seed = 42
-//! # churn = 100               # every 100 records a vehicle leaves for good, a new one joins
-//! # rate = 5000               # records/s; absent = as fast as possible
-//!
-//! [sink]                      # or: kind = "stdout"; or kind = "kafka",
-//! kind = "file"               #   brokers = "host:9092", topic = "out", [sink.properties]
-//! path = "out/outputs.jsonl"
-//!
-//! [state]
-//! dir = "sluice-state"
-//! partitions = 4
-//! batch_records = 512         # records per batch a worker processes, at most
-//! queued_records = 16384      # records queued per partition (whole batches, at least 4) before its source waits
-//! queued_mib = 64             # ... or this much of records' bytes (batches cut at a quarter of it)
-//! commit_interval = "1s"      # a partition commits its state at least this often
-//! commit_every = 100000       # ... and after this many records
-//! commit_dirty_mib = 64       # ... or this much written
-//! sync_outputs = true         # output and dead-letter files reach the disk before each commit
-//! cache_mib = 64              # committed entries kept in memory, per partition
-//! rocksdb_memory_mib = 256    # RocksDB's memtables and block cache, all partitions together
-//!
-//! [ttl]                       # state expiry
-//! # default = "7d"            # every entry's TTL from its last write; absent: never expires
-//! time = "event"              # the partition's largest timestamp; or "processing": the wall clock
-//! lateness = "0s"             # the event clock trails the largest timestamp seen by this much
-//! future_skew = "1d"          # a timestamp further ahead of the clock does not move it...
-//! future_confirm = 100        # ... unless this many such records come in a row
-//! sweep_limit = 50000         # the most entries one batch expires (the rest in the next batches)
-//! [ttl.names]                 # TTLs per state name, over the default
-//! # summary = "1h"
-//!
-//! [dead_letter]
-//! path = "out/dead-letter.jsonl"  # default "dead-letter.jsonl"; or, with a Kafka sink:
-//! # topic = "positions.dead-letters"  # records on this topic (not with path)
-//!
-//! [checkpoint]
-//! enabled = true
-//! store = "s3://bucket/sluice"  # or a directory; absent = "<state dir>.checkpoints"
-//! interval = "10s"
-//! retain = 3                  # checkpoints kept per partition
-//! restore_budget = "1m"       # warn when a restore is predicted to take longer
-//! restore_retry_timeout = "5m" # a partition retries a failing store, broker or fencing this long
-//! # upload_bytes_per_s = 50000000
-//!
-//! [admin]                     # the admin HTTP API (deploy, rollback, versions)
-//! # listen = "127.0.0.1:9464" # absent: no API; port 0 picks a free port (logged)
-//! # token_file = "admin-token" # bearer token deploys need; absent: $SLUICE_ADMIN_TOKEN
-//! # host_names = ["devbox"]   # names a question without the token may give as its Host (IPs, localhost always)
-//! ```
+//! rules between sections are [`Config::validate`]'s. Every setting, its default and what
+//! it does are in one annotated reference, [`REFERENCE`] (`config/reference.toml`, which
+//! `sluice config --reference` prints), which tests hold to the defaults here.
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
@@ -109,6 +24,7 @@ use std::time::Duration;
 mod checkpoint;
 mod duration;
 mod operator;
+mod reference;
 mod report;
 mod sink;
 mod source;
@@ -117,6 +33,7 @@ mod state;
 pub use checkpoint::*;
 pub use duration::*;
 pub use operator::*;
+pub use reference::*;
 pub use report::*;
 pub use sink::*;
 pub use source::*;

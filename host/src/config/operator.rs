@@ -26,7 +26,9 @@ pub struct OperatorConfig {
     /// behalf — so time spent waiting for a core on a loaded host does not count.
     #[serde(default = "default_call_timeout_ms")]
     pub call_timeout_ms: u64,
-    /// Linear-memory cap of one instance, in MiB.
+    /// The most memory one instance may hold, in MiB: its linear memories and its tables
+    /// together. A call's inputs are copied into it, so a batch is split into calls
+    /// whose records take at most an eighth of it.
     #[serde(default = "default_memory_limit_mib")]
     pub memory_limit_mib: u64,
     /// Name/value pairs passed to the operator's `init`.
@@ -164,10 +166,6 @@ impl Default for OperatorLimits {
     }
 }
 
-pub(super) fn default_poll_versions() -> Duration {
-    Duration::from_secs(1)
-}
-
 impl OperatorConfig {
     /// The component at `path` with every other setting at its default.
     pub fn for_path(path: &Path) -> Self {
@@ -229,6 +227,14 @@ impl OperatorConfig {
             .clone()
             .unwrap_or_else(|| self.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default())
     }
+}
+
+// The defaults of `[operator]`'s own settings, for serde (the section has a required
+// `path`, so no `Default`) and `for_path`.
+
+/// `[operator] poll_versions` when unset.
+fn default_poll_versions() -> Duration {
+    Duration::from_secs(1)
 }
 
 /// `[operator] call_timeout_ms` when unset.

@@ -5,56 +5,32 @@ use super::*;
 
 /// `[report]`
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct ReportConfig {
     /// Between running-summary lines; 0 turns them off.
-    #[serde(default = "default_report_interval", alias = "interval_s", deserialize_with = "duration")]
+    #[serde(alias = "interval_s", deserialize_with = "duration")]
     pub interval: Duration,
     /// Warn when the largest partition's state (or slowest partition's batch p99) is
     /// this many times the median partition's.
-    #[serde(default = "default_skew_ratio")]
     pub skew_ratio: f64,
     /// Warn when a partition's newest checkpoint is older than this many checkpoint
     /// intervals.
-    #[serde(default = "default_checkpoint_age_intervals")]
     pub checkpoint_age_intervals: u32,
     /// Warn when this member took part in more rebalances than this in the last hour.
-    #[serde(default = "default_rebalances_per_hour")]
     pub rebalances_per_hour: u32,
     /// Warn when more than this share of the records processed went to the dead
     /// letters (over the last check's window).
-    #[serde(default = "default_dead_letter_ratio")]
     pub dead_letter_ratio: f64,
-}
-
-pub(super) fn default_report_interval() -> Duration {
-    Duration::from_secs(2)
-}
-
-pub(super) fn default_skew_ratio() -> f64 {
-    4.0
-}
-
-pub(super) fn default_checkpoint_age_intervals() -> u32 {
-    3
-}
-
-pub(super) fn default_rebalances_per_hour() -> u32 {
-    12
-}
-
-pub(super) fn default_dead_letter_ratio() -> f64 {
-    0.01
 }
 
 impl Default for ReportConfig {
     fn default() -> Self {
         ReportConfig {
-            interval: default_report_interval(),
-            skew_ratio: default_skew_ratio(),
-            checkpoint_age_intervals: default_checkpoint_age_intervals(),
-            rebalances_per_hour: default_rebalances_per_hour(),
-            dead_letter_ratio: default_dead_letter_ratio(),
+            interval: Duration::from_secs(2),
+            skew_ratio: 4.0,
+            checkpoint_age_intervals: 3,
+            rebalances_per_hour: 12,
+            dead_letter_ratio: 0.01,
         }
     }
 }

@@ -97,11 +97,13 @@ pub enum OutOfRange {
     Earliest,
 }
 
-pub(super) fn default_group() -> String {
+/// `[source] group` of a Kafka source when unset.
+fn default_group() -> String {
     "sluice".into()
 }
 
-pub(super) fn default_vehicles() -> u32 {
+/// `[source] vehicles` of the generator when unset.
+fn default_vehicles() -> u32 {
     1000
 }
 

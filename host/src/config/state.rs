@@ -5,53 +5,43 @@ use super::*;
 
 /// `[state]`
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct StateConfig {
     /// The state directory: one RocksDB database per partition.
-    #[serde(default = "default_state_dir")]
     pub dir: PathBuf,
     /// How many partitions keys are hashed into.
-    #[serde(default = "default_partitions")]
     pub partitions: u32,
     /// The most records per batch handed to a worker (never more than
     /// `commit_every`): between batches a worker writes outputs and looks for stops
     /// and deploys, so a batch's processing time is what a rebalance waits for.
-    #[serde(default = "default_batch_records")]
     pub batch_records: usize,
     /// The most records a partition's worker may have queued, in whole batches (at
     /// least four), before the source holds the partition back: the memory of each
     /// partition's queue. A Kafka source pauses the partition, which costs it the
     /// records librdkafka prefetched, so too small a queue pauses it all the time.
-    #[serde(default = "default_queued_records")]
     pub queued_records: usize,
     /// The most bytes of records (keys, values and headers) a partition's worker may
     /// have queued, MiB, before the source holds the partition back; a batch ends at a
     /// quarter of it. A queue bounded by records alone would hold `queued_records` of
     /// the largest record, whatever its size. One record larger than the bound still
     /// passes, alone.
-    #[serde(default = "default_queued_mib")]
     pub queued_mib: usize,
     /// The longest a partition's processed records wait for their state commit.
-    #[serde(default = "default_commit_interval", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub commit_interval: Duration,
     /// The most records per state commit.
-    #[serde(default = "default_commit_every")]
     pub commit_every: usize,
     /// The most bytes of state written (each entry's last value) before a commit, MiB.
-    #[serde(default = "default_commit_dirty_mib")]
     pub commit_dirty_mib: usize,
     /// Whether each commit first syncs the output and dead-letter files to disk, so that
     /// after a power loss state is never ahead of the lines it emitted (Kafka outputs
     /// are acknowledged before a commit whatever this says).
-    #[serde(default = "default_sync_outputs")]
     pub sync_outputs: bool,
     /// The memory for committed state entries kept per partition (reads of them skip
     /// RocksDB), MiB; 0 keeps none.
-    #[serde(default = "default_cache_mib")]
     pub cache_mib: usize,
     /// The memory RocksDB may use for every partition of the host together — memtables,
     /// and data, index and filter blocks — MiB.
-    #[serde(default = "default_rocksdb_memory_mib")]
     pub rocksdb_memory_mib: usize,
 }
 
@@ -116,64 +106,20 @@ impl StateConfig {
     }
 }
 
-pub(super) fn default_state_dir() -> PathBuf {
-    "sluice-state".into()
-}
-
-pub(super) fn default_partitions() -> u32 {
-    4
-}
-
-pub(super) fn default_batch_records() -> usize {
-    512
-}
-
-pub(super) fn default_queued_records() -> usize {
-    16_384
-}
-
-pub(super) fn default_queued_mib() -> usize {
-    64
-}
-
-pub(super) fn default_commit_interval() -> Duration {
-    Duration::from_secs(1)
-}
-
-pub(super) fn default_commit_every() -> usize {
-    100_000
-}
-
-pub(super) fn default_commit_dirty_mib() -> usize {
-    64
-}
-
-pub(super) fn default_sync_outputs() -> bool {
-    true
-}
-
-pub(super) fn default_cache_mib() -> usize {
-    64
-}
-
-pub(super) fn default_rocksdb_memory_mib() -> usize {
-    256
-}
-
 impl Default for StateConfig {
     fn default() -> Self {
         StateConfig {
-            dir: default_state_dir(),
-            partitions: default_partitions(),
-            batch_records: default_batch_records(),
-            queued_records: default_queued_records(),
-            queued_mib: default_queued_mib(),
-            commit_interval: default_commit_interval(),
-            commit_every: default_commit_every(),
-            sync_outputs: default_sync_outputs(),
-            commit_dirty_mib: default_commit_dirty_mib(),
-            cache_mib: default_cache_mib(),
-            rocksdb_memory_mib: default_rocksdb_memory_mib(),
+            dir: "sluice-state".into(),
+            partitions: 4,
+            batch_records: 512,
+            queued_records: 16_384,
+            queued_mib: 64,
+            commit_interval: Duration::from_secs(1),
+            commit_every: 100_000,
+            commit_dirty_mib: 64,
+            sync_outputs: true,
+            cache_mib: 64,
+            rocksdb_memory_mib: 256,
         }
     }
 }
@@ -186,34 +132,30 @@ pub const MAX_QUEUED_RECORDS: usize = 1 << 24;
 
 /// `[ttl]`: state expiry, in event time.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct TtlConfig {
     /// The TTL of every entry whose name has none in `names`, counted from its last
     /// write; absent: such entries never expire.
-    #[serde(default, deserialize_with = "optional_duration")]
+    #[serde(deserialize_with = "optional_duration")]
     pub default: Option<Duration>,
     /// TTLs by state name.
-    #[serde(default)]
     pub names: BTreeMap<String, Ttl>,
     /// Which clock TTLs count in; recorded with the state.
-    #[serde(default)]
     pub time: TimeDomain,
     /// How far the clock trails the largest timestamp seen.
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub lateness: Duration,
     /// A timestamp further than this ahead of the partition's clock does not move it,
     /// unless `future_confirm` such records come in a row.
-    #[serde(default = "default_future_skew", deserialize_with = "duration")]
+    #[serde(deserialize_with = "duration")]
     pub future_skew: Duration,
     /// Records in a row, each more than `future_skew` ahead of the clock, that move it
     /// (to the nearest of them): a gap in the data is crossed, a lone far-future
     /// timestamp is not. Decided by the records alone, so a replay decides the same.
-    #[serde(default = "default_future_confirm")]
     pub future_confirm: u64,
     /// The most entries one batch expires: every entry due before a record expires
     /// before it, earliest first, and a batch past this (or past a per-batch bound of
     /// `[operator.limits]`) ends there, the rest expiring in the next batches.
-    #[serde(default = "default_sweep_limit")]
     pub sweep_limit: usize,
 }
 
@@ -284,18 +226,6 @@ impl TtlConfig {
     }
 }
 
-pub(super) fn default_future_skew() -> Duration {
-    Duration::from_secs(24 * 3600)
-}
-
-pub(super) fn default_future_confirm() -> u64 {
-    100
-}
-
-pub(super) fn default_sweep_limit() -> usize {
-    50_000
-}
-
 impl Default for TtlConfig {
     fn default() -> Self {
         TtlConfig {
@@ -303,9 +233,9 @@ impl Default for TtlConfig {
             names: BTreeMap::new(),
             time: TimeDomain::Event,
             lateness: Duration::ZERO,
-            future_skew: default_future_skew(),
-            future_confirm: default_future_confirm(),
-            sweep_limit: default_sweep_limit(),
+            future_skew: Duration::from_secs(24 * 3600),
+            future_confirm: 100,
+            sweep_limit: 50_000,
         }
     }
 }
