@@ -1,7 +1,8 @@
-//! The host's Prometheus metrics, served by the [admin API](crate::admin) at
-//! `GET /metrics` in the OpenMetrics text format.
+//! The host's metrics, served by the [admin API](crate::admin): at `GET /metrics` in the
+//! OpenMetrics text format, for Prometheus, and at `GET /partitions` as typed JSON
+//! ([`partitions`]), for `sluice status` and the status page.
 //!
-//! Nothing is counted here: [`Metrics`] reads, at each scrape, the counters the
+//! Nothing is counted here: [`Metrics`] reads, at each request, the counters the
 //! workers, checkpointers and the source already keep ([`PartitionStats`] of each
 //! running partition, the [`HostStats`] of rebalances and restores), so a scrape costs
 //! the job nothing between scrapes and can never disagree with the running summary or
@@ -11,6 +12,7 @@
 //! docs/observability.md lists them all.
 
 pub mod families;
+pub mod partitions;
 
 use crate::lock;
 use crate::stats::{Histogram, HistogramCounts, HostStats, LiveStats, PartitionStats, Skew, now_ms};
@@ -29,9 +31,9 @@ use std::time::Duration;
 /// The content type of [`Metrics::encode`]'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// The collector behind `GET /metrics`: the counters of the running partitions and of
-/// the host.
-#[derive(Debug)]
+/// What `GET /metrics` and `GET /partitions` read: the counters of the running
+/// partitions and of the host.
+#[derive(Debug, Clone)]
 pub struct Metrics {
     live: LiveStats,
     host: Arc<HostStats>,
