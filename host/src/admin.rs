@@ -1,7 +1,7 @@
 //! The admin HTTP API of a running host, and the client `sluice` uses to call it.
 //!
 //! ```text
-//! GET  /                            the status page (HTML; it reads /metrics and /events)
+//! GET  /                            the status page (HTML; it reads /partitions and /events)
 //! GET  /metrics                     the host's metrics, Prometheus text (see [metrics](crate::metrics))
 //! GET  /partitions                  each running partition's status and the host's (JSON, see
 //!                                   [partitions](crate::metrics::partitions))
