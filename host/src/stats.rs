@@ -425,7 +425,7 @@ pub enum HostEventKind {
     },
     /// A warning was logged (see [`warnings`](crate::warnings)).
     Warning {
-        /// Its kind, as the `sluice_warning` metric labels it.
+        /// Its kind, as the [`WARNING`](crate::metrics::families::WARNING) metric labels it.
         warning: &'static str,
         /// What the log says: the numbers and the setting that tunes it.
         text: String,
