@@ -419,6 +419,7 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
 /// partition's version label.
 #[test]
 fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
+    use sluice::metrics::families::*;
     let broker = KafkaBroker::start_in_memory()?;
     broker.create_topic("positions", 4)?;
     let dir = tempfile::tempdir()?;
@@ -441,39 +442,39 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     let started = Instant::now();
     let mut metrics = scrape()?;
     let caught_up = |metrics: &str| {
-        samples(metrics, "sluice_consumer_lag_records").len() == 4 && sum(metrics, "sluice_consumer_lag_records") == 0.0
+        samples(metrics, &CONSUMER_LAG.sample()).len() == 4 && sum(metrics, &CONSUMER_LAG.sample()) == 0.0
     };
     while !caught_up(&metrics) && started.elapsed() < minute {
         std::thread::sleep(Duration::from_millis(200));
         metrics = scrape()?;
     }
-    assert_eq!(sum(&metrics, "sluice_records_processed_total"), count as f64, "{metrics}");
-    assert_eq!(sum(&metrics, "sluice_outputs_total"), count as f64, "an output per record: {metrics}");
-    assert_eq!(sum(&metrics, "sluice_state_entries"), vehicles as f64, "{metrics}");
-    assert!(sum(&metrics, "sluice_state_bytes") > 0.0, "{metrics}");
+    assert_eq!(sum(&metrics, &RECORDS_PROCESSED.sample()), count as f64, "{metrics}");
+    assert_eq!(sum(&metrics, &OUTPUTS.sample()), count as f64, "an output per record: {metrics}");
+    assert_eq!(sum(&metrics, &STATE_ENTRIES.sample()), vehicles as f64, "{metrics}");
+    assert!(sum(&metrics, &STATE_BYTES.sample()) > 0.0, "{metrics}");
     // Each vehicle's first read found nothing cached and went to RocksDB.
-    assert!(sum(&metrics, "sluice_state_cache_misses_total") >= vehicles as f64, "{metrics}");
-    assert_eq!(samples(&metrics, "sluice_consumer_lag_records").len(), 4, "{metrics}");
-    assert_eq!(sum(&metrics, "sluice_consumer_lag_records"), 0.0, "{metrics}");
-    assert_eq!(sum(&metrics, "sluice_partitions_assigned_total"), 4.0, "{metrics}");
-    assert_eq!(sum(&metrics, "sluice_partitions_running"), 4.0, "{metrics}");
-    assert_eq!(sum(&metrics, "sluice_max_poll_interval_seconds"), 300.0, "{metrics}");
-    assert!(sum(&metrics, "sluice_restore_duration_seconds_count") >= 1.0, "{metrics}");
-    let rebalances = sum(&metrics, "sluice_rebalance_duration_seconds_count");
+    assert!(sum(&metrics, &STATE_CACHE_MISSES.sample()) >= vehicles as f64, "{metrics}");
+    assert_eq!(samples(&metrics, &CONSUMER_LAG.sample()).len(), 4, "{metrics}");
+    assert_eq!(sum(&metrics, &CONSUMER_LAG.sample()), 0.0, "{metrics}");
+    assert_eq!(sum(&metrics, &PARTITIONS_ASSIGNED.sample()), 4.0, "{metrics}");
+    assert_eq!(sum(&metrics, &PARTITIONS_RUNNING.sample()), 4.0, "{metrics}");
+    assert_eq!(sum(&metrics, &MAX_POLL_INTERVAL.sample()), 300.0, "{metrics}");
+    assert!(sum(&metrics, &RESTORE_DURATION.count()) >= 1.0, "{metrics}");
+    let rebalances = sum(&metrics, &REBALANCE_DURATION.count());
     assert!(rebalances >= 1.0, "{metrics}");
-    assert!(sum(&metrics, "sluice_batch_duration_seconds_count") >= 4.0, "{metrics}");
+    assert!(sum(&metrics, &BATCH_DURATION.count()) >= 4.0, "{metrics}");
     assert_eq!(
-        sum(&metrics, "sluice_checkpoint_duration_seconds_count"),
-        sum(&metrics, "sluice_checkpoints_total"),
+        sum(&metrics, &CHECKPOINT_DURATION.count()),
+        sum(&metrics, &CHECKPOINTS.sample()),
         "a duration per checkpoint: {metrics}"
     );
 
     let mut b = host("b")?;
     b.wait_for(RESUMED, 1, minute)?;
     let metrics = scrape()?;
-    assert!(sum(&metrics, "sluice_rebalance_duration_seconds_count") > rebalances, "{metrics}");
-    assert!(sum(&metrics, "sluice_partitions_revoked_total") >= 1.0, "{metrics}");
-    assert!(sum(&metrics, "sluice_partitions_running") < 4.0, "{metrics}");
+    assert!(sum(&metrics, &REBALANCE_DURATION.count()) > rebalances, "{metrics}");
+    assert!(sum(&metrics, &PARTITIONS_REVOKED.sample()) >= 1.0, "{metrics}");
+    assert!(sum(&metrics, &PARTITIONS_RUNNING.sample()) < 4.0, "{metrics}");
     a.wait_for(REBALANCING_OFTEN, 1, minute)?;
     assert!(a.log().contains("rebalances_per_hour = 1"), "{}", a.log());
     let status = run_ok(sluice().arg("status").args(["--admin", &admin, "--admin", &b.admin_url()?]))?;
@@ -483,7 +484,7 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     assert!(status.contains(&format!("{admin}: ")) && status.contains(REBALANCING_OFTEN), "{status}");
 
     let versions = |metrics: &str| -> BTreeSet<String> {
-        samples(metrics, "sluice_partition_operator_info")
+        samples(metrics, &PARTITION_OPERATOR_INFO.sample())
             .into_iter()
             .map(|(labels, _)| labels["version"].clone())
             .collect()

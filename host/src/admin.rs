@@ -1,8 +1,10 @@
 //! The admin HTTP API of a running host, and the client `sluice` uses to call it.
 //!
 //! ```text
-//! GET  /                            the status page (HTML; it reads the two below)
+//! GET  /                            the status page (HTML; it reads /partitions and /events)
 //! GET  /metrics                     the host's metrics, Prometheus text (see [metrics](crate::metrics))
+//! GET  /partitions                  each running partition's status and the host's (JSON, see
+//!                                   [partitions](crate::metrics::partitions))
 //! GET  /events                      the host's latest rebalances, restores, switches, warnings (JSON)
 //! GET  /operators/<name>/versions   the history of deployed versions (JSON)
 //! POST /operators/<name>/versions   deploy the component in the body (application/wasm)
@@ -44,7 +46,7 @@
 
 use crate::config::AdminConfig;
 use crate::lock;
-use crate::metrics::{self, CONTENT_TYPE};
+use crate::metrics::{self, CONTENT_TYPE, Metrics};
 use crate::operator::deploy::{self, DeployReport, Deployer};
 use crate::operator::registry::{DeployError, Deployment, MAX_COMPONENT_BYTES};
 use crate::stats::{HostEvent, HostStats, now_ms};
@@ -375,7 +377,7 @@ pub fn serve(
     listen: &str,
     config: &AdminConfig,
     deployer: Arc<Deployer>,
-    metrics: Arc<Registry>,
+    metrics: Metrics,
     host: Arc<HostStats>,
     runtime: &Runtime,
 ) -> Result<SocketAddr> {
@@ -395,7 +397,8 @@ pub fn serve(
     let address = listener.local_addr()?;
     tracing::info!("{LISTENING}http://{address}");
     let access = Access { token, loopback, host_names: config.host_names.clone() };
-    let served = Arc::new(Served { deployer, metrics, host, access, refusals: Refusals::new() });
+    let registry = metrics.clone().registry();
+    let served = Arc::new(Served { deployer, registry, metrics, host, access, refusals: Refusals::new() });
     let rolled = served.clone();
     runtime.spawn(async move {
         let mut tick = tokio::time::interval(REFUSAL_LOG_WINDOW / 2);
@@ -442,7 +445,10 @@ pub fn serve(
 /// What the API serves, and to whom.
 struct Served {
     deployer: Arc<Deployer>,
-    metrics: Arc<Registry>,
+    /// What `/metrics` encodes.
+    registry: Registry,
+    /// What `/partitions` reads.
+    metrics: Metrics,
     host: Arc<HostStats>,
     access: Access,
     refusals: Refusals,
@@ -525,6 +531,8 @@ async fn read_body(body: Incoming) -> std::result::Result<Bytes, (StatusCode, St
 
 /// Where the metrics are served.
 pub const METRICS_PATH: &str = "/metrics";
+/// Where the partitions' status is served.
+pub const PARTITIONS_PATH: &str = "/partitions";
 /// Where the status page is served.
 pub const STATUS_PAGE_PATH: &str = "/";
 /// Where the host's events are served.
@@ -536,7 +544,8 @@ const STATUS_PAGE: &str = include_str!("admin/status.html");
 fn route(served: &Served, method: &Method, path: &str, body: &[u8]) -> (StatusCode, String) {
     let read_only: Option<fn(&Served) -> String> = match path {
         STATUS_PAGE_PATH => Some(|_| STATUS_PAGE.to_string()),
-        METRICS_PATH => Some(|served| metrics::encode(&served.metrics)),
+        METRICS_PATH => Some(|served| metrics::encode(&served.registry)),
+        PARTITIONS_PATH => Some(|served| json(&served.metrics.partitions())),
         EVENTS_PATH => Some(|served| json(&EventsAnswer { now_ms: now_ms(), events: served.host.events() })),
         _ => None,
     };

@@ -229,7 +229,6 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let deployer = Arc::new(Deployer::new(registry, sandbox, active, live.clone(), runtime.handle().clone()));
     if let Some(listen) = &config.admin.listen {
         let metrics = Metrics::new(live.clone(), host_stats.clone(), max_poll_interval, checkpoints_on);
-        let metrics = Arc::new(metrics.registry());
         admin::serve(listen, &config.admin, deployer.clone(), metrics, host_stats.clone(), &runtime)?;
     }
     let checkpoint_interval = checkpoints_on.then_some(config.checkpoint.interval);

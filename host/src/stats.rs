@@ -12,7 +12,7 @@
 
 use crate::lock;
 use crate::record::DeadLetterKind;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -113,11 +113,11 @@ impl PartitionStats {
             checkpoints: AtomicU64::new(0),
             checkpoint_offset: AtomicU64::new(0),
             uploaded_bytes: AtomicU64::new(0),
-            checkpoint_seconds: Histogram::new(duration_buckets()),
+            checkpoint_seconds: Histogram::of_durations(),
             checkpoint_failures: AtomicU64::new(0),
             batch_p99_us: AtomicU64::new(0),
             batch_max_us: AtomicU64::new(0),
-            batch_seconds: Histogram::new(duration_buckets()),
+            batch_seconds: Histogram::of_durations(),
             checkpoint_at_ms: AtomicU64::new(now_ms()),
             lag: AtomicI64::new(-1),
             switches: AtomicU64::new(0),
@@ -293,9 +293,47 @@ impl Skew {
     }
 }
 
-/// Histogram buckets for durations from 100 µs to about 52 s, doubling.
-fn duration_buckets() -> impl Iterator<Item = f64> {
-    exponential_buckets(0.0001, 2.0, 20)
+/// Values counted into buckets, as Prometheus' histograms count them (the
+/// [metrics](crate::metrics) encode it as one), readable as counts for the status the
+/// admin API serves.
+#[derive(Debug)]
+pub struct Histogram(Mutex<HistogramCounts>);
+
+/// What a [`Histogram`] counted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistogramCounts {
+    /// The sum of the values.
+    pub sum: f64,
+    /// How many values there were.
+    pub count: u64,
+    /// Each bucket's upper bound (the last one's `f64::MAX`, which Prometheus writes as
+    /// `+Inf`) and how many values fell in it and in no bucket before (not cumulative).
+    pub buckets: Vec<(f64, u64)>,
+}
+
+impl Histogram {
+    /// A histogram for durations, s: buckets from 100 µs to about 52 s, doubling, and
+    /// one for the rest.
+    pub fn of_durations() -> Self {
+        let buckets = exponential_buckets(0.0001, 2.0, 20).chain([f64::MAX]).map(|bound| (bound, 0)).collect();
+        Histogram(Mutex::new(HistogramCounts { sum: 0.0, count: 0, buckets }))
+    }
+
+    /// Counts `value` into the first bucket whose bound it does not pass (none if it is
+    /// NaN or +∞, as Prometheus' own histogram counts).
+    pub fn observe(&self, value: f64) {
+        let mut counts = lock(&self.0);
+        counts.sum += value;
+        counts.count += 1;
+        if let Some((_, n)) = counts.buckets.iter_mut().find(|(bound, _)| *bound >= value) {
+            *n += 1;
+        }
+    }
+
+    /// What it counted so far.
+    pub fn counts(&self) -> HistogramCounts {
+        lock(&self.0).clone()
+    }
 }
 
 /// What a rebalance did to this member's partitions.
@@ -387,7 +425,7 @@ pub enum HostEventKind {
     },
     /// A warning was logged (see [`warnings`](crate::warnings)).
     Warning {
-        /// Its kind, as the `sluice_warning` metric labels it.
+        /// Its kind, as the [`WARNING`](crate::metrics::families::WARNING) metric labels it.
         warning: &'static str,
         /// What the log says: the numbers and the setting that tunes it.
         text: String,
@@ -398,11 +436,11 @@ impl Default for HostStats {
     fn default() -> Self {
         HostStats {
             rebalances: AtomicU64::new(0),
-            rebalance_seconds: Histogram::new(duration_buckets()),
+            rebalance_seconds: Histogram::of_durations(),
             assigned: AtomicU64::new(0),
             revoked: AtomicU64::new(0),
             lost: AtomicU64::new(0),
-            restore_seconds: Histogram::new(duration_buckets()),
+            restore_seconds: Histogram::of_durations(),
             restored_bytes: AtomicU64::new(0),
             restore_predicted_us: AtomicU64::new(0),
             restore_actual_us: AtomicU64::new(0),

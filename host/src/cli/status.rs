@@ -1,73 +1,42 @@
 //! `sluice status`: a job's partitions as one table, of its running hosts or, when no
 //! host runs, of a state directory and its checkpoint store.
 //!
-//! Of running hosts it reads each one's `/metrics` and picks each partition's columns
-//! and each host's footer out of them; one host that does not answer is a footer line
-//! and, at the end, an error, but does not hide the others. Of a state directory it
+//! Of running hosts it reads each one's `GET /partitions` (typed JSON) for the
+//! partitions' rows and the host's footer; one host that does not answer is a footer
+//! line and, at the end, an error, but does not hide the others. Of a state directory it
 //! opens each partition read-only. This module owns the table; it does not own the
-//! metrics (`sluice::metrics`), the admin API, the state or the store.
+//! answer (`sluice::metrics::partitions`), the admin API, the state or the store.
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use hyper::Method;
 use sluice::admin;
 use sluice::checkpoint::{CheckpointStore, bytes};
-use sluice::metrics;
+use sluice::metrics::partitions::{HostStatus, PartitionStatus, PartitionsAnswer};
 use sluice::state::StateDir;
 use sluice::stats;
 use std::path::Path;
 
 /// `sluice status`
 pub fn status(hosts: &[String]) -> Result<()> {
-    println!(
-        "{:>9}  {:<24}  {:>10}  {:>8}  {:>9}  {:>10}  {:>10}  {:>14}  version",
-        "partition", "host", "offset", "lag", "entries", "bytes", "batch-p99", "checkpoint-age"
-    );
+    println!("{}", header());
     let (mut footers, mut unreachable) = (Vec::new(), 0);
     for host in hosts {
-        let scraped = admin::call(host, Method::GET, admin::METRICS_PATH, Vec::new());
-        let samples = match scraped {
-            Ok(text) => metrics::parse(&text),
+        let answer = admin::call(host, Method::GET, admin::PARTITIONS_PATH, Vec::new()).and_then(|text| {
+            serde_json::from_str::<PartitionsAnswer>(&text).context("reading the answer to GET /partitions")
+        });
+        match answer {
+            Ok(answer) => {
+                for partition in &answer.partitions {
+                    println!("{}", row(host, partition));
+                }
+                footers.push(footer(host, &answer.host));
+            }
             // One host down must not hide the others.
             Err(e) => {
                 footers.push(format!("{host}: unreachable: {e:#}"));
                 unreachable += 1;
-                continue;
             }
-        };
-        let value = |name: &str, partition: Option<&str>| {
-            let found =
-                samples.iter().find(|s| s.name == name && partition.is_none_or(|p| s.label("partition") == Some(p)));
-            found.map(|s| s.value)
-        };
-        let partitions: Vec<&str> = samples
-            .iter()
-            .filter(|s| s.name == "sluice_committed_offset")
-            .filter_map(|s| s.label("partition"))
-            .collect();
-        for p in partitions {
-            let shown = |name: &str| value(name, Some(p)).map_or("-".to_string(), |v| format!("{v}"));
-            let version =
-                samples.iter().find(|s| s.name == "sluice_partition_operator_info" && s.label("partition") == Some(p));
-            println!(
-                "{p:>9}  {host:<24}  {:>10}  {:>8}  {:>9}  {:>10}  {:>10}  {:>14}  {}",
-                shown("sluice_committed_offset"),
-                shown("sluice_consumer_lag_records"),
-                shown("sluice_state_entries"),
-                value("sluice_state_bytes", Some(p)).map_or("-".to_string(), |b| bytes(b as u64)),
-                batch_p99(&samples, p).map_or("-".to_string(), |s| format!("≤{:.1}ms", s * 1e3)),
-                value("sluice_checkpoint_age_seconds", Some(p)).map_or("-".to_string(), |s| format!("{s:.0}s")),
-                version.and_then(|s| s.label("version")).unwrap_or("-")
-            );
         }
-        let warnings: Vec<&str> =
-            samples.iter().filter(|s| s.name == "sluice_warning").filter_map(|s| s.label("kind")).collect();
-        footers.push(format!(
-            "{host}: {} rebalances; latest restore {:.2}s (predicted {:.2}s); warnings: {}",
-            value("sluice_rebalances_total", None).unwrap_or(0.0),
-            value("sluice_restore_last_seconds", None).unwrap_or(0.0),
-            value("sluice_restore_predicted_seconds", None).unwrap_or(0.0),
-            if warnings.is_empty() { "none".to_string() } else { warnings.join(", ") }
-        ));
     }
     for footer in footers {
         println!("{footer}");
@@ -76,6 +45,35 @@ pub fn status(hosts: &[String]) -> Result<()> {
         bail!("{unreachable} of {} hosts did not answer", hosts.len());
     }
     Ok(())
+}
+
+/// The table's header.
+fn header() -> String {
+    format!(
+        "{:>9}  {:<24}  {:>10}  {:>8}  {:>9}  {:>10}  {:>10}  {:>14}  version",
+        "partition", "host", "offset", "lag", "entries", "bytes", "batch-p99", "checkpoint-age"
+    )
+}
+
+/// The table's row of `partition`, running on `host`.
+fn row(host: &str, partition: &PartitionStatus) -> String {
+    let PartitionStatus { partition: p, version, committed_offset, lag, entries, state_bytes, .. } = partition;
+    format!(
+        "{p:>9}  {host:<24}  {committed_offset:>10}  {:>8}  {entries:>9}  {:>10}  {:>10}  {:>14}  {version}",
+        lag.map_or("-".to_string(), |lag| lag.to_string()),
+        bytes(*state_bytes),
+        partition.batch_p99_s.map_or("-".to_string(), |p99| format!("≤{:.1}ms", p99.0 * 1e3)),
+        partition.checkpoint_age_s.map_or("-".to_string(), |age| format!("{age:.0}s")),
+    )
+}
+
+/// The line under the table about `host`: its rebalances, latest restore and warnings.
+fn footer(host: &str, status: &HostStatus) -> String {
+    let warnings = if status.warnings.is_empty() { "none".to_string() } else { status.warnings.join(", ") };
+    format!(
+        "{host}: {} rebalances; latest restore {:.2}s (predicted {:.2}s); warnings: {warnings}",
+        status.rebalances, status.restore_last_s, status.restore_predicted_s
+    )
 }
 
 /// `sluice status --state-dir`: each partition's offset and entries as its state holds
@@ -111,14 +109,47 @@ pub fn stored_status(state_dir: &Path, store: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-/// The upper bound of the histogram bucket that holds the 99th percentile of
-/// `partition`'s batch times, in seconds.
-fn batch_p99(samples: &[metrics::Sample], partition: &str) -> Option<f64> {
-    let buckets: Vec<(f64, f64)> = samples
-        .iter()
-        .filter(|s| s.name == "sluice_batch_duration_seconds_bucket" && s.label("partition") == Some(partition))
-        .filter_map(|s| Some((s.label("le")?.parse().ok()?, s.value)))
-        .collect();
-    let count = buckets.iter().map(|&(_, n)| n).fold(0.0, f64::max);
-    (count > 0.0).then(|| buckets.iter().find(|&&(_, n)| n >= count * 0.99).map(|&(le, _)| le)).flatten()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host's answer to `GET /partitions` prints as a row per partition under the
+    /// header, `-` where the host does not know a figure, and a footer line.
+    #[test]
+    fn a_hosts_answer_prints_as_rows_and_a_footer() {
+        let answer: PartitionsAnswer = serde_json::from_str(
+            r#"{
+                "partitions": [
+                    {"partition": 0, "version": "vehicle_stats@bb63", "committed_offset": 8335, "lag": 0,
+                     "entries": 523, "state_bytes": 1048576, "cache_hits": 9, "cache_misses": 3, "processed": 8335,
+                     "dead_letters": 0, "batch_p99_s": 0.0001, "checkpoint_age_s": 5.2},
+                    {"partition": 7, "version": "vehicle_stats@bb63", "committed_offset": 12, "entries": 2,
+                     "state_bytes": 512, "cache_hits": 0, "cache_misses": 0, "processed": 12, "dead_letters": 1,
+                     "batch_p99_s": "+Inf"},
+                    {"partition": 12, "version": "v", "committed_offset": 0, "entries": 0, "state_bytes": 0,
+                     "cache_hits": 0, "cache_misses": 0, "processed": 0, "dead_letters": 0}
+                ],
+                "host": {"rebalances": 2, "restores": 1, "restore_last_s": 0.031, "restore_predicted_s": 0.002,
+                         "warnings": [], "batch_seconds": []}
+            }"#,
+        )
+        .expect("an answer of GET /partitions");
+        let host = "http://127.0.0.1:9464";
+        let rows: Vec<String> = answer.partitions.iter().map(|p| row(host, p)).collect();
+        assert_eq!(
+            [header(), rows[0].clone(), rows[1].clone(), rows[2].clone(), footer(host, &answer.host)],
+            [
+                "partition  host                          offset       lag    entries       bytes   batch-p99  \
+                 checkpoint-age  version",
+                "        0  http://127.0.0.1:9464           8335         0        523     1.0 MiB      ≤0.1ms              5s  \
+                 vehicle_stats@bb63",
+                "        7  http://127.0.0.1:9464             12         -          2       512 B      ≤infms               -  \
+                 vehicle_stats@bb63",
+                "       12  http://127.0.0.1:9464              0         -          0         0 B           -               -  v",
+                "http://127.0.0.1:9464: 2 rebalances; latest restore 0.03s (predicted 0.00s); warnings: none",
+            ]
+        );
+        let warned = HostStatus { warnings: vec!["state skew".into(), "frequent rebalances".into()], ..answer.host };
+        assert!(footer(host, &warned).ends_with("; warnings: state skew, frequent rebalances"));
+    }
 }
