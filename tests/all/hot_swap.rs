@@ -688,14 +688,10 @@ fn with_crc64_of(component: &[u8], target: &[u8]) -> Vec<u8> {
 
 #[test]
 fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("positions", 4)?;
-    broker.create_topic("summaries", 2)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 4).topic("summaries", 2).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, total) = (200, 12_000usize);
-    let all = dir.join("all.jsonl");
-    generate(&all, vehicles, total as u64, KAFKA_SEED)?;
+    let all = kafka.generate("all.jsonl", vehicles, total as u64)?;
     let chunks = split_lines(&all, 3)?;
     // The registry is the job's checkpoint store, which `sluice deploy --config` finds
     // in the same config file the hosts run.
@@ -711,7 +707,7 @@ fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result
         ),
     )?;
     let output = format!("kafka://{}/summaries", broker.bootstrap);
-    let host = |name: &str| spawn_host(dir, name, 4, &config, None, &["--output", &output]);
+    let host = |name: &str| kafka.host(name, 4, &config, None, &["--output", &output]);
     let minute = Duration::from_secs(60);
     let mut a = host("a")?;
     a.wait_for(RESUMED, 4, minute)?;

@@ -70,14 +70,13 @@ fn the_transactional_test_broker_hides_aborted_records_and_fences_zombies() -> R
 #[test]
 fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() -> Result<()> {
     use std::os::unix::process::ExitStatusExt;
-    let broker = KafkaBroker::start_transactional()?;
-    let dir = tempfile::tempdir()?;
+    let kafka = KafkaJob::on(KafkaBroker::start_transactional()?).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (100, 3_000);
-    let input = dir.path().join("input.jsonl");
-    generate(&input, vehicles, count, KAFKA_SEED)?;
+    let input = kafka.generate("input.jsonl", vehicles, count)?;
     let reference = Reference::fold(&input)?;
     for point in [BEFORE_SEND, AFTER_SEND, OUTPUTS_COMMITTED, STATE_COMMITTED] {
-        let home = dir.path().join(point);
+        let home = dir.join(point);
         let (positions, summaries) = (format!("positions-{point}"), format!("summaries-{point}"));
         broker.create_topic(&positions, 2)?;
         broker.create_topic(&summaries, 2)?;
@@ -86,7 +85,7 @@ fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() ->
         // without leaving, so a new member would wait for it forever; the same
         // `instance_id` replaces it at once (as on real Kafka).
         let settings = "stop_when_idle = \"2s\"\ninstance_id = \"eos-host\"";
-        let job = exactly_once_job(&home, &broker, &format!("eos-{positions}"), &positions, &summaries, settings)?;
+        let job = exactly_once_job(&home, broker, &format!("eos-{positions}"), &positions, &summaries, settings)?;
         // The third pass: records and commits came before it, more come after.
         let killed = job().env("SLUICE_KILL_AT", format!("{point}:3")).output()?;
         let log = String::from_utf8_lossy(&killed.stderr);
@@ -115,14 +114,11 @@ fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() ->
 #[test]
 fn a_silent_replay_runs_the_version_whose_outputs_it_does_not_send_again() -> Result<()> {
     use sluice::worker::REPLAYED_WITH;
-    let broker = KafkaBroker::start_transactional()?;
-    broker.create_topic("positions", 2)?;
-    broker.create_topic("summaries", 2)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
+    let kafka =
+        KafkaJob::on(KafkaBroker::start_transactional()?).topic("positions", 2).topic("summaries", 2).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (100, 3_000);
-    let input = dir.join("input.jsonl");
-    generate(&input, vehicles, count, KAFKA_SEED)?;
+    let input = kafka.generate("input.jsonl", vehicles, count)?;
     broker.produce_lines("positions", &input)?;
     // Under the name of the job's operator, which the file's stem gives.
     let v1_file = dir.join("vehicle_stats.wasm");
@@ -207,21 +203,18 @@ fn a_silent_replay_runs_the_version_whose_outputs_it_does_not_send_again() -> Re
 #[test]
 fn a_fenced_partition_stops_alone_and_takes_its_transactions_back() -> Result<()> {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let broker = KafkaBroker::start_transactional()?;
-    broker.create_topic("positions", 2)?;
-    broker.create_topic("summaries", 2)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
+    let kafka =
+        KafkaJob::on(KafkaBroker::start_transactional()?).topic("positions", 2).topic("summaries", 2).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count, last) = (50, 1_010, 10);
-    let all = dir.join("all.jsonl");
-    generate(&all, vehicles, count, KAFKA_SEED)?;
+    let all = kafka.generate("all.jsonl", vehicles, count)?;
     let text = std::fs::read_to_string(&all)?;
     let lines: Vec<&str> = text.lines().collect();
     let (first, rest) = (dir.join("first.jsonl"), dir.join("rest.jsonl"));
     std::fs::write(&first, lines[..(count - last) as usize].join("\n") + "\n")?;
     std::fs::write(&rest, lines[(count - last) as usize..].join("\n") + "\n")?;
     broker.produce_lines("positions", &first)?;
-    let job = exactly_once_job(dir, &broker, "eos-positions", "positions", "summaries", "")?;
+    let job = exactly_once_job(dir, broker, "eos-positions", "positions", "summaries", "")?;
     let mut host = Host::spawn("host", &mut job(), &dir.join("log"))?;
     broker.wait_committed("eos-positions", "positions", (count - last) as i64, Duration::from_secs(60))?;
 
@@ -256,11 +249,9 @@ fn a_fenced_partition_stops_alone_and_takes_its_transactions_back() -> Result<()
 /// open, reads all of partition 1's outputs at once, and none of partition 0's.
 #[test]
 fn a_partition_that_stops_alone_aborts_its_open_transaction() -> Result<()> {
-    let broker = KafkaBroker::start_transactional()?;
-    broker.create_topic("positions", 2)?;
-    broker.create_topic("summaries", 1)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
+    let kafka =
+        KafkaJob::on(KafkaBroker::start_transactional()?).topic("positions", 2).topic("summaries", 1).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let (stopping, going) = (key_in_partition(0, 2), key_in_partition(1, 2));
     let record =
         |key: &str, action: &str| Ok((key.to_string(), json!({"vehicle_id": key, "action": action}).to_string()));
@@ -303,19 +294,18 @@ fn a_partition_that_stops_alone_aborts_its_open_transaction() -> Result<()> {
 /// one output.
 #[test]
 fn exactly_once_jobs_whose_group_and_topic_names_run_together_keep_their_own_transactions() -> Result<()> {
-    let broker = KafkaBroker::start_transactional()?;
-    let dir = tempfile::tempdir()?;
+    let kafka = KafkaJob::on(KafkaBroker::start_transactional()?).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (50, 2_000);
-    let input = dir.path().join("input.jsonl");
-    generate(&input, vehicles, count, KAFKA_SEED)?;
+    let input = kafka.generate("input.jsonl", vehicles, count)?;
     let jobs = [("eos-t", "u-v", "out-a"), ("eos-t-u", "v", "out-b")];
     assert_eq!(legacy_transactional_id("eos-t", "u-v", 0), legacy_transactional_id("eos-t-u", "v", 0));
     let mut hosts = Vec::new();
     for (group, positions, summaries) in jobs {
         broker.create_topic(positions, 2)?;
         broker.create_topic(summaries, 2)?;
-        let home = dir.path().join(group);
-        let job = exactly_once_job(&home, &broker, group, positions, summaries, "")?;
+        let home = dir.join(group);
+        let job = exactly_once_job(&home, broker, group, positions, summaries, "")?;
         hosts.push(Host::spawn(group, &mut job(), &home.join("log"))?);
     }
     for host in &mut hosts {
@@ -344,14 +334,11 @@ fn exactly_once_jobs_whose_group_and_topic_names_run_together_keep_their_own_tra
 #[test]
 fn an_older_sluice_still_running_a_partition_is_fenced_when_this_version_takes_it() -> Result<()> {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let broker = KafkaBroker::start_transactional()?;
-    broker.create_topic("positions", 2)?;
-    broker.create_topic("summaries", 2)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
+    let kafka =
+        KafkaJob::on(KafkaBroker::start_transactional()?).topic("positions", 2).topic("summaries", 2).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (50, 1_000);
-    let input = dir.join("input.jsonl");
-    generate(&input, vehicles, count, KAFKA_SEED)?;
+    let input = kafka.generate("input.jsonl", vehicles, count)?;
     broker.produce_lines("positions", &input)?;
     let timeout = Duration::from_secs(30);
     let mut older = Vec::new();
@@ -365,7 +352,7 @@ fn an_older_sluice_still_running_a_partition_is_fenced_when_this_version_takes_i
         producer.flush(timeout)?;
         older.push(producer);
     }
-    let job = exactly_once_job(dir, &broker, "eos-positions", "positions", "summaries", "stop_when_idle = \"2s\"")?;
+    let job = exactly_once_job(dir, broker, "eos-positions", "positions", "summaries", "stop_when_idle = \"2s\"")?;
     run_ok(&mut job())?;
     for producer in &older {
         assert!(producer.commit_transaction(timeout).is_err(), "the older host's transaction committed");
@@ -382,14 +369,14 @@ fn an_older_sluice_still_running_a_partition_is_fenced_when_this_version_takes_i
 /// transaction holds their outputs and dead letters).
 #[test]
 fn exactly_once_dead_letters_are_in_the_transactions() -> Result<()> {
-    let broker = KafkaBroker::start_transactional()?;
-    for topic in ["positions", "summaries", "dead"] {
-        broker.create_topic(topic, 1)?;
-    }
+    let kafka = KafkaJob::on(KafkaBroker::start_transactional()?)
+        .topic("positions", 1)
+        .topic("summaries", 1)
+        .topic("dead", 1)
+        .start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let record = |action: &str| Ok(("k", json!({"vehicle_id": "k", "action": action}).to_string()));
     broker.produce("positions", ["count", "put-then-fail", "count"].map(record))?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
     let config = dir.join("job.toml");
     let brokers = &broker.bootstrap;
     std::fs::write(

@@ -13,22 +13,18 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Result<()> {
-    let broker = KafkaBroker::start_in_memory()?;
-    broker.create_topic("positions", 6)?;
-    broker.create_topic("summaries", 3)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
+    let kafka = KafkaJob::on(KafkaBroker::start_in_memory()?).topic("positions", 6).topic("summaries", 3).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, total) = (300, 48_000usize);
-    let all = dir.join("all.jsonl");
-    generate(&all, vehicles, total as u64, KAFKA_SEED)?;
+    let all = kafka.generate("all.jsonl", vehicles, total as u64)?;
     let chunks = split_lines(&all, 4)?;
     let store = dir.join("store");
     let properties = "[source.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n";
-    let config = positions_source(dir, &broker.bootstrap, &format!("group = \"fleet\"\n{properties}"))?;
+    let config = kafka.source(&format!("group = \"fleet\"\n{properties}"))?;
     let output = format!("kafka://{}/summaries", broker.bootstrap);
     let host = |name: &str| -> Result<Host> {
         let flags = ["--checkpoint-interval", "1", "--report-interval", "1", "--output", &output];
-        spawn_host(dir, name, 6, &config, Some(&store), &flags)
+        kafka.host(name, 6, &config, Some(&store), &flags)
     };
     let minute = Duration::from_secs(60);
 
@@ -99,7 +95,7 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
     let check = dir.join("check");
     // A group of its own: the old one may still be settling after its members left, and
     // where a partition starts comes from the store, not from a group's offsets.
-    let config = positions_source(dir, &broker.bootstrap, "group = \"fleet-check\"\nstop_when_idle_s = 2\n")?;
+    let config = kafka.source("group = \"fleet-check\"\nstop_when_idle_s = 2\n")?;
     let run = run_ok(
         run_job(&operator_wasm("vehicle_stats"), &check, 6)
             .arg("--config")
@@ -117,10 +113,8 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
 
 #[test]
 fn a_slow_operator_is_warned_about_and_its_host_is_not_evicted() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("positions", 1)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 1).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     // ~0.5 s per record, 8 records per batch: batches of seconds, past the 2 s session
     // timeout and max.poll.interval.ms, yet the poll loop goes on beside them.
     let input = dir.join("work.jsonl");
@@ -151,12 +145,9 @@ fn a_slow_operator_is_warned_about_and_its_host_is_not_evicted() -> Result<()> {
 
 #[test]
 fn a_static_member_restarted_within_its_session_timeout_moves_no_partitions() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("positions", 4)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let all = dir.join("all.jsonl");
-    generate(&all, 100, 8_000, KAFKA_SEED)?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 4).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let all = kafka.generate("all.jsonl", 100, 8_000)?;
     let chunks = split_lines(&all, 2)?;
     broker.produce_lines("positions", &chunks[0])?;
     let host = |name: &str| -> Result<Host> {
@@ -166,7 +157,7 @@ fn a_static_member_restarted_within_its_session_timeout_moves_no_partitions() ->
             "group = \"static\"\ninstance_id = \"{name}\"\n[source.properties]\n\"session.timeout.ms\" = \"20000\"\n"
         );
         let config = positions_source(&home, &broker.bootstrap, &settings)?;
-        spawn_host(dir, name, 4, &config, Some(&dir.join("store")), &[])
+        kafka.host(name, 4, &config, Some(&dir.join("store")), &[])
     };
     let minute = Duration::from_secs(60);
     // Both join the group's first generation (tansu waits ~3 s for members to gather).
@@ -207,20 +198,17 @@ fn a_static_member_restarted_within_its_session_timeout_moves_no_partitions() ->
 /// `FENCED_INSTANCE_ID`).
 #[test]
 fn a_static_member_fenced_by_another_with_its_instance_id_ends_its_run() -> Result<()> {
-    let broker = KafkaBroker::start_transactional()?;
-    broker.create_topic("positions", 1)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let input = dir.join("positions.jsonl");
-    generate(&input, 10, 100, KAFKA_SEED)?;
+    let kafka = KafkaJob::on(KafkaBroker::start_transactional()?).topic("positions", 1).start()?;
+    let broker = &kafka.broker;
+    let input = kafka.generate("positions.jsonl", 10, 100)?;
     broker.produce_lines("positions", &input)?;
     let settings = "group = \"twins\"\ninstance_id = \"twin\"\n[source.properties]\n\
                     \"heartbeat.interval.ms\" = \"500\"\n\"session.timeout.ms\" = \"6000\"\n";
-    let config = positions_source(dir, &broker.bootstrap, settings)?;
+    let config = kafka.source(settings)?;
     let minute = Duration::from_secs(60);
-    let mut first = spawn_host(dir, "first", 1, &config, None, &["--no-checkpoints"])?;
+    let mut first = kafka.host("first", 1, &config, None, &["--no-checkpoints"])?;
     first.wait_for(RESUMED, 1, minute)?;
-    let mut second = spawn_host(dir, "second", 1, &config, None, &["--no-checkpoints"])?;
+    let mut second = kafka.host("second", 1, &config, None, &["--no-checkpoints"])?;
     let status = first.wait_exit(minute)?;
     assert!(!status.success(), "the fenced member's run failed:\n{}", first.log());
     let log = first.log();

@@ -18,16 +18,13 @@ use std::time::Duration;
 /// the partition and processes on, and the store ends up with every record's state.
 #[test]
 fn a_store_outage_at_an_assignment_keeps_the_host_in_its_group_until_the_store_answers() -> Result<()> {
-    let broker = KafkaBroker::start_in_memory()?;
-    broker.create_topic("positions", 2)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let all = dir.join("all.jsonl");
-    generate(&all, 100, 4_000, KAFKA_SEED)?;
+    let kafka = KafkaJob::on(KafkaBroker::start_in_memory()?).topic("positions", 2).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let all = kafka.generate("all.jsonl", 100, 4_000)?;
     let chunks = split_lines(&all, 2)?;
     let (store, away) = (dir.join("store"), dir.join("store.away"));
-    let config = positions_source(dir, &broker.bootstrap, "group = \"outage\"\n")?;
-    let host = |name: &str| spawn_host(dir, name, 2, &config, Some(&store), &["--checkpoint-interval", "1"]);
+    let config = kafka.source("group = \"outage\"\n")?;
+    let host = |name: &str| kafka.host(name, 2, &config, Some(&store), &["--checkpoint-interval", "1"]);
     let minute = Duration::from_secs(60);
     broker.produce_lines("positions", &chunks[0])?;
     let mut a = host("a")?;
@@ -51,7 +48,7 @@ fn a_store_outage_at_an_assignment_keeps_the_host_in_its_group_until_the_store_a
     a.terminate()?;
 
     let check = dir.join("check");
-    let config = positions_source(dir, &broker.bootstrap, "group = \"outage-check\"\nstop_when_idle_s = 2\n")?;
+    let config = kafka.source("group = \"outage-check\"\nstop_when_idle_s = 2\n")?;
     let mut command = run_job(&operator_wasm("vehicle_stats"), &check, 2);
     run_ok(command.arg("--config").arg(&config).arg("--checkpoint-store").arg(&store))?;
     assert_state_matches(&dump_state(&check.join("state"))?, &Reference::fold(&all)?, "restored after the outage");
@@ -67,17 +64,14 @@ fn a_store_outage_at_an_assignment_keeps_the_host_in_its_group_until_the_store_a
 /// answers, b resumes the one it kept, and the group reads the topic to its end.
 #[test]
 fn a_revocation_does_not_wait_for_a_restore_from_a_store_that_stopped_answering() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("positions", 2)?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let s3 = S3Server::start()?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let all = dir.join("all.jsonl");
-    generate(&all, 100, 2_000, KAFKA_SEED)?;
+    let all = kafka.generate("all.jsonl", 100, 2_000)?;
     broker.produce_lines("positions", &all)?;
     let properties = "[source.properties]\n\"max.poll.interval.ms\" = \"10000\"\n\"session.timeout.ms\" = \"6000\"\n\
                       \"heartbeat.interval.ms\" = \"500\"\n";
-    let config = positions_source(dir, &broker.bootstrap, &format!("group = \"restoring\"\n{properties}"))?;
+    let config = kafka.source(&format!("group = \"restoring\"\n{properties}"))?;
     let minute = Duration::from_secs(60);
     let mut command = run_job(&operator_wasm("vehicle_stats"), &dir.join("b"), 2);
     command.arg("--config").arg(&config).args(["--checkpoint-store", "s3://sluice/checkpoints"]);
@@ -110,18 +104,15 @@ fn a_revocation_does_not_wait_for_a_restore_from_a_store_that_stopped_answering(
 /// logs.
 #[test]
 fn a_revocation_hands_its_partitions_over_at_once() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("positions", 6)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let all = dir.join("all.jsonl");
-    generate(&all, 300, 3_000, KAFKA_SEED)?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 6).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let all = kafka.generate("all.jsonl", 300, 3_000)?;
     broker.produce_lines("positions", &all)?;
     // No checkpoint until the handover's last one, each tens of KiB at 16 KiB/s.
     let more = "group = \"together\"\n[checkpoint]\ninterval = \"1h\"\nupload_bytes_per_s = 16384\n";
-    let config = positions_source(dir, &broker.bootstrap, more)?;
+    let config = kafka.source(more)?;
     let store = dir.join("store");
-    let host = |name: &str| spawn_host(dir, name, 6, &config, Some(&store), &[]);
+    let host = |name: &str| kafka.host(name, 6, &config, Some(&store), &[]);
     let minute = Duration::from_secs(60);
     let mut a = host("a")?;
     a.wait_for(RESUMED, 6, minute)?;
@@ -156,20 +147,17 @@ fn a_revocation_hands_its_partitions_over_at_once() -> Result<()> {
 /// so, tries again with backoff, and resumes once the broker answers, reading every record.
 #[test]
 fn a_broker_failing_a_partitions_resume_costs_it_a_pause() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("positions", 1)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let all = dir.join("all.jsonl");
-    generate(&all, 20, 500, KAFKA_SEED)?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 1).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let all = kafka.generate("all.jsonl", 20, 500)?;
     broker.produce_lines("positions", &all)?;
     let store = dir.join("store");
     let partition_folder = store.join("partition-0000");
     std::fs::create_dir_all(&store)?;
     std::fs::write(&partition_folder, "not a directory")?;
-    let config = positions_source(dir, &broker.bootstrap, "group = \"resume\"\n")?;
+    let config = kafka.source("group = \"resume\"\n")?;
     let minute = Duration::from_secs(60);
-    let mut host = spawn_host(dir, "host", 1, &config, Some(&store), &[])?;
+    let mut host = kafka.host("host", 1, &config, Some(&store), &[])?;
     host.wait_for(STORE_RETRY, 1, minute)?;
     broker.freeze(true)?;
     std::fs::remove_file(&partition_folder)?;

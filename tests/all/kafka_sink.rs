@@ -12,16 +12,13 @@ use sluice::record::DeadLetterKind;
 use sluice::sink::kafka::{DELIVERY_TIMEOUT, QUEUE_STAYED_FULL};
 use sluice_tests::*;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[test]
 fn outputs_reach_a_kafka_topic_keyed_and_traced_to_their_inputs() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("vehicle-summaries", 3)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("vehicle-summaries", 3).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (200, 6_000);
     let mut job = run_generator_job(dir, vehicles, count, KAFKA_SEED, 2);
     run_ok(job.arg("--output").arg(format!("kafka://{}/vehicle-summaries", broker.bootstrap)))?;
@@ -34,8 +31,7 @@ fn outputs_reach_a_kafka_topic_keyed_and_traced_to_their_inputs() -> Result<()> 
     assert_eq!(inputs.len() as u64, count, "each output names a distinct input");
     assert!(records.iter().all(|r| r.headers["sluice-operator"].starts_with("vehicle_stats@")), "operator header");
 
-    let input = dir.join("input.jsonl");
-    generate(&input, vehicles, count, KAFKA_SEED)?;
+    let input = kafka.generate("input.jsonl", vehicles, count)?;
     let reference = Reference::fold(&input)?;
     // The summary with the highest count per vehicle is its final one (outputs are
     // at-least-once, so a count may repeat, never go missing).
@@ -64,10 +60,9 @@ fn outputs_reach_a_kafka_topic_keyed_and_traced_to_their_inputs() -> Result<()> 
 /// reference fold in state and an output for every input.
 #[test]
 fn kill_9_with_batches_in_flight_loses_no_output_and_applies_no_record_twice() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let job = generator_to_summaries(dir, &broker, "\"linger.ms\" = \"1500\"\n")?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let job = generator_to_summaries(&kafka, "\"linger.ms\" = \"1500\"\n")?;
     let mut host = Host::spawn("host", &mut job("1000"), &dir.join("log"))?;
     // Four seconds of processing: commits (each waiting out the linger) came before.
     host.wait_for(" records/s", 4, Duration::from_secs(60))?;
@@ -75,7 +70,7 @@ fn kill_9_with_batches_in_flight_loses_no_output_and_applies_no_record_twice() -
     let state = dump_state(&dir.join("state"))?;
     assert!(!state.is_empty(), "the first run committed state before the kill:\n{}", host.log());
     assert_outputs_cover_state(&state, &broker.read_topic("summaries")?, "after kill -9");
-    assert_a_restart_completes(dir, &broker, job)
+    assert_a_restart_completes(&kafka, job)
 }
 
 /// A delivery that fails while batches are in flight (the broker stops answering past
@@ -84,10 +79,9 @@ fn kill_9_with_batches_in_flight_loses_no_output_and_applies_no_record_twice() -
 /// replays the rest, so every input ends with an output.
 #[test]
 fn a_failed_delivery_commits_nothing_after_the_failed_batch() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let job = generator_to_summaries(dir, &broker, "\"message.timeout.ms\" = \"5000\"\n\"linger.ms\" = \"20\"\n")?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let job = generator_to_summaries(&kafka, "\"message.timeout.ms\" = \"5000\"\n\"linger.ms\" = \"20\"\n")?;
     let mut host = Host::spawn("host", &mut job("1000"), &dir.join("log"))?;
     // Three seconds of processing: commits came before.
     host.wait_for(" records/s", 3, Duration::from_secs(60))?;
@@ -103,7 +97,7 @@ fn a_failed_delivery_commits_nothing_after_the_failed_batch() -> Result<()> {
     let state = dump_state(&dir.join("state"))?;
     assert!(!state.is_empty(), "state was committed before the broker froze:\n{}", host.log());
     assert_outputs_cover_state(&state, &broker.read_topic("summaries")?, "after the failed delivery");
-    assert_a_restart_completes(dir, &broker, job)
+    assert_a_restart_completes(&kafka, job)
 }
 
 /// The output topic deleted while batches are in flight: the deliveries that follow
@@ -111,10 +105,9 @@ fn a_failed_delivery_commits_nothing_after_the_failed_batch() -> Result<()> {
 /// state commits past that input (its batch and every later one stay uncommitted).
 #[test]
 fn a_deleted_output_topic_commits_nothing_after_the_failed_batch() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let job = generator_to_summaries(dir, &broker, "\"message.timeout.ms\" = \"5000\"\n\"linger.ms\" = \"20\"\n")?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let job = generator_to_summaries(&kafka, "\"message.timeout.ms\" = \"5000\"\n\"linger.ms\" = \"20\"\n")?;
     let mut host = Host::spawn("host", &mut job("1000"), &dir.join("log"))?;
     host.wait_for(" records/s", 3, Duration::from_secs(60))?;
     broker.delete_topic("summaries")?;
@@ -144,12 +137,11 @@ fn a_deleted_output_topic_commits_nothing_after_the_failed_batch() -> Result<()>
 /// in the queue for as long as the broker stays away.
 #[test]
 fn a_producer_queue_that_stays_full_fails_the_job_after_the_delivery_timeout() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
+    let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let properties = "\"queue.buffering.max.messages\" = \"10\"\n\"message.timeout.ms\" = \"600000\"\n\
                       [state]\ncommit_interval = \"10m\"\n";
-    let job = generator_to_summaries(dir, &broker, properties)?;
+    let job = generator_to_summaries(&kafka, properties)?;
     let mut host = Host::spawn("host", &mut job("1000"), &dir.join("log"))?;
     host.wait_for(" records/s", 2, Duration::from_secs(60))?;
     broker.freeze(true)?;
@@ -172,17 +164,15 @@ fn a_producer_queue_that_stays_full_fails_the_job_after_the_delivery_timeout() -
 /// outputs of the records before and after it reach the topic; the job ends well.
 #[test]
 fn an_output_kafka_refuses_is_dead_lettered_and_the_partition_goes_on() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("out", 1)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("out", 1).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let records = [
         json!({"vehicle_id": "k", "action": "count"}),
         json!({"vehicle_id": "k", "action": "outputs", "count": 1, "bytes": 5_000}),
         json!({"vehicle_id": "k", "action": "count"}),
     ];
     let dead = dir.join("dead.jsonl");
-    let run = run_ok(probe_to_out(dir, &broker, &records, "")?.arg("--dead-letter").arg(&dead))?;
+    let run = run_ok(probe_to_out(&kafka, &records, "")?.arg("--dead-letter").arg(&dead))?;
     let report = String::from_utf8(run.stderr)?;
     let by_kind = "0 rejected by the operator, 0 trapped or past a limit, 1 outputs refused by Kafka, 0 records";
     assert!(report.contains(&format!("{DEAD_LETTERS_BY_KIND}: {by_kind}")), "{report}");
@@ -204,11 +194,8 @@ fn an_output_kafka_refuses_is_dead_lettered_and_the_partition_goes_on() -> Resul
 /// are not in the state.
 #[test]
 fn dead_letters_go_to_a_kafka_topic_as_the_records_were() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("out", 1)?;
-    broker.create_topic("dead", 1)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("out", 1).topic("dead", 1).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let records = [
         json!({"vehicle_id": "k", "action": "count"}),
         json!({"vehicle_id": "k", "action": "put-then-fail"}),
@@ -217,7 +204,7 @@ fn dead_letters_go_to_a_kafka_topic_as_the_records_were() -> Result<()> {
         json!({"vehicle_id": "k", "action": "count"}),
     ];
     let more = "[operator.retry]\nbackoff = \"1ms\"\n[dead_letter]\ntopic = \"dead\"\n";
-    let run = run_ok(&mut probe_to_out(dir, &broker, &records, more)?)?;
+    let run = run_ok(&mut probe_to_out(&kafka, &records, more)?)?;
     let report = String::from_utf8(run.stderr)?;
     let by_kind = "1 rejected by the operator, 1 trapped or past a limit, 1 outputs refused by Kafka, 0 records";
     assert!(report.contains(&format!("{DEAD_LETTERS_BY_KIND}: {by_kind}")), "{report}");
@@ -249,10 +236,11 @@ fn dead_letters_go_to_a_kafka_topic_as_the_records_were() -> Result<()> {
     Ok(())
 }
 
-/// A `sluice run` in `dir` (its working directory) of the probe over `records`, one
-/// partition, no checkpoints, outputs to topic `out` of `broker` through a producer whose
-/// `message.max.bytes` is 2000; `more` is TOML added to its config.
-fn probe_to_out(dir: &Path, broker: &KafkaBroker, records: &[Value], more: &str) -> Result<Command> {
+/// A `sluice run` in `kafka`'s directory (its working directory) of the probe over
+/// `records`, one partition, no checkpoints, outputs to topic `out` of its broker through a
+/// producer whose `message.max.bytes` is 2000; `more` is TOML added to its config.
+fn probe_to_out(kafka: &KafkaJob, records: &[Value], more: &str) -> Result<Command> {
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let input = dir.join("input.jsonl");
     std::fs::write(&input, records.iter().map(|r| format!("{r}\n")).collect::<String>())?;
     let config = dir.join("job.toml");
@@ -274,15 +262,12 @@ fn probe_to_out(dir: &Path, broker: &KafkaBroker, records: &[Value], more: &str)
 /// The generator records of the pipelining tests: vehicles, and how many.
 const PIPELINED: (u32, u64) = (100, 10_000);
 
-/// Creates topic `summaries` (2 partitions) on `broker`, and returns a `sluice run` of
-/// vehicle-stats in `dir` over the [`PIPELINED`] generator records at a given rate, 2
+/// Creates topic `summaries` (2 partitions) on `kafka`'s broker, and returns a `sluice
+/// run` of vehicle-stats in its directory over the [`PIPELINED`] generator records at a given rate, 2
 /// partitions, its outputs to `summaries` with the librdkafka producer `properties`
 /// (TOML lines), a running summary every second.
-fn generator_to_summaries<'a>(
-    dir: &'a Path,
-    broker: &'a KafkaBroker,
-    properties: &str,
-) -> Result<impl Fn(&str) -> Command + 'a> {
+fn generator_to_summaries<'a>(kafka: &'a KafkaJob, properties: &str) -> Result<impl Fn(&str) -> Command + 'a> {
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     broker.create_topic("summaries", 2)?;
     let config = dir.join("kafka-sink.toml");
     std::fs::write(
@@ -302,16 +287,15 @@ fn generator_to_summaries<'a>(
     })
 }
 
-/// Runs `job` again at full speed to its end: the state is the reference fold of every
-/// record, and every input has an output on `summaries`.
-fn assert_a_restart_completes(dir: &Path, broker: &KafkaBroker, job: impl Fn(&str) -> Command) -> Result<()> {
+/// Runs `job` (of `kafka`) again at full speed to its end: the state is the reference
+/// fold of every record, and every input has an output on `summaries`.
+fn assert_a_restart_completes(kafka: &KafkaJob, job: impl Fn(&str) -> Command) -> Result<()> {
     run_ok(&mut job("100000"))?;
     let (vehicles, count) = PIPELINED;
-    let input = dir.join("input.jsonl");
-    generate(&input, vehicles, count, KAFKA_SEED)?;
+    let input = kafka.generate("input.jsonl", vehicles, count)?;
     let reference = Reference::fold(&input)?;
-    assert_state_matches(&dump_state(&dir.join("state"))?, &reference, "after the restart");
-    assert_every_input_has_an_output(&broker.read_topic("summaries")?, count, &reference)
+    assert_state_matches(&dump_state(&kafka.dir().join("state"))?, &reference, "after the restart");
+    assert_every_input_has_an_output(&kafka.broker.read_topic("summaries")?, count, &reference)
 }
 
 /// Fails unless each vehicle's stored summary was emitted: an output on `outputs` with its

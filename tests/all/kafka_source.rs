@@ -39,11 +39,9 @@ fn the_test_broker_serves_a_fetch_from_inside_a_batch() -> Result<()> {
 
 #[test]
 fn a_kafka_source_starts_each_partition_at_the_offset_stored_with_its_state() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("positions", 3)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let config = positions_source(dir, &broker.bootstrap, "group = \"vehicle-stats\"\nstop_when_idle_s = 2\n")?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 3).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let config = kafka.source("group = \"vehicle-stats\"\nstop_when_idle_s = 2\n")?;
     let job = || {
         let mut command = run_job(&operator_wasm("vehicle_stats"), dir, 3);
         command.arg("--config").arg(&config).arg("--no-checkpoints");
@@ -55,8 +53,7 @@ fn a_kafka_source_starts_each_partition_at_the_offset_stored_with_its_state() ->
     assert!(!dir.join("state").exists(), "refused before any state was written");
 
     let (vehicles, first, total) = (150, 4_000, 6_000usize);
-    let all = dir.join("all.jsonl");
-    generate(&all, vehicles, total as u64, KAFKA_SEED)?;
+    let all = kafka.generate("all.jsonl", vehicles, total as u64)?;
     let text = std::fs::read_to_string(&all)?;
     let lines: Vec<&str> = text.lines().collect();
     let (head, tail) = lines.split_at(first);
@@ -86,10 +83,9 @@ fn a_kafka_source_starts_each_partition_at_the_offset_stored_with_its_state() ->
 
 #[test]
 fn an_unreachable_broker_or_a_missing_topic_is_named_at_the_start() -> Result<()> {
-    let broker = KafkaBroker::start()?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let closed = free_port()?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
     for (brokers, expected) in [
         (format!("127.0.0.1:{closed}"), format!("reading metadata of topic positions from 127.0.0.1:{closed}")),
         (broker.bootstrap.clone(), format!("topic positions does not exist on {}", broker.bootstrap)),
@@ -130,8 +126,8 @@ fn an_unreachable_broker_or_a_missing_topic_is_named_at_the_start() -> Result<()
 fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("positions", 1)?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 1).start()?;
+    let broker = &kafka.broker;
     let producer: BaseProducer = broker.client_config().create()?;
     let traced = OwnedHeaders::new()
         .insert(Header { key: "trace", value: Some("abc") })
@@ -151,9 +147,8 @@ fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
     let unmarked = json!({"empty": true, "headers": {"trace": "def"}});
     /// A run's outputs as (key, value), and its dead letters.
     type Run = (Vec<(Value, Value)>, Vec<Value>);
-    let root = tempfile::tempdir()?;
     let run = |name: &str, more: &str| -> Result<Run> {
-        let dir = root.path().join(name);
+        let dir = kafka.dir().join(name);
         std::fs::create_dir_all(&dir)?;
         let config = positions_source(&dir, &broker.bootstrap, &format!("stop_when_idle = \"2s\"\n{more}"))?;
         let run =
@@ -186,9 +181,8 @@ fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
 /// unit tests' `resume_offset`: the test broker cannot delete records.)
 #[test]
 fn a_state_past_the_end_of_a_recreated_topic_stops_its_partition_alone_untouched() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
+    let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let (short, long) = (key_in_partition(0, 2), key_in_partition(1, 2));
     let produce = |records: &[(&str, usize)]| -> Result<()> {
         broker.create_topic("positions", 2)?;
@@ -198,7 +192,7 @@ fn a_state_past_the_end_of_a_recreated_topic_stops_its_partition_alone_untouched
     };
     produce(&[(&short, 50), (&long, 50)])?;
     let more = "stop_when_idle = \"2s\"\noffset_out_of_range = \"earliest\"\n";
-    let config = positions_source(dir, &broker.bootstrap, more)?;
+    let config = kafka.source(more)?;
     let job = || {
         let mut job = run_job(&operator_wasm("probe"), dir, 2);
         job.arg("--config").arg(&config).arg("--no-checkpoints");
@@ -216,17 +210,14 @@ fn a_state_past_the_end_of_a_recreated_topic_stops_its_partition_alone_untouched
 
 #[test]
 fn a_broker_that_stops_answering_is_logged_and_the_host_resumes_when_it_returns() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("positions", 2)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let all = dir.join("all.jsonl");
-    generate(&all, 100, 6_000, KAFKA_SEED)?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let all = kafka.generate("all.jsonl", 100, 6_000)?;
     let chunks = split_lines(&all, 2)?;
     broker.produce_lines("positions", &chunks[0])?;
     let settings = "group = \"frozen\"\n[source.properties]\n\"socket.timeout.ms\" = \"2000\"\n\
                     \"session.timeout.ms\" = \"15000\"\n\"heartbeat.interval.ms\" = \"500\"\n";
-    let config = positions_source(dir, &broker.bootstrap, settings)?;
+    let config = kafka.source(settings)?;
     let mut command = run_job(&operator_wasm("vehicle_stats"), dir, 2);
     command.arg("--config").arg(&config);
     let mut host = Host::spawn("host", &mut command, &dir.join("log"))?;
@@ -253,17 +244,15 @@ fn a_broker_that_stops_answering_is_logged_and_the_host_resumes_when_it_returns(
 #[test]
 fn a_partition_that_fails_is_paused_and_the_others_go_on() -> Result<()> {
     const EACH: u64 = 300;
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("positions", 2)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let (failing, healthy) = (key_in_partition(0, 2), key_in_partition(1, 2));
     let record =
         |key: &str, action: &str| Ok((key.to_string(), json!({"vehicle_id": key, "action": action}).to_string()));
     let first = std::iter::once(record(&failing, "hog")).chain((0..EACH / 2).map(|_| record(&healthy, "count")));
     broker.produce("positions", first)?;
     let more = "group = \"alone\"\nstop_when_idle_s = 3\n[operator.retry]\nstrict = true\nbackoff = \"1ms\"\n";
-    let config = positions_source(dir, &broker.bootstrap, more)?;
+    let config = kafka.source(more)?;
     let mut job = run_job(&operator_wasm("probe"), dir, 2);
     let mut host = Host::spawn("host", job.arg("--config").arg(&config).arg("--no-checkpoints"), &dir.join("log"))?;
     host.wait_for(STOPPED_ALONE, 1, Duration::from_secs(60))?;

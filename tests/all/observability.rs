@@ -144,19 +144,16 @@ fn warnings_name_skew_failing_records_and_checkpoints_behind_with_their_settings
 /// partition's version label.
 #[test]
 fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
-    let broker = KafkaBroker::start_in_memory()?;
-    broker.create_topic("positions", 4)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let all = dir.join("all.jsonl");
+    let kafka = KafkaJob::on(KafkaBroker::start_in_memory()?).topic("positions", 4).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (100, 4_000);
-    generate(&all, vehicles, count, KAFKA_SEED)?;
+    let all = kafka.generate("all.jsonl", vehicles, count)?;
     broker.produce_lines("positions", &all)?;
     let more = "group = \"metrics\"\n[report]\nrebalances_per_hour = 1\n";
-    let config = positions_source(dir, &broker.bootstrap, more)?;
+    let config = kafka.source(more)?;
     let store = dir.join("store");
     let flags = ["--admin", "127.0.0.1:0", "--checkpoint-interval", "1"];
-    let host = |name: &str| spawn_host(dir, name, 4, &config, Some(&store), &flags);
+    let host = |name: &str| kafka.host(name, 4, &config, Some(&store), &flags);
     let minute = Duration::from_secs(60);
     let mut a = host("a")?;
     let admin = a.admin_url()?;

@@ -336,12 +336,9 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 /// expiry outputs equal those of one host reading the same topic uninterrupted.
 #[test]
 fn expiries_across_kafka_handovers_equal_an_uninterrupted_run() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("positions", 4)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let all = dir.join("all.jsonl");
-    generate(&all, 200, 12_000, KAFKA_SEED)?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 4).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let all = kafka.generate("all.jsonl", 200, 12_000)?;
     let chunks = split_lines(&all, 3)?;
     let store = dir.join("store");
     let host = |name: &str, config: &Path, store: Option<&Path>| -> Command {
@@ -353,7 +350,7 @@ fn expiries_across_kafka_handovers_equal_an_uninterrupted_run() -> Result<()> {
         };
         command
     };
-    let shared = positions_source(dir, &broker.bootstrap, "group = \"handover\"\n")?;
+    let shared = kafka.source("group = \"handover\"\n")?;
     let minute = Duration::from_secs(60);
     for name in ["a", "b", "alone", "check"] {
         std::fs::create_dir_all(dir.join(name))?;
@@ -374,11 +371,11 @@ fn expiries_across_kafka_handovers_equal_an_uninterrupted_run() -> Result<()> {
 
     // One host over the whole topic, in a group of its own, with nothing to restore.
     let idle = "stop_when_idle_s = 2\n";
-    let alone = positions_source(dir, &broker.bootstrap, &format!("group = \"alone\"\n{idle}"))?;
+    let alone = kafka.source(&format!("group = \"alone\"\n{idle}"))?;
     let report = run_ok(&mut host("alone", &alone, None))?;
     assert!(reported_expired(&String::from_utf8_lossy(&report.stderr)) > 50, "the TTL expired summaries");
     // What the two hosts left in the store, restored by a host that processes nothing.
-    let check = positions_source(dir, &broker.bootstrap, &format!("group = \"check\"\n{idle}"))?;
+    let check = kafka.source(&format!("group = \"check\"\n{idle}"))?;
     let report = run_ok(&mut host("check", &check, Some(&store)))?;
     assert!(String::from_utf8_lossy(&report.stderr).contains("processed 0 records"));
     let state = |name: &str| dump_state_lines(&dir.join(name).join("state"));
@@ -401,15 +398,12 @@ fn expiries_across_kafka_handovers_equal_an_uninterrupted_run() -> Result<()> {
 /// record: within the TTL and the idle ticks, with no record to move the clock.
 #[test]
 fn in_processing_time_an_idle_partition_expires_its_state_by_the_wall_clock() -> Result<()> {
-    let broker = KafkaBroker::start()?;
-    broker.create_topic("positions", 1)?;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let input = dir.join("positions.jsonl");
-    generate(&input, 5, 50, KAFKA_SEED)?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 1).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let input = kafka.generate("positions.jsonl", 5, 50)?;
     broker.produce_lines("positions", &input)?;
     let more = "stop_when_idle_s = 2.5\n[ttl]\ntime = \"processing\"\ndefault = \"1s\"\n";
-    let config = positions_source(dir, &broker.bootstrap, &format!("group = \"idle\"\n{more}"))?;
+    let config = kafka.source(&format!("group = \"idle\"\n{more}"))?;
     let run = run_ok(run_job(&operator_wasm("vehicle_stats"), dir, 1).arg("--config").arg(&config))?;
     let report = String::from_utf8_lossy(&run.stderr);
     assert_eq!(reported_expired(&report), 5, "{report}");
