@@ -21,7 +21,7 @@ use sluice::checkpoint::{self, CheckpointSettings, CheckpointStore, Checkpointer
 use sluice::config::{Config, SourceConfig};
 use sluice::state::{StateDir, Transaction};
 use sluice::stats::{HostStats, PartitionStats};
-use sluice_tests::bench_setting;
+use sluice_e2e::bench_setting;
 use std::path::Path;
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 
 use crate::hot_swap::{PacedJob, SEED, paced_job};
 use anyhow::Result;
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::time::Duration;
 
 /// The admin API refuses strangers, each with its reason: a deploy or rollback without

@@ -4,7 +4,7 @@
 //! [`crate::state_ttl`], which runs these jobs with a TTL.)
 
 use anyhow::Result;
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 
 use anyhow::Result;
 use serde_json::Value;
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 

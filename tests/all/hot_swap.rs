@@ -13,7 +13,7 @@
 use anyhow::{Context, Result};
 use serde_json::Value;
 use sluice::source::kafka::RESUMED;
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -14,7 +14,7 @@ use sluice::sink::transaction::{
     ABORTED, COVERED, FENCED, REPLAYED_SILENTLY, legacy_transactional_id, transactional_id,
 };
 use sluice::worker::{AFTER_SEND, BEFORE_SEND, OUTPUTS_COMMITTED, RESTARTING, STATE_COMMITTED, STOPPED_ALONE};
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;

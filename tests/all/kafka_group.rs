@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use sluice::job::LAG;
 use sluice::source::kafka::{ASSIGNED, MEMBER_FAILED, RESUMED, REVOKED};
 use sluice::worker::{OFFSETS_JUMP, SLOW_BATCH, STOPPED};
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use sluice::job::JOB_STARTED;
 use sluice::source::kafka::{ASSIGNED, RESUME_RETRY, RESUMED, REVOKED};
 use sluice::worker::STORE_RETRY;
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::time::Duration;
 
 /// The checkpoint store fails (its directory replaced by a file) just as host `b` joins

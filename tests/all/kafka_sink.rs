@@ -10,7 +10,7 @@ use sluice::config::DEFAULT_DEAD_LETTER_PATH;
 use sluice::job::DEAD_LETTERS_BY_KIND;
 use sluice::record::DeadLetterKind;
 use sluice::sink::kafka::{DELIVERY_TIMEOUT, QUEUE_STAYED_FULL};
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sluice::record::{DeadLetterKind, NULL_KEY_HEADER, TOMBSTONE_HEADER};
 use sluice::source::kafka::{PARTITIONS_ADDED, RESERVED_HEADER};
 use sluice::worker::STOPPED_ALONE;
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::time::Duration;
 
 /// The test broker serves a fetch from the offset asked for, also inside a multi-record

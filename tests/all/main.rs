@@ -19,5 +19,5 @@ mod observability;
 mod sandbox;
 mod sandbox_limits;
 mod setup;
-mod sluice_test;
 mod state_ttl;
+mod test_driver;

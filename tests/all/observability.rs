@@ -9,7 +9,7 @@ use anyhow::Result;
 use serde_json::Value;
 use sluice::source::kafka::RESUMED;
 use sluice::warnings::REBALANCING_OFTEN;
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use sluice::job::DEAD_LETTERS_BY_KIND;
 use sluice::operator::wasm::LOG_LINES_DROPPED;
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -5,14 +5,14 @@
 //! writes state, too), a restore from an older checkpoint, handovers between Kafka
 //! hosts. (Expiry across operator versions: [`crate::hot_swap`]; an expiry storm cut
 //! into batches: [`crate::sandbox_limits`]; the test driver's clock:
-//! [`crate::sluice_test`].)
+//! [`crate::test_driver`].)
 
 use crate::checkpoint_restore::{checkpoint_at_end, stderr};
 use crate::crash_recovery::{kill_9_once_written, run_generator};
 use anyhow::Result;
 use serde_json::Value;
 use sluice::source::kafka::RESUMED;
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;

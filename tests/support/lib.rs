@@ -10,7 +10,7 @@
 //! - [`settings`]: the benchmarks' sizes from the environment;
 //! - [`measure`]: the benchmarks' wall and CPU clocks.
 //!
-//! Everything is re-exported here, so a test needs only `use sluice_tests::*`.
+//! Everything is re-exported here, so a test needs only `use sluice_e2e::*`.
 
 pub mod binary;
 pub mod browser;

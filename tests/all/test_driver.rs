@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use serde_json::{Value, json};
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::path::{Path, PathBuf};
 
 /// vehicle-stats' fixtures, in `operators/vehicle-stats/fixtures`.
