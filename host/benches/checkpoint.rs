@@ -22,7 +22,7 @@ use sluice::config::{Config, SourceConfig};
 use sluice::record::RestoredFrom;
 use sluice::state::{StateDir, Transaction};
 use sluice::stats::{HostStats, PartitionStats};
-use sluice_tests::bench_setting;
+use sluice_e2e::bench_setting;
 use std::path::Path;
 use std::time::{Duration, Instant};
 

@@ -16,7 +16,7 @@ use anyhow::Result;
 use sluice::checkpoint::{CheckpointStore, bytes};
 use sluice::config::{Config, SourceConfig};
 use sluice::state::StateDir;
-use sluice_tests::bench_setting;
+use sluice_e2e::bench_setting;
 use std::path::Path;
 use std::time::{Duration, Instant};
 

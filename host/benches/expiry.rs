@@ -20,7 +20,7 @@ use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
 use sluice::record::SourceRecord;
 use sluice::state::{PartitionStore, Transaction};
 use sluice::worker::Cadence;
-use sluice_tests::{bench_setting, operator_wasm};
+use sluice_e2e::{bench_setting, operator_wasm};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;

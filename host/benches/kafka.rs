@@ -33,7 +33,7 @@ use sluice::config::{Config, Guarantee, SinkConfig, SourceConfig};
 use sluice::job::JobReport;
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice::stats::process_cpu;
-use sluice_tests::{KafkaBroker, bench_setting};
+use sluice_e2e::{KafkaBroker, bench_setting};
 use std::path::Path;
 use std::time::{Duration, Instant};
 

@@ -11,7 +11,7 @@
 
 use anyhow::Result;
 use sluice::config::SourceConfig;
-use sluice_tests::{bench_setting, free_port};
+use sluice_e2e::{bench_setting, free_port};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

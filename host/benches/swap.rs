@@ -17,7 +17,7 @@ use sluice::config::SourceConfig;
 use sluice::operator::Operator;
 use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
 use sluice::state::{PartitionStore, Transaction};
-use sluice_tests::{ADMIN_TOKEN, bench_setting, free_port, operator_wasm, wait_listening};
+use sluice_e2e::{ADMIN_TOKEN, bench_setting, free_port, operator_wasm, wait_listening};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -111,7 +111,7 @@ impl Drop for S3Server {
 /// SQLite storage, not tansu's in-memory one: it keeps a row per record and serves a
 /// fetch from the offset asked for, where the in-memory storage answers a fetch that
 /// starts inside a multi-record batch from the next batch on, skipping the rest of the
-/// batch (`tests/kafka.rs` checks the broker with a plain consumer).
+/// batch (`tests/all/kafka_source.rs` checks the broker with a plain consumer).
 pub struct KafkaBroker {
     child: std::process::Child,
     /// `127.0.0.1:PORT`.

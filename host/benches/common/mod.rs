@@ -1,7 +1,7 @@
 //! What the benchmarks that run whole jobs share (each includes it as `mod common`).
 
 use sluice::config::{Config, SinkConfig, SourceConfig};
-use sluice_tests::operator_wasm;
+use sluice_e2e::operator_wasm;
 use std::path::Path;
 
 /// A job of vehicle-stats over `source` that writes everything under `dir` (outputs to

@@ -8,7 +8,7 @@ use sluice::record::SourceRecord;
 use sluice::sink::{DeadLetterSink, LineSink, Sink};
 use sluice::stats::{HostStats, PartitionStats};
 use sluice::worker::{self, Cadence, Destinations, Partition, PartitionWorker, StopSignal};
-use sluice_tests::CpuClock;
+use sluice_e2e::CpuClock;
 use std::path::Path;
 use std::time::Duration;
 

@@ -355,7 +355,7 @@ mod tests {
         let runtime = crate::objects::runtime()?;
         let store = Objects::open(dir.path().join("store").to_str().expect("UTF-8 temp path"))?;
         let limits = Limits::default();
-        let probe = Arc::new(WasmOperator::load(&sluice_tests::operator_wasm("probe"), limits.clone(), Vec::new())?);
+        let probe = Arc::new(WasmOperator::load(&sluice_e2e::operator_wasm("probe"), limits.clone(), Vec::new())?);
         let sandbox = Sandbox { limits, config: Vec::new(), scratch: dir.path().join("scratch") };
         let live = LiveStats::default();
         let partition = |version: &str, switches: u64, refused: Option<&str>| {

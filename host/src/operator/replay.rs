@@ -156,7 +156,7 @@ mod tests {
         runtime: &tokio::runtime::Runtime,
     ) -> Result<(Arc<SwitchLog>, String, Arc<WasmOperator>)> {
         let registry = Registry::new(Objects::open(&dir.to_string_lossy())?, "vehicle_stats")?;
-        let bytes = |name| std::fs::read(sluice_tests::operator_wasm(name));
+        let bytes = |name| std::fs::read(sluice_e2e::operator_wasm(name));
         let v1 = runtime.block_on(registry.deploy(&bytes("vehicle_stats")?, "test"))?.version;
         let v2_bytes = bytes("vehicle_stats_v2")?;
         let v2 = runtime.block_on(registry.deploy(&v2_bytes, "test"))?.version;

@@ -314,7 +314,7 @@ mod tests {
         runtime: &tokio::runtime::Runtime,
     ) -> anyhow::Result<WorkerSetup> {
         let limits = Limits { call_timeout: Some(Duration::from_secs(5)), memory_bytes: 64 << 20, ..Limits::default() };
-        let operator = WasmOperator::load(&sluice_tests::operator_wasm(name), limits.clone(), config.clone())?;
+        let operator = WasmOperator::load(&sluice_e2e::operator_wasm(name), limits.clone(), config.clone())?;
         let registry = Registry::new(Objects::open(&dir.join("versions").to_string_lossy())?, name)?;
         Ok(WorkerSetup {
             state: StateDir::open(&dir.join("state"), partitions)?,

@@ -15,7 +15,7 @@ fn call(instance: &mut WasmInstance, offset: u64, action: &str) -> Result<Outcom
 }
 
 fn probe(limits: Limits, dir: &Path) -> Result<WasmInstance> {
-    let probe = Arc::new(WasmOperator::load(&sluice_tests::operator_wasm("probe"), limits, Vec::new())?);
+    let probe = Arc::new(WasmOperator::load(&sluice_e2e::operator_wasm("probe"), limits, Vec::new())?);
     let txn = Transaction::new(PartitionStore::open(dir, 0)?, 1 << 20)?;
     let instance = ActiveVersion::new(probe).instantiate(0, txn)?;
     assert!(instance.operator.exports.process_batch.is_some(), "the probe is built against 0.1.1 and takes batches");
@@ -461,7 +461,7 @@ fn a_trap_is_explained_by_what_the_host_recorded_in_that_call() -> Result<()> {
 #[test]
 fn a_version_that_fails_to_start_on_a_partition_leaves_it_running_the_old_one() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let probe = sluice_tests::operator_wasm("probe");
+    let probe = sluice_e2e::operator_wasm("probe");
     let limits = Limits::default();
     let good = Arc::new(WasmOperator::load(&probe, limits.clone(), Vec::new())?);
     let config = vec![("fail_init".to_string(), "true".to_string())];

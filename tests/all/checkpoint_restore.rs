@@ -3,12 +3,14 @@
 //! leaves the last complete checkpoint usable, a corrupt and a missing file are named
 //! and fallen back past, checkpoints upload only what changed, retention leaves
 //! exactly the referenced files, and a host whose partitions another host claimed
-//! changes nothing in the store.
+//! changes nothing in the store; `sluice status`, `state dump` and `checkpoints` read a
+//! stopped job's state and store and write nothing. (Expiries through a restore:
+//! [`crate::state_ttl`].)
 
 use anyhow::Result;
 use serde_json::Value;
 use sluice::checkpoint::restore::{LOCAL_MOVED_ASIDE, NO_RESTORE_HISTORY};
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,7 +27,7 @@ fn assert_state_is_fold(dir: &Path, vehicles: u32, count: u64, context: &str) ->
     Ok(())
 }
 
-fn stderr(output: &std::process::Output) -> String {
+pub(crate) fn stderr(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
@@ -38,7 +40,7 @@ fn with_config(command: &mut Command, dir: &Path, toml: &str) -> Result<()> {
 }
 
 /// A generator job whose only checkpoint is the one every job takes at its end.
-fn checkpoint_at_end(dir: &Path, vehicles: u32, count: u64, partitions: u32) -> Command {
+pub(crate) fn checkpoint_at_end(dir: &Path, vehicles: u32, count: u64, partitions: u32) -> Command {
     let mut command = run_generator_job(dir, vehicles, count, SEED, partitions);
     command.args(["--checkpoint-interval", "3600"]);
     command
@@ -145,61 +147,6 @@ fn a_corrupt_local_database_is_moved_aside_and_restored_from_the_store() -> Resu
     assert_eq!(aside.len(), 1, "{aside:?}");
     assert_eq!(std::fs::read_to_string(aside[0].join("CURRENT"))?, "garbage", "kept as it was");
     assert_state_is_fold(dir, 200, 5_000, "after the corrupt database was replaced")
-}
-
-/// With a TTL that expires many vehicles' summaries (vehicle-stats is told of each and
-/// emits the vehicle's final summary), a job whose state is lost restores a checkpoint
-/// older than the state it lost and replays from there: its final state, expiries
-/// included, and its distinct expiry outputs equal an uninterrupted run's. The clock
-/// and the expiry index come back with the checkpoint, so the replay expires the same
-/// entries at the same records.
-#[test]
-fn a_restore_from_an_older_checkpoint_replays_expiries_as_an_uninterrupted_run() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let (restored, clean) = (dir.join("restored"), dir.join("clean"));
-    let job = |dir: &Path, count| {
-        let mut command = checkpoint_at_end(dir, 300, count, 4);
-        command.args(["--ttl", "3s"]);
-        command
-    };
-    std::fs::create_dir_all(&restored)?;
-    run_ok(&mut job(&restored, 20_000))?;
-    let older = dir.join("older.checkpoints");
-    copy_dir(&restored.join("state.checkpoints"), &older)?;
-    run_ok(&mut job(&restored, 40_000))?;
-    // The state is lost, and the store has only the checkpoints at 20,000 records.
-    std::fs::remove_dir_all(restored.join("state"))?;
-    std::fs::remove_dir_all(restored.join("state.checkpoints"))?;
-    std::fs::rename(&older, restored.join("state.checkpoints"))?;
-    let run = run_ok(&mut job(&restored, 40_000))?;
-    assert!(stderr(&run).contains("20000 records skipped") && stderr(&run).contains("processed 20000 records"));
-
-    std::fs::create_dir_all(&clean)?;
-    let report = run_ok(&mut job(&clean, 40_000))?;
-    assert!(reported_expired(&stderr(&report)) > 100, "{}", stderr(&report));
-    let state = |dir: &Path| dump_state_lines(&dir.join("state"));
-    assert_eq!(state(&restored)?, state(&clean)?, "entries, values and expiries");
-    let expiries = |dir: &Path| -> Result<BTreeSet<String>> {
-        let outputs = read_jsonl(&dir.join("out.jsonl"))?;
-        Ok(outputs.into_iter().filter(|o| o["cause"] == "expiry").map(|o| o.to_string()).collect())
-    };
-    assert_eq!(expiries(&restored)?, expiries(&clean)?, "the same expiries at the same records");
-    Ok(())
-}
-
-/// Copies the directory tree `from` to `to`.
-fn copy_dir(from: &Path, to: &Path) -> Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        if entry.file_type()?.is_dir() {
-            copy_dir(&entry.path(), &to.join(entry.file_name()))?;
-        } else {
-            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
-        }
-    }
-    Ok(())
 }
 
 #[test]

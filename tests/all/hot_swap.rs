@@ -2,40 +2,50 @@
 //! job (through its admin API, and through the registry with `sluice deploy --config`)
 //! takes over between two batches in every partition, continues the state the old
 //! version wrote, and can be rolled back; a restart runs the newest deployed version;
-//! a component that cannot run is refused and the old version keeps processing; the
-//! admin API lets in only who it must, strangers cannot hold its connections, and their
-//! refusals cost a bounded log. The registry works the same in an S3 store, a build forged
-//! to carry another's CRC-64 is a version of its own, a registry written with CRC-64
-//! names stays readable, and `sluice deploy --config` tries versions out in a private
-//! directory. (Two hosts switching together: tests/kafka.rs.)
+//! a component that cannot run is refused and the old version keeps processing; expiry
+//! callbacks fire only while a version that exports them runs; a replay runs each
+//! record with the version that first did and expires as the first run did. The
+//! registry works the same in an S3 store, a build forged to carry another's CRC-64 is
+//! a version of its own, a registry written with CRC-64 names stays readable, `sluice
+//! deploy --config` tries versions out in a private directory, and a deploy reaches
+//! every host of a Kafka group through the shared store.
 
 use anyhow::{Context, Result};
 use serde_json::Value;
-use sluice_tests::*;
+use sluice::source::kafka::RESUMED;
+use sluice_e2e::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-const SEED: u64 = 21;
+/// The seed of the positions the hot-swap tests (and the admin API's, which run their job) generate.
+pub(crate) const SEED: u64 = 21;
+
 /// vehicle-stats version 2 counts positions below this speed (`IDLE_KMH`).
 const IDLE_KMH: f64 = 5.0;
 
 /// A running job of `operator` over `count` generated positions of `vehicles`
 /// vehicles, read at `rate` records/s into `dir/out.jsonl`, its admin API on a free
 /// port, looking at the registry every 200 ms; `more` is TOML added to its config.
-struct PacedJob {
+pub(crate) struct PacedJob {
     /// The generated input.
-    input: PathBuf,
+    pub(crate) input: PathBuf,
     /// The job's config file.
-    config: PathBuf,
+    pub(crate) config: PathBuf,
     /// The running host.
-    host: Host,
+    pub(crate) host: Host,
     /// Its admin API.
-    admin: String,
+    pub(crate) admin: String,
 }
 
 impl PacedJob {
-    fn start(dir: &Path, (vehicles, count): (u32, u64), rate: u32, operator: &Path, more: &str) -> Result<Self> {
+    pub(crate) fn start(
+        dir: &Path,
+        (vehicles, count): (u32, u64),
+        rate: u32,
+        operator: &Path,
+        more: &str,
+    ) -> Result<Self> {
         let input = dir.join("input.jsonl");
         generate(&input, vehicles, count, SEED)?;
         let config = paced_job(dir, &input, rate, operator, more)?;
@@ -45,272 +55,8 @@ impl PacedJob {
     }
 }
 
-/// The admin API refuses strangers, each with its reason: a deploy or rollback without
-/// the token or with another (401); a request from another site's page (403); a
-/// question without the token naming a `Host` that is not this host's (a page of a site
-/// that pointed its name at 127.0.0.1, 403), but for an IP address, `localhost` and
-/// `[admin] host_names`; an unauthenticated upload is answered before its body is read;
-/// a connection past the limit closes the oldest one without a request, and idle ones
-/// are closed after the header timeout, freeing their slots. Questions on loopback need
-/// no token. A host told to listen beyond loopback without a token does not start.
-#[test]
-fn the_admin_api_lets_in_only_who_it_must() -> Result<()> {
-    use sluice::admin::{CROSS_ORIGIN, FOREIGN_HOST, HEADER_TIMEOUT, MAX_CONNECTIONS, UNAUTHORIZED};
-    use std::io::Read;
-    use std::net::TcpStream;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let PacedJob { mut host, admin, .. } = PacedJob::start(
-        dir,
-        (20, 100_000),
-        1_000,
-        &operator_wasm("vehicle_stats"),
-        "host_names = [\"devbox.test\"]\n",
-    )?;
-    let address = admin.trim_start_matches("http://").to_string();
-    let port = address.rsplit_once(':').map(|(_, port)| port).unwrap_or_default();
-    let ask = |head: &str| ask(&address, head);
-    let rollback = "POST /operators/vehicle_stats/rollback HTTP/1.1\r\n";
-    let answer = ask(rollback)?;
-    assert!(answer.starts_with("HTTP/1.1 401") && answer.contains(UNAUTHORIZED), "{answer}");
-    let answer = ask(&format!("{rollback}Authorization: Bearer wrong\r\n"))?;
-    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
-    let answer = ask(&format!("{rollback}Authorization: Bearer {ADMIN_TOKEN}\r\n"))?;
-    assert!(answer.starts_with("HTTP/1.1 409") && answer.contains("nothing to roll back to"), "{answer}");
-    let versions = "GET /operators/vehicle_stats/versions HTTP/1.1\r\n";
-    assert!(ask(versions)?.starts_with("HTTP/1.1 200"), "a question on loopback needs no token");
-    let answer = ask(&format!("{versions}Origin: http://elsewhere.example\r\n"))?;
-    assert!(answer.starts_with("HTTP/1.1 403") && answer.contains(CROSS_ORIGIN), "{answer}");
-    // What a page of rebound.example sends once its name points at 127.0.0.1.
-    let rebound = format!("Host: rebound.example:{port}\r\n");
-    for question in [versions, "GET /metrics HTTP/1.1\r\n", "GET /partitions HTTP/1.1\r\n", "GET /events HTTP/1.1\r\n"]
-    {
-        let answer = ask_as(&address, &rebound, question)?;
-        assert!(answer.starts_with("HTTP/1.1 403") && answer.contains(FOREIGN_HOST), "{answer}");
-    }
-    for own in ["localhost", "127.0.0.1", "[::1]", "DevBox.test"] {
-        let answer = ask_as(&address, &format!("Host: {own}:{port}\r\n"), versions)?;
-        assert!(answer.starts_with("HTTP/1.1 200"), "{own}: {answer}");
-    }
-    let with_token = format!("{versions}Authorization: Bearer {ADMIN_TOKEN}\r\n");
-    assert!(ask_as(&address, &rebound, &with_token)?.starts_with("HTTP/1.1 200"), "the token vouches for itself");
-    // 100 MB announced, none sent: the refusal comes without waiting for them.
-    let answer = ask("POST /operators/vehicle_stats/versions HTTP/1.1\r\nContent-Length: 100000000\r\n")?;
-    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
-
-    let mut idle: Vec<TcpStream> =
-        (0..MAX_CONNECTIONS).map(|_| TcpStream::connect(&address)).collect::<std::io::Result<_>>()?;
-    std::thread::sleep(Duration::from_millis(300));
-    // The connection past the limit is served, and the oldest one closed for it.
-    assert!(ask(versions)?.starts_with("HTTP/1.1 200"), "a new connection is served");
-    let oldest = idle.remove(0);
-    assert!(closed_within(oldest, Duration::from_secs(2)), "the oldest connection is closed for the new one");
-    let started = std::time::Instant::now();
-    for mut connection in idle {
-        connection.set_read_timeout(Some(HEADER_TIMEOUT * 4))?;
-        let closed = connection.read(&mut [0; 1024]).map(|_| true).unwrap_or(false);
-        assert!(closed, "an idle connection is closed after the header timeout");
-    }
-    assert!(started.elapsed() < HEADER_TIMEOUT * 3, "closed after {:?}", started.elapsed());
-    assert!(ask(versions)?.starts_with("HTTP/1.1 200"), "their slots are free again");
-    host.kill_9()?;
-
-    let config = paced_job(dir, &dir.join("input.jsonl"), 1_000, &operator_wasm("vehicle_stats"), "")?;
-    let open = std::fs::read_to_string(&config)?.replace("127.0.0.1:0", "0.0.0.0:0");
-    std::fs::write(&config, open)?;
-    let err = run_err(sluice().env_remove(sluice::admin::TOKEN_VARIABLE).arg("run").arg("--config").arg(&config))?;
-    assert!(err.contains("is beyond loopback") && err.contains("needs a token"), "{err}");
-    Ok(())
-}
-
-/// Strangers cannot hold the admin API against its owner. Beyond loopback, connections
-/// that fetched the status page (all it serves without the token) are closed after
-/// their answer instead of kept open, and of as many more that send nothing the oldest
-/// is closed for each new connection; meanwhile a deploy and a scrape with the token get
-/// through, and a connection that presented the token stays open for its next request.
-#[test]
-fn strangers_cannot_hold_the_admin_api_against_its_owner() -> Result<()> {
-    use sluice::admin::MAX_CONNECTIONS;
-    use std::net::TcpStream;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let input = dir.join("input.jsonl");
-    generate(&input, 20, 100_000, SEED)?;
-    let config = paced_job(dir, &input, 1_000, &operator_wasm("vehicle_stats"), "")?;
-    std::fs::write(&config, std::fs::read_to_string(&config)?.replace("127.0.0.1:0", "0.0.0.0:0"))?;
-    let mut host = Host::spawn("host", sluice().arg("run").arg("--config").arg(&config), &dir.join("host.log"))?;
-    let port = host.admin_url()?.rsplit_once(':').map(|(_, port)| port.to_string()).unwrap_or_default();
-    let address = format!("127.0.0.1:{port}");
-
-    let page = "GET / HTTP/1.1\r\n";
-    let mut strangers = Vec::new();
-    for _ in 0..MAX_CONNECTIONS {
-        let mut stranger = TcpStream::connect(&address)?;
-        let answer = exchange(&mut stranger, &address, page)?;
-        assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("<html"), "{answer}");
-        strangers.push(stranger);
-    }
-    for stranger in strangers {
-        assert!(closed_within(stranger, Duration::from_secs(2)), "a stranger's connection closes after its answer");
-    }
-    let silent: Vec<TcpStream> =
-        (0..MAX_CONNECTIONS).map(|_| TcpStream::connect(&address)).collect::<std::io::Result<_>>()?;
-    std::thread::sleep(Duration::from_millis(300));
-    let deployed = run_ok(
-        sluice().arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats_v2")).arg("--admin").arg(&address),
-    )?;
-    assert!(String::from_utf8_lossy(&deployed.stdout).contains("(entry 2)"));
-    let mut owner = TcpStream::connect(&address)?;
-    let scrape = format!("GET /metrics HTTP/1.1\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n");
-    for _ in 0..2 {
-        let answer = exchange(&mut owner, &address, &scrape)?;
-        let kept_open = !answer.to_lowercase().contains("connection: close");
-        assert!(answer.starts_with("HTTP/1.1 200") && kept_open, "{answer}");
-    }
-    let oldest = silent.into_iter().next().expect("connections were opened");
-    assert!(closed_within(oldest, Duration::from_secs(2)), "the oldest was closed for the deploy's connection");
-    host.kill_9()
-}
-
-/// Refused requests cost a bounded log: of a burst of 200, at most
-/// [`REFUSALS_LOGGED`](sluice::admin::REFUSALS_LOGGED) per window are logged one by one,
-/// and the rest in a line counting them once the window is over.
-#[test]
-fn refused_requests_cost_a_bounded_log() -> Result<()> {
-    use sluice::admin::{REFUSAL_LOG_WINDOW, REFUSALS_COUNTED, REFUSALS_LOGGED};
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let PacedJob { mut host, admin, .. } =
-        PacedJob::start(dir, (20, 100_000), 1_000, &operator_wasm("vehicle_stats"), "")?;
-    let address = admin.trim_start_matches("http://").to_string();
-    let rollback = "POST /operators/vehicle_stats/rollback HTTP/1.1\r\n";
-    let (burst, started) = (200, std::time::Instant::now());
-    for _ in 0..burst {
-        assert!(ask(&address, rollback)?.starts_with("HTTP/1.1 401"));
-    }
-    // So it spans two windows at most.
-    assert!(started.elapsed() < REFUSAL_LOG_WINDOW, "the burst took {:?}", started.elapsed());
-    host.wait_for(REFUSALS_COUNTED, 1, REFUSAL_LOG_WINDOW * 2)?;
-    let log = host.log();
-    let one_by_one = log.lines().filter(|line| line.contains("POST /operators/vehicle_stats/rollback")).count() as u64;
-    let counted: u64 = log
-        .lines()
-        .filter_map(|line| line.split_once(&format!(" {REFUSALS_COUNTED}"))?.0.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum();
-    assert!(one_by_one <= 2 * REFUSALS_LOGGED && one_by_one + counted == burst, "{one_by_one} + {counted}:\n{log}");
-    host.kill_9()
-}
-
-/// One request with `head` (its request line and headers but `Host`) on its own
-/// connection to `address`, naming it as the `Host`; the answer's status line, headers
-/// and body.
-fn ask(address: &str, head: &str) -> Result<String> {
-    ask_as(address, &format!("Host: {address}\r\n"), head)
-}
-
-/// [`ask`] with the `Host` header line `host`.
-fn ask_as(address: &str, host: &str, head: &str) -> Result<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address)?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    stream.write_all(format!("{head}{host}Connection: close\r\n\r\n").as_bytes())?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer)?;
-    Ok(answer)
-}
-
-/// One request with `head` on `stream`, kept open, to `address`; the whole answer,
-/// read as far as its `content-length` says.
-fn exchange(stream: &mut std::net::TcpStream, address: &str, head: &str) -> Result<String> {
-    use std::io::{Read, Write};
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    stream.write_all(format!("{head}Host: {address}\r\n\r\n").as_bytes())?;
-    let mut answer = Vec::new();
-    let mut buffer = [0; 8192];
-    loop {
-        let n = stream.read(&mut buffer)?;
-        anyhow::ensure!(n > 0, "the connection closed mid-answer: {}", String::from_utf8_lossy(&answer));
-        answer.extend_from_slice(&buffer[..n]);
-        let text = String::from_utf8_lossy(&answer).to_lowercase();
-        if let Some(end) = text.find("\r\n\r\n") {
-            let length = text[..end].lines().find_map(|line| line.strip_prefix("content-length: "));
-            let length: usize = length.and_then(|l| l.trim().parse().ok()).unwrap_or(0);
-            if answer.len() >= end + 4 + length {
-                return Ok(String::from_utf8_lossy(&answer).into_owned());
-            }
-        }
-    }
-}
-
-/// Whether the host closes `stream` within `timeout` (it reads the end of the stream).
-fn closed_within(mut stream: std::net::TcpStream, timeout: Duration) -> bool {
-    use std::io::Read;
-    stream.set_read_timeout(Some(timeout)).is_ok() && stream.read_to_end(&mut Vec::new()).is_ok()
-}
-
-/// The status page at `GET /`, as Chromium renders it during a run: a row per partition
-/// whose numbers grow while the job runs, totals, and — after a deploy — the new
-/// version in every row and the switch on the timeline. It leaves a screenshot in
-/// cargo's test directory (`status-page.png`, the one docs/observability.md shows).
-#[test]
-fn the_status_page_shows_the_partitions_live_and_a_deploy_on_its_timeline() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let PacedJob { mut host, admin, .. } =
-        PacedJob::start(dir, (100, 60_000), 2_000, &operator_wasm("vehicle_stats"), "")?;
-    let profile = dir.join("chromium");
-    std::thread::sleep(Duration::from_secs(2));
-    let before = rendered_dom(&admin, &profile)?;
-    let mut deploy = sluice();
-    deploy.arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats_v2")).arg("--admin").arg(&admin);
-    let answer = String::from_utf8(run_ok(&mut deploy)?.stdout)?;
-    let v2 = named_version(&answer);
-    std::thread::sleep(Duration::from_secs(1));
-    let after = rendered_dom(&admin, &profile)?;
-
-    for page in [&before, &after] {
-        let updates = page.split("data-updates=\"").nth(1).and_then(|rest| rest.split('"').next()?.parse().ok());
-        let updates: u32 = updates.unwrap_or(0);
-        assert!(updates >= 2 && !page.contains("data-error"), "the page read the host every second:\n{page}");
-    }
-    let (rows_before, rows_after) = (page_rows(&before), page_rows(&after));
-    assert_eq!(rows_before.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3], "{before}");
-    assert_eq!(rows_after.keys().copied().collect::<Vec<_>>(), [0, 1, 2, 3], "{after}");
-    let number = |text: &str| text.replace(',', "").parse::<u64>().unwrap_or(0);
-    let processed = |rows: &BTreeMap<u32, BTreeMap<String, String>>| -> u64 {
-        rows.values().map(|row| number(&row["processed"])).sum()
-    };
-    assert!(processed(&rows_before) > 0 && processed(&rows_after) > processed(&rows_before), "{before}\n{after}");
-    let total = |page: &str| text_after(page, "data-total=\"records processed\"").map(|t| number(&t));
-    assert!(total(&after) > total(&before), "the totals follow the run too");
-    assert!(rows_after.values().all(|row| row["version"] == v2), "every partition runs {v2}:\n{after}");
-    assert!(rows_before.values().all(|row| row["version"] != v2), "{before}");
-    let switch = text_after(&after, "data-kind=\"switch\"").unwrap_or_default();
-    assert!(switch.contains("4 partitions from") && switch.contains(&v2), "on the timeline:\n{after}");
-
-    let png = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
-    screenshot(&admin, &profile, (1400, 1200), &png)?;
-    assert!(std::fs::metadata(&png)?.len() > 10_000, "a screenshot with something on it");
-    host.kill_9()
-}
-
-/// The partition rows of the status page's `html`: partition -> field -> text.
-fn page_rows(html: &str) -> BTreeMap<u32, BTreeMap<String, String>> {
-    let rows = html.split("<tr data-partition=\"").skip(1).map(|row| {
-        let row = &row[..row.find("</tr>").unwrap_or(row.len())];
-        let partition = row.split('"').next().and_then(|p| p.parse().ok()).unwrap_or(u32::MAX);
-        let cells = row.split("<td data-field=\"").skip(1).filter_map(|cell| {
-            let (field, rest) = cell.split_once('"')?;
-            let text = rest.split_once('>')?.1.split('<').next()?;
-            Some((field.to_string(), text.to_string()))
-        });
-        (partition, cells.collect())
-    });
-    rows.collect()
-}
-
 /// The config of a [`PacedJob`].
-fn paced_job(dir: &Path, input: &Path, rate: u32, operator: &Path, more: &str) -> Result<PathBuf> {
+pub(crate) fn paced_job(dir: &Path, input: &Path, rate: u32, operator: &Path, more: &str) -> Result<PathBuf> {
     let config = dir.join("job.toml");
     std::fs::write(
         &config,
@@ -328,7 +74,7 @@ fn paced_job(dir: &Path, input: &Path, rate: u32, operator: &Path, more: &str) -
 }
 
 /// The version a deploy or rollback line names: `deployed vehicle_stats@… (entry 2): …`.
-fn named_version(line: &str) -> String {
+pub(crate) fn named_version(line: &str) -> String {
     line.split_whitespace().find(|w| w.starts_with("vehicle_stats@")).unwrap_or_default().to_string()
 }
 
@@ -938,4 +684,101 @@ fn with_crc64_of(component: &[u8], target: &[u8]) -> Vec<u8> {
     crc_with(tail);
     assert_eq!(crc(&forged), crc(target));
     forged
+}
+
+#[test]
+fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result<()> {
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 4).topic("summaries", 2).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let (vehicles, total) = (200, 12_000usize);
+    let all = kafka.generate("all.jsonl", vehicles, total as u64)?;
+    let chunks = split_lines(&all, 3)?;
+    // The registry is the job's checkpoint store, which `sluice deploy --config` finds
+    // in the same config file the hosts run.
+    let config = dir.join("job.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = {:?}\npoll_versions_s = 0.2\n[source]\nkind = \"kafka\"\nbrokers = \"{}\"\n\
+             topic = \"positions\"\ngroup = \"swap\"\n[checkpoint]\nstore = {:?}\n",
+            operator_wasm("vehicle_stats"),
+            broker.bootstrap,
+            dir.join("store")
+        ),
+    )?;
+    let output = format!("kafka://{}/summaries", broker.bootstrap);
+    let host = |name: &str| kafka.host(name, 4, &config, None, &["--output", &output]);
+    let minute = Duration::from_secs(60);
+    let mut a = host("a")?;
+    a.wait_for(RESUMED, 4, minute)?;
+    let mut b = host("b")?;
+    b.wait_for(RESUMED, 1, minute)?;
+    // Every partition a handed over runs on b before any record arrives, so each
+    // partition's outputs start with version 1.
+    let started = Instant::now();
+    while a.log().matches(&handed_over()).count() != b.log().matches(RESUMED).count() {
+        assert!(started.elapsed() < minute, "the group did not settle:\n{}\n{}", a.log(), b.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    broker.produce_lines("positions", &chunks[0])?;
+
+    let deployed = std::thread::scope(|scope| -> Result<String> {
+        let loader = scope.spawn(|| broker.produce_lines("positions", &chunks[1]));
+        let deploy = sluice()
+            .arg("deploy")
+            .arg("vehicle_stats")
+            .arg(operator_wasm("vehicle_stats_v2"))
+            .arg("--config")
+            .arg(&config)
+            .output()?;
+        loader.join().expect("the producer thread")?;
+        assert!(deploy.status.success(), "{}", String::from_utf8_lossy(&deploy.stderr));
+        Ok(String::from_utf8_lossy(&deploy.stdout).into_owned())
+    })?;
+    let v2 = deployed.split_whitespace().nth(1).context("deploy names the version")?.to_string();
+    for host in [&mut a, &mut b] {
+        host.wait_for(&format!("deployed {v2} (entry 2)"), 1, Duration::from_secs(30))?;
+    }
+    broker.produce_lines("positions", &chunks[2])?;
+    broker.wait_committed("swap", "positions", total as i64, Duration::from_secs(120))?;
+    a.terminate()?;
+    b.terminate()?;
+    for host in [&a, &b] {
+        let switches = host.log().matches(&format!("to {v2} at offset")).count();
+        let owned = host.log().matches(RESUMED).count();
+        assert!(
+            switches >= 1 && switches <= owned,
+            "host {} switched its partitions once each:\n{}",
+            host.name,
+            host.log()
+        );
+    }
+
+    // Per input partition, outputs in offset order come from version 1, then from
+    // version 2; version 2 carried every vehicle's summary on.
+    let outputs = broker.read_topic("summaries")?;
+    let mut by_partition: BTreeMap<String, BTreeMap<u64, String>> = BTreeMap::new();
+    for output in &outputs {
+        let offset: u64 = output.headers["sluice-offset"].parse()?;
+        let versions = by_partition.entry(output.headers["sluice-partition"].clone()).or_default();
+        let version = &output.headers["sluice-operator"];
+        let first = versions.entry(offset).or_insert_with(|| version.clone());
+        assert_eq!(
+            first, version,
+            "input {offset} of partition {} was processed by two versions",
+            output.headers["sluice-partition"]
+        );
+    }
+    assert_eq!(by_partition.values().map(BTreeMap::len).sum::<usize>(), total, "every input has an output");
+    for (partition, versions) in &by_partition {
+        let mut runs: Vec<&String> = versions.values().collect();
+        runs.dedup();
+        assert!(runs.len() == 2 && *runs[1] == v2, "partition {partition}: version 1, then {v2}: {runs:?}");
+    }
+    let reference = Reference::fold(&all)?;
+    let last = outputs.iter().map(|r| (r.key.as_str(), &r.value));
+    for output in assert_last_outputs(last, &reference, "last output, by version 2").values() {
+        assert!(output.get("idle_count").is_some(), "version 2 wrote the last output: {output}");
+    }
+    Ok(())
 }

@@ -164,7 +164,7 @@ fn the_transactional_broker_counts_only_in_the_version_the_tests_need() -> Resul
 #[test]
 fn install_splits_the_debug_info_off_the_binary() -> Result<()> {
     let prefix = tempfile::tempdir()?;
-    let built = sluice_tests::sluice_bin();
+    let built = sluice_e2e::sluice_bin();
     let dev_sh = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../dev.sh");
     let output =
         Command::new("bash").arg(&dev_sh).arg("install").arg(prefix.path()).env("SLUICE_BIN", &built).output()?;

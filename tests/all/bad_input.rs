@@ -2,7 +2,7 @@
 //! state: configs, WASM files, records, state directories.
 
 use anyhow::Result;
-use sluice_tests::*;
+use sluice_e2e::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,115 @@
+//! `sluice test` and its driver, which run a component in the sandbox outside a job:
+//! outputs and dead letters compared with fixtures, and the driver's clock deciding
+//! expiry.
+
+use anyhow::Result;
+use serde_json::{Value, json};
+use sluice_e2e::*;
+use std::path::{Path, PathBuf};
+
+/// vehicle-stats' fixtures, in `operators/vehicle-stats/fixtures`.
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../operators/vehicle-stats/fixtures").join(name)
+}
+
+/// `sluice test` runs a component over a file of records in the sandbox: its outputs
+/// and dead letter match the fixtures; with the "left the fleet" TTL and the clock moved
+/// on, the expiry callbacks' outputs come too, earliest first; a deliberately wrong
+/// expectation fails with the record, the field and both lines; a given starting state
+/// carries on, and `--show-state` prints the state after.
+#[test]
+fn sluice_test_compares_a_components_outputs_with_the_fixtures() -> Result<()> {
+    let test = || {
+        let mut command = sluice();
+        command.arg("test").arg(operator_wasm("vehicle_stats")).arg("--input").arg(fixture("input.jsonl"));
+        command
+    };
+    let run = run_ok(
+        test()
+            .arg("--expect")
+            .arg(fixture("expected.jsonl"))
+            .arg("--expect-dead-letters")
+            .arg(fixture("dead-letters.jsonl")),
+    )?;
+    let said = String::from_utf8(run.stderr)?;
+    assert!(said.contains("5 records, 4 outputs, 1 dead letters, as expected,"), "{said}");
+
+    let run = run_ok(
+        test()
+            .args(["--config", "left_fleet_after_ms=60000", "--advance-to", "1767225700000", "--expect"])
+            .arg(fixture("expected-left-fleet.jsonl"))
+            .arg("--expect-dead-letters")
+            .arg(fixture("dead-letters.jsonl")),
+    )?;
+    assert!(String::from_utf8(run.stderr)?.contains("6 outputs"));
+    // A job's sandbox: its operator config, and its limits, one output per record.
+    let scratch = tempfile::tempdir()?;
+    let job = scratch.path().join("job.toml");
+    std::fs::write(
+        &job,
+        "[operator]\npath = \"x.wasm\"\n[operator.config]\nleft_fleet_after_ms = \"60000\"\n\
+         [operator.limits]\noutput_bytes_per_record = 100\n",
+    )?;
+    let run = run_ok(test().arg("--job").arg(&job).args(["--advance-to", "1767225700000"]))?;
+    let dead: Vec<Value> =
+        String::from_utf8(run.stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    let errors: Vec<&str> = dead.iter().map(|line| line["error"].as_str().unwrap_or_default()).collect();
+    assert_eq!(errors, ["trapped", "trapped", "trapped", "trapped", "rejected"], "the positions passed the limit");
+    assert!(dead[0]["reason"].as_str().unwrap_or_default().contains("output_bytes_per_record = 100"), "{dead:?}");
+
+    let dir = tempfile::tempdir()?;
+    let wrong = dir.path().join("wrong.jsonl");
+    let expected = std::fs::read_to_string(fixture("expected.jsonl"))?;
+    std::fs::write(&wrong, expected.replacen("\"count\":2", "\"count\":5", 1))?;
+    let err =
+        run_err(test().arg("--expect").arg(&wrong).arg("--expect-dead-letters").arg(fixture("dead-letters.jsonl")))?;
+    assert!(
+        err.contains("output 3 (of the input at offset 2): differs in value.count (expected 5, actual 2)"),
+        "{err}"
+    );
+    assert!(err.contains("expected {\"key\":\"veh-1\",\"value\":{\"count\":5,") && err.contains("actual   {"), "{err}");
+    assert!(err.contains("1 difference(s)"), "{err}");
+    let err = run_err(test().arg("--expect").arg(fixture("expected.jsonl")))?;
+    assert!(
+        err.contains("expected 0 dead letters, got 1: 1 unexpected") && err.contains("\"error\":\"rejected\""),
+        "{err}"
+    );
+
+    let state = dir.path().join("state.jsonl");
+    let summary = json!({"vehicle_id": "veh-1", "count": 10, "mean_speed_kmh": 30.0, "max_speed_kmh": 90.0,
+        "distance_km": 1.5, "first_seen": 0, "last_seen": 0, "last_lat": 52.3702, "last_lon": 4.8952});
+    std::fs::write(&state, json!({"key": "veh-1", "name": "summary", "value": summary}).to_string() + "\n")?;
+    let run = run_ok(test().arg("--state").arg(&state).arg("--show-state"))?;
+    let lines: Vec<Value> =
+        String::from_utf8(run.stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    assert_eq!(lines[0]["value"]["count"], 11, "the given state carried on: {lines:?}");
+    assert_eq!(lines[0]["value"]["max_speed_kmh"], 90.0);
+    let after: Vec<&Value> = lines.iter().filter(|line| line["name"] == "summary").collect();
+    assert_eq!(after.len(), 2, "two vehicles' summaries after: {lines:?}");
+    assert_eq!(after[0]["value"]["count"], 13);
+    Ok(())
+}
+
+/// The test driver's clock decides expiry, to the millisecond: a vehicle's summary,
+/// put with a TTL of a minute, lives until its clock reaches the minute and expires at
+/// it, through the operator's `expired`, whose output says so; the state is then empty.
+#[test]
+fn the_test_drivers_clock_drives_expiry_deterministically() -> Result<()> {
+    use sluice::test_driver::TestDriver;
+    let mut driver =
+        TestDriver::builder(operator_wasm("vehicle_stats")).config("left_fleet_after_ms", "60000").build()?;
+    let at = 1_767_225_600_000_i64;
+    let position = json!({"vehicle_id": "veh-1", "ts": at, "lat": 52.0, "lon": 4.0, "speed_kmh": 30.0});
+    let step = driver.process(b"veh-1", position.to_string().as_bytes(), at)?;
+    assert_eq!(step.outputs[0]["value"]["count"], 1, "{step:?}");
+    assert_eq!(driver.state()?.len(), 1);
+    let step = driver.advance_clock(at + 59_999)?;
+    assert!(step.outputs.is_empty() && driver.state()?.len() == 1, "not due yet: {step:?}");
+    let step = driver.advance_clock(at + 60_000)?;
+    assert_eq!(step.outputs.len(), 1, "{step:?}");
+    assert_eq!(step.outputs[0]["cause"], "expiry");
+    assert_eq!(step.outputs[0]["value"]["left_fleet_at"], at + 60_000);
+    assert_eq!(step.outputs[0]["operator"], driver.version());
+    assert!(driver.state()?.is_empty(), "the summary is gone");
+    Ok(())
+}

@@ -1,0 +1,126 @@
+//! The set-up the Kafka tests share: [`KafkaJob`], a broker started with the topics a
+//! test names and a scratch directory for its jobs, which writes the config of a job
+//! reading topic `positions`, spawns hosts of it and generates the positions to produce.
+//! Jobs of another shape (exactly-once, a sink alone) are their module's.
+
+use crate::binary::{Host, operator_wasm, run_job};
+use crate::reference::generate;
+use crate::servers::KafkaBroker;
+use anyhow::Result;
+use sluice::record::Stop;
+use sluice::worker::STOPPED;
+use std::path::{Path, PathBuf};
+
+/// The seed of the positions the Kafka tests generate.
+pub const KAFKA_SEED: u64 = 5;
+
+/// A Kafka test's broker, with the topics it created, and a scratch directory (removed
+/// when the job is dropped) for the state, outputs, configs and logs of its hosts. Built
+/// by [`KafkaJob::on`] a broker, then [`topic`](KafkaJobBuilder::topic) for each topic and
+/// [`start`](KafkaJobBuilder::start).
+pub struct KafkaJob {
+    /// The broker the job reads and writes.
+    pub broker: KafkaBroker,
+    scratch: tempfile::TempDir,
+}
+
+/// The topics a [`KafkaJob`] creates on its broker before it starts.
+pub struct KafkaJobBuilder {
+    broker: KafkaBroker,
+    topics: Vec<(String, i32)>,
+}
+
+impl KafkaJob {
+    /// A job on `broker` (tansu on SQLite, in memory, or noida-db with transactions).
+    pub fn on(broker: KafkaBroker) -> KafkaJobBuilder {
+        KafkaJobBuilder { broker, topics: Vec::new() }
+    }
+
+    /// The scratch directory.
+    pub fn dir(&self) -> &Path {
+        self.scratch.path()
+    }
+
+    /// Writes `count` generated positions of `vehicles` vehicles ([`KAFKA_SEED`]) to
+    /// `name` in the scratch directory, and returns its path.
+    pub fn generate(&self, name: &str, vehicles: u32, count: u64) -> Result<PathBuf> {
+        let path = self.dir().join(name);
+        generate(&path, vehicles, count, KAFKA_SEED)?;
+        Ok(path)
+    }
+
+    /// Writes the config of a job reading topic `positions` of this broker, with `more`
+    /// source settings ([`positions_source`] in the scratch directory).
+    pub fn source(&self, more: &str) -> Result<PathBuf> {
+        positions_source(self.dir(), &self.broker.bootstrap, more)
+    }
+
+    /// Spawns host `name`: vehicle-stats over `partitions` partitions in the scratch
+    /// directory's `name` (its log in `name/log`), configured by `config`, checkpointing
+    /// to `store` when given (else beside its state), with `flags` after.
+    pub fn host(
+        &self,
+        name: &str,
+        partitions: u32,
+        config: &Path,
+        store: Option<&Path>,
+        flags: &[&str],
+    ) -> Result<Host> {
+        let home = self.dir().join(name);
+        std::fs::create_dir_all(&home)?;
+        let mut command = run_job(&operator_wasm("vehicle_stats"), &home, partitions);
+        command.arg("--config").arg(config);
+        if let Some(store) = store {
+            command.arg("--checkpoint-store").arg(store);
+        }
+        Host::spawn(name, command.args(flags), &home.join("log"))
+    }
+}
+
+impl KafkaJobBuilder {
+    /// Creates topic `name` with `partitions` partitions when the job starts.
+    pub fn topic(mut self, name: &str, partitions: i32) -> Self {
+        self.topics.push((name.to_string(), partitions));
+        self
+    }
+
+    /// Creates the topics, and the scratch directory.
+    pub fn start(self) -> Result<KafkaJob> {
+        for (topic, partitions) in &self.topics {
+            self.broker.create_topic(topic, *partitions)?;
+        }
+        Ok(KafkaJob { broker: self.broker, scratch: tempfile::tempdir()? })
+    }
+}
+
+/// Splits the lines of `path` into `n` files of (nearly) equal length beside it.
+pub fn split_lines(path: &Path, n: usize) -> Result<Vec<PathBuf>> {
+    let text = std::fs::read_to_string(path)?;
+    let lines: Vec<&str> = text.lines().collect();
+    let mut files = Vec::new();
+    for (i, chunk) in lines.chunks(lines.len().div_ceil(n)).enumerate() {
+        let file = path.with_extension(format!("{i}.jsonl"));
+        std::fs::write(&file, chunk.join("\n") + "\n")?;
+        files.push(file);
+    }
+    Ok(files)
+}
+
+/// Writes `dir/kafka-source.toml`: a Kafka source reading topic `positions` from
+/// `brokers`, with `more` source settings; the operator comes from `--operator`.
+pub fn positions_source(dir: &Path, brokers: &str, more: &str) -> Result<PathBuf> {
+    let config = dir.join("kafka-source.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = \"set-by-flag.wasm\"\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
+             topic = \"positions\"\n{more}"
+        ),
+    )?;
+    Ok(config)
+}
+
+/// What a host logs when a partition of it hands over in a graceful stop.
+pub fn handed_over() -> String {
+    format!("{STOPPED} ({:?})", Stop::Handover)
+}
