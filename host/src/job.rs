@@ -10,7 +10,7 @@
 
 use crate::admin;
 use crate::checkpoint::{self, CheckpointSettings, CheckpointStore, JobIdentity};
-use crate::config::{Config, Guarantee, NullKeys, SinkConfig, SourceConfig};
+use crate::config::{Config, Guarantee, SinkConfig, SourceConfig};
 use crate::lock;
 use crate::metrics::Metrics;
 use crate::operator::deploy::{Deployer, Sandbox};
@@ -73,6 +73,20 @@ pub struct JobReport {
 }
 
 impl JobReport {
+    /// What `router`'s run did since `started`, when the process had spent `cpu`.
+    fn of(router: &Router, started: Instant, cpu: Option<Duration>, checkpoints_on: bool) -> JobReport {
+        let mut reports = router.partition_reports().to_vec();
+        reports.sort_by_key(|r| r.partition);
+        JobReport {
+            elapsed: started.elapsed(),
+            restore_took: checkpoints_on.then(|| reports.iter().map(|r| r.start_took).max().unwrap_or_default()),
+            source: router.report(),
+            partitions: reports,
+            cpu: cpu.zip(process_cpu()).map(|(before, after)| after.saturating_sub(before)),
+            peak_rss: peak_rss(),
+        }
+    }
+
     /// Records processed by this run, over all partitions.
     pub fn processed(&self) -> u64 {
         self.partitions.iter().map(|p| p.totals.processed).sum()
@@ -216,11 +230,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
         cadence: Cadence::of(&config.state, max_poll_interval.map(|interval| interval / 2)),
         cache_bytes: config.state.cache_mib << 20,
         ttl: Arc::new(config.ttl.clone()),
-        null_keys: match &config.source {
-            SourceConfig::Kafka { null_keys, .. } => *null_keys,
-            // Only Kafka has records without a key.
-            SourceConfig::Generator { .. } | SourceConfig::File { .. } => NullKeys::default(),
-        },
+        null_keys: config.source.null_keys(),
         retry_timeout: config.checkpoint.restore_retry_timeout,
         stopping: stopping.clone(),
     });
@@ -236,16 +246,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
 
     let (started, cpu) = (Instant::now(), process_cpu());
     let router = drive(config, source, router, &deployer, &live, watch, &stopping, started)?;
-    let mut reports = router.partition_reports().to_vec();
-    reports.sort_by_key(|r| r.partition);
-    Ok(JobReport {
-        elapsed: started.elapsed(),
-        restore_took: checkpoints_on.then(|| reports.iter().map(|r| r.start_took).max().unwrap_or_default()),
-        source: router.report(),
-        partitions: reports,
-        cpu: cpu.zip(process_cpu()).map(|(before, after)| after.saturating_sub(before)),
-        peak_rss: peak_rss(),
-    })
+    Ok(JobReport::of(&router, started, cpu, checkpoints_on))
 }
 
 /// The checkpoint store and its settings, when checkpoints are on; the store is

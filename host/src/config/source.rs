@@ -108,6 +108,15 @@ fn default_vehicles() -> u32 {
 }
 
 impl SourceConfig {
+    /// What to do with records without a key: the Kafka source's setting; the other
+    /// sources have no such records.
+    pub fn null_keys(&self) -> NullKeys {
+        match self {
+            SourceConfig::Kafka { null_keys, .. } => *null_keys,
+            SourceConfig::Generator { .. } | SourceConfig::File { .. } => NullKeys::default(),
+        }
+    }
+
     /// Checks values that parse but cannot work.
     pub fn validate(&self) -> Result<()> {
         let duration = match self {

@@ -451,23 +451,7 @@ fn poll<P: Partitions + Send>(
             return Err(member_failed(options, fatal));
         }
         match message {
-            Some(Ok(message)) => {
-                state.last_busy = Instant::now();
-                let p = message.partition() as u32;
-                let (record, reserved) = source_record(&message);
-                if reserved && !std::mem::replace(&mut state.reserved_warned, true) {
-                    tracing::warn!(
-                        partition = p,
-                        "the record at offset {} {RESERVED_HEADER} ({NULL_KEY_HEADER} or {TOMBSTONE_HEADER}, which \
-                         mark a record Kafka had no key or value for): dropped from it; further ones are dropped \
-                         without a word",
-                        record.offset
-                    );
-                }
-                if partitions.push(record, false)? && state.backed_up.insert(p) {
-                    consumer.pause(&partition_list(&options.topic, p))?;
-                }
-            }
+            Some(Ok(message)) => state.push(consumer, &options.topic, partitions, &message)?,
             // librdkafka retries by itself; say what happened and keep polling, unless
             // the error was fatal (looked at below).
             Some(Err(e)) => tracing::warn!("consuming {}: {e}", options.topic),
@@ -498,6 +482,32 @@ fn poll<P: Partitions + Send>(
 }
 
 impl PollState {
+    /// Hands `message`'s record to its partition, pausing the partition when that fills
+    /// its worker's queue.
+    fn push<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        topic: &str,
+        partitions: &mut impl Partitions,
+        message: &BorrowedMessage<'_>,
+    ) -> Result<()> {
+        self.last_busy = Instant::now();
+        let p = message.partition() as u32;
+        let (record, reserved) = source_record(message);
+        if reserved && !std::mem::replace(&mut self.reserved_warned, true) {
+            tracing::warn!(
+                partition = p,
+                "the record at offset {} {RESERVED_HEADER} ({NULL_KEY_HEADER} or {TOMBSTONE_HEADER}, which mark a \
+                 record Kafka had no key or value for): dropped from it; further ones are dropped without a word",
+                record.offset
+            );
+        }
+        if partitions.push(record, false)? && self.backed_up.insert(p) {
+            consumer.pause(&partition_list(topic, p))?;
+        }
+        Ok(())
+    }
+
     /// Commits to the group the offsets the partitions' states reached since the last
     /// time, without waiting for the answer.
     fn commit_group_offsets<C: ConsumerContext>(
