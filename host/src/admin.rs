@@ -44,6 +44,8 @@
 //! - refusals are logged at most [`REFUSALS_LOGGED`] per [`REFUSAL_LOG_WINDOW`], each line
 //!   cut at [`REFUSAL_LINE_BYTES`], and the rest counted in one line.
 
+pub(crate) mod events;
+
 use crate::config::AdminConfig;
 use crate::lock;
 use crate::metrics::{self, CONTENT_TYPE, Metrics};
@@ -52,6 +54,7 @@ use crate::operator::registry::{DeployError, Deployment, MAX_COMPONENT_BYTES};
 use crate::stats::{HostEvent, HostStats, now_ms};
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
+use events::{CROSS_ORIGIN, FOREIGN_HOST, LISTENING, NO_TOKEN, REFUSALS_COUNTED, UNAUTHORIZED};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
@@ -67,9 +70,6 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 use tokio::task::{AbortHandle, JoinHandle};
-
-/// Logged once the API listens: `admin API listening on http://127.0.0.1:PORT`.
-pub const LISTENING: &str = "admin API listening on ";
 
 /// The longest a connection may take to send a request's headers.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -94,10 +94,6 @@ pub const REFUSAL_LOG_WINDOW: Duration = Duration::from_secs(10);
 
 /// The most bytes of one logged refusal: its path and headers are the caller's.
 pub const REFUSAL_LINE_BYTES: usize = 512;
-
-/// In the line counting the refusals a window did not log one by one: `admin API: 95
-/// more requests refused, not logged one by one (at most 5 per 10s are)`.
-pub const REFUSALS_COUNTED: &str = "more requests refused, not logged one by one";
 
 /// How long the API waits after failing to accept a connection (out of file
 /// descriptors, say) before it accepts again, rather than spinning.
@@ -193,15 +189,6 @@ fn header(request: &Request<Incoming>, name: hyper::header::HeaderName) -> Optio
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0, |diff, (x, y)| diff | (x ^ y)) == 0
 }
-
-/// Why a request without the right token is refused.
-pub const UNAUTHORIZED: &str = "this request needs the admin token";
-/// Why a deploy or rollback is refused by a host that has no token.
-pub const NO_TOKEN: &str = "this host has no admin token, so its API changes nothing";
-/// Why a request a browser makes for another site is refused.
-pub const CROSS_ORIGIN: &str = "the admin API is not for other sites' pages";
-/// Why a question without the token naming a `Host` not this host's is refused.
-pub const FOREIGN_HOST: &str = "is not a name of this host";
 
 /// The API's open connections: how many presented the token, and the others, oldest
 /// first, each with the handle that closes it.

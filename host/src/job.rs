@@ -8,6 +8,8 @@
 //! API, when configured), turns SIGTERM/SIGINT into a graceful stop, and returns the
 //! final [`JobReport`]. Each piece's behaviour lives in its own module.
 
+pub(crate) mod events;
+
 use crate::admin;
 use crate::checkpoint::{self, CheckpointSettings, CheckpointStore, JobIdentity};
 use crate::config::{Config, Guarantee, SinkConfig, SourceConfig};
@@ -18,9 +20,10 @@ use crate::operator::replay::SwitchLog;
 use crate::operator::wasm::ActiveVersion;
 use crate::record::RawRecord;
 use crate::sink::{DeadLetterSink, Sink};
+use crate::source::events::PARTITIONS_ADDED;
 use crate::source::file::JsonlFile;
 use crate::source::generator::{Fleet, FleetOptions};
-use crate::source::kafka::{self, KafkaOptions, PARTITIONS_ADDED};
+use crate::source::kafka::{self, KafkaOptions};
 use crate::source::{self, DispatchOptions};
 use crate::state::{self, StateDir};
 use crate::stats::{DeadLetters, LiveStats, PartitionStats, peak_rss, process_cpu};
@@ -29,28 +32,13 @@ use crate::worker::{
     Cadence, Checkpointing, Destinations, DispatchReport, PartitionReport, Router, WorkerSetup, Workers,
 };
 use anyhow::{Result, anyhow, bail};
+use events::{DEAD_LETTERS_BY_KIND, EXPIRED_REMOVED, JOB_STARTED, LAG};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
-
-/// Logged once a job has checked its store and sinks, before its source starts.
-pub const JOB_STARTED: &str = "job started";
-
-/// A partition's lag in a running-summary line: ` lag=N`, present when the source
-/// knows its end (Kafka).
-pub const LAG: &str = "lag=";
-
-/// What follows the count of expired state entries in the final report.
-pub const EXPIRED_REMOVED: &str = " expired state entries removed";
-
-/// Starts the final report's line of dead letters by kind, one for each operator
-/// version that had any: `dead letters by kind: 2 rejected by the operator, 1 trapped or
-/// past a limit, 0 outputs refused by Kafka, 0 records without a key, from probe@…`. The running summary counts
-/// them the same way (`dead letters of probe@…: …`).
-pub const DEAD_LETTERS_BY_KIND: &str = "dead letters by kind";
 
 /// What a job did, per partition and in all.
 #[derive(Debug, Clone, PartialEq)]

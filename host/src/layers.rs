@@ -20,6 +20,7 @@ const CHAIN: &[&[&str]] = &[
     &["metrics", "warnings", "test_driver"],
     &["admin"],
     &["job", "scaffold"],
+    &["events"],
 ];
 
 fn stage(module: &str) -> Option<usize> {

@@ -9,14 +9,15 @@
 //! arrive through the [`admin`] API or the registry in the store (see
 //! [`operator::deploy`]); the admin API also serves the host's [`metrics`]. The
 //! [`test_driver`] runs one operator outside a job, record by record, for `sluice test`;
-//! [`scaffold`] writes a new operator crate.
+//! [`scaffold`] writes a new operator crate. The phrases the host logs that tests look for
+//! are each component's `events`, all re-exported by [`events`].
 //!
 //! The layers point one way: each module imports only modules before it in
 //!
 //! ```text
 //! record, backoff, log_rate, objects, kafka → stats, config, checksum, lines → state
 //!     → checkpoint → operator → sink → source → worker → metrics, warnings, test_driver
-//!     → admin → job, scaffold
+//!     → admin → job, scaffold → events
 //! ```
 //!
 //! [`record`] (the data every layer shares), [`backoff`] (the schedule of retries after
@@ -24,7 +25,8 @@
 //! store at a URL, under checkpoints and the operator registry) and [`kafka`] (the
 //! settings every Kafka client starts from) are the leaves;
 //! [`stats`] holds live counters; [`lines`] writes the JSON lines of the sinks and of a
-//! state dump.
+//! state dump. [`events`] is last because it re-exports every component's phrases: nothing
+//! in the library imports it.
 //! A test in this crate fails on an import against the chain.
 
 pub mod admin;
@@ -32,6 +34,7 @@ pub mod backoff;
 pub mod checkpoint;
 pub mod checksum;
 pub mod config;
+pub mod events;
 pub mod job;
 pub mod kafka;
 pub mod lines;

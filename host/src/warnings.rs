@@ -9,9 +9,12 @@
 //! tunes it, at most once a minute per kind; the kinds that hold are kept in the
 //! [`HostStats`] for the metrics, and each warning logged is one of its events. It changes nothing in the job.
 
+pub(crate) mod events;
+
 use crate::config::ReportConfig;
 use crate::lock;
 use crate::stats::{HostStats, LiveStats, PartitionStats, Skew, now_ms};
+use events::{CHECKPOINTS_BEHIND, DEAD_LETTERS_RISING, REBALANCING_OFTEN, SKEWED_STATE, SKEWED_TIME};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -25,17 +28,6 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 const SKEW_LEAST_ENTRIES: u64 = 1000;
 /// A batch p99 shorter than this is not called skewed: fast is fast.
 const SKEW_LEAST_BATCH_P99: Duration = Duration::from_millis(10);
-
-/// Starts the warning of a partition whose state is much larger than the others'.
-pub const SKEWED_STATE: &str = "state skew";
-/// Starts the warning of a partition whose batches are much slower than the others'.
-pub const SKEWED_TIME: &str = "processing-time skew";
-/// Starts the warning of checkpoints falling behind.
-pub const CHECKPOINTS_BEHIND: &str = "checkpoints behind";
-/// Starts the warning of a member rebalancing often.
-pub const REBALANCING_OFTEN: &str = "frequent rebalances";
-/// Starts the warning of many dead letters.
-pub const DEAD_LETTERS_RISING: &str = "dead-letter rate";
 
 /// Watches a running job's numbers against `[report]`'s thresholds.
 pub struct Watch {

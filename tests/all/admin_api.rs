@@ -17,7 +17,8 @@ use std::time::Duration;
 /// no token. A host told to listen beyond loopback without a token does not start.
 #[test]
 fn the_admin_api_lets_in_only_who_it_must() -> Result<()> {
-    use sluice::admin::{CROSS_ORIGIN, FOREIGN_HOST, HEADER_TIMEOUT, MAX_CONNECTIONS, UNAUTHORIZED};
+    use sluice::admin::{HEADER_TIMEOUT, MAX_CONNECTIONS};
+    use sluice::events::{CROSS_ORIGIN, FOREIGN_HOST, UNAUTHORIZED};
     use std::io::Read;
     use std::net::TcpStream;
     let dir = tempfile::tempdir()?;
@@ -139,7 +140,8 @@ fn strangers_cannot_hold_the_admin_api_against_its_owner() -> Result<()> {
 /// and the rest in a line counting them once the window is over.
 #[test]
 fn refused_requests_cost_a_bounded_log() -> Result<()> {
-    use sluice::admin::{REFUSAL_LOG_WINDOW, REFUSALS_COUNTED, REFUSALS_LOGGED};
+    use sluice::admin::{REFUSAL_LOG_WINDOW, REFUSALS_LOGGED};
+    use sluice::events::REFUSALS_COUNTED;
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
     let PacedJob { mut host, admin, .. } =

@@ -9,7 +9,7 @@
 
 use anyhow::Result;
 use serde_json::Value;
-use sluice::checkpoint::restore::{LOCAL_MOVED_ASIDE, NO_RESTORE_HISTORY};
+use sluice::events::{LOCAL_MOVED_ASIDE, NO_RESTORE_HISTORY};
 use sluice_e2e::*;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -78,7 +78,7 @@ fn outputs_to_dev_null_or_a_fifo_are_written_unsynced_and_the_job_runs() -> Resu
     let run = run_ok(job.args(["--output", "/dev/null", "--dead-letter", "/dev/null"]).env("SLUICE_LOG", "info"))?;
     let log = String::from_utf8_lossy(&run.stderr);
     assert_eq!(
-        log.matches(sluice::sink::NOT_SYNCED).count(),
+        log.matches(sluice::events::NOT_SYNCED).count(),
         2,
         "once for the outputs, once for the dead letters: {log}"
     );

@@ -12,7 +12,7 @@
 
 use anyhow::{Context, Result};
 use serde_json::Value;
-use sluice::source::kafka::RESUMED;
+use sluice::events::{EXPIRED_REMOVED, RESUMED};
 use sluice_e2e::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -248,7 +248,7 @@ fn expiry_callbacks_fire_exactly_while_a_version_that_exports_them_runs() -> Res
     let every: Vec<_> =
         read_jsonl(&alone.join("out.jsonl"))?.iter().filter(|o| o["cause"] == "expiry").map(expiry).collect();
     assert_eq!(every.len() as u64, reported_expired(&String::from_utf8_lossy(&report.stderr)));
-    assert!(host.log().contains(&format!("{}{}", every.len(), sluice::job::EXPIRED_REMOVED)), "{}", host.log());
+    assert!(host.log().contains(&format!("{}{}", every.len(), EXPIRED_REMOVED)), "{}", host.log());
     let expected: std::collections::BTreeSet<_> =
         every.iter().filter(|(partition, offset, _)| processed_by[&(*partition, *offset)] == v2).cloned().collect();
     assert!(!expected.is_empty() && expected.len() < every.len(), "{} of {}", expected.len(), every.len());
@@ -461,7 +461,7 @@ fn a_replay_moves_the_clock_and_expires_as_the_first_run_did_whenever_it_runs() 
 /// the offset where it first did, and the state ends as the first run left it.
 #[test]
 fn a_replay_from_before_a_hot_swap_runs_each_record_with_the_version_that_first_did() -> Result<()> {
-    use sluice::worker::REPLAYED_WITH;
+    use sluice::events::REPLAYED_WITH;
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
     let more = "[checkpoint]\ninterval = \"500ms\"\nretain = 1000\n";

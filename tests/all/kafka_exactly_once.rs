@@ -9,11 +9,10 @@
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
+use sluice::events::{ABORTED, COVERED, FENCED, REPLAYED_SILENTLY, RESTARTING, STOPPED_ALONE};
 use sluice::record::DeadLetterKind;
-use sluice::sink::transaction::{
-    ABORTED, COVERED, FENCED, REPLAYED_SILENTLY, legacy_transactional_id, transactional_id,
-};
-use sluice::worker::{AFTER_SEND, BEFORE_SEND, OUTPUTS_COMMITTED, RESTARTING, STATE_COMMITTED, STOPPED_ALONE};
+use sluice::sink::transaction::{legacy_transactional_id, transactional_id};
+use sluice::worker::{AFTER_SEND, BEFORE_SEND, OUTPUTS_COMMITTED, STATE_COMMITTED};
 use sluice_e2e::*;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -113,7 +112,7 @@ fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() ->
 /// up to; every input has one output, those past that offset by version 2.
 #[test]
 fn a_silent_replay_runs_the_version_whose_outputs_it_does_not_send_again() -> Result<()> {
-    use sluice::worker::REPLAYED_WITH;
+    use sluice::events::REPLAYED_WITH;
     let kafka =
         KafkaJob::on(KafkaBroker::start_transactional()?).topic("positions", 2).topic("summaries", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());

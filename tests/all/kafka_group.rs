@@ -4,10 +4,8 @@
 //! by another of its `instance_id` ends its run (on noida-db, which fences it).
 
 use anyhow::Result;
-use sluice::job::LAG;
+use sluice::events::{ASSIGNED, LAG, MEMBER_FAILED, OFFSETS_JUMP, RESUMED, REVOKED, SLOW_BATCH, STOPPED};
 use sluice::metrics::families::COMMITTED_OFFSET;
-use sluice::source::kafka::{ASSIGNED, MEMBER_FAILED, RESUMED, REVOKED};
-use sluice::worker::{OFFSETS_JUMP, SLOW_BATCH, STOPPED};
 use sluice_e2e::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

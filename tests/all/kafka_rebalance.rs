@@ -5,9 +5,7 @@
 //! pause.
 
 use anyhow::{Context, Result};
-use sluice::job::JOB_STARTED;
-use sluice::source::kafka::{ASSIGNED, RESUME_RETRY, RESUMED, REVOKED};
-use sluice::worker::STORE_RETRY;
+use sluice::events::{ASSIGNED, JOB_STARTED, RESUME_RETRY, RESUMED, REVOKED, STORE_RETRY};
 use sluice_e2e::*;
 use std::time::Duration;
 

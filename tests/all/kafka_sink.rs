@@ -7,9 +7,9 @@
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use sluice::config::DEFAULT_DEAD_LETTER_PATH;
-use sluice::job::DEAD_LETTERS_BY_KIND;
+use sluice::events::{DEAD_LETTERS_BY_KIND, QUEUE_STAYED_FULL};
 use sluice::record::DeadLetterKind;
-use sluice::sink::kafka::{DELIVERY_TIMEOUT, QUEUE_STAYED_FULL};
+use sluice::sink::kafka::DELIVERY_TIMEOUT;
 use sluice_e2e::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;

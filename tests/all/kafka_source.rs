@@ -9,9 +9,8 @@
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
+use sluice::events::{PARTITIONS_ADDED, RESERVED_HEADER, STOPPED_ALONE};
 use sluice::record::{DeadLetterKind, NULL_KEY_HEADER, TOMBSTONE_HEADER};
-use sluice::source::kafka::{PARTITIONS_ADDED, RESERVED_HEADER};
-use sluice::worker::STOPPED_ALONE;
 use sluice_e2e::*;
 use std::time::Duration;
 

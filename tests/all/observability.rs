@@ -7,8 +7,7 @@
 use crate::hot_swap::{PacedJob, named_version};
 use anyhow::Result;
 use serde_json::Value;
-use sluice::source::kafka::RESUMED;
-use sluice::warnings::REBALANCING_OFTEN;
+use sluice::events::{REBALANCING_OFTEN, RESUMED};
 use sluice_e2e::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -72,7 +71,7 @@ fn logs_are_plain_in_files_coloured_on_terminals_and_json_when_asked() -> Result
 /// (the probe over a paced file); then checkpoints falling behind once the store fails.
 #[test]
 fn warnings_name_skew_failing_records_and_checkpoints_behind_with_their_settings() -> Result<()> {
-    use sluice::warnings::{CHECKPOINTS_BEHIND, DEAD_LETTERS_RISING, SKEWED_STATE, SKEWED_TIME};
+    use sluice::events::{CHECKPOINTS_BEHIND, DEAD_LETTERS_RISING, SKEWED_STATE, SKEWED_TIME};
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
     let keys_in = |partition: u32| {

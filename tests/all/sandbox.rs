@@ -6,7 +6,7 @@
 
 use anyhow::Result;
 use serde_json::{Value, json};
-use sluice::worker::STOPPED_ALONE;
+use sluice::events::STOPPED_ALONE;
 use sluice_e2e::*;
 use std::path::Path;
 use std::process::Command;

@@ -8,8 +8,7 @@
 use crate::sandbox::{run_probe_with, sandbox_job};
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
-use sluice::job::DEAD_LETTERS_BY_KIND;
-use sluice::operator::wasm::LOG_LINES_DROPPED;
+use sluice::events::{DEAD_LETTERS_BY_KIND, LOG_LINES_DROPPED};
 use sluice_e2e::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;

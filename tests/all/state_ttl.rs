@@ -11,7 +11,7 @@ use crate::checkpoint_restore::{checkpoint_at_end, stderr};
 use crate::crash_recovery::{kill_9_once_written, run_generator};
 use anyhow::Result;
 use serde_json::Value;
-use sluice::source::kafka::RESUMED;
+use sluice::events::RESUMED;
 use sluice_e2e::*;
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -7,8 +7,8 @@
 //! directory the running test or benchmark was built into.
 
 use anyhow::{Context, Result, bail};
-use sluice::admin::{LISTENING, TOKEN_VARIABLE};
-use sluice::job::EXPIRED_REMOVED;
+use sluice::admin::TOKEN_VARIABLE;
+use sluice::events::{EXPIRED_REMOVED, LISTENING};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

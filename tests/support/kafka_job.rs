@@ -7,8 +7,8 @@ use crate::binary::{Host, operator_wasm, run_job};
 use crate::reference::generate;
 use crate::servers::KafkaBroker;
 use anyhow::Result;
+use sluice::events::STOPPED;
 use sluice::record::Stop;
-use sluice::worker::STOPPED;
 use std::path::{Path, PathBuf};
 
 /// The seed of the positions the Kafka tests generate.

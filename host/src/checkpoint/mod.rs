@@ -25,6 +25,7 @@
 //! writes into a database that is open.
 
 pub mod checkpointer;
+pub(crate) mod events;
 pub mod layout;
 pub mod records;
 pub mod restore;

@@ -14,6 +14,7 @@
 //! owns the directory layout it writes into.
 
 use super::bytes;
+use super::events::{LOCAL_MOVED_ASIDE, NO_RESTORE_HISTORY, RESTORE_OVER_BUDGET};
 use super::records::Manifest;
 use super::store::CheckpointStore;
 use crate::objects;
@@ -216,13 +217,6 @@ pub async fn plan(
     Ok(RestorePlan { partitions: plans, measured_bytes_per_s })
 }
 
-/// Logged when a local database that cannot be opened is moved aside for a checkpoint.
-pub const LOCAL_MOVED_ASIDE: &str = "the local state cannot be opened; moved aside";
-
-/// Logged when the store's history of restore times cannot be read or written: the
-/// restore goes on, its prediction from an assumed bandwidth.
-pub const NO_RESTORE_HISTORY: &str = "restore statistics unavailable";
-
 /// Whether RocksDB found a database corrupt — not locked by another process, not of
 /// another format — so that a checkpoint may take its place.
 fn is_corruption(e: &anyhow::Error) -> bool {
@@ -246,9 +240,6 @@ impl RestoreReport {
         self.restored.iter().map(|r| if let RestoredFrom::Checkpoint { bytes, .. } = r { *bytes } else { 0 }).sum()
     }
 }
-
-/// Names, in the host's events, the warning of a restore predicted over its budget.
-pub const RESTORE_OVER_BUDGET: &str = "restore over budget";
 
 /// Brings every partition of `plan` to the newest state it can have in `state`: local
 /// recovery or a download from `store`. Logs the prediction (warning when it exceeds

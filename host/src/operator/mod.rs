@@ -16,6 +16,7 @@
 //! It does not decide when state commits or where outputs go.
 
 pub mod deploy;
+pub(crate) mod events;
 pub mod registry;
 pub mod replay;
 pub mod wasm;

@@ -21,6 +21,7 @@
 //! would make every worker wait for the others' records too, and under load never
 //! return. This module does not read from Kafka.
 
+use super::events::QUEUE_STAYED_FULL;
 use crate::kafka::client_config;
 use crate::lines::EXPIRY_CAUSE;
 use crate::lock;
@@ -267,10 +268,6 @@ impl SendError {
         }
     }
 }
-
-/// Starts the error of a partition whose producer's queue stayed full past
-/// [`DELIVERY_TIMEOUT`].
-pub const QUEUE_STAYED_FULL: &str = "the Kafka producer's queue stayed full";
 
 /// Queues `record` on `producer`, waiting while its queue is full (it empties as the
 /// broker acknowledges), for up to [`DELIVERY_TIMEOUT`]; that, or any other refusal,

@@ -14,6 +14,7 @@
 //! again, and sent again (at-least-once) or, where a committed transaction holds their
 //! outputs already, not (exactly-once).
 
+pub(crate) mod events;
 pub mod kafka;
 pub mod transaction;
 
@@ -21,6 +22,7 @@ use crate::config::{DeadLetterConfig, Guarantee, SinkConfig, SourceConfig};
 use crate::lines::{OperatorField, format_dead_letter, format_output};
 use crate::record::{DeadLetter, DeadLetterKind, Origin, Output};
 use anyhow::{Context, Result};
+use events::NOT_SYNCED;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
@@ -314,10 +316,6 @@ impl LineSink {
         Ok(())
     }
 }
-
-/// Logged, after the path, when a line sink's file is not a regular file (`/dev/null`,
-/// a pipe, a FIFO): its lines are written but cannot be synced to disk.
-pub const NOT_SYNCED: &str = "is not a regular file: lines written to it are not synced to disk";
 
 /// Where dead letters go, shared by all workers.
 #[derive(Clone)]

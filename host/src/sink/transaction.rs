@@ -26,6 +26,7 @@
 //!
 //! This module does not decide when to commit, and does not consume.
 
+use super::events::{ABORTED, COVERED, FENCED, REPLAYED_SILENTLY};
 use super::kafka::{check_topic, headers, producer_config, refuses_the_record, send_dead_letter, send_waiting};
 use crate::kafka::client_config;
 use crate::record::{DeadLetter, Origin, Output};
@@ -165,13 +166,6 @@ pub fn legacy_transactional_id(group: &str, topic: &str, partition: u32) -> Stri
     format!("sluice-{group}-{topic}-{partition}")
 }
 
-/// Logged when a partition's transactions are taken over: `outputs committed up to
-/// offset N`.
-pub const COVERED: &str = "outputs committed up to offset";
-/// Logged when records whose outputs a committed transaction holds are processed again
-/// to rebuild state whose commit a crash prevented.
-pub const REPLAYED_SILENTLY: &str = "processed again without outputs";
-
 /// One partition's transactional producer and its open transaction.
 pub struct PartitionTransaction {
     producer: ThreadedProducer<TransactionReports>,
@@ -304,13 +298,6 @@ impl Drop for PartitionTransaction {
         self.abort();
     }
 }
-
-/// Why a fenced producer stops: `fenced: another owner of this partition took over its
-/// transactions`.
-pub const FENCED: &str = "fenced: another owner of this partition took over its transactions";
-
-/// Logged when a partition that stops without committing aborts its open transaction.
-pub const ABORTED: &str = "aborted the open transaction";
 
 /// A partition's producer was fenced: another producer took over its `transactional.id`
 /// — the partition's next owner's start, as a rule — and this one can never commit

@@ -1,5 +1,6 @@
 //! A JSONL file as a source: one record per non-empty line.
 
+use super::events::LINE_TOO_LONG;
 use crate::record::RawRecord;
 use anyhow::{Context, Result};
 use serde_json::value::RawValue;
@@ -82,9 +83,6 @@ impl JsonlFile {
         (key, timestamp.unwrap_or(0))
     }
 }
-
-/// Logged for a line skipped for its length.
-pub const LINE_TOO_LONG: &str = "line skipped, too long";
 
 impl Iterator for JsonlFile {
     type Item = Result<RawRecord>;

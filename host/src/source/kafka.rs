@@ -34,6 +34,9 @@
 //! partition ownership through [`Partitions`] only; it does not process records or
 //! restore state (the [worker](crate::worker) module does).
 
+use super::events::{
+    ASSIGNED, MEMBER_FAILED, OUT_OF_RANGE, PARTITIONS_ADDED, RESERVED_HEADER, RESUME_RETRY, RESUMED, REVOKED,
+};
 use super::{Partitions, Started};
 use crate::backoff::Backoff;
 use crate::config::OutOfRange;
@@ -64,21 +67,6 @@ const POLL_TIMEOUT: Duration = Duration::from_millis(100);
 const STARTING_POLL_TIMEOUT: Duration = Duration::from_millis(5);
 /// How long moving a partition to the offset its state holds may take.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Logged when a rebalance assigns partitions: `assigned partitions [0, 2] of <topic>`.
-pub const ASSIGNED: &str = "assigned partitions";
-/// Logged when a rebalance revokes partitions: `revoked partitions [1] of <topic>`.
-pub const REVOKED: &str = "revoked partitions";
-/// Logged when a started partition resumes: `resumed at offset N after …`.
-pub const RESUMED: &str = "resumed at offset";
-/// Logged when a started partition could not resume: `partition 1 could not resume;
-/// trying again in 2s, …`.
-pub const RESUME_RETRY: &str = "could not resume; trying again in";
-/// Said when the consumer failed for good: `… this member can no longer take part in
-/// its group`.
-pub const MEMBER_FAILED: &str = "this member can no longer take part in its group";
-/// Logged at the first record from Kafka carrying a header of a reserved name.
-pub const RESERVED_HEADER: &str = "carries a header only sluice sets";
 
 /// Where and how to consume.
 #[derive(Debug, Clone)]
@@ -308,14 +296,6 @@ impl<P: Partitions + Send> Membership<P> {
         Ok(())
     }
 }
-
-/// What to do when a topic has more partitions than the job's state: the state is kept
-/// per partition, and Kafka's partitioner now sends some keys elsewhere.
-pub const PARTITIONS_ADDED: &str = "if partitions were added to the topic since the job's state was written, \
-     Kafka now sends some keys to other partitions than before, and their state (kept per partition) cannot follow \
-     them: the job stops rather than split a key's state. Run a new job for the new partition count (a new state \
-     dir, checkpoint store and consumer group, [state] partitions = the topic's) that reads the topic from the \
-     start; a new job on this topic only needs [state] partitions set to the topic's";
 
 /// Starts `partitions` of `topic` in `owner`. A partition the job does not have is
 /// refused before any starts.
@@ -590,9 +570,6 @@ pub fn resume_offset(p: u32, stored: u64, (low, high): (u64, u64), on_gap: OutOf
         }
     }
 }
-
-/// Said when a partition's state is older than its log's earliest record.
-pub const OUT_OF_RANGE: &str = "records after the state's offset are gone";
 
 /// The offsets partition `p` of `topic` holds: its earliest and its end.
 fn watermarks<C: ConsumerContext>(consumer: &BaseConsumer<C>, topic: &str, p: u32) -> Result<(u64, u64)> {

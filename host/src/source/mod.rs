@@ -13,6 +13,7 @@
 //! fake, so the rebalance paths are tested without a broker. This module does not own
 //! routing, processing or state.
 
+pub(crate) mod events;
 pub mod file;
 pub mod generator;
 pub mod kafka;

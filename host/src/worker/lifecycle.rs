@@ -27,6 +27,7 @@
 //! This module does not decide which partitions this host owns (the source does) and
 //! does not read records.
 
+use super::events::{RESTARTING, STOPPED, STOPPED_ALONE};
 use super::start::{Begun, Occupancy, Running, Start, StartGivenUp};
 use super::{Cadence, Destinations};
 use crate::backoff::Backoff;
@@ -49,16 +50,6 @@ use std::sync::mpsc::{Receiver, Sender, TrySendError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
-
-/// Logged when a partition's worker stops: `stopped (Handover) in 12 ms at offset N; …`,
-/// the reason being a [`Stop`].
-pub const STOPPED: &str = "stopped";
-/// Logged when a partition's worker failed and the partition stops alone: `partition 1
-/// stopped: …; the other partitions go on`.
-pub const STOPPED_ALONE: &str = "the other partitions go on";
-/// Logged when a fenced partition is to start again: `partition 1 stopped: …: fenced: …;
-/// starting it again in 1s, …`.
-pub const RESTARTING: &str = "starting it again in";
 
 /// Everything a partition needs to start, shared by all of them.
 pub struct WorkerSetup {

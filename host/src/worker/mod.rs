@@ -35,6 +35,7 @@
 //! [source](crate::source)) or how the operator runs (the [operator](crate::operator)).
 
 mod commit;
+pub(crate) mod events;
 mod lifecycle;
 pub mod queue;
 mod router;
@@ -43,9 +44,8 @@ mod start;
 mod tests;
 
 pub use commit::{AFTER_SEND, BEFORE_SEND, Cadence, OUTPUTS_COMMITTED, STATE_COMMITTED};
-pub use lifecycle::{Checkpointing, PartitionReport, RESTARTING, STOPPED, STOPPED_ALONE, WorkerSetup, Workers};
-pub use router::{DispatchReport, OFFSETS_JUMP, Router};
-pub use start::STORE_RETRY;
+pub use lifecycle::{Checkpointing, PartitionReport, WorkerSetup, Workers};
+pub use router::{DispatchReport, Router};
 
 use crate::checkpoint::Checkpointer;
 use crate::config::NullKeys;
@@ -57,6 +57,7 @@ use crate::sink::{DeadLetterSink, PartitionOutputs, Sink};
 use crate::stats::{DeadLetters, HostStats, PartitionStats};
 use anyhow::{Context, Result};
 use commit::Uncommitted;
+use events::{NULL_KEY_REFUSED, REPLAYED_WITH, SLOW_BATCH, SLOW_BATCHES};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -111,16 +112,9 @@ impl StopSignal {
     }
 }
 
-/// Logged when a partition's batch times near the consumer's poll timeout: `batch
-/// processing time p99 … reaches 1000 ms, half of max.poll.interval.ms: …`.
-pub const SLOW_BATCH: &str = "half of max.poll.interval.ms";
-
 /// How long a worker waits for a batch before it looks whether a checkpoint is due or
 /// a new operator version was deployed (the longest an idle partition takes to switch).
 const IDLE_TICK: Duration = Duration::from_millis(50);
-
-/// Names, in the host's events, the warning of batch times near the poll timeout.
-pub const SLOW_BATCHES: &str = "slow batches";
 
 /// Batches whose processing times make up the published tail.
 const BATCH_TIMES: usize = 1000;
@@ -180,14 +174,6 @@ impl BatchTimes {
         }
     }
 }
-
-/// Logged with a switch a replay makes: `switched from … to … at offset 1500 (the
-/// version that first processed these records)`.
-pub const REPLAYED_WITH: &str = "the version that first processed these records";
-
-/// The reason a dead letter of a record without a key gives.
-pub const NULL_KEY_REFUSED: &str = "the record has no key, and keyed state would put it with every other keyless record \
-     of its partition; [source] null_keys = \"operator\" gives such records to the operator instead";
 
 /// A partition as its worker sees it through one run: what it works on and with.
 pub struct Partition<'a> {

@@ -10,6 +10,7 @@
 //! It does not read records (the [source](crate::source) does) or process them (the
 //! workers do).
 
+use super::events::OFFSETS_JUMP;
 use super::{PartitionReport, Workers};
 use crate::record::{SourceRecord, Stop};
 use crate::source::{Partitions, Started};
@@ -17,9 +18,6 @@ use crate::stats::RebalanceChange;
 use anyhow::Result;
 use std::collections::BTreeMap;
 use std::time::Duration;
-
-/// Logged at a partition's first jump ahead in a run: `offsets jump from N to M`.
-pub const OFFSETS_JUMP: &str = "offsets jump from";
 
 /// How far a source got.
 #[derive(Debug, Clone, Default, PartialEq)]

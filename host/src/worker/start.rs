@@ -9,6 +9,7 @@
 //! This module does not decide which partitions start or stop, nor keep the running
 //! ones: [`Workers`](super::Workers) does.
 
+use super::events::STORE_RETRY;
 use super::lifecycle::{PartitionReport, WorkerSetup};
 use super::queue::{self, QueueSender};
 use super::{Partition, PartitionWorker, StopSignal};
@@ -115,10 +116,6 @@ pub(super) struct Running {
     /// Where it started.
     pub(super) started: Started,
 }
-
-/// Logged while a start waits for the checkpoint store: `partitions [1, 3]: the
-/// checkpoint store failed; trying again in 2s, …`.
-pub const STORE_RETRY: &str = "the checkpoint store failed; trying again in";
 
 /// A start given up because its partition was stopped while it was under way.
 #[derive(Debug, thiserror::Error)]

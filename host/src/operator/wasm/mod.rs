@@ -71,6 +71,7 @@ use instance::*;
 use limits::*;
 use outcome::*;
 
+use super::events::{LOG_LINES_DROPPED, RETRYING};
 use super::replay::{PartitionSwitches, SwitchLog};
 use super::{Expiration, Operator, OperatorStopped, Outcome, Processed, Switch};
 use crate::config::{OperatorConfig, OperatorLimits, RetryPolicy};
@@ -91,9 +92,3 @@ use wasmtime::{AsContextMut, Engine, ResourceLimiter, Store, StoreContextMut};
 
 use bindings::sluice::operator::{log, state, types};
 use bindings::{InputRecord, Operator as Bindings, OperatorPre};
-
-/// Logged when a record that trapped is called again: `calling it again in 10ms, attempt 2 of 2`.
-pub const RETRYING: &str = "calling it again";
-
-/// Logged when an instance's log lines pass their rate: `its log lines are dropped`.
-pub const LOG_LINES_DROPPED: &str = "log lines are dropped";
