@@ -109,7 +109,10 @@ fn warnings_name_skew_failing_records_and_checkpoints_behind_with_their_settings
     }
     let input = dir.join("skewed.jsonl");
     std::fs::write(&input, lines.join("\n") + "\n")?;
-    let run = run_ok(run_file_job(&operator_wasm("probe"), &input, dir, 4).args(["--rate", "600"]))?;
+    // At 300 records/s the run lasts over 12 s, so the warnings are checked (every
+    // 5 s) at least twice, the second time with partition 0's state well past the
+    // 1,000 entries below which no state skew is called, however slowly it processes.
+    let run = run_ok(run_file_job(&operator_wasm("probe"), &input, dir, 4).args(["--rate", "300"]))?;
     let log = String::from_utf8_lossy(&run.stderr);
     for warning in [SKEWED_STATE, SKEWED_TIME] {
         assert!(log.contains(&format!("{warning}: partition 0")) && log.contains("skew_ratio"), "{warning}:\n{log}");
