@@ -137,12 +137,16 @@ pub struct Host {
     pub name: String,
     /// Its stderr.
     pub log: PathBuf,
+    /// How many admin addresses `log` held before this process started: a host started
+    /// again appends to the log of the one before.
+    listening_before: usize,
 }
 
 impl Host {
     /// Spawns `command` as host `name`, appending its stderr, logged at info level, to
     /// `log`.
     pub fn spawn(name: &str, command: &mut Command, log: &Path) -> Result<Self> {
+        let listening_before = std::fs::read_to_string(log).unwrap_or_default().matches(LISTENING).count();
         let file = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
         let child = command
             .env("SLUICE_LOG", "info")
@@ -150,7 +154,7 @@ impl Host {
             .stderr(file)
             .spawn()
             .with_context(|| format!("starting host {name}"))?;
-        Ok(Host { child: Some(child), name: name.to_string(), log: log.to_path_buf() })
+        Ok(Host { child: Some(child), name: name.to_string(), log: log.to_path_buf(), listening_before })
     }
 
     /// Everything it logged so far.
@@ -178,11 +182,13 @@ impl Host {
         }
     }
 
-    /// The address of its admin API (`http://127.0.0.1:port`), once it logs it.
+    /// The address of its admin API (`http://127.0.0.1:port`), once it logs it: this
+    /// process's, not that of a host before it that wrote the same log.
     pub fn admin_url(&mut self) -> Result<String> {
-        self.wait_for(LISTENING, 1, std::time::Duration::from_secs(60))?;
+        self.wait_for(LISTENING, self.listening_before + 1, std::time::Duration::from_secs(60))?;
         let log = self.log();
-        let rest = &log[log.find(LISTENING).expect("waited for it") + LISTENING.len()..];
+        let (at, _) = log.match_indices(LISTENING).nth(self.listening_before).expect("waited for it");
+        let rest = &log[at + LISTENING.len()..];
         Ok(rest.split_whitespace().next().unwrap_or_default().to_string())
     }
 
