@@ -167,6 +167,12 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let partitions = config.state.partitions;
     let source = OpenSource::open(config)?;
     let max_poll_interval = source.max_poll_interval(partitions)?;
+    // A partition another host claimed is taken back only where a group decides who
+    // owns it, once this member would have heard that the group dropped it.
+    let take_back_after = match &source {
+        OpenSource::Kafka(kafka) => Some(kafka.session_timeout()?),
+        _ => None,
+    };
     state::limit_memory(config.state.rocksdb_memory_mib << 20)?;
     let runtime = crate::objects::runtime()?;
     // Before the state directory, which records its partition count when it is new: a
@@ -220,6 +226,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
         ttl: Arc::new(config.ttl.clone()),
         null_keys: config.source.null_keys(),
         retry_timeout: config.checkpoint.restore_retry_timeout,
+        take_back_after,
         stopping: stopping.clone(),
     });
     let (live, host_stats) = (workers.live(), workers.host_stats());

@@ -360,7 +360,8 @@ pub struct HostStats {
     pub assigned: AtomicU64,
     /// Partitions revoked (handed over) so far.
     pub revoked: AtomicU64,
-    /// Partitions lost (taken after an eviction) so far.
+    /// Partitions lost (taken after an eviction, or claimed by another host in the
+    /// checkpoint store) so far.
     pub lost: AtomicU64,
     /// Each restore's duration (one start of one or more partitions), s.
     pub restore_seconds: Histogram,

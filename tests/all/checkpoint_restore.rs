@@ -9,7 +9,7 @@
 
 use anyhow::Result;
 use serde_json::Value;
-use sluice::events::{LOCAL_MOVED_ASIDE, NO_RESTORE_HISTORY};
+use sluice::events::{CLAIMED_ELSEWHERE, LOCAL_MOVED_ASIDE, NO_RESTORE_HISTORY};
 use sluice_e2e::*;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -396,7 +396,8 @@ fn a_store_of_another_partition_count_or_job_is_refused() -> Result<()> {
 
 /// Host `a` still runs a job when host `b` takes its partitions (as after an eviction
 /// `a` has not noticed yet) and restores them from the shared store: from `b`'s claim
-/// on, `a` writes no checkpoint and deletes nothing there, and says so; every
+/// on, `a` writes no checkpoint and deletes nothing there, stops processing the
+/// partitions at its next checkpoint (it emits nothing more), and says so; every
 /// checkpoint left in the store can be restored.
 #[test]
 fn a_host_whose_partitions_were_claimed_by_another_stops_writing_to_the_store() -> Result<()> {
@@ -417,12 +418,18 @@ fn a_host_whose_partitions_were_claimed_by_another_stops_writing_to_the_store() 
         std::thread::sleep(Duration::from_millis(50));
     }
     run_ok(&mut host("b", 1_000)?)?;
-    a.wait_for("claimed by host", 2, Duration::from_secs(60))?;
+    a.wait_for(CLAIMED_ELSEWHERE, 2, Duration::from_secs(60))?;
     let manifests: Vec<Vec<Value>> = (0..2).map(|p| checkpoint_manifests(&store, p)).collect::<Result<_>>()?;
     std::thread::sleep(Duration::from_secs(1));
+    let emitted = read_jsonl(&dir.join("a/out.jsonl"))?.len();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(read_jsonl(&dir.join("a/out.jsonl"))?.len(), emitted, "a still processes partitions b took");
     a.kill_9()?;
     let log = std::fs::read_to_string(dir.join("a.log"))?;
     assert!(log.contains("no longer owns it"), "{log}");
+    for p in 0..2 {
+        assert!(log.contains(&format!("partition {p} was claimed by host")), "{log}");
+    }
     for p in 0..2 {
         assert_eq!(checkpoint_manifests(&store, p)?, manifests[p as usize], "partition {p}: a wrote or deleted one");
         let stored = checkpoint_files(&store, p)?;

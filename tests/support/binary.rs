@@ -124,6 +124,14 @@ pub fn reported_expired(report: &str) -> u64 {
     count.and_then(|count| count.parse().ok()).unwrap_or(0)
 }
 
+/// The partitions a running host's admin API at `admin` (`http://…`) says run there,
+/// each with the offset its state holds (`GET /partitions`).
+pub fn running_partitions(admin: &str) -> Result<std::collections::BTreeMap<u32, u64>> {
+    let answer = sluice::admin::call(admin, hyper::Method::GET, "/partitions", Vec::new())?;
+    let answer: sluice::metrics::partitions::PartitionsAnswer = serde_json::from_str(&answer)?;
+    Ok(answer.partitions.iter().map(|p| (p.partition, p.committed_offset)).collect())
+}
+
 /// Sends `signal` (a name such as `TERM`) to process `pid`.
 pub(crate) fn signal(pid: u32, signal: &str) -> Result<()> {
     run_ok(Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string())).map(drop)

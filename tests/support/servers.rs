@@ -264,6 +264,16 @@ impl KafkaBroker {
         )
     }
 
+    /// The end (high watermark) of each partition of `topic`, by partition.
+    pub fn ends(&self, topic: &str) -> Result<BTreeMap<i32, i64>> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let timeout = std::time::Duration::from_secs(10);
+        let consumer: BaseConsumer = self.client_config().create()?;
+        let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+        let partitions = metadata.topics().iter().flat_map(|t| t.partitions()).map(|p| p.id());
+        partitions.map(|p| Ok((p, consumer.fetch_watermarks(topic, p, timeout)?.1))).collect()
+    }
+
     /// Reads `topic` from the beginning of every partition up to its end (its high
     /// watermark as it stands when the read starts): key, value and headers of each, in
     /// partition order, of committed transactions only (`read_committed`, librdkafka's
@@ -272,14 +282,11 @@ impl KafkaBroker {
         use rdkafka::Message;
         use rdkafka::consumer::{BaseConsumer, Consumer};
         use rdkafka::message::Headers;
-        let timeout = std::time::Duration::from_secs(10);
+        let ends = self.ends(topic)?;
         let consumer: BaseConsumer = self.consumer_config("sluice-tests-reader").create()?;
-        let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
         let mut assignment = rdkafka::TopicPartitionList::new();
-        let mut ends = BTreeMap::new();
-        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
-            assignment.add_partition_offset(topic, partition.id(), rdkafka::Offset::Beginning)?;
-            ends.insert(partition.id(), consumer.fetch_watermarks(topic, partition.id(), timeout)?.1);
+        for &partition in ends.keys() {
+            assignment.add_partition_offset(topic, partition, rdkafka::Offset::Beginning)?;
         }
         consumer.assign(&assignment)?;
         let started = std::time::Instant::now();

@@ -12,7 +12,7 @@ use super::bytes;
 use super::layout::object_name;
 use super::records::{self, Manifest, ManifestFile};
 use super::restore::PartitionPlan;
-use super::store::CheckpointStore;
+use super::store::{CheckpointStore, ClaimedElsewhere};
 use crate::lock;
 use crate::record::RestoredFrom;
 use crate::state::{PartitionStore, STATE_FORMAT};
@@ -99,17 +99,20 @@ impl Checkpointer {
     /// Called by the worker after every commit and while idle: collects a finished
     /// upload and starts a checkpoint when one is due, none is in flight and the state
     /// moved since the last one. A failure is logged and counted, and the next
-    /// checkpoint tries again.
-    pub fn checkpoint_if_due(&mut self, state: &PartitionStore, stats: &PartitionStats) {
+    /// checkpoint tries again, except one that found the partition claimed by another
+    /// host ([`ClaimedElsewhere`]): that one is returned, for the partition is no longer
+    /// this host's to process.
+    pub fn checkpoint_if_due(&mut self, state: &PartitionStore, stats: &PartitionStats) -> Result<()> {
         if self.in_flight.as_ref().is_some_and(JoinHandle::is_finished) {
             let waited = self.wait(stats);
-            self.count_failure(waited, stats);
+            self.count_failure(waited, stats)?;
         }
         if self.in_flight.is_none() && self.started.elapsed() >= self.settings.interval {
             // A snapshot that fails (a full disk, say) costs this checkpoint, not the job.
             let started = self.start(state, stats);
-            self.count_failure(started, stats);
+            self.count_failure(started, stats)?;
         }
+        Ok(())
     }
 
     /// Whether [`checkpoint_if_due`](Self::checkpoint_if_due) would start a checkpoint
@@ -129,17 +132,21 @@ impl Checkpointer {
     /// last checkpoint's failure is an error.
     pub fn finish(&mut self, state: &PartitionStore, stats: &PartitionStats) -> Result<()> {
         let waited = self.wait(stats);
-        self.count_failure(waited, stats);
+        self.count_failure(waited, stats)?;
         self.start(state, stats)?;
         self.wait(stats)
     }
 
-    /// Logs and counts a checkpoint that failed; the next one tries again.
-    fn count_failure(&self, result: Result<()>, stats: &PartitionStats) {
-        if let Err(e) = result {
-            stats.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(partition = self.partition, "checkpoint failed: {e:#}");
+    /// Logs and counts a checkpoint that failed, which the next one tries again; returns
+    /// the failure if it was the partition's claim taken by another host.
+    fn count_failure(&self, result: Result<()>, stats: &PartitionStats) -> Result<()> {
+        let Err(e) = result else { return Ok(()) };
+        if e.is::<ClaimedElsewhere>() {
+            return Err(e);
         }
+        stats.checkpoint_failures.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(partition = self.partition, "checkpoint failed: {e:#}");
+        Ok(())
     }
 
     /// Snapshots `state` and starts uploading it, unless the newest checkpoint already

@@ -145,9 +145,12 @@ pub const PARTITIONS_ASSIGNED: Family =
 /// Partitions handed over by this member.
 pub const PARTITIONS_REVOKED: Family =
     Family::counter("sluice_partitions_revoked", "Partitions handed over by this member");
-/// Partitions taken from this member after an eviction.
-pub const PARTITIONS_LOST: Family =
-    Family::counter("sluice_partitions_lost", "Partitions taken from this member after an eviction");
+/// Partitions taken from this member without a handover: after an eviction, or claimed by
+/// another host in the checkpoint store.
+pub const PARTITIONS_LOST: Family = Family::counter(
+    "sluice_partitions_lost",
+    "Partitions taken from this member without a handover: after an eviction, or claimed by another host in the checkpoint store",
+);
 /// Restores' durations.
 pub const RESTORE_DURATION: Family =
     Family::histogram("sluice_restore_duration_seconds", "Restores (one start of one or more partitions), by duration");

@@ -118,12 +118,22 @@ impl KafkaOptions {
     /// `max.poll.interval.ms` as configured, or librdkafka's default (300 s): the
     /// longest a rebalance may wait for this member.
     pub fn max_poll_interval(&self) -> Result<Duration> {
-        match self.properties.get("max.poll.interval.ms") {
-            Some(ms) => Ok(Duration::from_millis(ms.parse().with_context(|| {
-                format!("max.poll.interval.ms = {ms:?} in [source] properties is not a number of milliseconds")
-            })?)),
-            None => Ok(Duration::from_secs(300)),
-        }
+        self.milliseconds("max.poll.interval.ms", Duration::from_secs(300))
+    }
+
+    /// `session.timeout.ms` as configured, or librdkafka's default (45 s): by then a
+    /// member the group dropped has heard of it (its heartbeats are refused).
+    pub fn session_timeout(&self) -> Result<Duration> {
+        self.milliseconds("session.timeout.ms", Duration::from_secs(45))
+    }
+
+    /// The property `name`, a number of milliseconds, or `default` if it is not set.
+    fn milliseconds(&self, name: &str, default: Duration) -> Result<Duration> {
+        let Some(ms) = self.properties.get(name) else { return Ok(default) };
+        let ms = ms
+            .parse()
+            .with_context(|| format!("{name} = {ms:?} in [source] properties is not a number of milliseconds"))?;
+        Ok(Duration::from_millis(ms))
     }
 
     /// The topic's partition count, from the brokers' metadata.

@@ -43,3 +43,9 @@ pub const STOPPED_ALONE: &str = "the other partitions go on";
 /// Logged when a fenced partition is to start again: `partition 1 stopped: …: fenced: …;
 /// starting it again in 1s, …`.
 pub const RESTARTING: &str = "starting it again in";
+
+/// Logged when a partition stops because another host claimed it in the checkpoint
+/// store: `partition 1 stopped: … partition 1 was claimed by host …; this host no longer
+/// owns it …; stopped here without a last checkpoint; if the group still assigns it here
+/// in 45s …`.
+pub const CLAIMED_ELSEWHERE: &str = "stopped here without a last checkpoint";

@@ -21,16 +21,21 @@
 //! takes a record. One partition has one start or worker at a time on this host: a
 //! partition started again waits until the last one has ended. A partition whose
 //! transactions another producer took over (fenced) stops alone and starts again after
-//! a backoff, while the source still assigns it here. Each run of a partition ends in
-//! a [`PartitionReport`].
+//! a backoff, while the source still assigns it here. A partition whose checkpoint found
+//! it claimed by another host in the checkpoint store ([`ClaimedElsewhere`]: the group
+//! gave it to that host without this one hearing of it) stops as lost, paused; if the
+//! source still assigns it here after [`WorkerSetup::take_back_after`], this host claims
+//! it back and starts it again from the store. Each run of a partition ends in a
+//! [`PartitionReport`].
 //!
 //! This module does not decide which partitions this host owns (the source does) and
 //! does not read records.
 
-use super::events::{RESTARTING, STOPPED, STOPPED_ALONE};
+use super::events::{CLAIMED_ELSEWHERE, RESTARTING, STOPPED, STOPPED_ALONE};
 use super::start::{Begun, Occupancy, Running, Start, StartGivenUp};
 use super::{Cadence, Destinations};
 use crate::backoff::Backoff;
+use crate::checkpoint::store::ClaimedElsewhere;
 use crate::checkpoint::{CheckpointSettings, CheckpointStore};
 use crate::config::{NullKeys, TtlConfig};
 use crate::lock;
@@ -81,6 +86,12 @@ pub struct WorkerSetup {
     /// How long a partition's start tries again while it fails transiently (the store
     /// failing to answer, its transactions fenced), `[checkpoint] restore_retry_timeout`.
     pub retry_timeout: Duration,
+    /// How long a partition found claimed by another host stays stopped while the
+    /// source still assigns it here before this host claims it back and starts it again
+    /// (Kafka: `session.timeout.ms`, by when a member the group dropped has heard of it;
+    /// a rebalance moving the partition meanwhile ends the wait). `None`: no group
+    /// decides between the hosts, so it stays stopped.
+    pub take_back_after: Option<Duration>,
     /// Set when the host is stopping (SIGTERM): draining partitions hand over instead.
     pub stopping: Arc<AtomicBool>,
 }
@@ -152,6 +163,10 @@ pub struct Workers {
     newly_failed: Vec<u32>,
     /// Fenced partitions starting again, or running again since.
     restarts: BTreeMap<u32, Restart>,
+    /// Partitions another host claimed in the checkpoint store while they ran here,
+    /// stopped for good (no [`WorkerSetup::take_back_after`]): held until the source
+    /// revokes them or assigns them here again.
+    claimed_elsewhere: BTreeSet<u32>,
     /// Workers of starts given up after they started: stopped, never fed, ending.
     retiring: Vec<JoinHandle<Result<PartitionReport>>>,
     live: LiveStats,
@@ -175,6 +190,7 @@ impl Workers {
             failed: BTreeMap::new(),
             newly_failed: Vec::new(),
             restarts: BTreeMap::new(),
+            claimed_elsewhere: BTreeSet::new(),
             retiring: Vec::new(),
             live: LiveStats::default(),
             host: Arc::default(),
@@ -192,6 +208,7 @@ impl Workers {
     pub fn start(&mut self, partitions: &[u32]) -> Result<()> {
         for p in partitions {
             self.failed.remove(p);
+            self.claimed_elsewhere.remove(p);
         }
         self.launch(partitions, Duration::ZERO, true)
     }
@@ -242,8 +259,12 @@ impl Workers {
     /// nothing since its last commit committed, and starts again after a backoff (1, 2,
     /// 4… s; [`started`](Workers::started) returns it once it runs), for up to
     /// `[checkpoint] restore_retry_timeout` of runs that committed nothing, then stays
-    /// stopped as one the operator stopped. Any other failure is the host's, and the
-    /// error.
+    /// stopped as one the operator stopped. If another host claimed it in the checkpoint
+    /// store ([`ClaimedElsewhere`]), it was lost without a rebalance saying so: it stops,
+    /// nothing since its last commit committed, counted as lost and no failure of this
+    /// host, and is claimed back and started again after
+    /// [`WorkerSetup::take_back_after`] unless the source moves it first. Any other
+    /// failure is the host's, and the error.
     pub fn failed(&mut self) -> Result<Vec<u32>> {
         self.reap_retired();
         let ended: Vec<u32> = self.running.iter().filter(|(_, r)| r.thread.is_finished()).map(|(p, _)| *p).collect();
@@ -259,6 +280,22 @@ impl Workers {
             let error = error.context(format!("partition {partition} stopped"));
             if error.is::<Fenced>() {
                 self.restart(partition, error, progressed)?;
+            } else if error.is::<ClaimedElsewhere>() {
+                self.host.lost.fetch_add(1, Ordering::Relaxed);
+                match self.setup.take_back_after {
+                    Some(wait) => {
+                        tracing::warn!(
+                            partition,
+                            "{error:#}; {CLAIMED_ELSEWHERE}; if the group still assigns it here in {}s                              (session.timeout.ms), this host claims it back",
+                            wait.as_secs()
+                        );
+                        self.launch(&[partition], wait, true)?;
+                    }
+                    None => {
+                        tracing::warn!(partition, "{error:#}; {CLAIMED_ELSEWHERE}; it stays stopped here");
+                        self.claimed_elsewhere.insert(partition);
+                    }
+                }
             } else if error.is::<OperatorStopped>() {
                 tracing::error!(partition, "{error:#}; {STOPPED_ALONE}");
                 self.failed.insert(partition, error);
@@ -378,9 +415,10 @@ impl Workers {
         self.running.contains_key(&partition) || self.starting.contains_key(&partition)
     }
 
-    /// Whether any partition is starting or running here.
+    /// Whether any partition is starting or running here, or held after another host
+    /// claimed it (the source has yet to revoke it).
     pub fn owns_any(&self) -> bool {
-        !self.running.is_empty() || !self.starting.is_empty()
+        !self.running.is_empty() || !self.starting.is_empty() || !self.claimed_elsewhere.is_empty()
     }
 
     /// Whether any partition is still starting.
@@ -441,6 +479,7 @@ impl Workers {
         for &partition in partitions {
             self.arrived.retain(|s| s.partition != partition);
             self.restarts.remove(&partition);
+            self.claimed_elsewhere.remove(&partition);
             // One that failed has nothing to hand over: its state is as its last commit left it.
             if let Some(Running { sender, stop, thread, .. }) = self.running.remove(&partition) {
                 stop.set(how);

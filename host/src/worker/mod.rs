@@ -261,8 +261,7 @@ impl<'a> PartitionWorker<'a> {
         self.uncommitted.size_state(p.operator.state().store(), p.stats);
         let at = p.stats.committed_offset.load(Ordering::Relaxed);
         self.follow_deploys(at)?;
-        self.checkpoint_if_due();
-        Ok(())
+        self.checkpoint_if_due()
     }
 
     /// Processes `batch` (or the part of it before a per-batch bound, the rest coming
@@ -303,7 +302,7 @@ impl<'a> PartitionWorker<'a> {
         let checkpoint_due = p.checkpointer.as_deref().is_some_and(Checkpointer::is_due);
         if checkpoint_due || self.uncommitted.due(&p.cadence, p.operator.state().dirty_bytes()) {
             self.uncommitted.commit(p.operator, p.stats, p.to)?;
-            self.checkpoint_if_due();
+            self.checkpoint_if_due()?;
         }
         self.times.record(started.elapsed(), partition, self.p.stats, self.p.host);
         Ok(())
@@ -357,10 +356,14 @@ impl<'a> PartitionWorker<'a> {
     }
 
     /// Checkpoints the partition if a checkpoint is due (checkpoints are taken right
-    /// after a commit, or while idle, of what was last committed).
-    fn checkpoint_if_due(&mut self) {
-        if let Some(checkpointer) = self.p.checkpointer.as_deref_mut() {
-            checkpointer.checkpoint_if_due(self.p.operator.state().store(), self.p.stats);
+    /// after a commit, or while idle, of what was last committed). Fails, ending the
+    /// run as a lost partition's (nothing more committed, no last checkpoint), if the
+    /// checkpoint store says another host claimed the partition: the group gave it to
+    /// that host without this one hearing of it.
+    fn checkpoint_if_due(&mut self) -> Result<()> {
+        match self.p.checkpointer.as_deref_mut() {
+            Some(checkpointer) => checkpointer.checkpoint_if_due(self.p.operator.state().store(), self.p.stats),
+            None => Ok(()),
         }
     }
 

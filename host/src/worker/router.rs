@@ -337,6 +337,7 @@ mod tests {
             ttl: Default::default(),
             null_keys: Default::default(),
             retry_timeout: Duration::from_secs(60),
+            take_back_after: None,
             stopping: Arc::default(),
         })
     }

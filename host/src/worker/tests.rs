@@ -259,6 +259,7 @@ fn workers_run_the_operator_their_setup_instantiates() -> anyhow::Result<()> {
         ttl: Default::default(),
         null_keys: NullKeys::default(),
         retry_timeout: Duration::from_secs(60),
+        take_back_after: None,
         stopping: Arc::default(),
     });
     workers.start(&[0])?;
