@@ -9,11 +9,15 @@
 //! final [`JobReport`]. Each piece's behaviour lives in its own module.
 
 pub(crate) mod events;
+mod report;
+mod summary;
+
+pub use report::JobReport;
+use summary::{Mark, log_summary};
 
 use crate::admin;
 use crate::checkpoint::{self, CheckpointSettings, CheckpointStore, JobIdentity};
 use crate::config::{Config, Guarantee, SinkConfig, SourceConfig};
-use crate::lock;
 use crate::metrics::Metrics;
 use crate::operator::deploy::{Deployer, Sandbox};
 use crate::operator::replay::SwitchLog;
@@ -26,139 +30,15 @@ use crate::source::generator::{Fleet, FleetOptions};
 use crate::source::kafka::{self, KafkaOptions};
 use crate::source::{self, DispatchOptions};
 use crate::state::{self, StateDir};
-use crate::stats::{DeadLetters, LiveStats, PartitionStats, peak_rss, process_cpu};
+use crate::stats::{LiveStats, process_cpu};
 use crate::warnings::Watch;
-use crate::worker::{
-    Cadence, Checkpointing, Destinations, DispatchReport, PartitionReport, Router, WorkerSetup, Workers,
-};
+use crate::worker::{Cadence, Checkpointing, Destinations, Router, WorkerSetup, Workers};
 use anyhow::{Result, anyhow, bail};
-use events::{DEAD_LETTERS_BY_KIND, EXPIRED_REMOVED, JOB_STARTED, LAG};
-use std::collections::BTreeMap;
-use std::fmt;
+use events::JOB_STARTED;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
-
-/// What a job did, per partition and in all.
-#[derive(Debug, Clone, PartialEq)]
-pub struct JobReport {
-    /// Wall-clock time from the start of the source to the last commit.
-    pub elapsed: Duration,
-    /// The longest a partition waited for its state before processing began (`None`:
-    /// checkpoints off).
-    pub restore_took: Option<Duration>,
-    /// What the source read and skipped.
-    pub source: DispatchReport,
-    /// One entry per run of a partition on this host (a partition that moved away and
-    /// back has two), in partition order.
-    pub partitions: Vec<PartitionReport>,
-    /// CPU time of the whole process over the same span, every thread (RocksDB's
-    /// included); `None` where the system does not say.
-    pub cpu: Option<Duration>,
-    /// The most memory the process held resident, in bytes, when the system says.
-    pub peak_rss: Option<u64>,
-}
-
-impl JobReport {
-    /// What `router`'s run did since `started`, when the process had spent `cpu`.
-    fn of(router: &Router, started: Instant, cpu: Option<Duration>, checkpoints_on: bool) -> JobReport {
-        let mut reports = router.partition_reports().to_vec();
-        reports.sort_by_key(|r| r.partition);
-        JobReport {
-            elapsed: started.elapsed(),
-            restore_took: checkpoints_on.then(|| reports.iter().map(|r| r.start_took).max().unwrap_or_default()),
-            source: router.report(),
-            partitions: reports,
-            cpu: cpu.zip(process_cpu()).map(|(before, after)| after.saturating_sub(before)),
-            peak_rss: peak_rss(),
-        }
-    }
-
-    /// Records processed by this run, over all partitions.
-    pub fn processed(&self) -> u64 {
-        self.partitions.iter().map(|p| p.totals.processed).sum()
-    }
-}
-
-impl fmt::Display for JobReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let processed = self.processed();
-        let rate = processed as f64 / self.elapsed.as_secs_f64().max(1e-9);
-        let dead: u64 = self.partitions.iter().map(|p| p.totals.dead_letters).sum();
-        let keys: u64 = self.partitions.iter().filter_map(|p| p.keys).sum();
-        writeln!(
-            f,
-            "processed {processed} records in {:.2}s ({rate:.0} records/s); {dead} dead letters; {keys} keys hold state; \
-             {} records skipped (already in state)",
-            self.elapsed.as_secs_f64(),
-            self.source.skipped
-        )?;
-        let expired: u64 = self.partitions.iter().map(|p| p.totals.expired).sum();
-        let ignored: u64 = self.partitions.iter().map(|p| p.totals.clock_ignored).sum();
-        if expired > 0 || ignored > 0 {
-            writeln!(
-                f,
-                "{expired}{EXPIRED_REMOVED}; {ignored} records without a usable timestamp (none, negative or too \
-                 far ahead) did not move the event-time clock"
-            )?;
-        }
-        if !self.source.gaps.is_empty() {
-            let gaps: Vec<String> = self.source.gaps.iter().map(|(p, n)| format!("partition {p}: {n}")).collect();
-            writeln!(f, "offset gaps (offsets the source never delivered, see the log): {}", gaps.join(", "))?;
-        }
-        for (version, dead) in DeadLetters::by_version(self.partitions.iter().map(|p| &p.dead_letters)) {
-            writeln!(f, "{DEAD_LETTERS_BY_KIND}: {dead}, from {version}")?;
-        }
-        if let Some(took) = self.restore_took {
-            writeln!(f, "restore took {:.3}s before processing began", took.as_secs_f64())?;
-        }
-        if let (Some(cpu), Some(peak)) = (self.cpu, self.peak_rss) {
-            writeln!(
-                f,
-                "CPU time {:.2}s over every thread ({:.2} µs per record); peak memory {} (RSS)",
-                cpu.as_secs_f64(),
-                cpu.as_secs_f64() * 1e6 / processed.max(1) as f64,
-                checkpoint::bytes(peak)
-            )?;
-        }
-        let versions: std::collections::BTreeSet<&str> = self.partitions.iter().map(|p| p.version.as_str()).collect();
-        let switches: u64 = self.partitions.iter().map(|p| p.totals.switches).sum();
-        writeln!(
-            f,
-            "operator at the end: {}; {switches} version switches (hot swaps) over all partitions",
-            versions.into_iter().collect::<Vec<_>>().join(", ")
-        )?;
-        writeln!(
-            f,
-            "partition  restored-from           resumed-at  committed  processed  dead-letters  keys  entries  \
-             expired  backlog  clock                 checkpoints  checkpointed-at  uploaded  stopped"
-        )?;
-        for p in &self.partitions {
-            writeln!(
-                f,
-                "{:>9}  {:<22}  {:>10}  {:>9}  {:>9}  {:>12}  {:>4}  {:>7}  {:>7}  {:>7}  {:<20}  {:>11}  {:>15}  {:>8}  \
-                 {:?}",
-                p.partition,
-                p.restored_from.to_string(),
-                p.resumed_at,
-                p.totals.committed_offset,
-                p.totals.processed,
-                p.totals.dead_letters,
-                p.keys.map_or("-".to_string(), |k| k.to_string()),
-                p.totals.entries,
-                p.totals.expired,
-                p.totals.backlog,
-                clock_time(p.totals.clock_ms),
-                p.totals.checkpoints,
-                p.totals.checkpoint_offset,
-                checkpoint::bytes(p.totals.uploaded_bytes),
-                p.stopped
-            )?;
-        }
-        Ok(())
-    }
-}
 
 /// Runs the job described by `config` until its source ends, or until SIGTERM or
 /// SIGINT ask it to stop (partitions hand over: last batch, last checkpoint).
@@ -409,117 +289,4 @@ impl OpenSource {
             OpenSource::Kafka(options) => kafka::dispatch(&options, router, stopping),
         }
     }
-}
-
-/// A partition's clock as a time of day (RFC 3339, to the second), or `-` before it
-/// started.
-fn clock_time(ms: u64) -> String {
-    match ms {
-        0 => "-".to_string(),
-        ms => humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string(),
-    }
-}
-
-/// Where the previous running-summary line left off.
-struct Mark {
-    at: Instant,
-    processed: u64,
-    cpu: Option<Duration>,
-}
-
-impl Mark {
-    fn now(processed: u64) -> Self {
-        Mark { at: Instant::now(), processed, cpu: process_cpu() }
-    }
-}
-
-/// Logs the running summary — a line of totals (records/s and the process's CPU time
-/// per record since `since`, partitions, entries, lag, checkpoints, dead letters), then
-/// a line per partition [worth attention](worth_attention) — and returns the new mark.
-fn log_summary(started: Instant, since: Mark, live: &LiveStats) -> Mark {
-    let live = lock(live);
-    let sum = |counter: fn(&PartitionStats) -> &AtomicU64| -> u64 {
-        live.values().map(|s| counter(s).load(Ordering::Relaxed)).sum()
-    };
-    let processed = sum(|s| &s.processed);
-    let now = Mark::now(processed);
-    let records = processed.saturating_sub(since.processed);
-    let rate = records as f64 / since.at.elapsed().as_secs_f64();
-    let cpu = match (since.cpu, now.cpu) {
-        (Some(before), Some(after)) if records > 0 => {
-            format!(", {:.1} µs CPU/record", (after - before).as_secs_f64() * 1e6 / records as f64)
-        }
-        _ => String::new(),
-    };
-    let lags: Vec<i64> = live.values().map(|s| s.lag.load(Ordering::Relaxed)).filter(|&lag| lag >= 0).collect();
-    let lag = if lags.is_empty() { String::new() } else { format!(" {LAG}{}", lags.iter().sum::<i64>()) };
-    let failed = match sum(|s| &s.checkpoint_failures) {
-        0 => String::new(),
-        failed => format!(" ({failed} failed)"),
-    };
-    let by_partition: Vec<_> = live.values().map(|s| lock(&s.dead_by_version).clone()).collect();
-    let dead: String = DeadLetters::by_version(&by_partition)
-        .iter()
-        .map(|(version, dead)| format!(" | dead letters of {version}: {dead}"))
-        .collect();
-    let mut summary = format!(
-        "[{:>6.1}s] {processed} records, {rate:.0} records/s{cpu} | {} partitions, {} entries{lag}, {} checkpoints{failed}{dead}",
-        started.elapsed().as_secs_f64(),
-        live.len(),
-        sum(|s| &s.entries),
-        sum(|s| &s.checkpoints),
-    );
-    for (p, why) in worth_attention(&live) {
-        let s = &live[&p];
-        let lag = s.lag.load(Ordering::Relaxed);
-        let ttl = match s.expired.load(Ordering::Relaxed) {
-            0 => String::new(),
-            expired => format!(
-                " expired={expired} backlog={} clock={}",
-                s.backlog.load(Ordering::Relaxed),
-                clock_time(s.clock_ms.load(Ordering::Relaxed))
-            ),
-        };
-        summary += &format!(
-            "\n  p{p}@{} entries={}{ttl} ckpt@{} batch-p99={:.2}ms{}{}",
-            s.committed_offset.load(Ordering::Relaxed),
-            s.entries.load(Ordering::Relaxed),
-            s.checkpoint_offset.load(Ordering::Relaxed),
-            s.batch_p99_us.load(Ordering::Relaxed) as f64 / 1e3,
-            if lag >= 0 { format!(" {LAG}{lag}") } else { String::new() },
-            if why.is_empty() { String::new() } else { format!(" ({})", why.join(", ")) }
-        );
-    }
-    // Through the log, so `--log-format json` keeps one JSON object a line.
-    tracing::info!(target: "sluice::summary", "{summary}");
-    now
-}
-
-/// Partitions the running summary lists one by one; a job with more lists only those
-/// [worth attention](worth_attention).
-const SUMMARY_PARTITIONS: usize = 4;
-
-/// The partitions a running summary shows, each with why: every one of a small job;
-/// of a larger one the slowest (batch p99), the largest (entries), the furthest behind
-/// (lag) and the one with the largest expiry backlog, where that is above 0.
-fn worth_attention(live: &BTreeMap<u32, Arc<PartitionStats>>) -> BTreeMap<u32, Vec<&'static str>> {
-    if live.len() <= SUMMARY_PARTITIONS {
-        return live.keys().map(|&p| (p, Vec::new())).collect();
-    }
-    let mut shown: BTreeMap<u32, Vec<&'static str>> = BTreeMap::new();
-    /// A reason to show a partition, and the measure whose largest it is.
-    type Criterion = (&'static str, fn(&PartitionStats) -> i64);
-    let criteria: [Criterion; 4] = [
-        ("slowest", |s| s.batch_p99_us.load(Ordering::Relaxed) as i64),
-        ("largest", |s| s.entries.load(Ordering::Relaxed) as i64),
-        ("furthest behind", |s| s.lag.load(Ordering::Relaxed)),
-        ("largest expiry backlog", |s| s.backlog.load(Ordering::Relaxed) as i64),
-    ];
-    for (why, measure) in criteria {
-        let top = live.iter().map(|(&p, s)| (measure(s), p)).max_by_key(|&(value, p)| (value, std::cmp::Reverse(p)));
-        if let Some((_, p)) = top.filter(|&(value, _)| value > 0) {
-            shown.entry(p).or_default().push(why);
-        }
-    }
-    shown
 }

@@ -1,0 +1,211 @@
+//! The host's counters beyond any one partition ([`HostStats`]): its rebalances and
+//! restores, the warnings that hold, and its latest [`HostEvent`]s for the status
+//! page's timeline.
+
+use super::{Histogram, now_ms};
+use crate::lock;
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// What a rebalance did to this member's partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RebalanceChange {
+    /// Partitions were assigned to it.
+    Assigned,
+    /// Partitions were taken from it, handed over.
+    Revoked,
+    /// Partitions were taken from it after it was evicted: another member had them.
+    Lost,
+}
+
+/// The host's counters beyond any one partition: its rebalances and restores.
+#[derive(Debug)]
+pub struct HostStats {
+    /// Rebalance callbacks that moved partitions of this member (an eager rebalance
+    /// makes two: the revocation and the assignment).
+    pub rebalances: AtomicU64,
+    /// Each of those callbacks' duration, s.
+    pub rebalance_seconds: Histogram,
+    /// Partitions assigned to this member so far.
+    pub assigned: AtomicU64,
+    /// Partitions revoked (handed over) so far.
+    pub revoked: AtomicU64,
+    /// Partitions lost (taken after an eviction, or claimed by another host in the
+    /// checkpoint store) so far.
+    pub lost: AtomicU64,
+    /// Each restore's duration (one start of one or more partitions), s.
+    pub restore_seconds: Histogram,
+    /// Bytes fetched from the checkpoint store by restores.
+    pub restored_bytes: AtomicU64,
+    /// The latest restore's predicted duration, µs.
+    pub restore_predicted_us: AtomicU64,
+    /// The latest restore's actual duration, µs.
+    pub restore_actual_us: AtomicU64,
+    /// The kinds of warning that held at the latest check (see
+    /// [`warnings`](crate::warnings)).
+    pub warnings: Mutex<Vec<&'static str>>,
+    /// The latest [`EVENTS_KEPT`] events, oldest first.
+    events: Mutex<VecDeque<HostEvent>>,
+}
+
+/// How many of the host's latest events [`HostStats`] keeps.
+pub const EVENTS_KEPT: usize = 256;
+
+/// Something that happened to the host, when (ms since the epoch).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostEvent {
+    /// When it happened (for a switch: when its first partition switched).
+    pub at_ms: u64,
+    /// What happened.
+    #[serde(flatten)]
+    pub what: HostEventKind,
+}
+
+/// What happened, as the status page's timeline shows it (JSON: `"kind"` names the
+/// variant, the other fields are its own).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum HostEventKind {
+    /// A rebalance callback moved `partitions` of this member's partitions.
+    Rebalance {
+        /// What it did to them.
+        change: RebalanceChange,
+        /// How many it moved.
+        partitions: usize,
+        /// How long the callback took, s.
+        took_s: f64,
+    },
+    /// A restore started partitions from local state or the checkpoint store.
+    Restore {
+        /// Bytes fetched from the store.
+        bytes: u64,
+        /// How long it took, s.
+        took_s: f64,
+        /// How long it was predicted to take, s.
+        predicted_s: f64,
+    },
+    /// Partitions switched operator version (a deploy or rollback); the partitions of
+    /// one deploy are one event.
+    Switch {
+        /// The version they ran.
+        from: String,
+        /// The version they run now.
+        to: String,
+        /// How many switched.
+        partitions: usize,
+    },
+    /// A warning was logged (see [`warnings`](crate::warnings)).
+    Warning {
+        /// Its kind, as the [`WARNING`](crate::metrics::families::WARNING) metric labels it.
+        warning: &'static str,
+        /// What the log says: the numbers and the setting that tunes it.
+        text: String,
+    },
+}
+
+impl Default for HostStats {
+    fn default() -> Self {
+        HostStats {
+            rebalances: AtomicU64::new(0),
+            rebalance_seconds: Histogram::of_durations(),
+            assigned: AtomicU64::new(0),
+            revoked: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            restore_seconds: Histogram::of_durations(),
+            restored_bytes: AtomicU64::new(0),
+            restore_predicted_us: AtomicU64::new(0),
+            restore_actual_us: AtomicU64::new(0),
+            warnings: Mutex::default(),
+            events: Mutex::default(),
+        }
+    }
+}
+
+impl HostStats {
+    /// Counts a rebalance that made `change` to `partitions` partitions in `took`.
+    pub fn record_rebalance(&self, change: RebalanceChange, partitions: usize, took: Duration) {
+        self.rebalances.fetch_add(1, Ordering::Relaxed);
+        self.rebalance_seconds.observe(took.as_secs_f64());
+        let counter = match change {
+            RebalanceChange::Assigned => &self.assigned,
+            RebalanceChange::Revoked => &self.revoked,
+            RebalanceChange::Lost => &self.lost,
+        };
+        counter.fetch_add(partitions as u64, Ordering::Relaxed);
+        self.record(HostEventKind::Rebalance { change, partitions, took_s: took.as_secs_f64() });
+    }
+
+    /// Counts a restore that fetched `bytes` in `took`, predicted to take `predicted`.
+    pub fn record_restore(&self, bytes: u64, took: Duration, predicted: Duration) {
+        self.restore_seconds.observe(took.as_secs_f64());
+        self.restored_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.restore_predicted_us.store(crate::micros(predicted), Ordering::Relaxed);
+        self.restore_actual_us.store(crate::micros(took), Ordering::Relaxed);
+        self.record(HostEventKind::Restore { bytes, took_s: took.as_secs_f64(), predicted_s: predicted.as_secs_f64() });
+    }
+
+    /// Records that a partition switched from version `from` to `to`: one more partition
+    /// of the latest event when that is the same switch (a deploy switches every
+    /// partition within moments), else a new event.
+    pub fn record_switch(&self, from: &str, to: &str) {
+        let mut events = lock(&self.events);
+        if let Some(HostEvent { what: HostEventKind::Switch { from: f, to: t, partitions }, .. }) = events.back_mut()
+            && (f.as_str(), t.as_str()) == (from, to)
+        {
+            *partitions += 1;
+            return;
+        }
+        drop(events);
+        self.record(HostEventKind::Switch { from: from.to_string(), to: to.to_string(), partitions: 1 });
+    }
+
+    /// Records that warning `warning` was logged saying `text`.
+    pub fn record_warning(&self, warning: &'static str, text: String) {
+        self.record(HostEventKind::Warning { warning, text });
+    }
+
+    /// The latest events, oldest first.
+    pub fn events(&self) -> Vec<HostEvent> {
+        lock(&self.events).iter().cloned().collect()
+    }
+
+    fn record(&self, what: HostEventKind) {
+        let mut events = lock(&self.events);
+        if events.len() == EVENTS_KEPT {
+            events.pop_front();
+        }
+        events.push_back(HostEvent { at_ms: now_ms(), what });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The log keeps the latest events, and one deploy's switches are one event.
+    #[test]
+    fn events_keep_the_latest_and_a_deploy_is_one_event() {
+        let host = HostStats::default();
+        host.record_switch("v1", "v2");
+        host.record_switch("v1", "v2");
+        host.record_rebalance(RebalanceChange::Revoked, 2, Duration::from_millis(5));
+        host.record_switch("v1", "v2");
+        let kinds: Vec<HostEventKind> = host.events().into_iter().map(|e| e.what).collect();
+        let switch = |partitions| HostEventKind::Switch { from: "v1".into(), to: "v2".into(), partitions };
+        assert_eq!(kinds[0], switch(2), "two partitions in a row switching alike are one deploy");
+        assert_eq!(kinds[2], switch(1), "a switch after another event is a new one");
+        let json = serde_json::to_value(host.events()).unwrap();
+        assert_eq!(json[1]["kind"], "rebalance");
+        assert_eq!(json[1]["change"], "revoked");
+        for n in 0..EVENTS_KEPT {
+            host.record_warning("state skew", format!("warning {n}"));
+        }
+        let events = host.events();
+        assert_eq!(events.len(), EVENTS_KEPT);
+        assert_eq!(events[0].what, HostEventKind::Warning { warning: "state skew", text: "warning 0".into() });
+    }
+}
