@@ -6,7 +6,7 @@
 //! log phrases: they stay with the protocol.) [`crate::events`] re-exports these with every
 //! other component's phrases.
 
-// A worker's, over its batches (`mod.rs`).
+// A worker's, over its batches (`mod.rs`, `batch_times.rs`, `emitted.rs`).
 /// Logged when a partition's batch times near the consumer's poll timeout: `batch
 /// processing time p99 … reaches 1000 ms, half of max.poll.interval.ms: …`.
 pub const SLOW_BATCH: &str = "half of max.poll.interval.ms";

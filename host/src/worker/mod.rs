@@ -34,7 +34,9 @@
 //! partition. This module does not own where records come from (the
 //! [source](crate::source)) or how the operator runs (the [operator](crate::operator)).
 
+mod batch_times;
 mod commit;
+mod emitted;
 pub(crate) mod events;
 mod lifecycle;
 pub mod queue;
@@ -44,21 +46,22 @@ mod start;
 mod tests;
 
 pub use commit::{AFTER_SEND, BEFORE_SEND, Cadence, OUTPUTS_COMMITTED, STATE_COMMITTED};
+pub use emitted::Emission;
 pub use lifecycle::{Checkpointing, PartitionReport, WorkerSetup, Workers};
 pub use router::{DispatchReport, Router};
 
 use crate::checkpoint::Checkpointer;
 use crate::config::NullKeys;
 use crate::lock;
-use crate::log_rate::{self, Admitted, LogRate};
-use crate::operator::{Expiration, Operator, Outcome, Output, Processed};
-use crate::record::{Cause, DeadLetter, DeadLetterKind, Origin, SourceRecord, Stop};
+use crate::operator::{Expiration, Operator, Outcome, Processed};
+use crate::record::{Origin, SourceRecord, Stop};
 use crate::sink::{DeadLetterSink, PartitionOutputs, Sink};
-use crate::stats::{DeadLetters, HostStats, PartitionStats};
+use crate::stats::{HostStats, PartitionStats};
 use anyhow::{Context, Result};
+use batch_times::BatchTimes;
 use commit::Uncommitted;
-use events::{NULL_KEY_REFUSED, REPLAYED_WITH, SLOW_BATCH, SLOW_BATCHES};
-use std::collections::VecDeque;
+use emitted::Emitted;
+use events::REPLAYED_WITH;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
@@ -115,65 +118,6 @@ impl StopSignal {
 /// How long a worker waits for a batch before it looks whether a checkpoint is due or
 /// a new operator version was deployed (the longest an idle partition takes to switch).
 const IDLE_TICK: Duration = Duration::from_millis(50);
-
-/// Batches whose processing times make up the published tail.
-const BATCH_TIMES: usize = 1000;
-
-/// The recent batch processing times of one worker, and the warning when their tail
-/// nears the limit a revocation can wait.
-struct BatchTimes {
-    recent: VecDeque<Duration>,
-    published: Instant,
-    /// Warn when p99 or max reaches this: a revocation waits for the batch in hand, and
-    /// Kafka evicts a member whose rebalance takes longer than `max.poll.interval.ms`.
-    warn_at: Option<Duration>,
-    warned: Option<Instant>,
-}
-
-impl BatchTimes {
-    /// How often the tail is published (and checked against `warn_at`).
-    const PUBLISH_EVERY: Duration = Duration::from_secs(1);
-    /// The least time between two warnings of one worker.
-    const WARN_EVERY: Duration = Duration::from_secs(30);
-
-    fn new(warn_at: Option<Duration>) -> Self {
-        BatchTimes { recent: VecDeque::with_capacity(BATCH_TIMES), published: Instant::now(), warn_at, warned: None }
-    }
-
-    fn record(&mut self, took: Duration, partition: u32, stats: &PartitionStats, host: &HostStats) {
-        stats.batch_seconds.observe(took.as_secs_f64());
-        if self.recent.len() == BATCH_TIMES {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(took);
-        if self.published.elapsed() < Self::PUBLISH_EVERY {
-            return;
-        }
-        self.published = Instant::now();
-        let mut sorted: Vec<Duration> = self.recent.iter().copied().collect();
-        sorted.sort_unstable();
-        let (p99, max) = (sorted[sorted.len() * 99 / 100], sorted[sorted.len() - 1]);
-        stats.batch_p99_us.store(crate::micros(p99), Ordering::Relaxed);
-        stats.batch_max_us.store(crate::micros(max), Ordering::Relaxed);
-        if let Some(limit) = self.warn_at
-            && (p99 >= limit || max >= limit)
-            && self.warned.is_none_or(|at| at.elapsed() >= Self::WARN_EVERY)
-        {
-            self.warned = Some(Instant::now());
-            let warning = format!(
-                "partition {partition}: batch processing time p99 {:.0} ms, max {:.0} ms reaches {:.0} ms, \
-                 {SLOW_BATCH}: a rebalance waits for the batch in hand, and a member whose rebalance outlasts \
-                 max.poll.interval.ms is evicted. Lower [state] batch_records, speed up the operator, or raise \
-                 max.poll.interval.ms",
-                p99.as_secs_f64() * 1e3,
-                max.as_secs_f64() * 1e3,
-                limit.as_secs_f64() * 1e3
-            );
-            tracing::warn!(partition, "{warning}");
-            host.record_warning(SLOW_BATCHES, warning);
-        }
-    }
-}
 
 /// A partition as its worker sees it through one run: what it works on and with.
 pub struct Partition<'a> {
@@ -426,100 +370,6 @@ impl<'a> PartitionWorker<'a> {
             }
             (Some(checkpointer), _) => checkpointer.finish(p.operator.state().store(), p.stats),
         }
-    }
-}
-
-/// What a batch (or an idle partition's expiries) emits, gathered to be sent at
-/// once: outputs, and dead letters.
-struct Emitted {
-    outputs: Vec<(Origin, Output)>,
-    dead: Vec<DeadLetter>,
-    /// The line sinks' buffer.
-    lines: Vec<u8>,
-    /// The partition's warnings of trapped records: every one has its dead letter, so
-    /// past a few a second they are only counted.
-    traps: LogRate,
-}
-
-/// Trapped records a partition warns about per second (the rest are counted).
-const TRAP_WARNINGS_PER_S: u64 = 10;
-
-impl Default for Emitted {
-    fn default() -> Self {
-        let traps = LogRate::new(TRAP_WARNINGS_PER_S, u64::MAX);
-        Emitted { outputs: Vec::new(), dead: Vec::new(), lines: Vec::new(), traps }
-    }
-}
-
-/// What an input (or expired entry) gives: its outputs, or its dead letter.
-pub enum Emission {
-    /// The operator emitted these.
-    Outputs(Vec<Output>),
-    /// It failed, or was refused, into the dead letters.
-    DeadLetter(DeadLetter),
-}
-
-impl Emission {
-    /// What `outcome` of the input (or expired entry) with `key` and `value` at `origin`
-    /// gives.
-    pub fn of(origin: Origin, key: &[u8], value: &[u8], outcome: Outcome) -> Self {
-        let (kind, reason, attempts) = match outcome {
-            Outcome::Emitted(outputs) => return Emission::Outputs(outputs),
-            Outcome::Rejected(reason) => (DeadLetterKind::Rejected, reason, None),
-            Outcome::NullKey => (DeadLetterKind::NullKey, NULL_KEY_REFUSED.to_string(), None),
-            Outcome::Trapped { reason, attempts } => (DeadLetterKind::Trapped, reason, Some(attempts)),
-        };
-        let (key, value) = (key.to_vec(), value.to_vec());
-        Emission::DeadLetter(DeadLetter { origin, kind, key, value, topic: None, reason, attempts })
-    }
-}
-
-impl Emitted {
-    /// Adds what became of the input (or expired entry) with `key` and `value` at
-    /// `origin`; a trap is logged, within [`TRAP_WARNINGS_PER_S`].
-    fn outcome(&mut self, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome) {
-        if let Outcome::Trapped { reason, attempts } = &outcome {
-            let (partition, offset) = (origin.partition, origin.offset);
-            match self.traps.admit(0) {
-                Admitted::Yes { dropped } => {
-                    if dropped > 0 {
-                        tracing::warn!(partition, "{dropped} more records trapped; their dead letters say why");
-                    }
-                    // The first line: the rest is wasmtime's account with the guest's
-                    // backtrace, which the dead letter keeps.
-                    let first_line = log_rate::one_line(reason.lines().next().unwrap_or_default()).into_owned();
-                    tracing::warn!(partition, offset, cause = ?origin.cause, attempts, "operator trapped: {first_line}");
-                }
-                Admitted::No { .. } => {}
-            }
-        }
-        match Emission::of(origin, key, value, outcome) {
-            Emission::Outputs(outputs) => self.outputs.extend(outputs.into_iter().map(|o| (origin, o))),
-            Emission::DeadLetter(dead) => self.dead.push(dead),
-        }
-    }
-
-    /// Adds what became of `expirations` of `partition`.
-    fn expirations(&mut self, partition: u32, expirations: impl IntoIterator<Item = Expiration>) {
-        for Expiration { entry, offset, outcome } in expirations {
-            let origin = Origin { partition, offset, cause: Cause::Expiry };
-            self.outcome(origin, &entry.key, &entry.value, outcome);
-        }
-    }
-
-    /// Sends the outputs, all of operator `version`, as part of the partition's
-    /// `outputs`, then the dead letters (those of outputs Kafka refused included),
-    /// counts them, and empties itself.
-    fn send(&mut self, version: &str, stats: &PartitionStats, outputs: &mut PartitionOutputs) -> Result<()> {
-        outputs.send(&self.outputs, version, &mut self.lines, &mut self.dead)?;
-        stats.outputs.fetch_add(self.outputs.len() as u64, Ordering::Relaxed);
-        outputs.send_dead_letters(&self.dead, version, &mut self.lines)?;
-        let mut counts = DeadLetters::default();
-        self.dead.iter().for_each(|dead| counts.count(dead.kind));
-        stats.count_dead(version, counts);
-        self.outputs.clear();
-        self.dead.clear();
-        Ok(())
     }
 }
 

@@ -7,12 +7,14 @@
 use super::*;
 use crate::config::{TimeDomain, TtlConfig};
 use crate::objects::Objects;
+use crate::operator::Output;
 use crate::operator::registry::Registry;
 use crate::operator::replay::SwitchLog;
 use crate::operator::wasm::Limits;
 use crate::operator::{Instantiate, Switch, process_each};
 use crate::sink::{LineSink, Sink};
 use crate::state::{PartitionStore, StateDir, Transaction};
+use std::collections::VecDeque;
 use std::path::Path;
 
 /// Every record puts its value under its key and emits it; every expired entry emits
