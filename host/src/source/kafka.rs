@@ -412,22 +412,8 @@ fn poll<P: Partitions + Send>(
         }
         let mut guard = lock(&context.partitions);
         let partitions = guard.as_mut().expect("the poll loop holds them");
-        let mut resuming = lock(&context.resuming);
-        for started in partitions.started(false)? {
-            let due = Instant::now();
-            resuming.insert(started.partition, Resuming { started, backoff: Backoff::new(options.retry_timeout), due });
-        }
-        resume_due(consumer, options, partitions, &mut resuming)?;
-        let failed = partitions.failed()?;
-        for &p in &failed {
-            // Not read until it starts again (a restart, or a rebalance moving it).
-            consumer.pause(&partition_list(&options.topic, p))?;
-            state.backed_up.remove(&p);
-            resuming.remove(&p);
-        }
-        let resuming_any = !resuming.is_empty();
-        drop(resuming);
-        if !failed.is_empty() && !partitions.owns_any() {
+        let (resuming_any, all_stopped) = state.follow_starts(consumer, options, partitions)?;
+        if all_stopped {
             // Every partition here stopped: the run ends in their errors, and a restart
             // (or the group moving them) takes them up again.
             return Ok(Stop::Handover);
@@ -472,6 +458,31 @@ fn poll<P: Partitions + Send>(
 }
 
 impl PollState {
+    /// Resumes the partitions whose start completed (once the broker's offsets agree)
+    /// and pauses those whose worker stopped alone; returns whether any partition still
+    /// waits to resume, and whether some stopped and none is left here.
+    fn follow_starts<P: Partitions + Send>(
+        &mut self,
+        consumer: &BaseConsumer<Membership<P>>,
+        options: &KafkaOptions,
+        partitions: &mut P,
+    ) -> Result<(bool, bool)> {
+        let mut resuming = lock(&consumer.context().resuming);
+        for started in partitions.started(false)? {
+            let due = Instant::now();
+            resuming.insert(started.partition, Resuming { started, backoff: Backoff::new(options.retry_timeout), due });
+        }
+        resume_due(consumer, options, partitions, &mut resuming)?;
+        let failed = partitions.failed()?;
+        for &p in &failed {
+            // Not read until it starts again (a restart, or a rebalance moving it).
+            consumer.pause(&partition_list(&options.topic, p))?;
+            self.backed_up.remove(&p);
+            resuming.remove(&p);
+        }
+        Ok((!resuming.is_empty(), !failed.is_empty() && !partitions.owns_any()))
+    }
+
     /// Hands `message`'s record to its partition, pausing the partition when that fills
     /// its worker's queue.
     fn push<C: ConsumerContext>(
