@@ -72,9 +72,11 @@ fn a_revocation_does_not_wait_for_a_restore_from_a_store_that_stopped_answering(
     let minute = Duration::from_secs(60);
     // b must be assigned its partitions after the store froze. Its assignment mostly
     // comes seconds after its start, but the broker may answer its join at once, before
-    // the test can freeze the store: such a try tested nothing, and the next one runs
-    // in a group, state directories and store prefix of its own.
-    for attempt in 1..=3 {
+    // the test can freeze the store (in one full run, all of three tries): such a try
+    // tested nothing, and the next one runs in a group, state directories and store
+    // prefix of its own.
+    const TRIES: usize = 8;
+    for attempt in 1..=TRIES {
         let group = format!("restoring-{attempt}");
         let config = kafka.source(&format!("group = \"{group}\"\n{properties}"))?;
         let mut command = run_job(&operator_wasm("vehicle_stats"), &dir.join(format!("b{attempt}")), 2);
@@ -91,7 +93,7 @@ fn a_revocation_does_not_wait_for_a_restore_from_a_store_that_stopped_answering(
         let assigned_at = log.lines().find(|line| line.contains(ASSIGNED)).and_then(|l| l.split_whitespace().next());
         if assigned_at.is_none_or(|at| at < frozen_at.as_str()) {
             let early = format!("b was assigned ({assigned_at:?}) before the store froze ({frozen_at})");
-            anyhow::ensure!(attempt < 3, "{early} in each of three tries");
+            anyhow::ensure!(attempt < TRIES, "{early} in each of {TRIES} tries");
             println!("try {attempt}: {early}; again");
             s3.freeze(false)?;
             b.terminate()?;
@@ -114,7 +116,7 @@ fn a_revocation_does_not_wait_for_a_restore_from_a_store_that_stopped_answering(
         assert!(!b.log().contains("lost ("), "b was never evicted:\n{}", b.log());
         return Ok(());
     }
-    unreachable!("the third try ends in an error or runs to the end")
+    unreachable!("the last try ends in an error or runs to the end")
 }
 
 /// A revocation hands its partitions over all at once, so it takes as long as its
