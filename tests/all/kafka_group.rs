@@ -71,7 +71,7 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop() -> Resu
     // Caught up when a and b together run every partition and every state they list
     // stands at its partition's end. Not the group's committed offsets: b committed those
     // before its kill -9, ahead of every state in the store. tansu's group can give a
-    // partition to two members at once (docs/kafka.md): the one whose claim in the store
+    // partition to two members at once (docs/development.md): the one whose claim in the store
     // was taken stops at its next checkpoint, so no state behind the end stays listed.
     let ends = broker.ends("positions")?;
     let at_end = |(p, offset): (u32, u64)| ends.get(&(p as i32)).is_some_and(|&end| end as u64 == offset);

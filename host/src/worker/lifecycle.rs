@@ -286,7 +286,8 @@ impl Workers {
                     Some(wait) => {
                         tracing::warn!(
                             partition,
-                            "{error:#}; {CLAIMED_ELSEWHERE}; if the group still assigns it here in {}s                              (session.timeout.ms), this host claims it back",
+                            "{error:#}; {CLAIMED_ELSEWHERE}; if the group still assigns it here in {}s \
+                             (session.timeout.ms), this host claims it back",
                             wait.as_secs()
                         );
                         self.launch(&[partition], wait, true)?;
