@@ -17,7 +17,7 @@ use summary::{Mark, log_summary};
 
 use crate::admin;
 use crate::checkpoint::{self, CheckpointSettings, CheckpointStore, JobIdentity};
-use crate::config::{Config, Guarantee, SinkConfig, SourceConfig};
+use crate::config::{Config, Guarantee, SinkConfig, SourceConfig, Standby};
 use crate::metrics::Metrics;
 use crate::operator::deploy::{Deployer, Sandbox};
 use crate::operator::replay::SwitchLog;
@@ -32,7 +32,7 @@ use crate::source::{self, DispatchOptions};
 use crate::state::{self, StateDir};
 use crate::stats::{LiveStats, process_cpu};
 use crate::warnings::Watch;
-use crate::worker::{Cadence, Checkpointing, Destinations, Router, WorkerSetup, Workers};
+use crate::worker::{Cadence, Checkpointing, Destinations, Router, StandbySettings, WorkerSetup, Workers};
 use anyhow::{Result, anyhow, bail};
 use events::JOB_STARTED;
 use std::sync::Arc;
@@ -110,11 +110,19 @@ pub fn run(config: &Config) -> Result<JobReport> {
         stopping: stopping.clone(),
     });
     let (live, host_stats) = (workers.live(), workers.host_stats());
-    let router = Router::new(workers, partitions, config.state.batch_size(), config.state.batch_bytes());
+    let mut router = Router::new(workers, partitions, config.state.batch_size(), config.state.batch_bytes());
     let deployer = Arc::new(Deployer::new(registry, sandbox, active, live.clone(), runtime.handle().clone()));
     if let Some(listen) = &config.admin.listen {
         let metrics = Metrics::new(live.clone(), host_stats.clone(), max_poll_interval, checkpoints_on);
         admin::serve(listen, &config.admin, deployer.clone(), metrics, host_stats.clone(), &runtime)?;
+    }
+    // Before the source joins its group: the copies are warm when partitions arrive.
+    if checkpoints_on && matches!(source, OpenSource::Kafka(_)) && config.checkpoint.standby == Standby::All {
+        router.follow_standbys(StandbySettings {
+            max_bytes: config.checkpoint.standby_max_bytes,
+            poll: config.checkpoint.standby_poll,
+            warm_up: config.checkpoint.standby_warm_up,
+        })?;
     }
     let checkpoint_interval = checkpoints_on.then_some(config.checkpoint.interval);
     let watch = Watch::new(config.report.clone(), checkpoint_interval, live.clone(), host_stats);
@@ -130,7 +138,8 @@ fn open_checkpoints(config: &Config, runtime: &Runtime) -> Result<Option<Checkpo
     if !config.checkpoint.enabled {
         return Ok(None);
     }
-    let store = CheckpointStore::open(&config.checkpoint.store_url(&config.state.dir))?;
+    let store = CheckpointStore::open(&config.checkpoint.store_url(&config.state.dir))?
+        .with_download_cap(config.checkpoint.download_bytes_per_s);
     runtime.block_on(store.check_partitions(config.state.partitions))?;
     Ok(Some(Checkpointing {
         store,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 /// The modules in the order they may import each other; a stage's modules may not
 /// import one another.
 const CHAIN: &[&[&str]] = &[
-    &["record", "backoff", "log_rate", "objects", "kafka"],
+    &["record", "backoff", "bandwidth", "log_rate", "objects", "kafka"],
     &["stats", "config", "checksum", "lines"],
     &["state"],
     &["checkpoint"],

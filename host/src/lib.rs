@@ -15,14 +15,15 @@
 //! The layers point one way: each module imports only modules before it in
 //!
 //! ```text
-//! record, backoff, log_rate, objects, kafka → stats, config, checksum, lines → state
+//! record, backoff, bandwidth, log_rate, objects, kafka → stats, config, checksum, lines → state
 //!     → checkpoint → operator → sink → source → worker → metrics, warnings, test_driver
 //!     → admin → job, scaffold → events
 //! ```
 //!
 //! [`record`] (the data every layer shares), [`backoff`] (the schedule of retries after
-//! transient failures), [`log_rate`] (log lines within a rate), [`objects`] (the object
-//! store at a URL, under checkpoints and the operator registry) and [`kafka`] (the
+//! transient failures), [`bandwidth`] (a cap on bytes per second), [`log_rate`] (log
+//! lines within a rate), [`objects`] (the object store at a URL, under checkpoints and
+//! the operator registry) and [`kafka`] (the
 //! settings every Kafka client starts from) are the leaves;
 //! [`stats`] holds live counters; [`lines`] writes the JSON lines of the sinks and of a
 //! state dump. [`events`] is last because it re-exports every component's phrases: nothing
@@ -31,6 +32,7 @@
 
 pub mod admin;
 pub mod backoff;
+pub mod bandwidth;
 pub mod checkpoint;
 pub mod checksum;
 pub mod config;

@@ -179,9 +179,31 @@ pub enum RestoredFrom {
         id: u64,
         /// Its offset.
         offset: u64,
-        /// Bytes fetched.
+        /// Its size.
         bytes: u64,
+        /// Of those, the bytes downloaded; the rest were local files reused.
+        fetched: u64,
+        /// Whether a standby copy supplied some of them.
+        standby: bool,
     },
+}
+
+/// Every [`RestoredFrom::path`].
+pub const RESUME_PATHS: [&str; 5] = ["empty", "local", "standby", "incremental", "full"];
+
+impl RestoredFrom {
+    /// How the partition resumed, as metrics label it: `empty`, `local` (its own
+    /// database), `standby` (a checkpoint built mostly from a standby copy),
+    /// `incremental` (from other local files) or `full` (all downloaded).
+    pub fn path(&self) -> &'static str {
+        match self {
+            RestoredFrom::Empty => "empty",
+            RestoredFrom::Local { .. } => "local",
+            RestoredFrom::Checkpoint { standby: true, .. } => "standby",
+            RestoredFrom::Checkpoint { bytes, fetched, .. } if fetched < bytes => "incremental",
+            RestoredFrom::Checkpoint { .. } => "full",
+        }
+    }
 }
 
 impl std::fmt::Display for RestoredFrom {
@@ -189,7 +211,9 @@ impl std::fmt::Display for RestoredFrom {
         match self {
             RestoredFrom::Empty => write!(f, "empty"),
             RestoredFrom::Local { offset } => write!(f, "local@{offset}"),
-            RestoredFrom::Checkpoint { id, offset, .. } => write!(f, "checkpoint {id}@{offset}"),
+            RestoredFrom::Checkpoint { id, offset, bytes, fetched, .. } => {
+                write!(f, "checkpoint {id}@{offset} ({}: fetched {fetched} B of {bytes} B)", self.path())
+            }
         }
     }
 }

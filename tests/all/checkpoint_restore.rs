@@ -339,6 +339,40 @@ fn a_small_change_uploads_a_small_fraction_of_the_state() -> Result<()> {
     Ok(())
 }
 
+/// A host whose copy of a partition is a few hundred records behind the store's newest
+/// checkpoint (it owned the partition before) restores incrementally: it fetches the
+/// files it lacks, not the state — what the estimate predicted — and ends equal to the
+/// fold, having processed nothing twice.
+#[test]
+fn a_stale_local_copy_fetches_only_the_files_it_lacks() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (dir, store) = (dir.path(), dir.path().join("state.checkpoints"));
+    let job = |count| checkpoint_at_end(dir, 20_000, count, 1);
+    run_ok(&mut job(60_000))?;
+    let stale = dir.join("stale");
+    run_ok(Command::new("cp").arg("-a").arg(dir.join("state")).arg(&stale))?;
+    run_ok(&mut job(60_200))?;
+    let newest = checkpoint_manifests(&store, 0)?.pop().unwrap();
+    let total: u64 = newest["files"].as_array().unwrap().iter().map(|f| f["size"].as_u64().unwrap()).sum();
+    std::fs::remove_dir_all(dir.join("state"))?;
+    std::fs::rename(&stale, dir.join("state"))?;
+
+    let estimate = run_ok(
+        sluice().args(["checkpoints", "estimate", "--store"]).arg(&store).arg("--state-dir").arg(dir.join("state")),
+    )?;
+    let estimate = String::from_utf8(estimate.stdout)?;
+    assert!(estimate.contains("partition 0: local state offset 60000; restore checkpoint 2"), "{estimate}");
+    let run = run_ok(&mut job(60_200))?;
+    let report = stderr(&run);
+    let (path, fetched, bytes) = reported_restores(&report).pop().expect("one partition restored");
+    assert_eq!((path.as_str(), bytes), ("incremental", total), "{report}");
+    assert!(fetched * 10 < total, "fetched {fetched} of {total} bytes:\n{report}");
+    assert!(report.contains("processed 0 records"), "{report}");
+    assert_state_is_fold(dir, 20_000, 60_200, "after an incremental restore")?;
+    eprintln!("stale local copy: fetched {fetched} of {total} bytes ({:.1}%)", 100.0 * fetched as f64 / total as f64);
+    Ok(())
+}
+
 #[test]
 fn retention_keeps_the_newest_checkpoints_and_exactly_their_files() -> Result<()> {
     let dir = tempfile::tempdir()?;

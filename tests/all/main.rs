@@ -19,5 +19,6 @@ mod observability;
 mod sandbox;
 mod sandbox_limits;
 mod setup;
+mod standby;
 mod state_ttl;
 mod test_driver;

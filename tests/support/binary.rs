@@ -118,6 +118,25 @@ pub fn reported_peak_mib(report: &str) -> Option<f64> {
 }
 
 /// The count of expired state entries a run's final report (its stderr) gives; 0 if it
+/// Every mention in a run's output of a partition restored from a checkpoint (the
+/// restore's log line, the report's table, a Kafka resume's line), in order: how
+/// (`standby`, `incremental`, `full`), the bytes fetched and the checkpoint's size.
+pub fn reported_restores(report: &str) -> Vec<(String, u64, u64)> {
+    let mut found = Vec::new();
+    for line in report.lines() {
+        let Some(at) = line.find("checkpoint ").and_then(|at| line[at..].find(" (").map(|b| at + b + 2)) else {
+            continue;
+        };
+        let words: Vec<&str> = line[at..].split([' ', ':', ')']).filter(|w| !w.is_empty()).collect();
+        if let [path, "fetched", fetched, "B", "of", bytes, "B", ..] = words[..]
+            && let (Ok(fetched), Ok(bytes)) = (fetched.parse(), bytes.parse())
+        {
+            found.push((path.to_string(), fetched, bytes));
+        }
+    }
+    found
+}
+
 /// gives none.
 pub fn reported_expired(report: &str) -> u64 {
     let count = report.lines().find_map(|line| line.split_once(EXPIRED_REMOVED).map(|(count, _)| count));

@@ -13,6 +13,7 @@ use super::layout::object_name;
 use super::records::{self, Manifest, ManifestFile};
 use super::restore::PartitionPlan;
 use super::store::{CheckpointStore, ClaimedElsewhere};
+use crate::bandwidth::Bandwidth;
 use crate::lock;
 use crate::record::RestoredFrom;
 use crate::state::{PartitionStore, STATE_FORMAT};
@@ -271,17 +272,15 @@ impl Upload {
             bytes(uploading),
             bytes(total)
         );
-        let parallel = if self.settings.upload_bytes_per_s.is_some() { 1 } else { PARALLEL_UPLOADS };
-        let mut sent = 0u64;
+        let cap = self.settings.upload_bytes_per_s.map(Bandwidth::new);
+        let parallel = if cap.is_some() { 1 } else { PARALLEL_UPLOADS };
         let uploads: Vec<_> =
             missing.iter().map(|&file| self.store.put_file(partition, file, self.dir.join(&file.name))).collect();
         let mut uploads = futures::stream::iter(uploads).buffer_unordered(parallel);
         while let Some(size) = uploads.try_next().await? {
-            sent += size;
-            // Sleep after each file until the average is back under the cap.
-            if let Some(rate) = self.settings.upload_bytes_per_s {
-                let due = Duration::from_secs_f64(sent as f64 / rate as f64);
-                tokio::time::sleep(due.saturating_sub(started.elapsed())).await;
+            // Sleep after each file until what was sent is back under the cap.
+            if let Some(cap) = &cap {
+                tokio::time::sleep(cap.reserve(size)).await;
             }
         }
         drop(uploads);

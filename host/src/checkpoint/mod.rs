@@ -17,18 +17,23 @@
 //!   [`Objects`](crate::objects::Objects) at the store's URL.
 //! - [`checkpointer`]: taking a partition's checkpoints in the background of its
 //!   worker, retention and garbage collection.
+//! - [`assemble`]: building a checkpoint's files in a local directory from the local
+//!   files that match and downloads for the rest.
 //! - [`restore`]: choosing between local recovery and a checkpoint, predicting and
 //!   reporting the restore, falling back past missing or corrupt files.
+//! - [`standby`]: copies of partitions other hosts own, followed from the store.
 //!
 //! This module does not decide when a checkpoint is due relative to records (the
 //! [worker](crate::worker) asks its [`Checkpointer`] after each commit), and it never
 //! writes into a database that is open.
 
+pub mod assemble;
 pub mod checkpointer;
 pub(crate) mod events;
 pub mod layout;
 pub mod records;
 pub mod restore;
+pub mod standby;
 pub mod store;
 
 pub use checkpointer::{CheckpointSettings, Checkpointer};

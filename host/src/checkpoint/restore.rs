@@ -3,9 +3,12 @@
 //!
 //! For each partition the local database wins when it is at least as new as the newest
 //! checkpoint (local recovery: nothing is copied). Otherwise the newest checkpoint is
-//! downloaded into a side directory, every file checked against its manifest, the
+//! built in a side directory — from the files the partition's database or its standby
+//! copy already holds with the same name and checksum, downloads for the rest
+//! ([`assemble`](super::assemble)), every file checked against its manifest — the
 //! database opened to confirm it holds the manifest's offset, and only then moved into
-//! place; a missing or corrupt file is named and the previous checkpoint tried. A
+//! place; a missing or corrupt file is named and the previous checkpoint tried. Once
+//! the partition's state is in place its standby copy is discarded. A
 //! half-restored database is never where the job will open it. A store that fails to
 //! answer is the caller's to try again ([`objects::is_unavailable`]): falling back would
 //! meet the same store.
@@ -13,9 +16,11 @@
 //! This module owns that decision and the copying; the [state](crate::state) module
 //! owns the directory layout it writes into.
 
+use super::assemble::{self, FilesFailed, LocalFiles};
 use super::bytes;
 use super::events::{LOCAL_MOVED_ASIDE, NO_RESTORE_HISTORY, RESTORE_OVER_BUDGET};
 use super::records::Manifest;
+use super::standby;
 use super::store::CheckpointStore;
 use crate::objects;
 use crate::record::RestoredFrom;
@@ -30,8 +35,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Files downloaded at once per partition.
-const PARALLEL_DOWNLOADS: usize = 4;
 /// The bandwidth assumed until a restore from the store has been measured.
 const ASSUMED_BYTES_PER_S: f64 = 100.0 * 1024.0 * 1024.0;
 
@@ -54,12 +57,17 @@ pub struct PartitionPlan {
     pub last_id: Option<u64>,
     /// Manifests that could not be read, with why.
     pub unreadable: Vec<String>,
+    /// The files on this host a restore may reuse (see [`standby::local_files`]).
+    pub local_files: LocalFiles,
+    /// The checkpoint this host's standby copy of the partition holds.
+    pub standby: Option<u64>,
 }
 
 impl PartitionPlan {
-    /// The bytes a restore fetches: the newest candidate's size, 0 for local recovery.
+    /// The bytes a restore fetches, predicted: the newest candidate's files that no
+    /// local file of the same name and size holds; 0 for local recovery.
     pub fn bytes_to_fetch(&self) -> u64 {
-        self.candidates.first().map_or(0, Manifest::bytes)
+        self.candidates.first().map_or(0, |m| m.bytes() - self.local_files.likely_held(&m.files))
     }
 
     /// Where the state comes from when nothing is restored: the local state or none.
@@ -100,15 +108,18 @@ impl fmt::Display for RestorePlan {
                 (None, Some(_)) => "unreadable".to_string(),
                 (None, None) => "none".to_string(),
             };
+            let standby = p.standby.map_or(String::new(), |id| format!("; standby copy of checkpoint {id}"));
             match (p.candidates.first(), &p.newest) {
                 (Some(m), _) => writeln!(
                     f,
-                    "partition {}: local state {local}; restore checkpoint {} (offset {}, {} files, {})",
+                    "partition {}: local state {local}{standby}; restore checkpoint {} (offset {}, {} files, {}, {} \
+                     to fetch)",
                     p.partition,
                     m.id,
                     m.offset,
                     m.files.len(),
-                    bytes(m.bytes())
+                    bytes(m.bytes()),
+                    bytes(p.bytes_to_fetch())
                 )?,
                 (None, Some(m)) => writeln!(
                     f,
@@ -165,6 +176,11 @@ pub async fn plan(
         };
         let mut manifests = Vec::new();
         let mut unreadable = Vec::new();
+        let local_files = match state {
+            Some(state) => standby::local_files(state, partition)?,
+            None => LocalFiles::default(),
+        };
+        let standby = state.and_then(|state| standby::recorded(state, partition)).map(|m| m.id);
         let Some(store) = store else {
             if let Some(why) = local_unreadable {
                 bail!(
@@ -179,6 +195,8 @@ pub async fn plan(
                 newest: None,
                 last_id: None,
                 unreadable,
+                local_files,
+                standby,
             });
             continue;
         };
@@ -200,6 +218,8 @@ pub async fn plan(
             newest,
             last_id,
             unreadable,
+            local_files,
+            standby,
         });
     }
     // The history only informs the prediction: a store that cannot give it predicts from
@@ -237,7 +257,7 @@ pub struct RestoreReport {
 impl RestoreReport {
     /// The bytes fetched from the store.
     pub fn fetched(&self) -> u64 {
-        self.restored.iter().map(|r| if let RestoredFrom::Checkpoint { bytes, .. } = r { *bytes } else { 0 }).sum()
+        self.restored.iter().map(|r| if let RestoredFrom::Checkpoint { fetched, .. } = r { *fetched } else { 0 }).sum()
     }
 }
 
@@ -306,8 +326,23 @@ pub async fn restore(
     Ok(report)
 }
 
-/// Restores one partition as `plan` says, falling back checkpoint by checkpoint.
+/// Restores one partition as `plan` says, falling back checkpoint by checkpoint, then
+/// discards its standby copy.
 async fn restore_partition(
+    state: &StateDir,
+    store: &CheckpointStore,
+    plan: &PartitionPlan,
+    progress: &Arc<AtomicU64>,
+) -> Result<RestoredFrom> {
+    let restored = restore_newest(state, store, plan, progress).await?;
+    // Unlinking: quick, whatever the copy's size.
+    standby::discard(state, plan.partition)?;
+    Ok(restored)
+}
+
+/// Puts the newest checkpoint of `plan` that can be restored in place, or keeps the
+/// local state.
+async fn restore_newest(
     state: &StateDir,
     store: &CheckpointStore,
     plan: &PartitionPlan,
@@ -317,8 +352,8 @@ async fn restore_partition(
     let mut failures = Vec::new();
     for manifest in &plan.candidates {
         let side = state.restore_path(partition);
-        match fetch(store, manifest, &side, progress).await {
-            Ok(()) => {
+        match fetch(store, manifest, &side, &plan.local_files, progress).await {
+            Ok(built) => {
                 let (live, old) = (state.partition_path(partition), state.replaced_path(partition));
                 if let Some(why) = &plan.local_unreadable {
                     // Never deleted: it may hold what no checkpoint does.
@@ -337,6 +372,8 @@ async fn restore_partition(
                     id: manifest.id,
                     offset: manifest.offset,
                     bytes: manifest.bytes(),
+                    fetched: built.fetched,
+                    standby: built.from_standby > 0,
                 });
             }
             // An older checkpoint is in the same store: the caller tries this one again.
@@ -374,34 +411,35 @@ async fn restore_partition(
     }
 }
 
-/// Downloads `manifest`'s files into `side` (emptied first), then opens the database
-/// there to check it holds the manifest's offset.
-async fn fetch(store: &CheckpointStore, manifest: &Manifest, side: &Path, progress: &Arc<AtomicU64>) -> Result<()> {
+/// Builds `manifest`'s files in `side` (emptied first) from `local` files and the
+/// store, then opens the database there to check it holds the manifest's offset. The
+/// store's corrupt files are deleted from it: every checkpoint listing one is broken
+/// anyway, and while it stays, later checkpoints would take it for a good copy and not
+/// upload the file again.
+async fn fetch(
+    store: &CheckpointStore,
+    manifest: &Manifest,
+    side: &Path,
+    local: &LocalFiles,
+    progress: &Arc<AtomicU64>,
+) -> Result<assemble::Assembled> {
     let dir = side.to_path_buf();
     tokio::task::spawn_blocking(move || -> Result<()> {
         if dir.exists() {
             std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
         }
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))
+        Ok(())
     })
     .await??;
-    let downloads: Vec<_> = manifest
-        .files
-        .iter()
-        .map(|file| store.download(manifest.partition, file, side.join(&file.name), progress.clone()))
-        .collect();
-    let downloads: Vec<Result<()>> =
-        futures::stream::iter(downloads).buffer_unordered(PARALLEL_DOWNLOADS).collect().await;
-    let mut failures: Vec<anyhow::Error> = downloads.into_iter().filter_map(Result::err).collect();
-    if let Some(unavailable) = failures.iter().position(objects::is_unavailable) {
-        return Err(failures.swap_remove(unavailable));
-    }
-    // Every bad file is named, not just the first: the operator fixing the store needs
-    // the whole list.
-    let failures: Vec<String> = failures.iter().map(|e| format!("{e:#}")).collect();
-    if !failures.is_empty() {
-        bail!("{} of {} files failed: {}", failures.len(), manifest.files.len(), failures.join("; "));
-    }
+    let built = match assemble::assemble(store, manifest, side, local, progress, &|| false).await {
+        Ok(built) => built,
+        Err(e) => {
+            for corrupt in e.downcast_ref::<FilesFailed>().map_or(&[][..], |failed| &failed.corrupt) {
+                store.delete_corrupt(corrupt).await.context("deleting a corrupt file from the store")?;
+            }
+            return Err(e);
+        }
+    };
     let (dir, partition, offset) = (side.to_path_buf(), manifest.partition, manifest.offset);
     tokio::task::spawn_blocking(move || -> Result<()> {
         let held = PartitionStore::open(&dir, partition)?.committed_offset()?;
@@ -410,7 +448,8 @@ async fn fetch(store: &CheckpointStore, manifest: &Manifest, side: &Path, progre
         }
         Ok(())
     })
-    .await?
+    .await??;
+    Ok(built)
 }
 
 /// Puts the verified database at `side` where `live` is, by renames only: a crash at

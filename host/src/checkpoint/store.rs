@@ -20,6 +20,7 @@ use super::records::{
     CHECKPOINT_FORMAT, JobIdentity, Manifest, ManifestFile, PartitionClaim, RestoreHistory, RestoreSample,
     StoreManifest,
 };
+use crate::bandwidth::Bandwidth;
 use crate::checksum::Checksum;
 use crate::objects::{MAX_RECORD_BYTES, Objects};
 use anyhow::{Context, Result, anyhow, bail};
@@ -67,6 +68,8 @@ pub struct ClaimedElsewhere {
 #[derive(Clone)]
 pub struct CheckpointStore {
     objects: Objects,
+    /// The cap every download through this store (and its clones) shares.
+    download_cap: Option<Arc<Bandwidth>>,
 }
 
 impl std::fmt::Debug for CheckpointStore {
@@ -78,12 +81,19 @@ impl std::fmt::Debug for CheckpointStore {
 impl CheckpointStore {
     /// Opens a store that exists, to read it ([`Objects::open_existing`]).
     pub fn open_existing(url: &str) -> Result<Self> {
-        Ok(CheckpointStore { objects: Objects::open_existing(url)? })
+        Ok(CheckpointStore { objects: Objects::open_existing(url)?, download_cap: None })
     }
 
     /// Opens the store at `url` ([`Objects::open`]).
     pub fn open(url: &str) -> Result<Self> {
-        Ok(CheckpointStore { objects: Objects::open(url)? })
+        Ok(CheckpointStore { objects: Objects::open(url)?, download_cap: None })
+    }
+
+    /// This store with its downloads — of every clone, restores and standby copies
+    /// together — capped at `bytes_per_s` (`[checkpoint] download_bytes_per_s`).
+    pub fn with_download_cap(mut self, bytes_per_s: Option<u64>) -> Self {
+        self.download_cap = bytes_per_s.map(|cap| Arc::new(Bandwidth::new(cap)));
+        self
     }
 
     /// The URL the store was opened with.
@@ -313,8 +323,9 @@ impl CheckpointStore {
     }
 
     /// Downloads `file` of `partition` to `dest`, adding bytes to `progress` as they
-    /// arrive, and checks its size and checksum against the manifest. The error names
-    /// the file and says whether it is missing or corrupt.
+    /// arrive, under the store's download cap, and checks its size and checksum against
+    /// the manifest. The error names the file and says whether it is missing or corrupt
+    /// ([`CorruptFile`]); a corrupt object stays in the store, for the caller to judge.
     pub async fn download(
         &self,
         partition: u32,
@@ -324,14 +335,19 @@ impl CheckpointStore {
     ) -> Result<()> {
         let (path, found) = self.get_file(partition, file).await?;
         let mut out = VerifiedFile::create(&dest, progress)?;
+        let cap = self.download_cap.clone();
         match found.payload {
             GetResultPayload::File(mut source, _) => {
                 out = tokio::task::spawn_blocking(move || -> Result<VerifiedFile> {
                     let mut buffer = vec![0; 1 << 20];
                     loop {
-                        match source.read(&mut buffer)? {
-                            0 => return Ok(out),
-                            n => out.write(&buffer[..n])?,
+                        let n = source.read(&mut buffer)?;
+                        if n == 0 {
+                            return Ok(out);
+                        }
+                        out.write(&buffer[..n])?;
+                        if let Some(cap) = &cap {
+                            std::thread::sleep(cap.reserve(n as u64));
                         }
                     }
                 })
@@ -339,19 +355,23 @@ impl CheckpointStore {
             }
             GetResultPayload::Stream(mut chunks) => {
                 while let Some(chunk) = chunks.next().await {
-                    out.write(&chunk.with_context(|| format!("downloading {path}"))?)?;
+                    let chunk = chunk.with_context(|| format!("downloading {path}"))?;
+                    out.write(&chunk)?;
+                    if let Some(cap) = &cap {
+                        tokio::time::sleep(cap.reserve(chunk.len() as u64)).await;
+                    }
                 }
             }
         }
         let (size, checksum) = tokio::task::spawn_blocking(move || out.finish()).await??;
-        let checked = check_file(file, &path, size, &checksum);
-        if checked.is_err() {
-            // Every checkpoint listing it is broken anyway, and while it stays, later
-            // checkpoints would take it for a good copy and not upload the file again.
-            self.objects.delete(&path).await?;
-            return checked.context("deleted it from the store; a later checkpoint uploads the file again");
-        }
-        checked
+        check_file(file, &path, size, &checksum)
+    }
+
+    /// Deletes the object of a [`CorruptFile`]: every checkpoint listing it is broken
+    /// anyway, and while it stays, later checkpoints would take it for a good copy and
+    /// not upload the file again.
+    pub async fn delete_corrupt(&self, corrupt: &CorruptFile) -> Result<()> {
+        self.objects.delete(&corrupt.object).await
     }
 
     /// Reads `file` of `partition` and checks it against the manifest without keeping
@@ -394,16 +414,39 @@ impl CheckpointStore {
     }
 }
 
+/// A file read from the store whose size or checksum is not its manifest's.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "file `{name}` is corrupt (object {object}): {size} bytes with checksum {checksum}, the manifest says \
+     {expected_size} bytes with checksum {expected_checksum}"
+)]
+pub struct CorruptFile {
+    /// The file's name in the manifest.
+    pub name: String,
+    /// The object it was read from.
+    pub object: String,
+    /// The bytes read.
+    pub size: u64,
+    /// Their checksum.
+    pub checksum: String,
+    /// The manifest's size.
+    pub expected_size: u64,
+    /// The manifest's checksum.
+    pub expected_checksum: String,
+}
+
 /// Compares what was read of `file` (at object `path`) with its manifest entry.
 fn check_file(file: &ManifestFile, path: &str, size: u64, checksum: &str) -> Result<()> {
     if size != file.size || checksum != file.checksum {
-        bail!(
-            "file `{}` is corrupt (object {path}): {size} bytes with checksum {checksum}, the manifest says {} bytes \
-             with checksum {}",
-            file.name,
-            file.size,
-            file.checksum
-        );
+        return Err(CorruptFile {
+            name: file.name.clone(),
+            object: path.to_string(),
+            size,
+            checksum: checksum.to_string(),
+            expected_size: file.size,
+            expected_checksum: file.checksum.clone(),
+        }
+        .into());
     }
     Ok(())
 }

@@ -28,6 +28,34 @@ pub struct CheckpointConfig {
     pub restore_retry_timeout: Duration,
     /// Upload bandwidth cap in bytes per second; absent is unlimited.
     pub upload_bytes_per_s: Option<u64>,
+    /// Cap on all of this host's downloads from the store (restores and standby
+    /// copies together) in bytes per second; absent is unlimited.
+    pub download_bytes_per_s: Option<u64>,
+    /// Which partitions this host keeps standby copies of.
+    pub standby: Standby,
+    /// The disk the standby copies may take, in bytes.
+    pub standby_max_bytes: u64,
+    /// Between two looks at the store for newer checkpoints of the partitions followed.
+    #[serde(deserialize_with = "duration")]
+    pub standby_poll: Duration,
+    /// The longest a starting host brings its standby copies up to date before it
+    /// joins its group.
+    #[serde(deserialize_with = "duration")]
+    pub standby_warm_up: Duration,
+}
+
+/// `[checkpoint] standby`: which partitions a host of a Kafka group keeps warm copies
+/// of, followed from the checkpoint store, so that taking one over fetches the newest
+/// checkpoints' new files instead of the state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Standby {
+    /// None: a partition that moves here is restored from the store (reusing whatever
+    /// of its files this host's disk still holds).
+    None,
+    /// Every partition this host does not run: whichever host survives or takes over,
+    /// it is warm. Downloads every checkpoint's new files once per host.
+    All,
 }
 
 impl Default for CheckpointConfig {
@@ -41,6 +69,11 @@ impl Default for CheckpointConfig {
             // Kafka Streams' `task.timeout.ms` default: a store outage this long is not a blip.
             restore_retry_timeout: Duration::from_secs(300),
             upload_bytes_per_s: None,
+            download_bytes_per_s: None,
+            standby: Standby::All,
+            standby_max_bytes: 10 << 30,
+            standby_poll: Duration::from_secs(10),
+            standby_warm_up: Duration::from_secs(300),
         }
     }
 }
@@ -54,8 +87,11 @@ impl CheckpointConfig {
         if self.retain == 0 {
             bail!("[checkpoint] retain must be at least 1");
         }
-        if self.upload_bytes_per_s == Some(0) {
-            bail!("[checkpoint] upload_bytes_per_s must be positive (leave it out for no cap)");
+        check_duration("[checkpoint] standby_poll", self.standby_poll)?;
+        for (name, cap) in [("upload", self.upload_bytes_per_s), ("download", self.download_bytes_per_s)] {
+            if cap == Some(0) {
+                bail!("[checkpoint] {name}_bytes_per_s must be positive (leave it out for no cap)");
+            }
         }
         Ok(())
     }

@@ -162,6 +162,23 @@ pub const RESTORE_PREDICTED: Family =
     Family::gauge("sluice_restore_predicted_seconds", "The latest restore's predicted duration");
 /// The latest restore's actual duration.
 pub const RESTORE_LAST: Family = Family::gauge("sluice_restore_last_seconds", "The latest restore's actual duration");
+/// Partitions' resumes, from assignment to a running worker, by how they resumed
+/// (label `path`: `empty`, `local`, `standby`, `incremental`, `full`).
+pub const RESUME_DURATION: Family = Family::histogram(
+    "sluice_partition_resume_seconds",
+    "Partitions' resumes, from assignment to a running worker, by path (empty, local, standby, incremental, full)",
+);
+/// Checkpoints a standby copy is behind its partition's newest, per partition followed.
+pub const STANDBY_LAG: Family = Family::gauge(
+    "sluice_standby_lag_checkpoints",
+    "Checkpoints this host's standby copy of a partition is behind the owner's newest",
+);
+/// The disk standby copies take.
+pub const STANDBY_BYTES: Family =
+    Family::gauge("sluice_standby_bytes", "The disk this host's standby copies take, bytes");
+/// Bytes downloaded for standby copies.
+pub const STANDBY_FETCHED: Family =
+    Family::counter("sluice_standby_fetched_bytes", "Bytes downloaded from the checkpoint store for standby copies");
 /// A warning that holds (label `kind`, value 1).
 pub const WARNING: Family =
     Family::gauge("sluice_warning", "A warning that held at the latest check (value 1), by kind");
@@ -202,6 +219,10 @@ pub const ALL: &[Family] = &[
     RESTORED_BYTES,
     RESTORE_PREDICTED,
     RESTORE_LAST,
+    RESUME_DURATION,
+    STANDBY_LAG,
+    STANDBY_BYTES,
+    STANDBY_FETCHED,
     WARNING,
 ];
 

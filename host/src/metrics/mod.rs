@@ -15,6 +15,7 @@ pub mod families;
 pub mod partitions;
 
 use crate::lock;
+use crate::record::RESUME_PATHS;
 use crate::stats::{Histogram, HistogramCounts, HostStats, LiveStats, PartitionStats, Skew, now_ms};
 use families::*;
 use prometheus_client::collector::Collector;
@@ -182,6 +183,19 @@ impl Metrics {
         counter(e, RESTORED_BYTES, load(&host.restored_bytes))?;
         gauge(e, RESTORE_PREDICTED, seconds(&host.restore_predicted_us))?;
         gauge(e, RESTORE_LAST, seconds(&host.restore_actual_us))?;
+        let mut metric = descriptor(e, RESUME_DURATION)?;
+        for (path, values) in RESUME_PATHS.iter().zip(&host.resume_seconds) {
+            histogram(values, metric.encode_family(&[("path", *path)])?)?;
+        }
+        let standby = lock(&host.standby).clone();
+        let mut metric = descriptor(e, STANDBY_LAG)?;
+        for (p, copy) in &standby {
+            if let Some(lag) = copy.lag {
+                ConstGauge::new(lag as f64).encode(metric.encode_family(&[("partition", p.to_string())])?)?;
+            }
+        }
+        gauge(e, STANDBY_BYTES, standby.values().map(|c| c.bytes).sum::<u64>() as f64)?;
+        counter(e, STANDBY_FETCHED, load(&host.standby_fetched))?;
         let mut metric = descriptor(e, WARNING)?;
         for kind in lock(&host.warnings).iter() {
             ConstGauge::new(1).encode(metric.encode_family(&[("kind", *kind)])?)?;
@@ -328,7 +342,7 @@ mod tests {
         let host = Arc::new(HostStats::default());
         host.record_rebalance(RebalanceChange::Assigned, 3, Duration::from_millis(12));
         host.record_rebalance(RebalanceChange::Revoked, 1, Duration::from_millis(3));
-        host.record_restore(123_456, Duration::from_millis(31), Duration::from_millis(2));
+        host.record_restore(123_456, Duration::from_millis(31), Duration::from_millis(2), "p0 full".into());
         lock(&host.warnings).extend(["state skew", "frequent rebalances"]);
         Metrics::new(live, host, Some(Duration::from_secs(300)), true)
     }

@@ -13,7 +13,8 @@
 //! Besides the partitions' databases, a state directory holds `snapshots/` (checkpoint
 //! snapshots being uploaded), `partition-NNNN.restoring` (a checkpoint being restored),
 //! `partition-NNNN.replaced` (the database a restore replaced) and `scratch/` (an
-//! operator's trial start); all are removed when the directory is opened.
+//! operator's trial start), all removed when the directory is opened, and `standby/`
+//! (copies of partitions other hosts own), which is kept.
 //!
 //! It does not decide *when* to commit (the [worker](crate::worker) does) and knows
 //! nothing about operators beyond the current record's key.
@@ -231,6 +232,21 @@ impl StateDir {
     /// (hard links into the live database, so on the same file system).
     pub fn snapshot_path(&self, partition: u32) -> PathBuf {
         self.root.join("snapshots").join(format!("partition-{partition:04}"))
+    }
+
+    /// Where this host keeps its standby copy of partition `partition` — the files of
+    /// one checkpoint, followed from the store while another host owns the partition
+    /// (see `checkpoint::standby`): on the database's file system, so a takeover
+    /// hard-links them. Kept across runs: a host warms up from it.
+    pub fn standby_path(&self, partition: u32) -> PathBuf {
+        self.root.join("standby").join(format!("partition-{partition:04}"))
+    }
+
+    /// Where partition `partition`'s next standby copy is built before it replaces the
+    /// one at [`standby_path`](Self::standby_path). Kept across runs too: what it holds
+    /// is reused.
+    pub fn standby_next_path(&self, partition: u32) -> PathBuf {
+        self.root.join("standby").join(format!("partition-{partition:04}.next"))
     }
 
     /// Where a throwaway database lives while an operator is tried out.

@@ -4,8 +4,9 @@
 
 use super::{Histogram, now_ms};
 use crate::lock;
+use crate::record::RESUME_PATHS;
 use serde::Serialize;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -45,11 +46,31 @@ pub struct HostStats {
     pub restore_predicted_us: AtomicU64,
     /// The latest restore's actual duration, µs.
     pub restore_actual_us: AtomicU64,
+    /// Partitions' resumes — from assignment to a running worker — s, by how they
+    /// resumed: one histogram per [`RESUME_PATHS`] entry, in its order.
+    pub resume_seconds: [Histogram; RESUME_PATHS.len()],
+    /// The standby copies this host keeps, by partition (see
+    /// `checkpoint::standby`).
+    pub standby: Mutex<BTreeMap<u32, StandbyCopy>>,
+    /// Bytes downloaded for standby copies.
+    pub standby_fetched: AtomicU64,
     /// The kinds of warning that held at the latest check (see
     /// [`warnings`](crate::warnings)).
     pub warnings: Mutex<Vec<&'static str>>,
     /// The latest [`EVENTS_KEPT`] events, oldest first.
     events: Mutex<VecDeque<HostEvent>>,
+}
+
+/// A standby copy as its latest update left it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct StandbyCopy {
+    /// The checkpoint it holds.
+    pub checkpoint: Option<u64>,
+    /// Checkpoints it is behind the owner's newest; `None`: no copy of a checkpoint
+    /// that exists.
+    pub lag: Option<u64>,
+    /// Its size.
+    pub bytes: u64,
 }
 
 /// How many of the host's latest events [`HostStats`] keeps.
@@ -87,6 +108,17 @@ pub enum HostEventKind {
         took_s: f64,
         /// How long it was predicted to take, s.
         predicted_s: f64,
+        /// How each partition resumed: `p3 standby, p5 full`.
+        paths: String,
+    },
+    /// The host brought its standby copies up to date before joining its group.
+    WarmUp {
+        /// Copies current at the end.
+        copies: usize,
+        /// Bytes downloaded.
+        fetched: u64,
+        /// How long the host waited, s.
+        took_s: f64,
     },
     /// Partitions switched operator version (a deploy or rollback); the partitions of
     /// one deploy are one event.
@@ -119,6 +151,9 @@ impl Default for HostStats {
             restored_bytes: AtomicU64::new(0),
             restore_predicted_us: AtomicU64::new(0),
             restore_actual_us: AtomicU64::new(0),
+            resume_seconds: std::array::from_fn(|_| Histogram::of_durations()),
+            standby: Mutex::default(),
+            standby_fetched: AtomicU64::new(0),
             warnings: Mutex::default(),
             events: Mutex::default(),
         }
@@ -139,13 +174,39 @@ impl HostStats {
         self.record(HostEventKind::Rebalance { change, partitions, took_s: took.as_secs_f64() });
     }
 
-    /// Counts a restore that fetched `bytes` in `took`, predicted to take `predicted`.
-    pub fn record_restore(&self, bytes: u64, took: Duration, predicted: Duration) {
+    /// Counts a restore that fetched `bytes` in `took`, predicted to take `predicted`,
+    /// its partitions resuming as `paths` says (`p3 standby, p5 full`).
+    pub fn record_restore(&self, bytes: u64, took: Duration, predicted: Duration, paths: String) {
         self.restore_seconds.observe(took.as_secs_f64());
         self.restored_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.restore_predicted_us.store(crate::micros(predicted), Ordering::Relaxed);
         self.restore_actual_us.store(crate::micros(took), Ordering::Relaxed);
-        self.record(HostEventKind::Restore { bytes, took_s: took.as_secs_f64(), predicted_s: predicted.as_secs_f64() });
+        let (took_s, predicted_s) = (took.as_secs_f64(), predicted.as_secs_f64());
+        self.record(HostEventKind::Restore { bytes, took_s, predicted_s, paths });
+    }
+
+    /// Counts a partition's resume along `path` (one of [`RESUME_PATHS`]) in `took`.
+    pub fn record_resume(&self, path: &str, took: Duration) {
+        if let Some(at) = RESUME_PATHS.iter().position(|p| *p == path) {
+            self.resume_seconds[at].observe(took.as_secs_f64());
+        }
+    }
+
+    /// Records what an update left of `partition`'s standby copy, `fetched` bytes
+    /// downloaded for it.
+    pub fn record_standby(&self, partition: u32, copy: StandbyCopy, fetched: u64) {
+        self.standby_fetched.fetch_add(fetched, Ordering::Relaxed);
+        lock(&self.standby).insert(partition, copy);
+    }
+
+    /// Forgets `partition`'s standby copy: the partition runs here.
+    pub fn forget_standby(&self, partition: u32) {
+        lock(&self.standby).remove(&partition);
+    }
+
+    /// Records the warm-up before joining the group.
+    pub fn record_warm_up(&self, copies: usize, fetched: u64, took: Duration) {
+        self.record(HostEventKind::WarmUp { copies, fetched, took_s: took.as_secs_f64() });
     }
 
     /// Records that a partition switched from version `from` to `to`: one more partition

@@ -15,7 +15,7 @@ mod host;
 mod partition;
 
 pub use histogram::{Histogram, HistogramCounts};
-pub use host::{EVENTS_KEPT, HostEvent, HostEventKind, HostStats, RebalanceChange};
+pub use host::{EVENTS_KEPT, HostEvent, HostEventKind, HostStats, RebalanceChange, StandbyCopy};
 pub use partition::{DeadLetters, LiveStats, PartitionStats, Totals};
 
 use std::time::Duration;

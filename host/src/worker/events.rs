@@ -49,3 +49,15 @@ pub const RESTARTING: &str = "starting it again in";
 /// owns it …; stopped here without a last checkpoint; if the group still assigns it here
 /// in 45s …`.
 pub const CLAIMED_ELSEWHERE: &str = "stopped here without a last checkpoint";
+
+// Standby copies (`standby.rs`).
+/// Logged when a starting host brings its standby copies up to date before it joins its
+/// group: `warming up: bringing standby copies of 6 partitions up to date from …`.
+pub const WARMING_UP: &str = "warming up";
+
+/// Logged when the warm-up ends, before the host joins its group: `warm-up done in
+/// 1.2s: 4 copies current, 1.3 MiB fetched`.
+pub const WARMED_UP: &str = "warm-up done";
+
+/// Logged when a partition's newest checkpoint does not fit in the standby disk budget.
+pub const STANDBY_OVER_BUDGET: &str = "standby copy not followed";

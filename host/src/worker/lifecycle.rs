@@ -32,6 +32,7 @@
 //! does not read records.
 
 use super::events::{CLAIMED_ELSEWHERE, RESTARTING, STOPPED, STOPPED_ALONE};
+use super::standby::{Follower, Following, StandbySettings};
 use super::start::{Begun, Occupancy, Running, Start, StartGivenUp};
 use super::{Cadence, Destinations};
 use crate::backoff::Backoff;
@@ -172,6 +173,8 @@ pub struct Workers {
     live: LiveStats,
     host: Arc<HostStats>,
     reports: Vec<PartitionReport>,
+    /// The thread following standby copies, if this host keeps any.
+    following: Option<Following>,
 }
 
 impl Workers {
@@ -195,7 +198,24 @@ impl Workers {
             live: LiveStats::default(),
             host: Arc::default(),
             reports: Vec::new(),
+            following: None,
         }
+    }
+
+    /// Brings standby copies of every partition up to date — before the source joins
+    /// its group: call it first — then keeps them so on a thread of its own (see
+    /// [`standby`](super::standby)). Needs checkpoints on; a no-op otherwise.
+    pub fn follow_standbys(&mut self, settings: StandbySettings) -> Result<()> {
+        if self.setup.checkpoints.is_some() {
+            let follower = Follower {
+                setup: self.setup.clone(),
+                occupancy: self.occupancy.clone(),
+                host: self.host.clone(),
+                settings,
+            };
+            self.following = Some(follower.warm_up_and_follow()?);
+        }
+        Ok(())
     }
 
     /// Starts `partitions` in the background: claims them in the checkpoint store,

@@ -41,6 +41,7 @@ pub(crate) mod events;
 mod lifecycle;
 pub mod queue;
 mod router;
+mod standby;
 mod start;
 #[cfg(test)]
 mod tests;
@@ -49,6 +50,7 @@ pub use commit::{AFTER_SEND, BEFORE_SEND, Cadence, OUTPUTS_COMMITTED, STATE_COMM
 pub use emitted::Emission;
 pub use lifecycle::{Checkpointing, PartitionReport, WorkerSetup, Workers};
 pub use router::{DispatchReport, Router};
+pub use standby::StandbySettings;
 
 use crate::checkpoint::Checkpointer;
 use crate::config::NullKeys;

@@ -11,7 +11,7 @@
 //! workers do).
 
 use super::events::OFFSETS_JUMP;
-use super::{PartitionReport, Workers};
+use super::{PartitionReport, StandbySettings, Workers};
 use crate::record::{SourceRecord, Stop};
 use crate::source::{Partitions, Started};
 use crate::stats::RebalanceChange;
@@ -62,6 +62,11 @@ impl Router {
             report: DispatchReport::default(),
             stopped: Vec::new(),
         }
+    }
+
+    /// Warms standby copies up, then follows them ([`Workers::follow_standbys`]).
+    pub fn follow_standbys(&mut self, settings: StandbySettings) -> Result<()> {
+        self.workers.follow_standbys(settings)
     }
 
     /// What the source delivered so far.

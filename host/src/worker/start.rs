@@ -60,19 +60,23 @@ impl Start {
     }
 }
 
-/// The partitions a start or a worker of this host holds: a partition's state directory
-/// and transactions are used by one at a time, so a partition started again before an
-/// earlier start or worker of it ended (a start given up still restoring, say) waits
-/// for that one to end.
+/// The partitions a start, a worker or a standby update of this host holds: a
+/// partition's state directory and transactions are used by one at a time, so a
+/// partition started again before an earlier start or worker of it ended (a start given
+/// up still restoring, say) waits for that one to end. A standby update only takes a
+/// partition no one holds ([`Occupancy::try_hold`]) and gives way to a start that wants
+/// it ([`Occupancy::is_wanted`]).
 #[derive(Debug, Default)]
 pub(super) struct Occupancy {
     held: Mutex<BTreeSet<u32>>,
+    /// Partitions a start waits to hold.
+    wanted: Mutex<BTreeSet<u32>>,
     released: Condvar,
 }
 
 /// A partition held in its [`Occupancy`] until dropped.
 #[derive(Debug)]
-struct Held {
+pub(super) struct Held {
     partition: u32,
     occupancy: Arc<Occupancy>,
 }
@@ -84,12 +88,25 @@ impl Occupancy {
         let mut held = lock(&self.held);
         while held.contains(&partition) {
             if start.given_up() {
+                lock(&self.wanted).remove(&partition);
                 return None;
             }
+            lock(&self.wanted).insert(partition);
             held = self.released.wait_timeout(held, GIVE_UP_POLL).expect("no panics under this lock").0;
         }
+        lock(&self.wanted).remove(&partition);
         held.insert(partition);
         Some(Held { partition, occupancy: self.clone() })
+    }
+
+    /// Holds `partition` if nothing does.
+    pub(super) fn try_hold(self: &Arc<Self>, partition: u32) -> Option<Held> {
+        lock(&self.held).insert(partition).then(|| Held { partition, occupancy: self.clone() })
+    }
+
+    /// Whether a start waits to hold `partition`.
+    pub(super) fn is_wanted(&self, partition: u32) -> bool {
+        lock(&self.wanted).contains(&partition)
     }
 }
 
@@ -241,7 +258,11 @@ fn restore_retrying(
         });
         let wait = match attempt {
             Ok(report) => {
-                host.record_restore(report.fetched(), report.took, report.plan.predicted().0);
+                let paths = (report.plan.partitions.iter().zip(&report.restored))
+                    .map(|(p, r)| format!("p{} {}", p.partition, r.path()))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                host.record_restore(report.fetched(), report.took, report.plan.predicted().0, paths);
                 return Ok((report.plan.partitions, report.restored));
             }
             Err(e) if !objects::is_unavailable(&e) => return Err(e),
@@ -336,6 +357,8 @@ fn spawn_worker(
     let (sender, batches) = queue::bounded(setup.queued_batches, setup.queued_bytes);
     let stop = Arc::new(StopSignal::following(setup.stopping.clone()));
     let started = Started { partition, offset, restored_from, assigned, took: assigned.elapsed() };
+    host.forget_standby(partition);
+    host.record_resume(started.restored_from.path(), started.took);
     let thread = std::thread::Builder::new().name(format!("sluice-p{partition}")).spawn({
         let (setup, host, stats, stop, started) =
             (setup.clone(), host.clone(), stats.clone(), stop.clone(), started.clone());

@@ -1,0 +1,235 @@
+//! Building a checkpoint's files in a local directory: each file from a local copy
+//! that matches it by name, size and checksum, from the store otherwise.
+//!
+//! A restore and a standby copy ([`standby`](super::standby)) are both built this way,
+//! so a host fetches what it lacks, not the state: a database one checkpoint behind
+//! the newest shares all but that checkpoint's new table files with it. RocksDB never
+//! changes a table file (`*.sst`, `*.blob`) once written, so a matching one is
+//! hard-linked — no bytes copied, no space used twice; the other files (`CURRENT`,
+//! `MANIFEST-*`, `OPTIONS-*`) are small and RocksDB appends to or replaces them, so
+//! they are copied.
+//!
+//! A local file is trusted by its checksum: one recorded when it was downloaded and
+//! verified (a standby copy's record) is checked by size only, which keeps a warm
+//! takeover from reading the state; any other (a database's own files, a copy left
+//! half-built) is read to compute its checksum first — still a local read instead of a
+//! download. Nothing here writes to the store.
+//!
+//! This module owns neither where the directory is (a restore's side directory, a
+//! standby's next copy) nor what becomes of it once complete.
+
+use super::records::{Manifest, ManifestFile};
+use super::store::{CheckpointStore, CorruptFile};
+use crate::checksum;
+use crate::objects;
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+/// Files downloaded at once per directory built.
+const PARALLEL_DOWNLOADS: usize = 4;
+
+/// Where a reused file came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// A standby copy of the partition (see [`standby`](super::standby)).
+    Standby,
+    /// A database or half-built copy on this host: the partition's own, or a standby
+    /// copy's next one.
+    Local,
+}
+
+/// One local file that may stand in for a checkpoint's file.
+#[derive(Debug, Clone)]
+struct LocalFile {
+    path: PathBuf,
+    size: u64,
+    /// Recorded when it was downloaded and verified; `None`: read it to know.
+    checksum: Option<String>,
+    origin: Origin,
+}
+
+/// The local files a directory may be built from, by name.
+#[derive(Debug, Clone, Default)]
+pub struct LocalFiles {
+    by_name: HashMap<String, Vec<LocalFile>>,
+}
+
+impl LocalFiles {
+    /// Adds the files of `dir`, a copy complete for `files` whose checksums were
+    /// verified when they were downloaded.
+    pub fn add_recorded(&mut self, dir: &Path, files: &[ManifestFile], origin: Origin) {
+        for file in files {
+            let local = LocalFile {
+                path: dir.join(&file.name),
+                size: file.size,
+                checksum: Some(file.checksum.clone()),
+                origin,
+            };
+            self.by_name.entry(file.name.clone()).or_default().push(local);
+        }
+    }
+
+    /// Adds every file in `dir`, if it exists; their checksums are read when wanted.
+    pub fn add_dir(&mut self, dir: &Path, origin: Origin) -> Result<()> {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+        };
+        for entry in entries {
+            let entry = entry?;
+            let (Ok(name), Ok(meta)) = (entry.file_name().into_string(), entry.metadata()) else { continue };
+            if meta.is_file() {
+                let local = LocalFile { path: entry.path(), size: meta.len(), checksum: None, origin };
+                self.by_name.entry(name).or_default().push(local);
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes of `files` these local files likely hold: those with a file of the
+    /// same name and size (a prediction: checksums are not read).
+    pub fn likely_held(&self, files: &[ManifestFile]) -> u64 {
+        let held = |f: &&ManifestFile| {
+            self.by_name.get(&f.name).is_some_and(|locals| {
+                locals.iter().any(|l| l.size == f.size && l.checksum.as_ref().is_none_or(|c| *c == f.checksum))
+            })
+        };
+        files.iter().filter(held).map(|f| f.size).sum()
+    }
+
+    /// Puts `file` at `dest` from a local file that matches it; where it came from, or
+    /// `None` when none does.
+    fn place(&self, file: &ManifestFile, dest: &Path) -> Result<Option<Origin>> {
+        for local in self.by_name.get(&file.name).into_iter().flatten() {
+            let size = std::fs::metadata(&local.path).map(|m| m.len()).ok();
+            if local.size != file.size || size != Some(file.size) {
+                continue;
+            }
+            if local.checksum.is_none() && checksum::of_file(&local.path)?.1 != file.checksum {
+                continue;
+            }
+            if local.checksum.as_ref().is_some_and(|c| *c != file.checksum) {
+                continue;
+            }
+            let table = file.name.ends_with(".sst") || file.name.ends_with(".blob");
+            if !(table && std::fs::hard_link(&local.path, dest).is_ok()) {
+                std::fs::copy(&local.path, dest)
+                    .with_context(|| format!("copying {} to {}", local.path.display(), dest.display()))?;
+                std::fs::File::open(dest)?.sync_all()?;
+            }
+            return Ok(Some(local.origin));
+        }
+        Ok(None)
+    }
+}
+
+/// What [`assemble`] did: bytes by where they came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Assembled {
+    /// Downloaded from the store.
+    pub fetched: u64,
+    /// Reused from a standby copy.
+    pub from_standby: u64,
+    /// Reused from other local files (already in the directory, or a database's own).
+    pub from_local: u64,
+}
+
+/// Files of the store that a build could not use.
+#[derive(Debug, thiserror::Error)]
+#[error("{} of {total} files failed: {}", failures.len(), failures.join("; "))]
+pub struct FilesFailed {
+    /// The files the manifest lists.
+    pub total: usize,
+    /// Every failure, described: the operator fixing the store needs the whole list.
+    pub failures: Vec<String>,
+    /// Of those, the files found corrupt.
+    pub corrupt: Vec<CorruptFile>,
+}
+
+/// Building was given up: the caller's `stop` said so between two files.
+#[derive(Debug, thiserror::Error)]
+#[error("building the copy was given up")]
+pub struct Interrupted;
+
+/// Makes `dir` hold exactly `manifest`'s files: those already there and matching are
+/// kept, others come from `local` when it holds them, the rest are downloaded from
+/// `store` (adding to `progress`). `stop` is asked before each file; when it says so the
+/// build ends in [`Interrupted`], leaving what it built for a next try to reuse. A
+/// missing or corrupt file in the store fails the build ([`FilesFailed`]).
+pub async fn assemble(
+    store: &CheckpointStore,
+    manifest: &Manifest,
+    dir: &Path,
+    local: &LocalFiles,
+    progress: &Arc<AtomicU64>,
+    stop: &(dyn Fn() -> bool + Sync),
+) -> Result<Assembled> {
+    // In place rather than on a blocking thread, to ask `stop` between files: reading
+    // local files to checksum them can take seconds. (The runtime is multi-threaded.)
+    let (mut assembled, missing) = tokio::task::block_in_place(|| place_local(&manifest.files, dir, local, stop))?;
+    let downloads = missing.iter().map(|file| async move {
+        if stop() {
+            return Err(Interrupted.into());
+        }
+        store.download(manifest.partition, file, dir.join(&file.name), progress.clone()).await
+    });
+    let results: Vec<Result<()>> =
+        futures::stream::iter(downloads).buffer_unordered(PARALLEL_DOWNLOADS).collect().await;
+    let mut failures: Vec<anyhow::Error> = results.into_iter().filter_map(Result::err).collect();
+    if let Some(first) = failures.iter().position(|e| objects::is_unavailable(e) || e.is::<Interrupted>()) {
+        return Err(failures.swap_remove(first));
+    }
+    if !failures.is_empty() {
+        let described = failures.iter().map(|e| format!("{e:#}")).collect();
+        let corrupt = failures.into_iter().filter_map(|e| e.downcast::<CorruptFile>().ok()).collect();
+        return Err(FilesFailed { total: manifest.files.len(), failures: described, corrupt }.into());
+    }
+    assembled.fetched = missing.iter().map(|f| f.size).sum();
+    Ok(assembled)
+}
+
+/// The blocking half of [`assemble`]: keeps what `dir` holds of `files`, places what
+/// `local` holds, removes everything else; returns the bytes placed and the files left
+/// to download.
+fn place_local(
+    files: &[ManifestFile],
+    dir: &Path,
+    local: &LocalFiles,
+    stop: &dyn Fn() -> bool,
+) -> Result<(Assembled, Vec<ManifestFile>)> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut already = LocalFiles::default();
+    already.add_dir(dir, Origin::Local)?;
+    let wanted: HashMap<&str, &ManifestFile> = files.iter().map(|f| (f.name.as_str(), f)).collect();
+    for (name, found) in &already.by_name {
+        let keep = wanted.get(name.as_str()).is_some_and(|f| {
+            found[0].size == f.size && checksum::of_file(&found[0].path).is_ok_and(|(_, c)| c == f.checksum)
+        });
+        if !keep {
+            std::fs::remove_file(&found[0].path).with_context(|| format!("removing {}", found[0].path.display()))?;
+        }
+    }
+    let mut assembled = Assembled::default();
+    let mut missing = Vec::new();
+    for file in files {
+        if stop() {
+            return Err(Interrupted.into());
+        }
+        let dest = dir.join(&file.name);
+        let origin = match dest.exists() {
+            true => Some(Origin::Local),
+            false => local.place(file, &dest)?,
+        };
+        match origin {
+            Some(Origin::Standby) => assembled.from_standby += file.size,
+            Some(Origin::Local) => assembled.from_local += file.size,
+            None => missing.push(file.clone()),
+        }
+    }
+    Ok((assembled, missing))
+}

@@ -1,0 +1,170 @@
+//! Following the partitions this host does not run: a thread that keeps a standby copy
+//! of each up to date with the checkpoint store, round after round, and a warm-up that
+//! brings every copy up to date once before the host joins its group — so the old
+//! owners go on processing until this host can take over warm, as Kafka Streams'
+//! warm-up replicas (KIP-441) do, without a probing rebalance.
+//!
+//! A copy is updated only while its partition is held for it ([`Occupancy`]): no start
+//! or worker uses the partition's directories meanwhile, and a start that wants the
+//! partition makes the update give way between two files. A checkpoint that does not fit
+//! in the disk budget left (`[checkpoint] standby_max_bytes`) is not followed; downloads
+//! share the store's cap (`download_bytes_per_s`) with restores.
+//!
+//! This module owns which copies are followed and when; a copy and its update are
+//! [`checkpoint::standby`]'s.
+
+use super::events::{STANDBY_OVER_BUDGET, WARMED_UP, WARMING_UP};
+use super::lifecycle::WorkerSetup;
+use super::start::Occupancy;
+use crate::checkpoint::assemble::Interrupted;
+use crate::checkpoint::{bytes, standby};
+use crate::stats::{HostStats, StandbyCopy};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How a host follows the partitions it does not run (`[checkpoint] standby = "all"`).
+#[derive(Debug, Clone, Copy)]
+pub struct StandbySettings {
+    /// The disk the copies may take.
+    pub max_bytes: u64,
+    /// Between two rounds of updates.
+    pub poll: Duration,
+    /// The longest a starting host waits for its copies before it joins its group.
+    pub warm_up: Duration,
+}
+
+/// Updates this host's standby copies.
+pub(super) struct Follower {
+    pub(super) setup: Arc<WorkerSetup>,
+    pub(super) occupancy: Arc<Occupancy>,
+    pub(super) host: Arc<HostStats>,
+    pub(super) settings: StandbySettings,
+}
+
+/// The follower's thread: stopped and waited for when dropped.
+pub(super) struct Following {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.join().ok();
+        }
+    }
+}
+
+/// What one round did.
+#[derive(Debug, Default)]
+struct Round {
+    /// Copies holding the newest checkpoint at the end.
+    current: usize,
+    /// Bytes downloaded.
+    fetched: u64,
+}
+
+impl Follower {
+    /// Brings every copy up to date once — but not those of partitions this host's disk
+    /// holds a database of: a restart within its session finds them there — logging
+    /// how long it took, for at most [`StandbySettings::warm_up`]; then follows the
+    /// copies on a thread of its own until the returned [`Following`] is dropped or the
+    /// host stops.
+    pub(super) fn warm_up_and_follow(self) -> std::io::Result<Following> {
+        let started = Instant::now();
+        let partitions = self.setup.state.partitions();
+        tracing::info!(
+            "{WARMING_UP}: bringing standby copies of {partitions} partitions up to date from {} for up to {:.0}s \
+             ([checkpoint] standby_warm_up), so the partitions this host is given resume from them",
+            self.setup.checkpoints.as_ref().map_or("", |c| c.store.url()),
+            self.settings.warm_up.as_secs_f64()
+        );
+        let stopping = self.setup.stopping.clone();
+        let out_of_time = || stopping.load(Ordering::Relaxed) || started.elapsed() > self.settings.warm_up;
+        let round = self.round(&out_of_time, true);
+        tracing::info!(
+            "{WARMED_UP} in {:.1}s: {} copies current, {} fetched{}",
+            started.elapsed().as_secs_f64(),
+            round.current,
+            bytes(round.fetched),
+            if out_of_time() { "; out of time, joining with the copies as they are" } else { "" }
+        );
+        self.host.record_warm_up(round.current, round.fetched, started.elapsed());
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::Builder::new().name("sluice-standby".into()).spawn({
+            let stop = stop.clone();
+            move || self.follow(&stop)
+        })?;
+        Ok(Following { stop, thread: Some(thread) })
+    }
+
+    /// Rounds of updates, [`StandbySettings::poll`] apart, until `stop` or the host
+    /// stops.
+    fn follow(&self, stop: &AtomicBool) {
+        let stopped = || stop.load(Ordering::Relaxed) || self.setup.stopping.load(Ordering::Relaxed);
+        while !stopped() {
+            let began = Instant::now();
+            self.round(&stopped, false);
+            while !stopped() && began.elapsed() < self.settings.poll {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Updates the copy of each partition nothing holds (and, if `skip_local`, whose
+    /// database is not on this disk), until `stop` says so.
+    fn round(&self, stop: &(dyn Fn() -> bool + Sync), skip_local: bool) -> Round {
+        let Some(checkpoints) = &self.setup.checkpoints else { return Round::default() };
+        let state = &self.setup.state;
+        let mut used = standby::disk_bytes(state);
+        let mut round = Round::default();
+        let progress = Arc::new(AtomicU64::new(0));
+        for partition in 0..state.partitions() {
+            if stop() {
+                break;
+            }
+            if skip_local && state.partition_path(partition).exists() {
+                continue;
+            }
+            let Some(_held) = self.occupancy.try_hold(partition) else { continue };
+            let own = standby::recorded(state, partition).map_or(0, |m| m.bytes());
+            let budget = self.settings.max_bytes.saturating_sub(used.saturating_sub(own));
+            let give_way = || stop() || self.occupancy.is_wanted(partition);
+            let update = standby::update(state, &checkpoints.store, partition, budget, &progress, &give_way);
+            match self.setup.runtime.block_on(update) {
+                Ok(followed) => {
+                    used = used.saturating_sub(own) + followed.bytes;
+                    round.fetched += followed.fetched;
+                    round.current += usize::from(followed.copy.is_some() && followed.lag() == Some(0));
+                    let copy = StandbyCopy { checkpoint: followed.copy, lag: followed.lag(), bytes: followed.bytes };
+                    self.host.record_standby(partition, copy, followed.fetched);
+                    if followed.fetched > 0 {
+                        tracing::debug!(
+                            partition,
+                            "standby copy at checkpoint {:?}: fetched {}",
+                            followed.copy,
+                            bytes(followed.fetched)
+                        );
+                    }
+                    if followed.over_budget {
+                        tracing::warn!(
+                            partition,
+                            "{STANDBY_OVER_BUDGET}: its newest checkpoint does not fit in the {} left of [checkpoint] \
+                             standby_max_bytes = {}; a move of it here restores from the store",
+                            bytes(budget),
+                            self.settings.max_bytes
+                        );
+                    }
+                }
+                Err(e) if e.is::<Interrupted>() => {}
+                // The owner's garbage collection may have deleted a file mid-build: the
+                // next round starts from the newest checkpoint.
+                Err(e) => tracing::info!(partition, "standby copy not brought up to date this round: {e:#}"),
+            }
+        }
+        round
+    }
+}
