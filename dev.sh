@@ -5,7 +5,7 @@
 #   ./dev.sh test    set up, build, lint (rustfmt, clippy), and run the whole test suite
 #                    (what CI runs)
 #   ./dev.sh bench   set up, build, and run the benchmarks (throughput, checkpoints and restore,
-#                    Kafka, hot swap, state under churn, expiry storms), then the release binary's `sluice run` over 1M-record files
+#                    moving a partition, Kafka, hot swap, state under churn, expiry storms), then the release binary's `sluice run` over 1M-record files
 #   ./dev.sh install [PREFIX]
 #                    set up, build the release binary, install it as PREFIX/bin/sluice
 #                    (default PREFIX: ~/.local) with its debug info split off
@@ -335,7 +335,7 @@ test)
 bench)
     setup test
     build_operators
-    cargo bench -p sluice --bench throughput --bench checkpoint --bench kafka --bench swap --bench churn --bench expiry --bench metrics
+    cargo bench -p sluice --bench throughput --bench checkpoint --bench rebalance --bench kafka --bench swap --bench churn --bench expiry --bench metrics
     cargo build --release -p sluice --bin sluice
     bench_run 10000
     bench_run 1000000

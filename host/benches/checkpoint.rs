@@ -17,16 +17,19 @@
 //! not the disk. `SLUICE_BENCH_RECORDS` sets the job runs' length.
 
 use anyhow::Result;
-use sluice::checkpoint::{CheckpointSettings, CheckpointStore, Checkpointer, JobIdentity, bytes, restore};
+use large_state::dir_bytes;
+use sluice::checkpoint::{CheckpointStore, JobIdentity, bytes, restore};
 use sluice::config::{Config, SourceConfig};
 use sluice::record::RestoredFrom;
-use sluice::state::{StateDir, Transaction};
-use sluice::stats::{HostStats, PartitionStats};
+use sluice::state::StateDir;
+use sluice::stats::HostStats;
 use sluice_e2e::bench_setting;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 mod common;
+#[path = "common/large_state.rs"]
+mod large_state;
 
 fn main() -> Result<()> {
     let records = bench_setting("SLUICE_BENCH_RECORDS", 1_000_000)?;
@@ -146,49 +149,12 @@ fn generator_job(dir: &Path, vehicles: u32, count: u64, partitions: u32) -> Conf
 /// A one-partition state directory in `dir/state` holding about `size` bytes of
 /// incompressible values, checkpointed to `dir/store`.
 fn fill_and_checkpoint(runtime: &tokio::runtime::Runtime, dir: &Path, size: u64) -> Result<CheckpointStore> {
-    const VALUE: usize = 1024;
     let state = StateDir::open(&dir.join("state"), 1)?;
-    let mut txn = Transaction::new(state.open_partition(0)?, 0)?;
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut value = vec![0u8; VALUE];
-    let keys = size / VALUE as u64;
-    for key in 0..keys {
-        txn.scope(format!("vehicle-{key:09}").as_bytes());
-        for chunk in value.chunks_mut(8) {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            chunk.copy_from_slice(&seed.to_le_bytes());
-        }
-        txn.put("summary", value.clone());
-        txn.end_record(true);
-        if key % 4096 == 4095 || key + 1 == keys {
-            txn.commit(key + 1)?;
-        }
-    }
-    drop(txn);
+    large_state::write_values(&state, 0..size / large_state::VALUE_BYTES, 42)?;
     let store = CheckpointStore::open(dir.join("store").to_str().expect("UTF-8 temp path"))?;
     runtime.block_on(store.claim(1, &JobIdentity { operator: "bench".into(), input: None }))?;
-    let plan = runtime.block_on(restore::plan(Some(&state), &[0], Some(&store)))?;
-    let partition = state.open_partition(0)?;
-    let settings = CheckpointSettings {
-        interval: Duration::ZERO,
-        retain: 1,
-        upload_bytes_per_s: None,
-        host: sluice::checkpoint::host_id().to_string(),
-    };
-    let restored = RestoredFrom::Local { offset: keys };
-    let mut checkpointer = Checkpointer::new(
-        store.clone(),
-        runtime.handle().clone(),
-        &plan.partitions[0],
-        &restored,
-        settings,
-        state.snapshot_path(0),
-        "bench".into(),
-    );
     let started = Instant::now();
-    checkpointer.finish(&partition, &PartitionStats::new(0, 0, "bench"))?;
+    large_state::checkpoint(runtime, &state, &store, 1)?;
     println!(
         "\nfilled {} of state, first checkpoint uploaded in {:.2}s",
         bytes(dir_bytes(&state.partition_path(0))?),
@@ -237,14 +203,4 @@ fn local_recovery(runtime: &tokio::runtime::Runtime, dir: &Path, store: &Checkpo
     assert!(matches!(report.restored[0], RestoredFrom::Local { .. }), "{:?}", report.restored);
     state.open_partition(0)?.committed_offset()?;
     Ok(started.elapsed())
-}
-
-fn dir_bytes(dir: &Path) -> Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
-    }
-    Ok(total)
 }

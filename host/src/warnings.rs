@@ -1,6 +1,6 @@
 //! Warnings about the numbers that break a stream job before they break it: a skewed
-//! partition, checkpoints falling behind, a member rebalancing over and over, records
-//! pouring into the dead letters. (Batch times near the poll timeout and restores over
+//! partition, checkpoints falling behind, standby copies falling behind, a member
+//! rebalancing over and over, records pouring into the dead letters. (Batch times near the poll timeout and restores over
 //! their budget are warned about where they are measured, by the
 //! [worker](crate::worker) and the [restore](crate::checkpoint::restore).)
 //!
@@ -14,7 +14,7 @@ pub(crate) mod events;
 use crate::config::ReportConfig;
 use crate::lock;
 use crate::stats::{HostStats, LiveStats, PartitionStats, Skew, now_ms};
-use events::{CHECKPOINTS_BEHIND, DEAD_LETTERS_RISING, REBALANCING_OFTEN, SKEWED_STATE, SKEWED_TIME};
+use events::{CHECKPOINTS_BEHIND, DEAD_LETTERS_RISING, REBALANCING_OFTEN, SKEWED_STATE, SKEWED_TIME, STANDBY_BEHIND};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -78,6 +78,7 @@ impl Watch {
         let mut found = Vec::new();
         found.extend(self.skew(&partitions));
         found.extend(self.checkpoints_behind(&partitions));
+        found.extend(self.standby_behind());
         found.extend(self.rebalancing_often());
         found.extend(self.dead_letters_rising(&partitions));
         *lock(&self.host.warnings) = found.iter().map(|&(kind, _)| kind).collect();
@@ -159,6 +160,31 @@ impl Watch {
         ))
     }
 
+    fn standby_behind(&self) -> Option<(&'static str, String)> {
+        let intervals = self.thresholds.checkpoint_age_intervals;
+        let behind: Vec<String> = lock(&self.host.standby)
+            .iter()
+            .filter_map(|(p, copy)| match copy.lag {
+                Some(lag) if lag > u64::from(intervals) => Some(format!("{p} ({lag} checkpoints)")),
+                Some(_) => None,
+                None => Some(format!("{p} (no copy)")),
+            })
+            .collect();
+        if behind.is_empty() {
+            return None;
+        }
+        Some((
+            STANDBY_BEHIND,
+            format!(
+                "{STANDBY_BEHIND}: this host's standby copies of partitions {} are more than {intervals} checkpoints \
+                 behind their owners ([report] checkpoint_age_intervals = {intervals}): a move of them here fetches \
+                 what the copy lacks. See the standby updates logged, [checkpoint] standby_max_bytes (a checkpoint \
+                 that does not fit is not followed), download_bytes_per_s and standby_poll",
+                behind.join(", ")
+            ),
+        ))
+    }
+
     fn rebalancing_often(&mut self) -> Option<(&'static str, String)> {
         let count = self.host.rebalances.load(Ordering::Relaxed);
         let now = Instant::now();
@@ -212,5 +238,29 @@ impl Watch {
                 ),
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::StandbyCopy;
+
+    /// A standby copy more than `checkpoint_age_intervals` checkpoints behind its owner,
+    /// or a partition followed without a copy, is warned about by partition; a copy
+    /// within the limit is not.
+    #[test]
+    fn standby_copies_behind_are_named() {
+        let host = Arc::new(HostStats::default());
+        let copy = |lag: Option<u64>| StandbyCopy { checkpoint: lag.map(|_| 1), lag, bytes: 0 };
+        host.record_standby(1, copy(Some(3)), 0);
+        let interval = Some(Duration::from_secs(10));
+        let watch = Watch::new(ReportConfig::default(), interval, LiveStats::default(), host.clone());
+        assert_eq!(watch.standby_behind(), None, "3 checkpoints behind is within the default limit of 3");
+        host.record_standby(2, copy(Some(9)), 0);
+        host.record_standby(3, copy(None), 0);
+        let (kind, text) = watch.standby_behind().expect("two copies behind");
+        assert_eq!(kind, STANDBY_BEHIND);
+        assert!(text.contains("partitions 2 (9 checkpoints), 3 (no copy)"), "{text}");
     }
 }

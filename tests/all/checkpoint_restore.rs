@@ -373,6 +373,31 @@ fn a_stale_local_copy_fetches_only_the_files_it_lacks() -> Result<()> {
     Ok(())
 }
 
+/// `[checkpoint] download_bytes_per_s` holds a restore's downloads to the cap.
+#[test]
+fn a_restore_keeps_to_the_download_cap() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let job = |count| checkpoint_at_end(dir, 20_000, count, 1);
+    run_ok(&mut job(40_000))?;
+    std::fs::remove_dir_all(dir.join("state"))?;
+    const CAP: f64 = 500_000.0;
+    let mut capped = job(40_000);
+    with_config(&mut capped, dir, &format!("[checkpoint]\ndownload_bytes_per_s = {CAP}\n"))?;
+    let report = stderr(&run_ok(&mut capped)?);
+    let (_, fetched, _) = reported_restores(&report).pop().expect("restored from the store");
+    // The whole restore (plan, downloads, verification): a little longer than its downloads.
+    let took: f64 = report
+        .lines()
+        .find_map(|l| l.strip_prefix("restore took ")?.split_once('s')?.0.parse().ok())
+        .unwrap_or_else(|| panic!("the restore's duration is reported:\n{report}"));
+    let rate = fetched as f64 / took;
+    assert!(fetched > 1_000_000, "{fetched} bytes:\n{report}");
+    assert!((CAP / 2.0..=CAP * 1.05).contains(&rate), "{fetched} bytes in {took}s: {rate:.0} B/s\n{report}");
+    eprintln!("restore under a cap of {CAP} B/s: {fetched} bytes in {took:.2}s ({rate:.0} B/s)");
+    Ok(())
+}
+
 #[test]
 fn retention_keeps_the_newest_checkpoints_and_exactly_their_files() -> Result<()> {
     let dir = tempfile::tempdir()?;

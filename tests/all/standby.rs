@@ -18,6 +18,14 @@ fn standby_copy(state: &Path, partition: u32) -> Option<u64> {
     record["id"].as_u64()
 }
 
+/// The offset of the first line of `log` with `phrase` about `partition`: the number
+/// after its `at offset`.
+fn offset_logged(log: &str, phrase: &str, partition: u32) -> Option<u64> {
+    let about = format!("partition={partition}");
+    let line = log.lines().find(|l| l.contains(phrase) && l.ends_with(&about))?;
+    line.split("at offset ").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
 /// Waits up to a minute for `done`, naming `what` and showing `logs` if it never is.
 fn wait_until(what: &str, mut done: impl FnMut() -> Result<bool>, logs: impl Fn() -> String) -> Result<()> {
     let started = Instant::now();
@@ -78,6 +86,9 @@ fn a_standby_takes_over_a_killed_owner_fetching_at_most_a_checkpoint() -> Result
     assert_eq!(on_b.len(), 1, "b runs one partition: {on_b:?}\n{log_b}");
     let moved = *on_b.keys().next().expect("one");
     wait_until("a handing b's partition over", || Ok(!running_partitions(&admin_a)?.contains_key(&moved)), || a.log())?;
+    let handed = offset_logged(&a.log(), &handed_over(), moved);
+    assert!(handed.is_some(), "a handed partition {moved} over:\n{}", a.log());
+    assert_eq!(offset_logged(&log_b, RESUMED, moved), handed, "b resumed where a handed over, replaying nothing");
 
     // More records; b checkpoints them and a's copy follows. Then b dies. (b, not a:
     // tansu's group does not survive the death of its leader, the member that joined

@@ -107,6 +107,14 @@ impl LocalFiles {
     fn place(&self, file: &ManifestFile, dest: &Path) -> Result<Option<Origin>> {
         for local in self.by_name.get(&file.name).into_iter().flatten() {
             let size = std::fs::metadata(&local.path).map(|m| m.len()).ok();
+            if local.checksum.as_ref() == Some(&file.checksum) && size != Some(file.size) {
+                tracing::warn!(
+                    "standby copy file {} is missing or damaged ({size:?} bytes; {} recorded when it was \
+                     fetched): fetching it again",
+                    local.path.display(),
+                    file.size
+                );
+            }
             if local.size != file.size || size != Some(file.size) {
                 continue;
             }

@@ -1,5 +1,5 @@
 //! The phrases that start the [warnings](super) a running job logs: skew, checkpoints
-//! behind, frequent rebalances, a rising dead-letter rate; each also names its kind in the
+//! behind, standby copies behind, frequent rebalances, a rising dead-letter rate; each also names its kind in the
 //! host's events. Each is written once, here, and used where its warning is written (in
 //! `warnings.rs`). [`crate::events`] re-exports them with every other component's phrases.
 
@@ -11,6 +11,10 @@ pub const SKEWED_TIME: &str = "processing-time skew";
 
 /// Starts the warning of checkpoints falling behind.
 pub const CHECKPOINTS_BEHIND: &str = "checkpoints behind";
+
+/// Starts the warning of standby copies far behind their partitions' owners, or not
+/// kept at all.
+pub const STANDBY_BEHIND: &str = "standby copies behind";
 
 /// Starts the warning of a member rebalancing often.
 pub const REBALANCING_OFTEN: &str = "frequent rebalances";

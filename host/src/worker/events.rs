@@ -58,6 +58,3 @@ pub const WARMING_UP: &str = "warming up";
 /// Logged when the warm-up ends, before the host joins its group: `warm-up done in
 /// 1.2s: 4 copies current, 1.3 MiB fetched`.
 pub const WARMED_UP: &str = "warm-up done";
-
-/// Logged when a partition's newest checkpoint does not fit in the standby disk budget.
-pub const STANDBY_OVER_BUDGET: &str = "standby copy not followed";

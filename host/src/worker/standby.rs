@@ -13,7 +13,7 @@
 //! This module owns which copies are followed and when; a copy and its update are
 //! [`checkpoint::standby`]'s.
 
-use super::events::{STANDBY_OVER_BUDGET, WARMED_UP, WARMING_UP};
+use super::events::{WARMED_UP, WARMING_UP};
 use super::lifecycle::WorkerSetup;
 use super::start::Occupancy;
 use crate::checkpoint::assemble::Interrupted;
@@ -150,12 +150,12 @@ impl Follower {
                         );
                     }
                     if followed.over_budget {
-                        tracing::warn!(
+                        // Warned about, once a minute, as a copy behind (see `warnings`).
+                        tracing::debug!(
                             partition,
-                            "{STANDBY_OVER_BUDGET}: its newest checkpoint does not fit in the {} left of [checkpoint] \
-                             standby_max_bytes = {}; a move of it here restores from the store",
-                            bytes(budget),
-                            self.settings.max_bytes
+                            "standby copy not followed: its newest checkpoint does not fit in the {} left of \
+                             [checkpoint] standby_max_bytes",
+                            bytes(budget)
                         );
                     }
                 }
