@@ -30,7 +30,7 @@ use crate::source::generator::{Fleet, FleetOptions};
 use crate::source::kafka::{self, KafkaOptions};
 use crate::source::{self, DispatchOptions};
 use crate::state::{self, StateDir};
-use crate::stats::{LiveStats, process_cpu};
+use crate::stats::{HostStats, LiveStats, process_cpu};
 use crate::warnings::Watch;
 use crate::worker::{Cadence, Checkpointing, Destinations, Router, StandbySettings, WorkerSetup, Workers};
 use anyhow::{Result, anyhow, bail};
@@ -125,10 +125,10 @@ pub fn run(config: &Config) -> Result<JobReport> {
         })?;
     }
     let checkpoint_interval = checkpoints_on.then_some(config.checkpoint.interval);
-    let watch = Watch::new(config.report.clone(), checkpoint_interval, live.clone(), host_stats);
+    let watch = Watch::new(config.report.clone(), checkpoint_interval, live.clone(), host_stats.clone());
 
     let (started, cpu) = (Instant::now(), process_cpu());
-    let router = drive(config, source, router, &deployer, &live, watch, &stopping, started)?;
+    let router = drive(config, source, router, &deployer, (&live, &host_stats), watch, &stopping, started)?;
     Ok(JobReport::of(&router, started, cpu, checkpoints_on))
 }
 
@@ -174,7 +174,7 @@ fn drive(
     source: OpenSource,
     router: Router,
     deployer: &Deployer,
-    live: &LiveStats,
+    (live, host): (&LiveStats, &HostStats),
     mut watch: Watch,
     stopping: &AtomicBool,
     started: Instant,
@@ -193,7 +193,7 @@ fn drive(
         while !dispatcher.is_finished() {
             std::thread::sleep(Duration::from_millis(20).min(summary.max(Duration::from_millis(1))));
             if !summary.is_zero() && last.at.elapsed() >= summary {
-                last = log_summary(started, last, live);
+                last = log_summary(started, last, live, host);
             }
             watch.check_if_due();
         }

@@ -5,17 +5,16 @@
 //! equal to the fold and an output for every input.
 
 use anyhow::{Context, Result};
-use serde_json::Value;
 use sluice::events::{ASSIGNED, RESUMED, WARMED_UP};
 use sluice_e2e::*;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// The checkpoint the standby copy of `partition` in `state` holds, if it has one.
-fn standby_copy(state: &Path, partition: u32) -> Option<u64> {
-    let record = state.join(format!("standby/partition-{partition:04}/sluice-standby.json"));
-    let record: Value = serde_json::from_slice(&std::fs::read(record).ok()?).ok()?;
-    record["id"].as_u64()
+/// The checkpoint the standby copy of `partition` holds on the host whose admin API is at
+/// `admin`, as its status answer says (`GET /partitions`).
+fn standby_copy(admin: &str, partition: u32) -> Result<Option<u64>> {
+    let answer = sluice::admin::call(admin, hyper::Method::GET, "/partitions", Vec::new())?;
+    let answer: sluice::metrics::partitions::PartitionsAnswer = serde_json::from_str(&answer)?;
+    Ok(answer.host.standby.get(&partition).and_then(|copy| copy.checkpoint))
 }
 
 /// The offset of the first line of `log` with `phrase` about `partition`: the number
@@ -95,16 +94,16 @@ fn a_standby_takes_over_a_killed_owner_fetching_at_most_a_checkpoint() -> Result
     // first; see docs/development.md.)
     broker.produce_lines("positions", &chunks[1])?;
     let ends = broker.ends("positions")?;
-    let state_a = dir.join("a/state");
     wait_until(
         "a's copy holding b's newest checkpoint at the end",
         || {
             let newest = newest(moved)?.context("b checkpointed")?;
             let at_end = newest["offset"].as_i64() == ends.get(&(moved as i32)).copied();
-            Ok(at_end && standby_copy(&state_a, moved) == newest["id"].as_u64())
+            Ok(at_end && standby_copy(&admin_a, moved)? == newest["id"].as_u64())
         },
         || format!("{}\n{}", a.log(), b.log()),
     )?;
+    assert!(a.log().contains("1 standby copies, ≤ 0 behind"), "a's running summary shows its copy:\n{}", a.log());
     b.kill_9()?;
     broker.produce_lines("positions", &chunks[2])?;
     a.wait_for(RESUMED, 3, minute)?;
@@ -133,6 +132,6 @@ fn a_standby_takes_over_a_killed_owner_fetching_at_most_a_checkpoint() -> Result
         outputs.iter().map(|r| (r.headers["sluice-partition"].clone(), r.headers["sluice-offset"].clone())).collect();
     assert_eq!(inputs.len(), total, "every input has an output ({} outputs, duplicates allowed)", outputs.len());
     assert_last_outputs(outputs.iter().map(|r| (r.key.as_str(), &r.value)), &reference, "last outputs");
-    assert_state_matches(&dump_state(&state_a)?, &reference, "a's state after the takeover");
+    assert_state_matches(&dump_state(&dir.join("a/state"))?, &reference, "a's state after the takeover");
     Ok(())
 }

@@ -11,9 +11,12 @@
 //!
 //! A local file is trusted by its checksum: one recorded when it was downloaded and
 //! verified (a standby copy's record) is checked by size only, which keeps a warm
-//! takeover from reading the state; any other (a database's own files, a copy left
-//! half-built) is read to compute its checksum first — still a local read instead of a
-//! download. Nothing here writes to the store.
+//! takeover from reading the state; so is a database's file whose checksum this host
+//! computed when a checkpoint uploaded it or a restore verified it ([`remember`]: by
+//! name, size, inode and modification time, in the database's directory); any other (a copy left
+//! half-built, a database's files no checkpoint of this host saw) is read to compute
+//! its checksum first — still a local read instead of a download. Nothing here writes
+//! to the store.
 //!
 //! This module owns neither where the directory is (a restore's side directory, a
 //! standby's next copy) nor what becomes of it once complete.
@@ -24,13 +27,38 @@ use crate::checksum;
 use crate::objects;
 use anyhow::{Context, Result};
 use futures::StreamExt;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 /// Files downloaded at once per directory built.
 const PARALLEL_DOWNLOADS: usize = 4;
+
+/// The record, in a database's directory, of the checksums this host computed of its
+/// files ([`remember`]). RocksDB leaves files it does not name alone, and a restore that
+/// replaces the directory takes the record with it.
+const REMEMBERED: &str = "sluice-checksums.json";
+
+/// A file whose checksum this host computed, as [`REMEMBERED`] lists it: the inode and
+/// the modification time tell it from another file given the same name and size later,
+/// or from the file written to since.
+#[derive(Debug, Serialize, Deserialize)]
+struct RememberedFile {
+    name: String,
+    size: u64,
+    inode: u64,
+    modified_ns: i64,
+    checksum: String,
+}
+
+/// What identifies a file's bytes on this host without reading them.
+fn identity(name: &str, meta: &std::fs::Metadata) -> (String, u64, u64, i64) {
+    let modified_ns = meta.mtime().saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec());
+    (name.to_string(), meta.len(), meta.ino(), modified_ns)
+}
 
 /// Where a reused file came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,18 +101,28 @@ impl LocalFiles {
         }
     }
 
-    /// Adds every file in `dir`, if it exists; their checksums are read when wanted.
+    /// Adds every file in `dir`, if it exists; their checksums are those [`remember`]ed
+    /// for them, or read when wanted.
     pub fn add_dir(&mut self, dir: &Path, origin: Origin) -> Result<()> {
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
         };
+        // A record that cannot be read remembers nothing: the files are read instead.
+        let remembered: HashMap<(String, u64, u64, i64), String> = std::fs::read(dir.join(REMEMBERED))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<Vec<RememberedFile>>(&bytes).ok())
+            .into_iter()
+            .flatten()
+            .map(|f| ((f.name, f.size, f.inode, f.modified_ns), f.checksum))
+            .collect();
         for entry in entries {
             let entry = entry?;
             let (Ok(name), Ok(meta)) = (entry.file_name().into_string(), entry.metadata()) else { continue };
             if meta.is_file() {
-                let local = LocalFile { path: entry.path(), size: meta.len(), checksum: None, origin };
+                let checksum = remembered.get(&identity(&name, &meta)).cloned();
+                let local = LocalFile { path: entry.path(), size: meta.len(), checksum, origin };
                 self.by_name.entry(name).or_default().push(local);
             }
         }
@@ -134,6 +172,25 @@ impl LocalFiles {
         }
         Ok(None)
     }
+}
+
+/// Records in database directory `db` the checksums of `files`, which this host computed
+/// or verified, for the files of the same names in `links` — `db` itself, or a
+/// checkpoint's snapshot of hard links into it — so that a later build reuses them
+/// without reading them while they are the same files, untouched ([`LocalFiles::add_dir`]).
+/// Files missing from `links` are left out.
+pub fn remember(db: &Path, links: &Path, files: &[ManifestFile]) -> Result<()> {
+    let remembered: Vec<RememberedFile> = files
+        .iter()
+        .filter_map(|f| {
+            let meta = std::fs::metadata(links.join(&f.name)).ok()?;
+            let (name, size, inode, modified_ns) = identity(&f.name, &meta);
+            (size == f.size).then(|| RememberedFile { name, size, inode, modified_ns, checksum: f.checksum.clone() })
+        })
+        .collect();
+    let (record, tmp) = (db.join(REMEMBERED), db.join(format!("{REMEMBERED}.tmp")));
+    std::fs::write(&tmp, serde_json::to_vec(&remembered)?).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &record).with_context(|| format!("writing {}", record.display()))
 }
 
 /// What [`assemble`] did: bytes by where they came from.

@@ -8,6 +8,7 @@
 //! commit (or idle tick of the worker) after it finished, so a slow store lowers the
 //! checkpoint rate instead of piling up snapshots.
 
+use super::assemble;
 use super::bytes;
 use super::layout::object_name;
 use super::records::{self, Manifest, ManifestFile};
@@ -182,6 +183,7 @@ impl Checkpointer {
                 files: Vec::new(),
             },
             dir,
+            db: state.path().to_path_buf(),
             sst_checksums: self.sst_checksums.clone(),
         };
         self.next_id += 1;
@@ -231,6 +233,8 @@ struct Upload {
     manifest: Manifest,
     /// The local snapshot.
     dir: PathBuf,
+    /// The database it is a snapshot of.
+    db: PathBuf,
     sst_checksums: Arc<Mutex<HashMap<(String, u64), String>>>,
 }
 
@@ -255,7 +259,16 @@ impl Upload {
     async fn upload(&mut self) -> Result<Duration> {
         let started = Instant::now();
         let (dir, checksums) = (self.dir.clone(), self.sst_checksums.clone());
-        let files = tokio::task::spawn_blocking(move || describe_snapshot(&dir, &checksums)).await??;
+        let db = self.db.clone();
+        let files = tokio::task::spawn_blocking(move || -> Result<Vec<ManifestFile>> {
+            let files = describe_snapshot(&dir, &checksums)?;
+            // Best effort: without the record, a later restore here reads the files.
+            if let Err(e) = assemble::remember(&db, &dir, &files) {
+                tracing::debug!("not remembering the checksums of {}: {e:#}", db.display());
+            }
+            Ok(files)
+        })
+        .await??;
         let partition = self.manifest.partition;
         let stored = self.store.files(partition).await?;
         let missing: Vec<&ManifestFile> =
@@ -434,6 +447,7 @@ mod tests {
                 settings: settings(host),
                 manifest: manifest(id, Vec::new()),
                 dir: snapshot,
+                db: dir.path().to_path_buf(),
                 sst_checksums: Arc::default(),
             };
             runtime.block_on(upload.run()).map(|(manifest, _)| manifest)

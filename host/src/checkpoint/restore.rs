@@ -367,7 +367,12 @@ async fn restore_newest(
                     std::fs::rename(&live, &aside)
                         .with_context(|| format!("moving {} aside to {}", live.display(), aside.display()))?;
                 }
+                let placed = live.clone();
                 tokio::task::spawn_blocking(move || replace_dir(&side, &live, &old)).await??;
+                // Best effort: without the record, a later restore here reads the files.
+                if let Err(e) = assemble::remember(&placed, &placed, &manifest.files) {
+                    tracing::debug!(partition, "not remembering the checksums of {}: {e:#}", placed.display());
+                }
                 return Ok(RestoredFrom::Checkpoint {
                     id: manifest.id,
                     offset: manifest.offset,

@@ -317,6 +317,34 @@ mod tests {
         Ok(())
     }
 
+    /// A database file whose checksum this host remembered (a checkpoint uploaded it, a
+    /// restore verified it) is reused without being read; a file put in its place since,
+    /// under the same name and size, is read, and fetched when it differs.
+    #[test]
+    fn remembered_checksums_spare_reading_the_files_they_name() -> Result<()> {
+        use std::io::Write;
+        let f = Fixture::new()?;
+        let a = f.upload("000001.sst", 40_000, 1)?;
+        f.checkpoint(1, &[&a])?;
+        let db = f.state.partition_path(0);
+        std::fs::create_dir_all(&db)?;
+        std::fs::write(db.join(&a.name), vec![1; 40_000])?;
+        assemble::remember(&db, &db, std::slice::from_ref(&a))?;
+        // The same inode, size and modification time, other bytes: only reading the file
+        // would tell. (RocksDB never rewrites a table file.)
+        let file = std::fs::OpenOptions::new().write(true).open(db.join(&a.name))?;
+        let modified = file.metadata()?.modified()?;
+        (&file).write_all(&[7; 10])?;
+        file.set_modified(modified)?;
+        assert_eq!(f.update(u64::MAX)?.fetched, 0, "reused by its remembered checksum, unread");
+
+        discard(&f.state, 0)?;
+        std::fs::remove_file(db.join(&a.name))?;
+        std::fs::write(db.join(&a.name), vec![7; 40_000])?;
+        assert_eq!(f.update(u64::MAX)?.fetched, 40_000, "another file under the name: read, and fetched");
+        Ok(())
+    }
+
     /// A copy whose file was damaged after it was fetched is not trusted for that file,
     /// a record that cannot be read is no copy, and a checkpoint larger than the budget
     /// is not followed.

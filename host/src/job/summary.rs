@@ -4,7 +4,7 @@
 use super::events::LAG;
 use super::report::clock_time;
 use crate::lock;
-use crate::stats::{DeadLetters, LiveStats, PartitionStats, process_cpu};
+use crate::stats::{DeadLetters, HostStats, LiveStats, PartitionStats, process_cpu};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,9 +25,10 @@ impl Mark {
 }
 
 /// Logs the running summary — a line of totals (records/s and the process's CPU time
-/// per record since `since`, partitions, entries, lag, checkpoints, dead letters), then
-/// a line per partition [worth attention](worth_attention) — and returns the new mark.
-pub(super) fn log_summary(started: Instant, since: Mark, live: &LiveStats) -> Mark {
+/// per record since `since`, partitions, entries, lag, checkpoints, dead letters, and
+/// `host`'s standby copies), then a line per partition [worth attention](worth_attention)
+/// — and returns the new mark.
+pub(super) fn log_summary(started: Instant, since: Mark, live: &LiveStats, host: &HostStats) -> Mark {
     let live = lock(live);
     let sum = |counter: fn(&PartitionStats) -> &AtomicU64| -> u64 {
         live.values().map(|s| counter(s).load(Ordering::Relaxed)).sum()
@@ -53,8 +54,14 @@ pub(super) fn log_summary(started: Instant, since: Mark, live: &LiveStats) -> Ma
         .iter()
         .map(|(version, dead)| format!(" | dead letters of {version}: {dead}"))
         .collect();
+    let copies = lock(&host.standby).values().map(|copy| copy.lag).collect::<Vec<_>>();
+    let standby = match copies.iter().copied().collect::<Option<Vec<u64>>>() {
+        _ if copies.is_empty() => String::new(),
+        Some(lags) => format!(" | {} standby copies, ≤ {} behind", lags.len(), lags.iter().max().unwrap_or(&0)),
+        None => format!(" | {} standby copies, some without a copy", copies.len()),
+    };
     let mut summary = format!(
-        "[{:>6.1}s] {processed} records, {rate:.0} records/s{cpu} | {} partitions, {} entries{lag}, {} checkpoints{failed}{dead}",
+        "[{:>6.1}s] {processed} records, {rate:.0} records/s{cpu} | {} partitions, {} entries{lag}, {} checkpoints{failed}{dead}{standby}",
         started.elapsed().as_secs_f64(),
         live.len(),
         sum(|s| &s.entries),

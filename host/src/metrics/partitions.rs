@@ -8,8 +8,9 @@
 
 use super::{Metrics, lag, load, seconds};
 use crate::lock;
-use crate::stats::{DeadLetters, Skew, now_ms};
+use crate::stats::{DeadLetters, Skew, StandbyCopy, now_ms};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::collections::BTreeMap;
 
 /// The answer to `GET /partitions`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -73,6 +74,10 @@ pub struct HostStatus {
     /// the median is 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entries_skew_ratio: Option<f64>,
+    /// This host's standby copies of partitions it does not run, by partition (see
+    /// `checkpoint::standby`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub standby: BTreeMap<u32, StandbyCopy>,
     /// The batch durations of every running partition, added up by bucket (empty while
     /// none runs).
     pub batch_seconds: Vec<Bucket>,
@@ -168,6 +173,7 @@ impl Metrics {
             max_poll_interval_s: self.max_poll_interval.map(|interval| interval.as_secs_f64()),
             warnings: lock(&host.warnings).iter().map(|kind| kind.to_string()).collect(),
             entries_skew_ratio: Skew::of(running.iter().map(|(_, stats)| load(&stats.entries))).map(|skew| skew.ratio),
+            standby: lock(&host.standby).clone(),
             batch_p99_s: p99(&batch_seconds),
             batch_seconds: batch_seconds
                 .into_iter()

@@ -90,6 +90,11 @@ pub struct PartitionStore {
 }
 
 impl PartitionStore {
+    /// The directory of the database.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Opens (or creates) the database at `path`, checking its recorded format.
     pub fn open(path: &Path, partition: u32) -> Result<Self> {
         let mut options = Self::options();

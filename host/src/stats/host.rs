@@ -5,7 +5,7 @@
 use super::{Histogram, now_ms};
 use crate::lock;
 use crate::record::RESUME_PATHS;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,7 +62,7 @@ pub struct HostStats {
 }
 
 /// A standby copy as its latest update left it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StandbyCopy {
     /// The checkpoint it holds.
     pub checkpoint: Option<u64>,
