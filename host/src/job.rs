@@ -91,6 +91,13 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let stopping = Arc::new(AtomicBool::new(false));
     runtime.spawn(stop_on_signal(stopping.clone()));
     let checkpoints_on = checkpoints.is_some();
+    let follows_standbys =
+        checkpoints_on && matches!(source, OpenSource::Kafka(_)) && config.checkpoint.standby == Standby::All;
+    if !follows_standbys {
+        // Copies no one brings up to date would only take disk (and a restore reuses
+        // the partition's own files without them).
+        checkpoint::standby::discard_all(&state)?;
+    }
     let workers = Workers::new(WorkerSetup {
         state,
         destinations: Destinations { sink, dead_letters },
@@ -117,7 +124,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
         admin::serve(listen, &config.admin, deployer.clone(), metrics, host_stats.clone(), &runtime)?;
     }
     // Before the source joins its group: the copies are warm when partitions arrive.
-    if checkpoints_on && matches!(source, OpenSource::Kafka(_)) && config.checkpoint.standby == Standby::All {
+    if follows_standbys {
         router.follow_standbys(StandbySettings {
             max_bytes: config.checkpoint.standby_max_bytes,
             poll: config.checkpoint.standby_poll,

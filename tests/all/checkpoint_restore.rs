@@ -398,6 +398,26 @@ fn a_restore_keeps_to_the_download_cap() -> Result<()> {
     Ok(())
 }
 
+/// A host that keeps no standby copies removes those an earlier run left: no one would
+/// bring them up to date. (With checkpoints off, no restore would discard them either.)
+#[test]
+fn copies_no_one_follows_are_removed() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let job = || -> Result<Command> {
+        let mut job = checkpoint_at_end(dir, 100, 1_000, 2);
+        with_config(&mut job, dir, "[checkpoint]\nenabled = false\n")?;
+        Ok(job)
+    };
+    run_ok(&mut job()?)?;
+    let copy = dir.join("state/standby/partition-0001");
+    std::fs::create_dir_all(&copy)?;
+    std::fs::write(copy.join("000009.sst"), b"left by a Kafka host")?;
+    run_ok(&mut job()?)?;
+    assert!(!copy.exists(), "the copy is gone");
+    Ok(())
+}
+
 #[test]
 fn retention_keeps_the_newest_checkpoints_and_exactly_their_files() -> Result<()> {
     let dir = tempfile::tempdir()?;

@@ -88,6 +88,11 @@ pub fn discard(state: &StateDir, partition: u32) -> Result<()> {
     Ok(())
 }
 
+/// Removes every standby copy in `state`: this host keeps none.
+pub fn discard_all(state: &StateDir) -> Result<()> {
+    (0..state.partitions()).try_for_each(|partition| discard(state, partition))
+}
+
 /// The disk the complete standby copies in `state` take, by their records (a file
 /// shared with a database by a hard link counts).
 pub fn disk_bytes(state: &StateDir) -> u64 {
