@@ -167,7 +167,7 @@ impl Watch {
             .filter_map(|(p, copy)| match copy.lag {
                 Some(lag) if lag > u64::from(intervals) => Some(format!("{p} ({lag} checkpoints)")),
                 Some(_) => None,
-                None => Some(format!("{p} (no copy)")),
+                None => Some(format!("{p} (not followed)")),
             })
             .collect();
         if behind.is_empty() {
@@ -261,6 +261,6 @@ mod tests {
         host.record_standby(3, copy(None), 0);
         let (kind, text) = watch.standby_behind().expect("two copies behind");
         assert_eq!(kind, STANDBY_BEHIND);
-        assert!(text.contains("partitions 2 (9 checkpoints), 3 (no copy)"), "{text}");
+        assert!(text.contains("partitions 2 (9 checkpoints), 3 (not followed)"), "{text}");
     }
 }

@@ -58,7 +58,7 @@ pub(super) fn log_summary(started: Instant, since: Mark, live: &LiveStats, host:
     let standby = match copies.iter().copied().collect::<Option<Vec<u64>>>() {
         _ if copies.is_empty() => String::new(),
         Some(lags) => format!(" | {} standby copies, ≤ {} behind", lags.len(), lags.iter().max().unwrap_or(&0)),
-        None => format!(" | {} standby copies, some without a copy", copies.len()),
+        None => format!(" | {} standby copies, some not followed", copies.len()),
     };
     let mut summary = format!(
         "[{:>6.1}s] {processed} records, {rate:.0} records/s{cpu} | {} partitions, {} entries{lag}, {} checkpoints{failed}{dead}{standby}",

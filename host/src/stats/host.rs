@@ -66,8 +66,8 @@ pub struct HostStats {
 pub struct StandbyCopy {
     /// The checkpoint it holds.
     pub checkpoint: Option<u64>,
-    /// Checkpoints it is behind the owner's newest; `None`: no copy of a checkpoint
-    /// that exists.
+    /// Checkpoints it is behind the owner's newest; `None`: not followed — the newest
+    /// checkpoint does not fit in the disk budget, or the latest update failed.
     pub lag: Option<u64>,
     /// Its size.
     pub bytes: u64,

@@ -50,9 +50,9 @@ use crate::stats::{DeadLetters, HostStats, LiveStats, Totals};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TrySendError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
@@ -212,6 +212,7 @@ impl Workers {
                 occupancy: self.occupancy.clone(),
                 host: self.host.clone(),
                 settings,
+                failing: Mutex::default(),
             };
             self.following = Some(follower.warm_up_and_follow()?);
         }

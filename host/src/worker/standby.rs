@@ -18,9 +18,11 @@ use super::lifecycle::WorkerSetup;
 use super::start::Occupancy;
 use crate::checkpoint::assemble::Interrupted;
 use crate::checkpoint::{bytes, standby};
+use crate::lock;
 use crate::stats::{HostStats, StandbyCopy};
-use std::sync::Arc;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,8 @@ pub(super) struct Follower {
     pub(super) occupancy: Arc<Occupancy>,
     pub(super) host: Arc<HostStats>,
     pub(super) settings: StandbySettings,
+    /// The partitions whose updates failed in the latest round.
+    pub(super) failing: Mutex<BTreeSet<u32>>,
 }
 
 /// The follower's thread: stopped and waited for when dropped.
@@ -122,6 +126,7 @@ impl Follower {
         let mut used = standby::disk_bytes(state);
         let mut round = Round::default();
         let progress = Arc::new(AtomicU64::new(0));
+        let mut failed = Vec::new();
         for partition in 0..state.partitions() {
             if stop() {
                 break;
@@ -139,7 +144,9 @@ impl Follower {
                     used = used.saturating_sub(own) + followed.bytes;
                     round.fetched += followed.fetched;
                     round.current += usize::from(followed.copy.is_some() && followed.lag() == Some(0));
-                    let copy = StandbyCopy { checkpoint: followed.copy, lag: followed.lag(), bytes: followed.bytes };
+                    // A copy over the budget is not followed, however close it still is.
+                    let lag = followed.lag().filter(|_| !followed.over_budget);
+                    let copy = StandbyCopy { checkpoint: followed.copy, lag, bytes: followed.bytes };
                     self.host.record_standby(partition, copy, followed.fetched);
                     if followed.fetched > 0 {
                         tracing::debug!(
@@ -162,9 +169,32 @@ impl Follower {
                 Err(e) if e.is::<Interrupted>() => {}
                 // The owner's garbage collection may have deleted a file mid-build: the
                 // next round starts from the newest checkpoint.
-                Err(e) => tracing::info!(partition, "standby copy not brought up to date this round: {e:#}"),
+                Err(e) => {
+                    let checkpoint = standby::recorded(state, partition).map(|m| m.id);
+                    self.host.record_standby(partition, StandbyCopy { checkpoint, lag: None, bytes: own }, 0);
+                    failed.push((partition, e));
+                }
             }
         }
+        self.log_failures(failed);
         round
+    }
+
+    /// Logs the partitions whose copies a round failed to update, with the first error:
+    /// at info when they are not the ones the round before logged, else at debug — a
+    /// store down for an hour is one line, and the `standby copies behind` warning.
+    fn log_failures(&self, failed: Vec<(u32, anyhow::Error)>) {
+        let partitions: BTreeSet<u32> = failed.iter().map(|(p, _)| *p).collect();
+        let Some((_, first)) = failed.first() else {
+            lock(&self.failing).clear();
+            return;
+        };
+        let message =
+            format!("standby copies of partitions {partitions:?} not brought up to date this round: {first:#}");
+        match *lock(&self.failing) == partitions {
+            true => tracing::debug!("{message}"),
+            false => tracing::info!("{message}"),
+        }
+        *lock(&self.failing) = partitions;
     }
 }
