@@ -193,7 +193,7 @@ pub const RESUME_PATHS: [&str; 5] = ["empty", "local", "standby", "incremental",
 
 impl RestoredFrom {
     /// How the partition resumed, as metrics label it: `empty`, `local` (its own
-    /// database), `standby` (a checkpoint built mostly from a standby copy),
+    /// database), `standby` (a checkpoint built with a standby copy's files),
     /// `incremental` (from other local files) or `full` (all downloaded).
     pub fn path(&self) -> &'static str {
         match self {

@@ -144,22 +144,7 @@ impl LocalFiles {
     /// `None` when none does.
     fn place(&self, file: &ManifestFile, dest: &Path) -> Result<Option<Origin>> {
         for local in self.by_name.get(&file.name).into_iter().flatten() {
-            let size = std::fs::metadata(&local.path).map(|m| m.len()).ok();
-            if local.checksum.as_ref() == Some(&file.checksum) && size != Some(file.size) {
-                tracing::warn!(
-                    "standby copy file {} is missing or damaged ({size:?} bytes; {} recorded when it was \
-                     fetched): fetching it again",
-                    local.path.display(),
-                    file.size
-                );
-            }
-            if local.size != file.size || size != Some(file.size) {
-                continue;
-            }
-            if local.checksum.is_none() && checksum::of_file(&local.path)?.1 != file.checksum {
-                continue;
-            }
-            if local.checksum.as_ref().is_some_and(|c| *c != file.checksum) {
+            if !local.holds(file)? {
                 continue;
             }
             let table = file.name.ends_with(".sst") || file.name.ends_with(".blob");
@@ -171,6 +156,30 @@ impl LocalFiles {
             return Ok(Some(local.origin));
         }
         Ok(None)
+    }
+}
+
+impl LocalFile {
+    /// Whether this file holds `file`'s bytes: by the checksum recorded for it and its
+    /// size now, or, with none recorded, by reading it.
+    fn holds(&self, file: &ManifestFile) -> Result<bool> {
+        let size = std::fs::metadata(&self.path).map(|m| m.len()).ok();
+        match &self.checksum {
+            Some(recorded) if *recorded != file.checksum => Ok(false),
+            Some(_) if size != Some(file.size) => {
+                if self.origin == Origin::Standby {
+                    tracing::warn!(
+                        "standby copy file {} is missing or damaged ({size:?} bytes; {} recorded when it was \
+                         fetched): fetching it again",
+                        self.path.display(),
+                        file.size
+                    );
+                }
+                Ok(false)
+            }
+            Some(_) => Ok(true),
+            None => Ok(size == Some(file.size) && checksum::of_file(&self.path)?.1 == file.checksum),
+        }
     }
 }
 
@@ -272,9 +281,8 @@ fn place_local(
     already.add_dir(dir, Origin::Local)?;
     let wanted: HashMap<&str, &ManifestFile> = files.iter().map(|f| (f.name.as_str(), f)).collect();
     for (name, found) in &already.by_name {
-        let keep = wanted.get(name.as_str()).is_some_and(|f| {
-            found[0].size == f.size && checksum::of_file(&found[0].path).is_ok_and(|(_, c)| c == f.checksum)
-        });
+        // A file that cannot be read is not kept: it is fetched again.
+        let keep = wanted.get(name.as_str()).is_some_and(|f| found[0].holds(f).unwrap_or(false));
         if !keep {
             std::fs::remove_file(&found[0].path).with_context(|| format!("removing {}", found[0].path.display()))?;
         }

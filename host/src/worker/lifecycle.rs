@@ -50,9 +50,9 @@ use crate::stats::{DeadLetters, HostStats, LiveStats, Totals};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TrySendError};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
@@ -207,13 +207,7 @@ impl Workers {
     /// [`standby`](super::standby)). Needs checkpoints on; a no-op otherwise.
     pub fn follow_standbys(&mut self, settings: StandbySettings) -> Result<()> {
         if self.setup.checkpoints.is_some() {
-            let follower = Follower {
-                setup: self.setup.clone(),
-                occupancy: self.occupancy.clone(),
-                host: self.host.clone(),
-                settings,
-                failing: Mutex::default(),
-            };
+            let follower = Follower::new(self.setup.clone(), self.occupancy.clone(), self.host.clone(), settings);
             self.following = Some(follower.warm_up_and_follow()?);
         }
         Ok(())

@@ -15,14 +15,13 @@
 
 use super::events::{WARMED_UP, WARMING_UP};
 use super::lifecycle::WorkerSetup;
-use super::start::Occupancy;
+use super::start::{Occupancy, wait_unless};
 use crate::checkpoint::assemble::Interrupted;
 use crate::checkpoint::{bytes, standby};
-use crate::lock;
 use crate::stats::{HostStats, StandbyCopy};
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -39,12 +38,12 @@ pub struct StandbySettings {
 
 /// Updates this host's standby copies.
 pub(super) struct Follower {
-    pub(super) setup: Arc<WorkerSetup>,
-    pub(super) occupancy: Arc<Occupancy>,
-    pub(super) host: Arc<HostStats>,
-    pub(super) settings: StandbySettings,
+    setup: Arc<WorkerSetup>,
+    occupancy: Arc<Occupancy>,
+    host: Arc<HostStats>,
+    settings: StandbySettings,
     /// The partitions whose updates failed in the latest round.
-    pub(super) failing: Mutex<BTreeSet<u32>>,
+    failing: BTreeSet<u32>,
 }
 
 /// The follower's thread: stopped and waited for when dropped.
@@ -72,12 +71,23 @@ struct Round {
 }
 
 impl Follower {
+    /// Follows the copies of `setup`'s partitions that `occupancy` says nothing holds,
+    /// recording them in `host`.
+    pub(super) fn new(
+        setup: Arc<WorkerSetup>,
+        occupancy: Arc<Occupancy>,
+        host: Arc<HostStats>,
+        settings: StandbySettings,
+    ) -> Self {
+        Follower { setup, occupancy, host, settings, failing: BTreeSet::new() }
+    }
+
     /// Brings every copy up to date once — but not those of partitions this host's disk
     /// holds a database of: a restart within its session finds them there — logging
     /// how long it took, for at most [`StandbySettings::warm_up`]; then follows the
     /// copies on a thread of its own until the returned [`Following`] is dropped or the
     /// host stops.
-    pub(super) fn warm_up_and_follow(self) -> std::io::Result<Following> {
+    pub(super) fn warm_up_and_follow(mut self) -> std::io::Result<Following> {
         let started = Instant::now();
         let partitions = self.setup.state.partitions();
         tracing::info!(
@@ -86,8 +96,8 @@ impl Follower {
             self.setup.checkpoints.as_ref().map_or("", |c| c.store.url()),
             self.settings.warm_up.as_secs_f64()
         );
-        let stopping = self.setup.stopping.clone();
-        let out_of_time = || stopping.load(Ordering::Relaxed) || started.elapsed() > self.settings.warm_up;
+        let (stopping, warm_up) = (self.setup.stopping.clone(), self.settings.warm_up);
+        let out_of_time = || stopping.load(Ordering::Relaxed) || started.elapsed() > warm_up;
         let round = self.round(&out_of_time, true);
         tracing::info!(
             "{WARMED_UP} in {:.1}s: {} copies current, {} fetched{}",
@@ -107,20 +117,19 @@ impl Follower {
 
     /// Rounds of updates, [`StandbySettings::poll`] apart, until `stop` or the host
     /// stops.
-    fn follow(&self, stop: &AtomicBool) {
-        let stopped = || stop.load(Ordering::Relaxed) || self.setup.stopping.load(Ordering::Relaxed);
+    fn follow(mut self, stop: &AtomicBool) {
+        let stopping = self.setup.stopping.clone();
+        let stopped = || stop.load(Ordering::Relaxed) || stopping.load(Ordering::Relaxed);
         while !stopped() {
             let began = Instant::now();
             self.round(&stopped, false);
-            while !stopped() && began.elapsed() < self.settings.poll {
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            wait_unless(self.settings.poll.saturating_sub(began.elapsed()), stopped);
         }
     }
 
     /// Updates the copy of each partition nothing holds (and, if `skip_local`, whose
     /// database is not on this disk), until `stop` says so.
-    fn round(&self, stop: &(dyn Fn() -> bool + Sync), skip_local: bool) -> Round {
+    fn round(&mut self, stop: &(dyn Fn() -> bool + Sync), skip_local: bool) -> Round {
         let Some(checkpoints) = &self.setup.checkpoints else { return Round::default() };
         let state = &self.setup.state;
         let mut used = standby::disk_bytes(state);
@@ -183,18 +192,16 @@ impl Follower {
     /// Logs the partitions whose copies a round failed to update, with the first error:
     /// at info when they are not the ones the round before logged, else at debug — a
     /// store down for an hour is one line, and the `standby copies behind` warning.
-    fn log_failures(&self, failed: Vec<(u32, anyhow::Error)>) {
+    fn log_failures(&mut self, failed: Vec<(u32, anyhow::Error)>) {
         let partitions: BTreeSet<u32> = failed.iter().map(|(p, _)| *p).collect();
-        let Some((_, first)) = failed.first() else {
-            lock(&self.failing).clear();
-            return;
-        };
-        let message =
-            format!("standby copies of partitions {partitions:?} not brought up to date this round: {first:#}");
-        match *lock(&self.failing) == partitions {
-            true => tracing::debug!("{message}"),
-            false => tracing::info!("{message}"),
+        if let Some((_, first)) = failed.first() {
+            let message =
+                format!("standby copies of partitions {partitions:?} not brought up to date this round: {first:#}");
+            match self.failing == partitions {
+                true => tracing::debug!("{message}"),
+                false => tracing::info!("{message}"),
+            }
         }
-        *lock(&self.failing) = partitions;
+        self.failing = partitions;
     }
 }

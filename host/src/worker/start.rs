@@ -212,7 +212,7 @@ fn drop_given_up(
 }
 
 /// Sleeps for `wait`, or until `done` says so (looked at every [`GIVE_UP_POLL`]).
-fn wait_unless(wait: Duration, done: impl Fn() -> bool) {
+pub(super) fn wait_unless(wait: Duration, done: impl Fn() -> bool) {
     let until = Instant::now() + wait;
     while Instant::now() < until && !done() {
         std::thread::sleep(GIVE_UP_POLL.min(until.saturating_duration_since(Instant::now())));
