@@ -99,10 +99,7 @@ impl PartitionStore {
     pub fn open(path: &Path, partition: u32) -> Result<Self> {
         let mut options = Self::options();
         options.create_missing_column_families(true);
-        let cfs = [
-            ColumnFamilyDescriptor::new(META_CF, Options::default()),
-            ColumnFamilyDescriptor::new(EXPIRY_CF, Options::default()),
-        ];
+        let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF, EXPIRY_CF].map(Self::family);
         let db = DB::open_cf_descriptors(&options, path, cfs)
             .with_context(|| format!("opening state of partition {partition} at {}", path.display()))?;
         let store = PartitionStore { db, path: path.to_path_buf(), partition };
@@ -141,7 +138,8 @@ impl PartitionStore {
                 path.display()
             );
         }
-        let db = DB::open_cf_for_read_only(&options, path, cfs, false).with_context(context)?;
+        let cfs = cfs.iter().map(|name| Self::family(name));
+        let db = DB::open_cf_descriptors_read_only(&options, path, cfs, false).with_context(context)?;
         let store = PartitionStore { db, path: path.to_path_buf(), partition };
         match store.get_meta(META_FORMAT)? {
             Some(bytes) if bytes == STATE_FORMAT.to_be_bytes() => Ok(store),
@@ -195,6 +193,13 @@ impl PartitionStore {
         Ok(())
     }
 
+    /// The column family `name` with [`options`](Self::options): every family must be
+    /// named with its options on open, or RocksDB gives it its defaults (its own block
+    /// cache outside the memory budget, no filters).
+    fn family(name: &str) -> ColumnFamilyDescriptor {
+        ColumnFamilyDescriptor::new(name, Self::options())
+    }
+
     /// The RocksDB options of a partition's state (public so benchmarks compare raw
     /// RocksDB under the same settings).
     pub fn options() -> Options {
@@ -214,6 +219,8 @@ impl PartitionStore {
             options.set_write_buffer_manager(&memory.write_buffers);
         }
         options.set_block_based_table_factory(&table);
+        options.set_memtable_prefix_bloom_ratio(0.1);
+        options.set_memtable_whole_key_filtering(true);
         options
     }
 
@@ -429,6 +436,30 @@ mod tests {
         encode_entry_key(&mut a_bc, b"a", "bc");
         assert_ne!(ab_c, a_bc);
         assert_eq!(decode_entry_key(&ab_c), Some((&b"ab"[..], &b"c"[..])));
+    }
+
+    /// Every column family gets the partition's options, the default one above all
+    /// (RocksDB would give an unnamed family its defaults: no filter, its own cache).
+    #[test]
+    fn every_column_family_has_the_partitions_options() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(PartitionStore::open(dir.path(), 0).unwrap());
+        let options = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|file| file.unwrap().path())
+            .find(|path| path.file_name().unwrap().to_string_lossy().starts_with("OPTIONS-"))
+            .expect("RocksDB writes an OPTIONS file");
+        let options = std::fs::read_to_string(options).unwrap();
+        for family in [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF, EXPIRY_CF] {
+            let section = |kind: &str| {
+                let start =
+                    options.find(&format!("[{kind} \"{family}\"]")).unwrap_or_else(|| panic!("{kind} of {family}"));
+                let rest = &options[start + 1..];
+                &rest[..rest.find("\n[").unwrap_or(rest.len())]
+            };
+            assert!(section("CFOptions").contains("memtable_whole_key_filtering=true"), "{family}");
+            assert!(section("TableOptions/BlockBasedTable").contains("filter_policy=bloomfilter"), "{family}");
+        }
     }
 
     /// A format-1 database (values without an expiry header), as a migration killed
