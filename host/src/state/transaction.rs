@@ -388,8 +388,12 @@ impl Transaction {
         for stale in self.sweep.drain_stale() {
             batch.delete_cf(index, stale);
         }
-        let mut written = Vec::with_capacity(self.batch.len());
-        for (entry, dirty) in self.batch.drain() {
+        // In key order: RocksDB inserts each key into its memtable's skip list from
+        // where the previous one went, so sorted writes skip most of the search.
+        let mut dirty: Vec<(Vec<u8>, Dirty)> = self.batch.drain().collect();
+        dirty.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+        let mut written = Vec::with_capacity(dirty.len());
+        for (entry, dirty) in dirty {
             // Blind writes (not read recently) are the rare case that costs a read.
             let prior = match dirty.prior {
                 Some(prior) => prior,
