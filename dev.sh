@@ -6,6 +6,7 @@
 #                    (what CI runs)
 #   ./dev.sh bench   set up, build, and run the benchmarks (throughput, checkpoints and restore,
 #                    moving a partition, Kafka, hot swap, state under churn, expiry storms), then the release binary's `sluice run` over 1M-record files
+#                    and Apache Flink (PyFlink, heap and RocksDB state) over the same files, when Java 17+ is present
 #   ./dev.sh install [PREFIX]
 #                    set up, build the release binary, install it as PREFIX/bin/sluice
 #                    (default PREFIX: ~/.local) with its debug info split off
@@ -237,7 +238,7 @@ lint() {
 # positions of $1 vehicles, one partition, outputs to a file, end to end (file parsing and
 # the sink included); wall and CPU time (every thread) and peak memory.
 bench_run() {
-    local vehicles=$1 sluice="$CARGO_TARGET_DIR/release/sluice" input out
+    local vehicles=$1 sluice="$CARGO_TARGET_DIR/release/sluice" input out report
     input="$CARGO_TARGET_DIR/bench/positions-$vehicles.jsonl"
     if [ ! -f "$input" ]; then
         mkdir -p "$(dirname "$input")"
@@ -246,10 +247,93 @@ bench_run() {
     fi
     out=$(mktemp -d)
     echo "--- sluice run, 1,000,000 records of $vehicles vehicles from a JSONL file, one partition, outputs to a file"
-    "$sluice" run --operator "$WASM_DIR/vehicle_stats.wasm" --input "$input" --partitions 1 \
+    report=$("$sluice" run --operator "$WASM_DIR/vehicle_stats.wasm" --input "$input" --partitions 1 \
         --state-dir "$out/state" --output "$out/outputs.jsonl" --dead-letter "$out/dead.jsonl" \
-        --no-checkpoints --report-interval 0 2>&1 | grep -E "^(processed|CPU)"
+        --no-checkpoints --report-interval 0 2>&1 | grep -E "^(processed|CPU)")
+    echo "$report"
     rm -rf "$out"
+    # "processed N records in Xs (R records/s); ...": R, for bench_flink's ratios.
+    SLUICE_RATE=$(sed -n 's/^processed .*(\([0-9]*\) records\/s).*/\1/p' <<<"$report")
+}
+
+# --- Flink beside `sluice run` ----------------------------------------------------------
+# The same files through Apache Flink (host/benches/flink/vehicle_stats.py: PyFlink's Table
+# API, vehicle-stats' aggregate in SQL, parallelism 1), so each row reads as Sluice / Flink
+# measured in the same run on the same machine. Only for the bench, so not among the
+# prerequisites: without Java 17 (what Flink 2.x runs on) the Flink rows are skipped.
+FLINK_VERSION=2.3.0
+FLINK_VENV="$HOME/.cache/sluice/flink-venv"
+# PyFlink starts its JVM as $JAVA_HOME/bin/java, else the `java` on PATH: the one checked.
+FLINK_JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
+
+# The major version of $1 ("17.0.15" → 17; Java 8 and older print "1.8.0" → 8); empty
+# when it does not run.
+java_major() {
+    local version
+    version=$("$1" -version 2>&1 | sed -n 's/.* version "\([0-9][0-9.]*\).*/\1/p' | head -n 1)
+    version=${version#1.}
+    echo "${version%%.*}"
+}
+
+# The environment counts only as what the script imports, pyflink's Table API, at that version.
+has_flink() {
+    "$FLINK_VENV/bin/python" -c "import sys, pyflink.version; from pyflink.table import TableEnvironment; \
+sys.exit(pyflink.version.__version__ != '$FLINK_VERSION')" 2>/dev/null
+}
+
+# apache-flink $FLINK_VERSION comes as wheels for CPython 3.9-3.12 only (another Python would
+# have to compile it, and the apache-beam and pemja it pins): the first python3 of those.
+flink_python() {
+    local py
+    for py in python3 python3.12 python3.11 python3.10 python3.9; do
+        "$py" -c 'import sys; sys.exit(not (3, 9) <= sys.version_info[:2] <= (3, 12))' 2>/dev/null || continue
+        echo "$py"
+        return 0
+    done
+    return 1
+}
+
+# Makes (or reuses) the virtual environment with apache-flink; returns 1 after one line
+# saying why when Flink cannot run here.
+setup_flink() {
+    local major py
+    major=$(java_major "$FLINK_JAVA")
+    if [ -z "$major" ] || [ "$major" -lt 17 ]; then
+        echo "--- Flink skipped: Flink $FLINK_VERSION needs Java 17 or newer; $FLINK_JAVA is ${major:+Java }${major:-not runnable}"
+        return 1
+    fi
+    has_flink && return 0
+    if ! py=$(flink_python); then
+        echo "--- Flink skipped: no Python 3.9-3.12 (the versions apache-flink $FLINK_VERSION has wheels for)"
+        return 1
+    fi
+    echo "setup: installing apache-flink $FLINK_VERSION into $FLINK_VENV (~850 MB, under a minute)" >&2
+    rm -rf "$FLINK_VENV"
+    # --prefer-binary: an older wheel of a dependency rather than compiling a newer release's
+    # sources (crcmod and a few pure-Python packages come only as sources and build in seconds).
+    if ! { "$py" -m venv "$FLINK_VENV" &&
+        "$FLINK_VENV/bin/python" -m pip install --quiet --prefer-binary "apache-flink==$FLINK_VERSION" >&2; }; then
+        echo "--- Flink skipped: installing apache-flink $FLINK_VERSION into $FLINK_VENV failed (above)"
+        return 1
+    fi
+    if ! has_flink; then
+        echo "--- Flink skipped: $FLINK_VENV installed but cannot import pyflink $FLINK_VERSION"
+        return 1
+    fi
+}
+
+# Flink over the file bench_run $1 just read, with its state on the heap and in RocksDB;
+# then Sluice's records/s over each Flink's (> 1: Sluice is faster).
+bench_flink() {
+    local input="$CARGO_TARGET_DIR/bench/positions-$1.jsonl" backend line rates=()
+    for backend in hashmap rocksdb; do
+        echo "--- flink $FLINK_VERSION, the same file, $backend state, parallelism 1, checkpoints every 10 s, outputs dropped"
+        line=$("$FLINK_VENV/bin/python" host/benches/flink/vehicle_stats.py "$backend" "$input" | grep '^flink ')
+        echo "$line"
+        rates+=("$(sed -n 's/.* records_per_s=\([0-9]*\).*/\1/p' <<<"$line")")
+    done
+    awk -v s="$SLUICE_RATE" -v h="${rates[0]}" -v r="${rates[1]}" \
+        'BEGIN { printf "sluice / flink heap = %.2f, sluice / flink rocksdb = %.2f\n", s / h, s / r }'
 }
 
 # Installs the release binary as $1/bin/sluice without its debug info, which goes to
@@ -337,8 +421,12 @@ bench)
     build_operators
     cargo bench -p sluice --bench throughput --bench checkpoint --bench rebalance --bench kafka --bench swap --bench churn --bench expiry --bench metrics
     cargo build --release -p sluice --bin sluice
-    bench_run 10000
-    bench_run 1000000
+    flink=yes
+    setup_flink || flink=""
+    for vehicles in 10000 1000000; do
+        bench_run "$vehicles"
+        [ -z "$flink" ] || bench_flink "$vehicles"
+    done
     ;;
 *)
     echo "usage: $0 demo|test|bench|install [PREFIX]|doctor" >&2

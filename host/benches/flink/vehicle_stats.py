@@ -1,0 +1,142 @@
+"""Apache Flink running vehicle-stats' aggregate over the JSONL file `sluice run` reads.
+
+    python vehicle_stats.py hashmap|rocksdb POSITIONS.jsonl
+
+What it measures: one Flink job (PyFlink 2.3 Table API, SQL, local mini-cluster in the
+gateway JVM, parallelism 1, streaming mode) reading the file with the filesystem
+connector and the json format, keeping per vehicle_id the running count, mean and max
+speed, first/last seen and last position, in the state backend named (`hashmap`: objects
+on the JVM heap; `rocksdb`: embedded RocksDB), checkpointing every 10 s to a scratch
+directory, and emitting each vehicle's updated row into a `blackhole` sink. It prints one
+line:
+
+    flink <backend> records=N wall_s=X records_per_s=Y cpu_s=Z peak_rss_mib=M setup_s=S
+
+Why this is like for like with `./dev.sh bench`'s `sluice run` rows: the same file, one
+record at a time through a keyed aggregate on one task, state in the backend's store, an
+update out per record (streaming mode without mini-batch: a group aggregate emits the new
+row for every input, as vehicle-stats does), checkpoints on. What is not: vehicle-stats
+also sums the haversine distance (see the query), serializes its summary as JSON and
+writes it to a file; here the rows are dropped by the sink without being serialized.
+
+What each figure counts:
+- wall_s: from execute_insert() returning (the query planned, the mini-cluster started,
+  the job submitted) to wait() returning (the job finished). `sluice run`'s "processed in"
+  likewise starts after its operator is compiled and its state opened; setup_s is the
+  planning and mini-cluster start-up left out (the JVM's own start comes before both).
+- records_per_s: records / wall_s; records are the file's lines (the json format fails
+  the job on a line it cannot parse, so every line is processed).
+- cpu_s: CPU time (user + system, every thread) over that same interval, of this Python
+  process and every process under it: the gateway JVM, which runs the whole job (read from
+  /proc/<pid>/stat while it is alive). Not RUSAGE_CHILDREN: that counts only children
+  already exited and waited for, and PyFlink's gateway JVM outlives the last line printed.
+- peak_rss_mib: VmHWM of the JVM (/proc/<pid>/status, read after the job finished), its
+  peak resident memory over its whole life, as `sluice run` reports its own. The JVM runs
+  with its default heap limit (a quarter of the machine's memory).
+"""
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+
+from pyflink.common import Configuration
+from pyflink.table import EnvironmentSettings, TableEnvironment
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid):
+    """The processes under `pid`, found through their parent in /proc/<pid>/stat."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat[stat.rfind(")") + 2:].split()[1])
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        children = [p for p, pp in parents.items() if pp == parent]
+        found += children
+        todo += children
+    return found
+
+
+def cpu_seconds(pids):
+    """User + system CPU of this process and of `pids` (utime and stime: fields 14, 15)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    total = own.ru_utime + own.ru_stime
+    for pid in pids:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
+
+
+def peak_rss_mib(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main():
+    backend, path = sys.argv[1], os.path.abspath(sys.argv[2])
+    assert backend in ("hashmap", "rocksdb"), "state backend: hashmap or rocksdb"
+    with open(path, "rb") as f:
+        records = sum(1 for _ in f)
+    scratch = tempfile.mkdtemp(prefix="flink-bench-")
+
+    config = Configuration()
+    for key, value in {
+        "parallelism.default": "1",
+        "state.backend.type": backend,
+        "state.backend.rocksdb.localdir": f"{scratch}/rocksdb",
+        "execution.checkpointing.interval": "10s",
+        "execution.checkpointing.storage": "filesystem",
+        "execution.checkpointing.dir": f"file://{scratch}/checkpoints",
+        # Off: with it on, a finished bounded source waits for the next checkpoint (up to
+        # 10 s idle) before the job may end; `sluice run` ends with a commit, not a wait.
+        "execution.checkpointing.checkpoints-after-tasks-finish": "false",
+    }.items():
+        config.set_string(key, value)
+    settings = (EnvironmentSettings.new_instance().in_streaming_mode()
+                .with_configuration(config).build())
+    t_env = TableEnvironment.create(settings)  # starts the gateway JVM
+    jvms = descendants(os.getpid())
+
+    t_env.execute_sql(f"""
+        CREATE TABLE positions (
+            vehicle_id STRING, ts BIGINT, lat DOUBLE, lon DOUBLE, speed_kmh DOUBLE
+        ) WITH ('connector' = 'filesystem', 'path' = 'file://{path}', 'format' = 'json')""")
+    t_env.execute_sql("""
+        CREATE TABLE summaries (
+            vehicle_id STRING, cnt BIGINT, mean_speed_kmh DOUBLE, max_speed_kmh DOUBLE,
+            first_seen BIGINT, last_seen BIGINT, last_lat DOUBLE, last_lon DOUBLE
+        ) WITH ('connector' = 'blackhole')""")
+    # vehicle-stats' summary but the distance: summing haversine(previous position,
+    # this one) needs the previous row's position inside the aggregate, which takes a
+    # user-defined aggregate function (Java, or Python in a separate worker process)
+    # rather than SQL's built-ins, so it is the one aggregate left out. LAST_VALUE takes
+    # the last row in arrival order, as vehicle-stats' last_lat/last_lon do.
+    started = time.monotonic()
+    result = t_env.execute_sql("""
+        INSERT INTO summaries
+        SELECT vehicle_id, COUNT(*), AVG(speed_kmh), MAX(speed_kmh), MIN(ts), MAX(ts),
+               LAST_VALUE(lat), LAST_VALUE(lon)
+        FROM positions GROUP BY vehicle_id""")
+    submitted, cpu_before = time.monotonic(), cpu_seconds(jvms)
+    result.wait()
+    wall = time.monotonic() - submitted
+    cpu = cpu_seconds(jvms) - cpu_before
+    peak = max(peak_rss_mib(pid) for pid in jvms)
+    print(f"flink {backend} records={records} wall_s={wall:.2f} records_per_s={records / wall:.0f} "
+          f"cpu_s={cpu:.2f} peak_rss_mib={peak:.0f} setup_s={submitted - started:.2f}", flush=True)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
