@@ -382,7 +382,9 @@ impl Transaction {
     /// cache's.
     pub fn commit(&mut self, next_offset: u64) -> Result<()> {
         debug_assert!(self.record.is_empty(), "commit inside a record");
-        let mut batch = WriteBatch::default();
+        // Sized for the values and a record header each up front: grown by doubling, a
+        // write batch of tens of MiB is copied about twice over as it fills.
+        let mut batch = WriteBatch::with_capacity_bytes(self.dirty_bytes + 16 * self.batch.len() + 256);
         let mut entries = self.entries;
         let index = self.store.expiry();
         for stale in self.sweep.drain_stale() {
