@@ -47,15 +47,16 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::fmt;
 
-#[cfg(any(target_arch = "wasm32", test))]
+#[cfg(any(all(target_arch = "wasm32", not(target_feature = "atomics"), feature = "allocator"), test))]
 mod alloc;
 pub mod encoding;
 pub use encoding::Encoding;
 
 /// A component built with the SDK allocates through `alloc::ChunkAllocator` (an
 /// operator with an allocator of its own builds the SDK without the default feature
-/// `allocator`).
-#[cfg(all(target_arch = "wasm32", feature = "allocator"))]
+/// `allocator`). Not where WebAssembly has threads (`atomics`): the allocator is for
+/// one thread.
+#[cfg(all(target_arch = "wasm32", not(target_feature = "atomics"), feature = "allocator"))]
 #[global_allocator]
 static ALLOCATOR: alloc::ChunkAllocator = alloc::ChunkAllocator::new();
 pub mod log;
