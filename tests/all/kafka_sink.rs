@@ -97,6 +97,9 @@ fn a_failed_delivery_commits_nothing_after_the_failed_batch() -> Result<()> {
     let state = dump_state(&dir.join("state"))?;
     assert!(!state.is_empty(), "state was committed before the broker froze:\n{}", host.log());
     assert_outputs_cover_state(&state, &broker.read_topic("summaries")?, "after the failed delivery");
+    // The restart is there to complete: tansu, loaded by the tests beside it, can hold a
+    // produce request past the 5 s that made the failure above come quickly.
+    set_delivery_timeout(&kafka, "60000")?;
     assert_a_restart_completes(&kafka, job)
 }
 
@@ -285,6 +288,26 @@ fn generator_to_summaries<'a>(kafka: &'a KafkaJob, properties: &str) -> Result<i
         command.arg("--output").arg(format!("kafka://{}/summaries", broker.bootstrap));
         command
     })
+}
+
+/// Sets `message.timeout.ms` in the config [`generator_to_summaries`] wrote for `kafka`'s
+/// job to `ms`, for the job's next runs.
+fn set_delivery_timeout(kafka: &KafkaJob, ms: &str) -> Result<()> {
+    let config = kafka.dir().join("kafka-sink.toml");
+    let text = std::fs::read_to_string(&config)?;
+    let lines: Vec<String> = text
+        .lines()
+        .map(|line| {
+            if line.starts_with("\"message.timeout.ms\"") {
+                format!("\"message.timeout.ms\" = \"{ms}\"")
+            } else {
+                line.to_string()
+            }
+        })
+        .collect();
+    assert!(lines.iter().any(|line| line.contains(ms)), "the config sets message.timeout.ms:\n{text}");
+    std::fs::write(&config, lines.join("\n"))?;
+    Ok(())
 }
 
 /// Runs `job` (of `kafka`) again at full speed to its end: the state is the reference
