@@ -193,10 +193,6 @@ unsafe impl GlobalAlloc for ChunkAllocator {
 mod tests {
     use super::*;
 
-    fn layout(size: usize) -> Layout {
-        Layout::from_size_align(size, 8).unwrap()
-    }
-
     /// `size` bytes at alignment `align`.
     fn aligned(size: usize, align: usize) -> Layout {
         Layout::from_size_align(size, align).unwrap()
@@ -208,15 +204,15 @@ mod tests {
     fn a_chunk_whose_values_were_all_freed_starts_over() {
         let allocator = ChunkAllocator::new();
         unsafe {
-            let first = allocator.alloc(layout(96));
-            let second = allocator.alloc(layout(96));
+            let first = allocator.alloc(aligned(96, 8));
+            let second = allocator.alloc(aligned(96, 8));
             assert_eq!(chunk_of(first), chunk_of(second));
             assert!(second > first);
-            allocator.dealloc(first, layout(96));
-            assert_eq!(allocator.alloc(layout(8)), second.add(96), "not reused while a value lives");
-            allocator.dealloc(second, layout(96));
-            allocator.dealloc(second.add(96), layout(8));
-            assert_eq!(allocator.alloc(layout(96)), first, "reused from the start once all were freed");
+            allocator.dealloc(first, aligned(96, 8));
+            assert_eq!(allocator.alloc(aligned(8, 8)), second.add(96), "not reused while a value lives");
+            allocator.dealloc(second, aligned(96, 8));
+            allocator.dealloc(second.add(96), aligned(8, 8));
+            assert_eq!(allocator.alloc(aligned(96, 8)), first, "reused from the start once all were freed");
         }
     }
 

@@ -8,7 +8,7 @@ use anyhow::Result;
 use serde_json::Value;
 use sluice_e2e::*;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[test]
 fn every_output_and_the_final_state_equal_the_reference_fold() -> Result<()> {
@@ -89,11 +89,8 @@ fn state_far_larger_than_the_cache_equals_the_reference_fold() -> Result<()> {
     // The values' table files alone hold several times the cache, compressed (the other
     // two families' are a few KiB).
     let mut table_bytes = 0;
-    for file in std::fs::read_dir(dir.path().join("state/partition-0000"))? {
-        let path = file?.path();
-        if path.extension().is_some_and(|e| e == "sst") {
-            table_bytes += std::fs::metadata(&path)?.len();
-        }
+    for file in table_files(&dir.path().join("state/partition-0000"))? {
+        table_bytes += std::fs::metadata(&file)?.len();
     }
     assert!(table_bytes > 4 << 20, "the state went to table files ({table_bytes} bytes)");
     assert_outputs_are_the_fold(&read_jsonl(&dir.path().join("out.jsonl"))?, &reference);
@@ -224,7 +221,7 @@ fn a_0_1_0_component_and_a_batched_one_give_the_same_outputs_and_state() -> Resu
 /// stay in memory (RocksDB's defaults would hold them too).
 #[test]
 fn the_rocksdb_memory_budget_bounds_the_memtables() -> Result<()> {
-    let table_files = |budget_mib: u32| -> Result<usize> {
+    let table_files_at = |budget_mib: u32| -> Result<usize> {
         let dir = tempfile::tempdir()?;
         // ~126,000 vehicles' summaries, ~34 MiB, written in two commits or more (one
         // per 100,000 records at most): the budget is checked at each.
@@ -233,12 +230,23 @@ fn the_rocksdb_memory_budget_bounds_the_memtables() -> Result<()> {
             "--rocksdb-memory-mib",
             &budget_mib.to_string(),
         ]))?;
-        let files = std::fs::read_dir(dir.path().join("state/partition-0000"))?;
-        Ok(files.filter(|f| f.as_ref().is_ok_and(|f| f.path().extension().is_some_and(|e| e == "sst"))).count())
+        Ok(table_files(&dir.path().join("state/partition-0000"))?.len())
     };
-    assert!(table_files(8)? >= 1, "an 8 MiB budget flushes the memtables");
-    assert_eq!(table_files(1024)?, 0, "a 1 GiB budget keeps them in memory");
+    assert!(table_files_at(8)? >= 1, "an 8 MiB budget flushes the memtables");
+    assert_eq!(table_files_at(1024)?, 0, "a 1 GiB budget keeps them in memory");
     Ok(())
+}
+
+/// The table files (`.sst`) of the RocksDB database at `dir`.
+fn table_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for file in std::fs::read_dir(dir)? {
+        let path = file?.path();
+        if path.extension().is_some_and(|e| e == "sst") {
+            files.push(path);
+        }
+    }
+    Ok(files)
 }
 
 /// The example operators beside vehicle-stats, each over its fixtures: `sluice test`
