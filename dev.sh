@@ -262,7 +262,7 @@ bench_run() {
 # measured in the same run on the same machine. Only for the bench, so not among the
 # prerequisites: without Java 17 (what Flink 2.x runs on) the Flink rows are skipped.
 FLINK_VERSION=2.3.0
-FLINK_VENV="$HOME/.cache/sluice/flink-venv"
+FLINK_VENV="$TOOLS/flink-venv"
 # PyFlink starts its JVM as $JAVA_HOME/bin/java, else the `java` on PATH: the one checked.
 FLINK_JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
 
