@@ -265,6 +265,9 @@ fn probe_to_out(kafka: &KafkaJob, records: &[Value], more: &str) -> Result<Comma
 /// The generator records of the pipelining tests: vehicles, and how many.
 const PIPELINED: (u32, u64) = (100, 10_000);
 
+/// The job config [`generator_to_summaries`] writes in the job's directory.
+const SINK_CONFIG: &str = "kafka-sink.toml";
+
 /// Creates topic `summaries` (2 partitions) on `kafka`'s broker, and returns a `sluice
 /// run` of vehicle-stats in its directory over the [`PIPELINED`] generator records at a given rate, 2
 /// partitions, its outputs to `summaries` with the librdkafka producer `properties`
@@ -272,7 +275,7 @@ const PIPELINED: (u32, u64) = (100, 10_000);
 fn generator_to_summaries<'a>(kafka: &'a KafkaJob, properties: &str) -> Result<impl Fn(&str) -> Command + 'a> {
     let (broker, dir) = (&kafka.broker, kafka.dir());
     broker.create_topic("summaries", 2)?;
-    let config = dir.join("kafka-sink.toml");
+    let config = dir.join(SINK_CONFIG);
     std::fs::write(
         &config,
         format!(
@@ -293,7 +296,7 @@ fn generator_to_summaries<'a>(kafka: &'a KafkaJob, properties: &str) -> Result<i
 /// Sets `message.timeout.ms` in the config [`generator_to_summaries`] wrote for `kafka`'s
 /// job to `ms`, for the job's next runs.
 fn set_delivery_timeout(kafka: &KafkaJob, ms: &str) -> Result<()> {
-    let config = kafka.dir().join("kafka-sink.toml");
+    let config = kafka.dir().join(SINK_CONFIG);
     let text = std::fs::read_to_string(&config)?;
     let lines: Vec<String> = text
         .lines()
