@@ -7,7 +7,8 @@
 //! This crate owns the operator author's view of the `sluice:operator` WIT world:
 //! [`Record`] and [`Output`] instead of raw bindings, [`State`] for typed keyed state
 //! (any `Serialize + DeserializeOwned` value under a name, scoped to the record's key,
-//! optionally with a TTL), [`Expired`] for the entries the host expires, and [`log`].
+//! optionally with a TTL, and the key's timers), [`Expired`] for the entries the host
+//! expires, [`Timer`] for the timers that fire, and [`log`].
 //! It does not own anything operational — partitions, offsets, storage, checkpoints —
 //! which all live in the host.
 //!
@@ -66,11 +67,12 @@ pub mod native;
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)] // generated code mirrors the canonical ABI
 pub mod bindings {
-    // The current package: `process`, the batched `process-batch` and `expired`.
+    // The current package: `process`, the batched `process-batch`, `expired` and
+    // `fired`.
     #[cfg(not(feature = "wit-0-1-0"))]
     wit_bindgen::generate!({
         path: "../wit",
-        world: "expiring-operator",
+        world: "timed-operator",
         pub_export_macro: true,
         export_macro_name: "__export_operator_world",
         default_bindings_module: "sluice_guest::bindings",
@@ -123,6 +125,18 @@ pub trait Operator {
         let _ = (entry, state);
         Ok(Vec::new())
     }
+
+    /// Called when a timer set with [`State::set_timer`] fires: the partition's clock
+    /// reached its time. It runs after the host removed the timer and before the record
+    /// that moved the clock past it, with `state` scoped to the timer's key (it may set
+    /// timers again, for later times). The outputs are emitted marked as the timer's;
+    /// the removal, the writes and the outputs are committed together, so each timer
+    /// fires once. An `Err` sends the timer to the dead-letter destination and discards
+    /// the writes. The default emits nothing.
+    fn fired(timer: Timer, state: &State<'_>) -> Result<Vec<Output>> {
+        let _ = (timer, state);
+        Ok(Vec::new())
+    }
 }
 
 /// The value of `name` in an operator's config (the pairs [`Operator::init`] gets),
@@ -164,6 +178,17 @@ impl Expired {
             Error(format!("expired state `{}` does not decode as {}: {e}", self.name, std::any::type_name::<T>()))
         })
     }
+}
+
+/// A timer that fired (see [`State::set_timer`] and [`Operator::fired`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timer {
+    /// The record key it was set for.
+    pub key: Vec<u8>,
+    /// Its name, as [`State::set_timer`] set it.
+    pub name: String,
+    /// The time it was set for, on the partition's clock, ms since the Unix epoch.
+    pub at_ms: u64,
 }
 
 /// An operator's error: a message for the dead-letter record or the host's log.
@@ -336,6 +361,30 @@ impl State<'_> {
         Ok(())
     }
 
+    /// Sets this key's timer `name` to fire at `at_ms` (ms since the Unix epoch) on the
+    /// partition's clock — event time less the host's `[ttl] lateness`, the watermark,
+    /// unless the host counts in processing time — replacing the time it had; then
+    /// [`Operator::fired`] is called with it. A time the clock has reached fires before
+    /// the next record; from `fired` or `expired` that traps (it would fire at once,
+    /// without end). Timers live with the key's state: they survive restarts, restores
+    /// and hot swaps, and each fires once.
+    #[cfg(not(feature = "wit-0-1-0"))]
+    pub fn set_timer(&self, name: &str, at_ms: u64) {
+        #[cfg(target_arch = "wasm32")]
+        bindings::sluice::operator::timers::set(name, at_ms);
+        #[cfg(not(target_arch = "wasm32"))]
+        self.backend.set_timer(name, at_ms);
+    }
+
+    /// Cancels this key's timer `name`; cancelling a timer that is not set is fine.
+    #[cfg(not(feature = "wit-0-1-0"))]
+    pub fn cancel_timer(&self, name: &str) {
+        #[cfg(target_arch = "wasm32")]
+        bindings::sluice::operator::timers::cancel(name);
+        #[cfg(not(target_arch = "wasm32"))]
+        self.backend.cancel_timer(name);
+    }
+
     /// Removes the value under `name`.
     pub fn delete(&self, name: &str) {
         #[cfg(target_arch = "wasm32")]
@@ -400,8 +449,8 @@ macro_rules! export_operator {
     };
 }
 
-/// The exports the current package added since 0.1.0 (`process-batch`, `expired`);
-/// nothing for a 0.1.0 build.
+/// The exports the current package added since 0.1.0 (`process-batch`, `expired`,
+/// `fired`); nothing for a 0.1.0 build.
 #[doc(hidden)]
 #[macro_export]
 #[cfg(not(feature = "wit-0-1-0"))]
@@ -418,6 +467,14 @@ macro_rules! __export_since_0_1_1 {
             expired_at_ms: u64,
         ) -> ::std::result::Result<::std::vec::Vec<$crate::bindings::OutputRecord>, ::std::string::String> {
             $crate::__private::expired::<$operator>($crate::Expired { key, name, value, expired_at_ms })
+        }
+
+        fn fired(
+            key: ::std::vec::Vec<u8>,
+            name: ::std::string::String,
+            at_ms: u64,
+        ) -> ::std::result::Result<::std::vec::Vec<$crate::bindings::OutputRecord>, ::std::string::String> {
+            $crate::__private::fired::<$operator>($crate::Timer { key, name, at_ms })
         }
     };
 }
@@ -458,6 +515,12 @@ pub mod __private {
     pub fn expired<O: Operator>(entry: Expired) -> std::result::Result<Vec<types::OutputRecord>, String> {
         let state = State { backend: std::marker::PhantomData, encoding: O::STATE_ENCODING };
         outputs(O::expired(entry, &state))
+    }
+
+    #[cfg(all(target_arch = "wasm32", not(feature = "wit-0-1-0")))]
+    pub fn fired<O: Operator>(timer: Timer) -> std::result::Result<Vec<types::OutputRecord>, String> {
+        let state = State { backend: std::marker::PhantomData, encoding: O::STATE_ENCODING };
+        outputs(O::fired(timer, &state))
     }
 
     /// What the host gets of an operator's result.

@@ -1,21 +1,12 @@
 //! The JSON lines the host writes: an output or a dead letter of the sinks' files and
 //! stdout, and an entry of `sluice state dump` (and `sluice test --show-state`). This
 //! module owns how each field is written — a key or value as embedded JSON, text or
-//! base64 ([`Payload`]), the `cause` of an expiry's lines, the operator build — and
+//! base64 ([`Payload`]), the `cause` of an expiry's or a timer's lines, the operator build — and
 //! that every line reads back with serde_json. It does not own where lines go (the
 //! [`sink`](crate::sink)'s files, chunked and synced) nor where the entries come from.
 
-use crate::record::{Cause, DeadLetter, Origin, Output};
+use crate::record::{DeadLetter, Origin, Output};
 use serde::Serialize;
-
-/// What the `cause` field of an output or dead letter that an expiry caused says (an
-/// input record's have none).
-pub const EXPIRY_CAUSE: &str = "expiry";
-
-/// The `cause` field of an output or dead letter of `origin`: none for an input record's.
-fn cause(origin: &Origin) -> Option<&'static str> {
-    (origin.cause == Cause::Expiry).then_some(EXPIRY_CAUSE)
-}
 
 /// One line of the outputs or the dead letters: where the input record was, the
 /// output (or the input, for a dead letter), the operator build, and for a dead letter
@@ -24,7 +15,7 @@ fn cause(origin: &Origin) -> Option<&'static str> {
 struct Line<'a> {
     partition: u32,
     offset: u64,
-    /// [`EXPIRY_CAUSE`] for an expiry's output or dead letter.
+    /// The [`Cause`]'s name for an expiry's or a timer's output or dead letter.
     #[serde(skip_serializing_if = "Option::is_none")]
     cause: Option<&'a str>,
     #[serde(flatten)]
@@ -271,7 +262,7 @@ pub fn format_output(buf: &mut Vec<u8>, origin: &Origin, output: &Output, operat
     buf.extend_from_slice(itoa::Buffer::new().format(origin.partition).as_bytes());
     buf.extend_from_slice(br#","offset":"#);
     buf.extend_from_slice(itoa::Buffer::new().format(origin.offset).as_bytes());
-    if let Some(cause) = cause(origin) {
+    if let Some(cause) = origin.cause.name() {
         buf.extend_from_slice(br#","cause":"#);
         text(buf, cause);
     }
@@ -323,7 +314,7 @@ pub fn format_dead_letter(buf: &mut Vec<u8>, dead: &DeadLetter, version: &str) {
     Line {
         partition: dead.origin.partition,
         offset: dead.origin.offset,
-        cause: cause(&dead.origin),
+        cause: dead.origin.cause.name(),
         key: BytesField::key(&dead.key),
         topic: dead.topic.as_deref(),
         value: BytesField::value(&dead.value),
@@ -338,6 +329,7 @@ pub fn format_dead_letter(buf: &mut Vec<u8>, dead: &DeadLetter, version: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::Cause;
 
     /// [`format_output`] writes, field by field, the line serde writes for [`Line`]:
     /// JSON values embedded, other values and keys as strings, bytes that are not UTF-8
@@ -346,6 +338,7 @@ mod tests {
     fn an_output_line_is_the_line_serde_writes() {
         let record = Origin { partition: 3, offset: 1_234_567, cause: Cause::Record };
         let expiry = Origin { cause: Cause::Expiry, ..record };
+        let timer = Origin { cause: Cause::Timer, ..record };
         let outputs = [
             Output { key: b"veh-1".to_vec(), value: br#"{"count":1,"name":"a\"b"}"#.to_vec(), topic: None },
             Output { key: vec![0xff, b'x'], value: b"plain \"text\"\n".to_vec(), topic: Some("other".into()) },
@@ -353,14 +346,14 @@ mod tests {
             Output { key: b"k".to_vec(), value: b" [1, 2] ".to_vec(), topic: None },
         ];
         let version = "vehicle_stats@\"quoted\"";
-        for (output, origin) in outputs.iter().zip([record, expiry].iter().cycle()) {
+        for (output, origin) in outputs.iter().zip([record, expiry, timer].iter().cycle()) {
             let mut fast = Vec::new();
             format_output(&mut fast, origin, output, &OperatorField::new(version));
             let mut reference = Vec::new();
             Line {
                 partition: origin.partition,
                 offset: origin.offset,
-                cause: cause(origin),
+                cause: origin.cause.name(),
                 key: BytesField::key(&output.key),
                 topic: output.topic.as_deref(),
                 value: BytesField::value(&output.value),

@@ -95,7 +95,7 @@ pub struct Origin {
     /// partition processes next (the expiry happened between it and the one before), so
     /// a replay gives the same.
     pub offset: u64,
-    /// Whether the output answers an input record or an expired state entry.
+    /// Whether the output answers an input record, an expired state entry or a timer.
     pub cause: Cause,
 }
 
@@ -106,6 +106,20 @@ pub enum Cause {
     Record,
     /// A state entry expired (the operator's `expired` callback).
     Expiry,
+    /// A timer fired (the operator's `fired` callback).
+    Timer,
+}
+
+impl Cause {
+    /// What the `cause` field of an output line (or the `sluice-cause` header of an
+    /// output record) says: nothing for an input record's.
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Cause::Record => None,
+            Cause::Expiry => Some("expiry"),
+            Cause::Timer => Some("timer"),
+        }
+    }
 }
 
 impl Origin {

@@ -28,7 +28,7 @@ use crate::config::{self, TtlConfig};
 use crate::lines;
 use crate::operator::wasm::{ActiveVersion, Limits, WasmInstance, WasmOperator};
 use crate::operator::{Expiration, Operator, Outcome, Processed};
-use crate::record::{Cause, Origin, SourceRecord};
+use crate::record::{Origin, SourceRecord};
 use crate::source::file::JsonlFile;
 use crate::state::{StateDir, Transaction};
 use crate::worker::Emission;
@@ -198,9 +198,9 @@ impl TestDriver {
 
     fn expirations(&self, expirations: Vec<Expiration>) -> Step {
         let mut step = Step::default();
-        for Expiration { entry, offset, outcome } in expirations {
-            let origin = Origin { partition: 0, offset, cause: Cause::Expiry };
-            self.add(&mut step, origin, &entry.key, &entry.value, outcome);
+        for expiration in expirations {
+            let origin = expiration.origin(0);
+            self.add(&mut step, origin, &expiration.entry.key, &expiration.entry.value, expiration.outcome);
         }
         step
     }

@@ -22,3 +22,4 @@ mod setup;
 mod standby;
 mod state_ttl;
 mod test_driver;
+mod timers;

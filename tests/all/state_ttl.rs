@@ -248,30 +248,40 @@ fn kill_9_with_an_expiry_callback_that_writes_state_handles_each_expiry_once() -
         })
         .collect();
     std::fs::write(&input, lines.join("\n") + "\n")?;
+    let (crashed_expiries, clean_expiries) = probe_killed_and_clean(dir.path(), &input, "expiry")?;
+    // 30,000 / 97 rounds, a third of them with the short TTL: about 100 per key.
+    assert!(clean_expiries.len() > 9_000, "{}", clean_expiries.len());
+    assert_eq!(crashed_expiries, clean_expiries, "the same expiries, each once, after kills");
+    Ok(())
+}
+
+/// Runs the probe over the JSONL `input` into `dir` twice — `crashed`: killed (`kill
+/// -9`) once 4,000 and once 15,000 output lines were written, then run to its end;
+/// `clean`: uninterrupted — and checks that their state is the same. Returns each
+/// run's distinct output lines of `cause` (`expiry`, `timer`): crashed, then clean.
+pub(crate) fn probe_killed_and_clean(
+    dir: &Path,
+    input: &Path,
+    cause: &str,
+) -> Result<(BTreeSet<String>, BTreeSet<String>)> {
     let job = |state: &str| {
-        let mut command = run_file_job(&operator_wasm("probe"), &input, dir.path(), 2);
-        command.arg("--output").arg(dir.path().join(format!("{state}.out.jsonl")));
-        command.arg("--state-dir").arg(dir.path().join(state));
+        let mut command = run_file_job(&operator_wasm("probe"), input, dir, 2);
+        command.arg("--output").arg(dir.join(format!("{state}.out.jsonl")));
+        command.arg("--state-dir").arg(dir.join(state));
         command
     };
-    let out = dir.path().join("crashed.out.jsonl");
+    let out = dir.join("crashed.out.jsonl");
     for min_lines in [4_000, 15_000] {
         kill_9_once_written(job("crashed").args(["--rate", "3000"]), &out, min_lines)?;
     }
     run_ok(&mut job("crashed"))?;
     run_ok(&mut job("clean"))?;
-
-    let clean = dump_state(&dir.path().join("clean"))?;
-    assert_eq!(dump_state(&dir.path().join("crashed"))?, clean, "state after kills equals an uninterrupted run");
-    let expiries = |state: &str| -> Result<std::collections::BTreeSet<String>> {
-        let outputs = read_jsonl(&dir.path().join(format!("{state}.out.jsonl")))?;
-        Ok(outputs.into_iter().filter(|o| o["cause"] == "expiry").map(|o| o.to_string()).collect())
+    assert_eq!(dump_state(&dir.join("crashed"))?, dump_state(&dir.join("clean"))?, "state after kills");
+    let outputs = |state: &str| -> Result<BTreeSet<String>> {
+        let outputs = read_jsonl(&dir.join(format!("{state}.out.jsonl")))?;
+        Ok(outputs.into_iter().filter(|o| o["cause"] == cause).map(|o| o.to_string()).collect())
     };
-    let clean_expiries = expiries("clean")?;
-    // 30,000 / 97 rounds, a third of them with the short TTL: about 100 per key.
-    assert!(clean_expiries.len() > 9_000, "{}", clean_expiries.len());
-    assert_eq!(expiries("crashed")?, clean_expiries, "the same expiries, each once, after kills");
-    Ok(())
+    Ok((outputs("crashed")?, outputs("clean")?))
 }
 
 /// With a TTL that expires many vehicles' summaries (vehicle-stats is told of each and

@@ -22,7 +22,7 @@ pub mod replay;
 pub mod wasm;
 
 pub use crate::record::Output;
-use crate::record::SourceRecord;
+use crate::record::{Cause, Origin, SourceRecord};
 use crate::state::{Expired, Transaction};
 use anyhow::Result;
 use replay::SwitchLog;
@@ -64,8 +64,9 @@ impl Outcome {
     }
 }
 
-/// What an operator made of a state entry that expired. The entry is removed whatever
-/// the outcome; an operator not told of expiries makes none.
+/// What an operator made of a state entry that expired, or of a timer that fired (an
+/// entry too). The entry is removed whatever the outcome; an operator not told of
+/// expiries makes none.
 #[derive(Debug)]
 pub struct Expiration {
     /// The entry, as it was.
@@ -73,9 +74,17 @@ pub struct Expiration {
     /// The offset of the record the partition processes next: the expiry came between
     /// it and the one before.
     pub offset: u64,
-    /// What the operator's `expired` returned; `Emitted` outputs are marked as an
-    /// expiry's.
+    /// What the operator's `expired` (or `fired`) returned; `Emitted` outputs are
+    /// marked as the expiry's (or the timer's).
     pub outcome: Outcome,
+}
+
+impl Expiration {
+    /// What its outputs and dead letter say caused them.
+    pub fn origin(&self, partition: u32) -> Origin {
+        let cause = if self.entry.timer().is_some() { Cause::Timer } else { Cause::Expiry };
+        Origin { partition, offset: self.offset, cause }
+    }
 }
 
 /// The operator, not the host, stopped its partition: a record kept failing in strict

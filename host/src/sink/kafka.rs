@@ -23,9 +23,8 @@
 
 use super::events::QUEUE_STAYED_FULL;
 use crate::kafka::client_config;
-use crate::lines::EXPIRY_CAUSE;
 use crate::lock;
-use crate::record::{Cause, DeadLetter, Origin, Output};
+use crate::record::{DeadLetter, Origin, Output};
 use anyhow::{Context, Result, bail};
 use rdkafka::ClientContext;
 use rdkafka::config::ClientConfig;
@@ -188,9 +187,9 @@ pub(super) fn headers(origin: &Origin, version: &str) -> OwnedHeaders {
         .insert(Header { key: "sluice-partition", value: Some(&partition) })
         .insert(Header { key: "sluice-offset", value: Some(&offset) })
         .insert(Header { key: "sluice-operator", value: Some(version) });
-    match origin.cause {
-        Cause::Expiry => headers.insert(Header { key: "sluice-cause", value: Some(EXPIRY_CAUSE) }),
-        Cause::Record => headers,
+    match origin.cause.name() {
+        Some(cause) => headers.insert(Header { key: "sluice-cause", value: Some(cause) }),
+        None => headers,
     }
 }
 

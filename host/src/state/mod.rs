@@ -7,8 +7,9 @@
 //! state reflects; [`Transaction`] stages a batch of records' writes so that state and
 //! offset commit in one RocksDB write batch, and reads committed entries through a
 //! [`Cache`] under a byte budget, and removes expired entries ([`TtlConfig`](crate::config::TtlConfig), in the
-//! partition's event time, its [`Clock`]) in the order its sweep (`sweep.rs`) finds them due. [`limit_memory`] bounds RocksDB's own memory
-//! across every partition of the process.
+//! partition's event time, its [`Clock`]) in the order its sweep (`sweep.rs`) finds them due,
+//! timers (`timer.rs`: entries that expire at their time) with them. [`limit_memory`] bounds
+//! RocksDB's own memory across every partition of the process.
 //!
 //! Besides the partitions' databases, a state directory holds `snapshots/` (checkpoint
 //! snapshots being uploaded), `partition-NNNN.restoring` (a checkpoint being restored),
@@ -23,12 +24,14 @@ mod cache;
 mod expiry;
 mod partition;
 mod sweep;
+mod timer;
 mod transaction;
 
 pub use cache::Cache;
 pub use expiry::{Clock, CommittedClock};
 pub use partition::{PartitionStore, StateEntry, limit_memory};
 pub use sweep::Expired;
+pub use timer::is_reserved;
 pub use transaction::Transaction;
 
 use anyhow::{Context, Result, bail};

@@ -7,6 +7,7 @@ use super::cache::Cache;
 use super::expiry::{Clock, Prior, StoredValue, encode_value, index_at, index_entry, index_key};
 use super::partition::encode_entry_key;
 use super::sweep::{Due, Expired, Sweep, expired_entry};
+use super::timer;
 use crate::config::{TimeDomain, TtlConfig};
 use crate::record::SourceRecord;
 use anyhow::{Context, Result};
@@ -338,6 +339,18 @@ impl Transaction {
         encode_entry_key(&mut self.entry, &self.key, name);
         let expires_at = self.clock.expiry(ttl);
         self.record.push((self.entry.clone(), Some(encode_value(&value, expires_at))));
+    }
+
+    /// Sets the timer `name` of the current key to fire at `at_ms` on the clock: an
+    /// entry that expires then (see [`timer`](super::timer)), replacing its time.
+    pub fn set_timer(&mut self, name: &str, at_ms: u64) {
+        encode_entry_key(&mut self.entry, &self.key, &timer::entry_name(name));
+        self.record.push((self.entry.clone(), Some(encode_value(&[], Some(at_ms)))));
+    }
+
+    /// Cancels the timer `name` of the current key.
+    pub fn cancel_timer(&mut self, name: &str) {
+        self.delete(&timer::entry_name(name));
     }
 
     /// Stages the removal of `name` for the current key.

@@ -4,7 +4,7 @@
 use super::events::NULL_KEY_REFUSED;
 use crate::log_rate::{self, Admitted, LogRate};
 use crate::operator::{Expiration, Outcome, Output};
-use crate::record::{Cause, DeadLetter, DeadLetterKind, Origin};
+use crate::record::{DeadLetter, DeadLetterKind, Origin};
 use crate::sink::PartitionOutputs;
 use crate::stats::{DeadLetters, PartitionStats};
 use anyhow::Result;
@@ -82,9 +82,9 @@ impl Emitted {
 
     /// Adds what became of `expirations` of `partition`.
     pub(super) fn expirations(&mut self, partition: u32, expirations: impl IntoIterator<Item = Expiration>) {
-        for Expiration { entry, offset, outcome } in expirations {
-            let origin = Origin { partition, offset, cause: Cause::Expiry };
-            self.outcome(origin, &entry.key, &entry.value, outcome);
+        for expiration in expirations {
+            let origin = expiration.origin(partition);
+            self.outcome(origin, &expiration.entry.key, &expiration.entry.value, expiration.outcome);
         }
     }
 

@@ -31,13 +31,21 @@
 //! - `reads` with `count`: reads `count` names (`r0`, `r1`, ...), then counts;
 //! - `log` with `count` and `bytes`: logs `count` warnings of `bytes` bytes, then counts;
 //! - `fail` with `bytes`: returns an error whose reason is `bytes` long;
-//! - `overflow`: stores a float that overflowed to infinity (which JSON cannot hold).
+//! - `overflow`: stores a float that overflowed to infinity (which JSON cannot hold);
+//! - `timer` with `name` and `at_ms`: sets the key's timer, emits `{"timer": name}`;
+//! - `cancel-timer` with `name`: cancels it, emits `{"cancelled": name}`.
 //!
 //! When an entry expires, `expired` counts it in the key's `expiries` state and emits
 //! `{"expired": name, "value": <value>, "at": <expiry>, "expiries": <count>}`; for a
 //! name starting with `fail` it returns an error instead, for one starting with `trap`
 //! it panics, each after writing `expiries` (a write that must be discarded); for one
 //! starting with `log` it also logs `expired <name>` at info.
+//!
+//! When a timer fires, `fired` counts it in the key's `fireds` state and emits
+//! `{"fired": name, "at": <time>, "fireds": <count>}`; for a name starting with `fail`
+//! it returns an error instead, for one starting with `trap` it panics, each after
+//! writing `fireds`; for one starting with `again` it sets the timer again a second
+//! later, and for one starting with `past` at the time it fired (which traps).
 //!
 //! With `fail_init = "true"` in its config, `init` returns an error; with
 //! `trap_init = "true"`, it panics (a trap); with `state_in_init = "true"`, it writes
@@ -91,6 +99,8 @@ enum Action {
     Log { count: usize, bytes: usize },
     Fail { bytes: usize },
     Overflow,
+    Timer { name: String, at_ms: u64 },
+    CancelTimer { name: String },
 }
 
 /// The probe operator.
@@ -212,6 +222,14 @@ impl Operator for Probe {
                 state.put("mean", &(std::hint::black_box(f64::MAX) * 2.0))?;
                 count(state)?
             }
+            Action::Timer { name, at_ms } => {
+                state.set_timer(&name, at_ms);
+                serde_json::json!({ "timer": name })
+            }
+            Action::CancelTimer { name } => {
+                state.cancel_timer(&name);
+                serde_json::json!({ "cancelled": name })
+            }
             Action::Fail { bytes } => return Err(Error::msg("f".repeat(bytes))),
             Action::Log { count: lines, bytes } => {
                 let line = "l".repeat(bytes);
@@ -239,6 +257,26 @@ impl Operator for Probe {
         let value: serde_json::Value = entry.value()?;
         let emitted = serde_json::json!({ "expired": entry.name, "value": value, "at": entry.expired_at_ms, "expiries": expiries });
         Ok(vec![Output::json(entry.key, &emitted)?])
+    }
+
+    fn fired(timer: sluice_guest::Timer, state: &State<'_>) -> Result<Vec<Output>> {
+        let fireds = state.get::<u64>("fireds")?.unwrap_or(0) + 1;
+        state.put("fireds", &fireds)?;
+        let name = timer.name.as_str();
+        if name.starts_with("fail") {
+            return Err(Error::msg(format!("probe fails on the timer {name}")));
+        }
+        if name.starts_with("trap") {
+            panic!("probe panics on the timer {name}");
+        }
+        if name.starts_with("again") {
+            state.set_timer(name, timer.at_ms + 1_000);
+        }
+        if name.starts_with("past") {
+            state.set_timer(name, timer.at_ms);
+        }
+        let emitted = serde_json::json!({ "fired": name, "at": timer.at_ms, "fireds": fireds });
+        Ok(vec![Output::json(timer.key, &emitted)?])
     }
 }
 

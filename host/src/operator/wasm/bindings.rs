@@ -21,7 +21,7 @@ pub const WIT_VERSION: &str = "0.1";
 
 /// The interface a batched call reports each record's result through (0.1.1, defined
 /// at this host's version), and the export that takes a batch.
-pub(super) const BATCH_INTERFACE: &str = "sluice:operator/batch@0.1.2";
+pub(super) const BATCH_INTERFACE: &str = "sluice:operator/batch@0.1.3";
 
 /// The exports a component may have, and the signatures the host calls them with
 /// (each result lifted by [`lift`]'s checked types).
@@ -36,3 +36,8 @@ pub(super) type BatchParams<'a> = (&'a [InputRecord<'a>],);
 /// The export told of each expired state entry (0.1.2).
 pub(super) const EXPIRED: &str = "expired";
 pub(super) type ExpiredParams<'a> = (&'a [u8], &'a str, &'a [u8], u64);
+/// The interface that sets and cancels the current key's timers (0.1.3, defined at this
+/// host's version), and the export told of each timer that fires.
+pub(super) const TIMERS_INTERFACE: &str = "sluice:operator/timers@0.1.3";
+pub(super) const FIRED: &str = "fired";
+pub(super) type FiredParams<'a> = (&'a [u8], &'a str, u64);

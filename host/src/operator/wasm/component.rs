@@ -49,6 +49,9 @@ impl WasmOperator {
         let mut linker = Linker::<HostCtx>::new(engine);
         Bindings::add_to_linker::<HostCtx, HasSelf<HostCtx>>(&mut linker, |ctx| ctx)?;
         linker.instance(BATCH_INTERFACE)?.func_wrap("finish", finish)?;
+        let mut timers = linker.instance(TIMERS_INTERFACE)?;
+        timers.func_wrap("set", set_timer)?;
+        timers.func_wrap("cancel", cancel_timer)?;
         deny_wasi(&mut linker, engine, &compiled)?;
         // The sluice interfaces are defined once, at this host's version: wasmtime
         // links a component's import of any 0.1.x version to them (semver). A function
@@ -68,7 +71,13 @@ impl WasmOperator {
         let export = |name| compiled.get_export_index(None, name);
         let (init, process) =
             export(INIT).zip(export(PROCESS)).context("the world check found `init` and `process`")?;
-        let exports = ExportIndices { init, process, process_batch: export(PROCESS_BATCH), expired: export(EXPIRED) };
+        let exports = ExportIndices {
+            init,
+            process,
+            process_batch: export(PROCESS_BATCH),
+            expired: export(EXPIRED),
+            fired: export(FIRED),
+        };
         let (origin, name) = (origin.to_string(), crate::operator::name_of(version).into());
         Ok(WasmOperator { pre, exports, origin, name, version: version.into(), limits, config })
     }
@@ -111,6 +120,7 @@ impl WasmOperator {
             host_error: None,
             last_error: None,
             in_record: false,
+            in_callback: false,
             batch: Batch::default(),
             budget: BatchBudget::new(&self.limits.per_call),
             lift_bounds: LiftBounds {
@@ -172,6 +182,7 @@ impl WasmOperator {
             process: export(&indices.process, PROCESS)?,
             process_batch: indices.process_batch.as_ref().map(|i| export(i, PROCESS_BATCH)).transpose()?,
             expired: indices.expired.as_ref().map(|i| export(i, EXPIRED)).transpose()?,
+            fired: indices.fired.as_ref().map(|i| export(i, FIRED)).transpose()?,
         };
         let check = |result: wasmtime::Result<()>, name: &str, world: &str| {
             result.map_err(anyhow::Error::from).with_context(|| {
@@ -186,6 +197,9 @@ impl WasmOperator {
         if let Some(func) = exports.expired {
             check(func.typed::<ExpiredParams<'_>, ProcessResults>(&*store).map(drop), EXPIRED, "expiring-operator")?;
         }
+        if let Some(func) = exports.fired {
+            check(func.typed::<FiredParams<'_>, ProcessResults>(&*store).map(drop), FIRED, "timed-operator")?;
+        }
         Ok(exports)
     }
 }
@@ -196,6 +210,7 @@ pub(super) struct ExportIndices {
     pub(super) process: ComponentExportIndex,
     pub(super) process_batch: Option<ComponentExportIndex>,
     pub(super) expired: Option<ComponentExportIndex>,
+    pub(super) fired: Option<ComponentExportIndex>,
 }
 
 /// An instance's exports, each checked when the instance was made to have the
@@ -208,6 +223,8 @@ pub(super) struct Exports {
     pub(super) process_batch: Option<Func>,
     /// When the component exports it (0.1.2).
     pub(super) expired: Option<Func>,
+    /// When the component exports it (0.1.3).
+    pub(super) fired: Option<Func>,
 }
 
 /// Defines each function of the WASI interfaces `component` imports (the Rust

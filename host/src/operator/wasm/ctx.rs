@@ -42,6 +42,9 @@ pub(super) struct HostCtx {
     /// exists only there (an `init` that reached for state would see whichever key the
     /// partition's last record had).
     pub(super) in_record: bool,
+    /// Whether the running call is `expired`'s or `fired`'s, where a timer the clock
+    /// has reached may not be set.
+    pub(super) in_callback: bool,
     /// The running `process-batch` call's inputs and finished outcomes.
     pub(super) batch: Batch,
     /// Where the batch in hand stands against its bounds.
@@ -208,7 +211,12 @@ impl HostCtx {
         Ok(())
     }
 
+    /// Checks a state or timer name: within `[operator.limits] state_name_bytes`, and
+    /// not one of the names the host keeps timers under.
     pub(super) fn check_name(&mut self, name: &str) -> Result<()> {
+        if crate::state::is_reserved(name) {
+            bail!("state or timer name {name:?} begins with NUL: such names are reserved for the host's timers");
+        }
         self.check_limit("state_name_bytes", self.per_call.state_name_bytes, name.len())
     }
 
@@ -250,12 +258,12 @@ impl HostCtx {
         }
     }
 
-    /// Traps a state call made outside a record.
+    /// Traps a state or timer call (`call`, as `state.put`) made outside a record.
     pub(super) fn check_in_record(&self, call: &str) -> Result<()> {
         if !self.in_record {
             bail!(
-                "state.{call} called outside a record: state belongs to a record's key, so neither `init` nor \
-                 `process-batch` after its last `batch.finish` can use it"
+                "{call} called outside a record: state and timers belong to a record's key, so neither `init` nor \
+                 `process-batch` after its last `batch.finish` can use them"
             );
         }
         Ok(())

@@ -1,5 +1,5 @@
-//! The imports a guest calls: keyed state, logging, `batch.finish`, and the resource
-//! limiter that caps the instance's memories and tables. One room for all of them: each
+//! The imports a guest calls: keyed state, timers, logging, `batch.finish`, and the
+//! resource limiter that caps the instance's memories and tables. One room for all of them: each
 //! is a thin check over [`HostCtx`](super::ctx::HostCtx), whose methods do the work.
 
 use super::*;
@@ -53,9 +53,44 @@ pub(super) fn finish(mut store: StoreContextMut<'_, HostCtx>, (result,): (GuestR
     Ok(())
 }
 
+/// `timers.set`: sets the current key's timer `name` to fire at `at_ms`, counted as a
+/// state write. From `expired` or `fired`, a time the clock has reached traps: it would
+/// come due at once, and a callback that sets it again would never end.
+pub(super) fn set_timer(mut store: StoreContextMut<'_, HostCtx>, (name, at_ms): (String, u64)) -> wasmtime::Result<()> {
+    store.data_mut().set_timer(&name, at_ms).map_err(wasmtime::Error::from_anyhow)
+}
+
+/// `timers.cancel`: cancels the current key's timer `name`, counted as a state write.
+pub(super) fn cancel_timer(mut store: StoreContextMut<'_, HostCtx>, (name,): (String,)) -> wasmtime::Result<()> {
+    store.data_mut().cancel_timer(&name).map_err(wasmtime::Error::from_anyhow)
+}
+
+impl HostCtx {
+    fn set_timer(&mut self, name: &str, at_ms: u64) -> Result<()> {
+        self.check_in_record("timers.set")?;
+        self.check_write(name, None)?;
+        let now = self.txn.clock().now_ms();
+        if self.in_callback && at_ms <= now {
+            bail!(
+                "timers.set of {name:?} at {at_ms} from `expired` or `fired`, which the partition's clock ({now}) has \
+                 reached: it would fire at once, and again from its own `fired`"
+            );
+        }
+        self.txn.set_timer(name, at_ms);
+        Ok(())
+    }
+
+    fn cancel_timer(&mut self, name: &str) -> Result<()> {
+        self.check_in_record("timers.cancel")?;
+        self.check_write(name, None)?;
+        self.txn.cancel_timer(name);
+        Ok(())
+    }
+}
+
 impl state::Host for HostCtx {
     fn get(&mut self, name: String) -> Result<Option<Vec<u8>>> {
-        self.check_in_record("get")?;
+        self.check_in_record("state.get")?;
         self.check_name(&name)?;
         self.usage.reads += 1;
         self.check_limit("reads_per_record", self.per_call.reads_per_record, self.usage.reads)?;
@@ -63,14 +98,14 @@ impl state::Host for HostCtx {
     }
 
     fn put(&mut self, name: String, value: Vec<u8>) -> Result<()> {
-        self.check_in_record("put")?;
+        self.check_in_record("state.put")?;
         self.check_write(&name, Some(&value))?;
         self.txn.put(&name, value);
         Ok(())
     }
 
     fn put_with_ttl(&mut self, name: String, value: Vec<u8>, ttl_ms: u64) -> Result<()> {
-        self.check_in_record("put-with-ttl")?;
+        self.check_in_record("state.put-with-ttl")?;
         if ttl_ms == 0 {
             // It would be due at once: an `expired` that puts it again would never end.
             bail!("put-with-ttl of {name:?} with a TTL of 0 ms: a TTL must be at least 1 ms");
@@ -81,7 +116,7 @@ impl state::Host for HostCtx {
     }
 
     fn delete(&mut self, name: String) -> Result<()> {
-        self.check_in_record("delete")?;
+        self.check_in_record("state.delete")?;
         self.check_write(&name, None)?;
         self.txn.delete(&name);
         Ok(())

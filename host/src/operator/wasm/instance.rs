@@ -173,8 +173,8 @@ impl WasmInstance {
     }
 
     /// Expires the entries due before the record at `offset`, calling the component's
-    /// `expired` for each when it exports it, until none is due or the batch is spent
-    /// (after it did something); returns whether none is due.
+    /// `expired` for each when it exports it (`fired` for a timer's), until none is due
+    /// or the batch is spent (after it did something); returns whether none is due.
     pub(super) fn expire_before(&mut self, offset: u64, expirations: &mut Vec<Expiration>) -> Result<bool> {
         let told = self.live().exports.expired.is_some();
         loop {
@@ -189,7 +189,7 @@ impl WasmInstance {
             let Some(entry) = ctx.txn.expire_next()? else { return Ok(true) };
             ctx.budget.expiries += 1;
             if told {
-                let outcome = self.call_expired(&entry)?;
+                let outcome = self.call_told(&entry)?;
                 let bytes = entry.key.len() + entry.name.len() + entry.value.len() + outcome.bytes();
                 let budget = &mut self.ctx().budget;
                 budget.bytes = budget.bytes.saturating_add(bytes);
@@ -198,14 +198,40 @@ impl WasmInstance {
         }
     }
 
-    /// Calls the component's `expired` for `entry`, in a record scope of its key: the
-    /// call's writes stand only if it returns outputs. An `Err` is a host failure.
-    fn call_expired(&mut self, entry: &Expired) -> Result<Outcome> {
-        let live = self.live();
-        let expired = live.exports.expired.expect("called only when the component exports it");
-        live.store.data_mut().txn.scope(&entry.key);
-        let params = (entry.key.as_slice(), entry.name.as_str(), entry.value.as_slice(), entry.expired_at_ms);
-        let outcome = self.call_for_outcome::<ExpiredParams<'_>>(expired, params)?;
+    /// Tells the component of `entry`, in a record scope of its key: its `expired`, or
+    /// for a timer its `fired` — a timer fired in a version without `fired` (one set by
+    /// a newer version before a rollback) is the timer's dead letter. The call's writes
+    /// stand only if it returns outputs. An `Err` is a host failure.
+    fn call_told(&mut self, entry: &Expired) -> Result<Outcome> {
+        let exports = self.live().exports;
+        let outcome = match (entry.timer(), exports.fired) {
+            (None, _) => {
+                let expired = exports.expired.expect("called only when the component exports it");
+                let params = (entry.key.as_slice(), entry.name.as_str(), entry.value.as_slice(), entry.expired_at_ms);
+                self.call_callback::<ExpiredParams<'_>>(&entry.key, expired, params)?
+            }
+            (Some(timer), Some(fired)) => {
+                let params = (entry.key.as_slice(), timer, entry.expired_at_ms);
+                self.call_callback::<FiredParams<'_>>(&entry.key, fired, params)?
+            }
+            (Some(timer), None) => Outcome::Rejected(format!(
+                "timer {timer:?} fired at {}, but {} does not export `fired` (it was built against {WIT_PACKAGE} \
+                 before 0.1.3; a version that set the timer does)",
+                entry.expired_at_ms, self.operator.version
+            )),
+        };
+        Ok(outcome)
+    }
+
+    /// Calls `func`, the `expired` or `fired` callback, with `params` in a record scope
+    /// of `key`: the call's writes stand only if it returns outputs.
+    fn call_callback<P: ComponentNamedList + Lower>(&mut self, key: &[u8], func: Func, params: P) -> Result<Outcome> {
+        let ctx = self.ctx();
+        ctx.txn.scope(key);
+        ctx.in_callback = true;
+        let outcome = self.call_for_outcome::<P>(func, params);
+        self.ctx().in_callback = false;
+        let outcome = outcome?;
         self.state().end_record(matches!(outcome, Outcome::Emitted(_)));
         Ok(outcome)
     }

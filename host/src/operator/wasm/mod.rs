@@ -24,7 +24,9 @@
 //! A component built against 0.1.2 or later may export `expired`: the host then calls
 //! it for each state entry that expires, scoped to the entry's key, before the record
 //! whose clock reached the expiry (a batched call is cut there, since a component
-//! cannot be called while it is in a call).
+//! cannot be called while it is in a call). One built against 0.1.3 may set timers
+//! (`timers`), which the state keeps as entries expiring at their time, and export
+//! `fired`, which the host calls for a timer's entry instead of `expired`.
 //!
 //! What a call returns is lifted out of the guest's memory by [`lift`]'s types, which
 //! check counts and lengths before copying anything. A batch's outputs, failure
@@ -60,8 +62,8 @@ pub use limits::Limits;
 
 // Every room of the sandbox sees the others' items through `use super::*`.
 use bindings::{
-    BATCH_INTERFACE, BatchParams, EXPIRED, ExpiredParams, INIT, InitParams, InitResults, PROCESS, PROCESS_BATCH,
-    ProcessParams, ProcessResults,
+    BATCH_INTERFACE, BatchParams, EXPIRED, ExpiredParams, FIRED, FiredParams, INIT, InitParams, InitResults, PROCESS,
+    PROCESS_BATCH, ProcessParams, ProcessResults, TIMERS_INTERFACE,
 };
 use component::*;
 use ctx::*;

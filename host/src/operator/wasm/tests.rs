@@ -37,6 +37,19 @@ fn outcome_lines(outcomes: &[Outcome]) -> Vec<String> {
         .collect()
 }
 
+/// Each expiration of `processed` in one line: the key, the offset of the record it
+/// came before, the time, and the outcome's line.
+fn expiration_lines(processed: &Processed) -> Vec<(String, u64, u64, String)> {
+    processed
+        .expirations
+        .iter()
+        .map(|e| {
+            let key = String::from_utf8_lossy(&e.entry.key).into_owned();
+            (key, e.offset, e.entry.expired_at_ms, outcome_lines(std::slice::from_ref(&e.outcome)).remove(0))
+        })
+        .collect()
+}
+
 #[test]
 fn a_batched_call_costs_a_failing_or_trapping_record_only_its_own_writes() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -142,14 +155,23 @@ fn timed(offset: u64, key: &str, timestamp_ms: i64, action: &str) -> SourceRecor
     SourceRecord { timestamp_ms, ..probe_record(offset, key, action) }
 }
 
+/// An event time for the tests of callbacks.
+const T0: i64 = 1_700_000_000_000;
+
+/// The limits of the tests of callbacks: time and memory for the probe to spare.
+fn callback_limits() -> Limits {
+    Limits { call_timeout: Some(Duration::from_secs(5)), memory_bytes: 16 << 20, ..Limits::default() }
+}
+
+/// The probe's action setting the timer `name` for `at`.
+fn timer(name: &str, at: i64) -> String {
+    format!(r#""action":"timer","name":"{name}","at_ms":{at}"#)
+}
+
 #[test]
 fn expired_runs_before_the_record_that_reaches_the_expiry_scoped_to_its_key() -> Result<()> {
-    const T0: i64 = 1_700_000_000_000;
     let dir = tempfile::tempdir()?;
-    let mut instance = probe(
-        Limits { call_timeout: Some(Duration::from_secs(5)), memory_bytes: 16 << 20, ..Limits::default() },
-        dir.path(),
-    )?;
+    let mut instance = probe(callback_limits(), dir.path())?;
     let remember = |name: &str| format!(r#""action":"remember","name":"{name}","value":"v-{name}","ttl_ms":1000"#);
     let records = [
         timed(0, "a", T0, &remember("n")),
@@ -164,14 +186,7 @@ fn expired_runs_before_the_record_that_reaches_the_expiry_scoped_to_its_key() ->
     ];
     let processed = instance.process_batch(&records)?;
     assert_eq!(processed.outcomes.len(), records.len());
-    let expirations: Vec<(String, u64, u64, String)> = processed
-        .expirations
-        .iter()
-        .map(|e| {
-            let key = String::from_utf8_lossy(&e.entry.key).into_owned();
-            (key, e.offset, e.entry.expired_at_ms, outcome_lines(std::slice::from_ref(&e.outcome)).remove(0))
-        })
-        .collect();
+    let expirations = expiration_lines(&processed);
     let at = (T0 + 1_000) as u64;
     assert_eq!(expirations.len(), 3, "{expirations:#?}");
     assert_eq!(
@@ -194,6 +209,79 @@ fn expired_runs_before_the_record_that_reaches_the_expiry_scoped_to_its_key() ->
     );
     instance.state().commit(8)?;
     assert_eq!(instance.state().expired(), 3);
+    Ok(())
+}
+
+#[test]
+fn a_timer_fires_once_before_the_record_that_reaches_it_scoped_to_its_key() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut instance = probe(callback_limits(), dir.path())?;
+    let records = [
+        timed(0, "a", T0, &timer("close", T0 + 1_000)),
+        // Cancelled before it comes due; set again for later, then earlier: one firing.
+        timed(1, "b", T0, &timer("gone", T0 + 1_000)),
+        timed(2, "b", T0, r#""action":"cancel-timer","name":"gone""#),
+        timed(3, "c", T0, &timer("moved", T0 + 5_000)),
+        timed(4, "c", T0, &timer("moved", T0 + 900)),
+        timed(5, "d", T0, &timer("fail-t", T0 + 900)),
+        timed(6, "z", T0 + 899, r#""action":"count""#),
+        // Reaches T0 + 900, then T0 + 1000: the timers fire before them, in time order.
+        timed(7, "z", T0 + 900, r#""action":"count""#),
+        timed(8, "z", T0 + 1_000, r#""action":"count""#),
+        timed(9, "a", T0 + 1_000, r#""action":"peek","name":"fireds""#),
+        timed(10, "d", T0 + 1_000, r#""action":"peek","name":"fireds""#),
+        // A time the clock has passed, set from `process`: it fires before the next record.
+        timed(11, "e", T0 + 1_000, &timer("late", T0)),
+        timed(12, "z", T0 + 1_000, r#""action":"count""#),
+    ];
+    let processed = instance.process_batch(&records)?;
+    assert_eq!(processed.outcomes.len(), records.len());
+    let fired = |name: &str, at: i64| format!(r#"{{"at":{at},"fired":"{name}","fireds":1}}"#);
+    assert_eq!(
+        expiration_lines(&processed),
+        [
+            ("c".to_string(), 7, (T0 + 900) as u64, fired("moved", T0 + 900)),
+            ("d".to_string(), 7, (T0 + 900) as u64, "rejected: probe fails on the timer fail-t".to_string()),
+            ("a".to_string(), 8, (T0 + 1_000) as u64, fired("close", T0 + 1_000)),
+            ("e".to_string(), 12, T0 as u64, fired("late", T0)),
+        ]
+    );
+    assert!(processed.expirations.iter().all(|e| e.origin(0).cause == crate::record::Cause::Timer));
+    // The firing's write stands for `a` and is gone for `d`, whose `fired` failed.
+    assert_eq!(
+        outcome_lines(&processed.outcomes[9..11]),
+        [r#"{"name":"fireds","value":1}"#, r#"{"name":"fireds","value":null}"#]
+    );
+    // Committed and reopened, nothing fires again.
+    instance.state().commit(13)?;
+    let later = [timed(13, "z", T0 + 10_000, r#""action":"count""#)];
+    assert!(instance.process_batch(&later)?.expirations.is_empty());
+    Ok(())
+}
+
+#[test]
+fn a_timer_set_again_from_fired_must_be_for_later_and_a_state_name_may_not_be_a_timers() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut instance = probe(callback_limits(), dir.path())?;
+    let records = [
+        timed(0, "a", T0, &timer("again", T0 + 1_000)),
+        timed(1, "b", T0, &timer("past", T0 + 1_000)),
+        timed(2, "c", T0, r#""action":"put-bytes","name":"\u0000timer:again","text":"x""#),
+        timed(3, "z", T0 + 1_000, r#""action":"count""#),
+        timed(4, "z", T0 + 2_500, r#""action":"count""#),
+    ];
+    let processed = instance.process_batch(&records)?;
+    let lines = expiration_lines(&processed);
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    assert_eq!(lines[0].3, r#"{"at":1700000001000,"fired":"again","fireds":1}"#);
+    assert!(
+        lines[1].3.starts_with("trapped: timers.set of \"past\" at 1700000001000 from `expired` or `fired`"),
+        "{lines:#?}"
+    );
+    // Set again a second later, it fires again.
+    assert_eq!((lines[2].1, lines[2].3.as_str()), (4, r#"{"at":1700000002000,"fired":"again","fireds":2}"#));
+    let refused = outcome_lines(&processed.outcomes[2..3]).remove(0);
+    assert!(refused.starts_with("trapped: state or timer name \"\\0timer:again\" begins with NUL"), "{refused}");
     Ok(())
 }
 
