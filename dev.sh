@@ -178,7 +178,7 @@ build_operators() {
     cp "$WASM_DIR/vehicle_stats.wasm" "$WASM_DIR/vehicle_stats_v2.wasm"
     cargo build --release --target wasm32-wasip2 -p vehicle-stats --features wit-0-1-0
     cp "$WASM_DIR/vehicle_stats.wasm" "$WASM_DIR/vehicle_stats_0_1_0.wasm"
-    cargo build --release --target wasm32-wasip2 -p vehicle-stats -p probe -p dedup -p sessions
+    cargo build --release --target wasm32-wasip2 -p vehicle-stats -p probe -p dedup -p sessions -p speed-windows
 }
 
 # The demo and the tests share one build. Building tests and binaries in one command
@@ -229,7 +229,7 @@ check_scaffold() {
 lint() {
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
-    cargo clippy --target wasm32-wasip2 -p sluice-guest -p probe -p vehicle-stats -p dedup -p sessions --features vehicle-stats/v2 \
+    cargo clippy --target wasm32-wasip2 -p sluice-guest -p probe -p vehicle-stats -p dedup -p sessions -p speed-windows --features vehicle-stats/v2 \
         -- -D warnings
     cargo clippy --target wasm32-wasip2 -p vehicle-stats --features wit-0-1-0 -- -D warnings
 }
@@ -238,7 +238,7 @@ lint() {
 # positions of $1 vehicles, one partition, outputs to a file, end to end (file parsing and
 # the sink included); wall and CPU time (every thread) and peak memory.
 bench_run() {
-    local vehicles=$1 sluice="$CARGO_TARGET_DIR/release/sluice" input out report
+    local vehicles=$1 operator=${2:-vehicle_stats} sluice="$CARGO_TARGET_DIR/release/sluice" input out report
     input="$CARGO_TARGET_DIR/bench/positions-$vehicles.jsonl"
     if [ ! -f "$input" ]; then
         mkdir -p "$(dirname "$input")"
@@ -246,8 +246,8 @@ bench_run() {
         mv "$input.part" "$input"
     fi
     out=$(mktemp -d)
-    echo "--- sluice run, 1,000,000 records of $vehicles vehicles from a JSONL file, one partition, outputs to a file"
-    report=$("$sluice" run --operator "$WASM_DIR/vehicle_stats.wasm" --input "$input" --partitions 1 \
+    echo "--- sluice run of $operator, 1,000,000 records of $vehicles vehicles from a JSONL file, one partition, outputs to a file"
+    report=$("$sluice" run --operator "$WASM_DIR/$operator.wasm" --input "$input" --partitions 1 \
         --state-dir "$out/state" --output "$out/outputs.jsonl" --dead-letter "$out/dead.jsonl" \
         --no-checkpoints --report-interval 0 2>&1 | grep -E "^(processed|CPU)")
     echo "$report"
@@ -427,6 +427,12 @@ bench)
         bench_run "$vehicles"
         [ -z "$flink" ] || bench_flink "$vehicles"
     done
+    # Windows (a minute's and five minutes' per vehicle, on timers) against the running
+    # aggregate, on the same file.
+    bench_run 10000
+    stats_rate=$SLUICE_RATE
+    bench_run 10000 speed_windows
+    awk -v w="$SLUICE_RATE" -v s="$stats_rate" 'BEGIN { printf "speed-windows / vehicle-stats: %.2f\n", w / s }'
     ;;
 *)
     echo "usage: $0 demo|test|bench|install [PREFIX]|doctor" >&2

@@ -52,6 +52,8 @@ use std::fmt;
 mod alloc;
 pub mod encoding;
 pub use encoding::Encoding;
+#[cfg(not(feature = "wit-0-1-0"))]
+pub mod window;
 
 /// A component built with the SDK allocates through `alloc::ChunkAllocator` (an
 /// operator with an allocator of its own builds the SDK without the default feature
@@ -154,7 +156,7 @@ where
     T::Err: fmt::Display,
 {
     let Some((_, value)) = config.iter().find(|(key, _)| key == name) else { return Ok(None) };
-    let parsed = value.parse().map_err(|e| Error(format!("operator config {name} = {value:?}: {e}")))?;
+    let parsed = value.parse().map_err(|e| Error::msg(format!("operator config {name} = {value:?}: {e}")))?;
     Ok(Some(parsed))
 }
 
@@ -175,7 +177,7 @@ impl Expired {
     /// The value it held, decoded as [`State::get`] would have.
     pub fn value<T: DeserializeOwned>(&self) -> Result<T> {
         encoding::decode(&self.value).map_err(|e| {
-            Error(format!("expired state `{}` does not decode as {}: {e}", self.name, std::any::type_name::<T>()))
+            Error::msg(format!("expired state `{}` does not decode as {}: {e}", self.name, std::any::type_name::<T>()))
         })
     }
 }
@@ -196,24 +198,39 @@ pub struct Timer {
 /// Any `std::error::Error` converts into it, so `?` works on serde, parsing and I/O
 /// results alike.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Error(String);
+pub struct Error {
+    message: String,
+    late: bool,
+}
 
 impl Error {
     /// An error with the given message.
     pub fn msg(message: impl fmt::Display) -> Self {
-        Error(message.to_string())
+        Error { message: message.to_string(), late: false }
+    }
+
+    /// The error of a record that came too late for its windows (see [`window`]): the
+    /// host sends it to the dead letters as `late`, not `rejected`, and counts it in the
+    /// partition's late records.
+    pub fn late(message: impl fmt::Display) -> Self {
+        Error { message: message.to_string(), late: true }
+    }
+
+    /// Whether it is a [late](Error::late) record's.
+    pub fn is_late(&self) -> bool {
+        self.late
     }
 }
 
 impl<E: std::error::Error> From<E> for Error {
     fn from(error: E) -> Self {
-        Error(error.to_string())
+        Error::msg(error)
     }
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
@@ -254,14 +271,14 @@ impl Record {
         }
         let mut json = serde_json::Deserializer::from_slice(&self.value);
         serde_path_to_error::deserialize(&mut json).map_err(|e| match e.path().to_string().as_str() {
-            "." => Error(format!("value is not valid JSON for this operator: {}", e.inner())),
-            path => Error(format!("value is not valid JSON for this operator: field `{path}`: {}", e.inner())),
+            "." => Error::msg(format!("value is not valid JSON for this operator: {}", e.inner())),
+            path => Error::msg(format!("value is not valid JSON for this operator: field `{path}`: {}", e.inner())),
         })
     }
 
     /// The key as UTF-8 text.
     pub fn key_str(&self) -> Result<&str> {
-        std::str::from_utf8(&self.key).map_err(|e| Error(format!("key is not UTF-8: {e}")))
+        std::str::from_utf8(&self.key).map_err(|e| Error::msg(format!("key is not UTF-8: {e}")))
     }
 }
 
@@ -332,9 +349,9 @@ impl State<'_> {
     pub fn get<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>> {
         match self.get_bytes(name) {
             None => Ok(None),
-            Some(bytes) => encoding::decode(&bytes)
-                .map(Some)
-                .map_err(|e| Error(format!("state `{name}` does not decode as {}: {e}", std::any::type_name::<T>()))),
+            Some(bytes) => encoding::decode(&bytes).map(Some).map_err(|e| {
+                Error::msg(format!("state `{name}` does not decode as {}: {e}", std::any::type_name::<T>()))
+            }),
         }
     }
 
@@ -347,7 +364,7 @@ impl State<'_> {
 
     /// `value` as this state stores it under `name`.
     fn encode<T: Serialize + ?Sized>(&self, name: &str, value: &T) -> Result<Vec<u8>> {
-        encoding::encode(value, self.encoding).map_err(|e| Error(format!("state `{name}` cannot be stored: {e}")))
+        encoding::encode(value, self.encoding).map_err(|e| Error::msg(format!("state `{name}` cannot be stored: {e}")))
     }
 
     /// Stores `value` under `name`, to expire `ttl` after the partition's clock now
@@ -383,6 +400,17 @@ impl State<'_> {
         bindings::sluice::operator::timers::cancel(name);
         #[cfg(not(target_arch = "wasm32"))]
         self.backend.cancel_timer(name);
+    }
+
+    /// The partition's clock now, ms since the Unix epoch (0 before event time began):
+    /// what timers fire at — in event time the largest timestamp seen, this record's
+    /// included, less the host's `[ttl] lateness`: the watermark.
+    #[cfg(not(feature = "wit-0-1-0"))]
+    pub fn now(&self) -> u64 {
+        #[cfg(target_arch = "wasm32")]
+        return bindings::sluice::operator::timers::now();
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.backend.now();
     }
 
     /// Removes the value under `name`.
@@ -502,7 +530,7 @@ pub mod __private {
         // it in the error (init) or the dead letter (process).
         #[cfg(target_arch = "wasm32")]
         std::panic::set_hook(Box::new(|info| log::log(log::Level::Error, &info.to_string())));
-        O::init(config).map_err(|e| e.0)
+        O::init(config).map_err(|e| e.message)
     }
 
     #[cfg(target_arch = "wasm32")]
@@ -526,7 +554,11 @@ pub mod __private {
     /// What the host gets of an operator's result.
     #[cfg(target_arch = "wasm32")]
     fn outputs(result: Result<Vec<Output>>) -> std::result::Result<Vec<types::OutputRecord>, String> {
-        let outputs = result.map_err(|e| e.0)?;
+        #[cfg(not(feature = "wit-0-1-0"))]
+        if result.as_ref().is_err_and(Error::is_late) {
+            bindings::sluice::operator::timers::mark_late();
+        }
+        let outputs = result.map_err(|e| e.message)?;
         Ok(outputs.into_iter().map(|o| types::OutputRecord { key: o.key, value: o.value, topic: o.topic }).collect())
     }
 

@@ -23,6 +23,10 @@ pub trait StateBackend {
     fn cancel_timer(&self, name: &str) {
         panic!("this state backend keeps no timers (cancel_timer({name:?}))");
     }
+    /// The clock timers fire at; see [`set_timer`](Self::set_timer).
+    fn now(&self) -> u64 {
+        panic!("this state backend keeps no clock");
+    }
 }
 
 impl<'a> State<'a> {
@@ -69,6 +73,8 @@ pub struct MemoryState {
     /// While [`fire_until`](MemoryState::fire_until) runs, its time: a timer set for it
     /// or before would fire without end, which the host traps and this refuses.
     firing_until: std::cell::Cell<Option<u64>>,
+    /// The clock: the latest time [`fire_until`](MemoryState::fire_until) reached.
+    now: std::cell::Cell<u64>,
 }
 
 impl MemoryState {
@@ -115,6 +121,7 @@ impl MemoryState {
     /// assert!(state.timers("a").is_empty());
     /// ```
     pub fn fire_until<O: crate::Operator>(&self, until_ms: u64) -> crate::Result<Vec<crate::Output>> {
+        self.now.set(self.now.get().max(until_ms));
         self.firing_until.set(Some(until_ms));
         let fired = self.fire_due::<O>(until_ms);
         self.firing_until.set(None);
@@ -191,5 +198,9 @@ impl StateBackend for MemoryState {
 
     fn cancel_timer(&self, name: &str) {
         self.timers.borrow_mut().remove(&(self.key.borrow().clone(), name.to_string()));
+    }
+
+    fn now(&self) -> u64 {
+        self.now.get()
     }
 }

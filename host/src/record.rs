@@ -143,6 +143,9 @@ pub enum DeadLetterKind {
     /// A Kafka record without a key, never given to the operator (`[source] null_keys`):
     /// keyed state would put it with every other keyless record of its partition.
     NullKey,
+    /// The operator found the record late: it came after the windows it belongs to
+    /// closed (the SDK's windows; `timers.mark-late`).
+    Late,
 }
 
 impl DeadLetterKind {
@@ -153,6 +156,7 @@ impl DeadLetterKind {
             DeadLetterKind::Trapped => "trapped",
             DeadLetterKind::Refused => "refused",
             DeadLetterKind::NullKey => "null-key",
+            DeadLetterKind::Late => "late",
         }
     }
 }

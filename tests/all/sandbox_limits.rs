@@ -254,7 +254,7 @@ fn a_record_that_passes_a_limit_costs_that_record_only() -> Result<()> {
     assert!(log.contains(LOG_LINES_DROPPED), "the dropped lines are warned about:\n{log}");
     let by_kind = format!(
         "{DEAD_LETTERS_BY_KIND}: 0 rejected by the operator, 8 trapped or past a limit, 0 outputs refused by Kafka, \
-         0 records without a key, from probe@"
+         0 records without a key, 0 late for their windows, from probe@"
     );
     assert!(log.contains(&by_kind), "the report counts the dead letters by kind and operator version:\n{log}");
     assert!(log.contains("more bytes cut: [operator.limits] log_line_bytes"), "a huge line is cut");
@@ -321,12 +321,31 @@ fn aliased_outputs_and_huge_reasons_cost_their_records_and_no_host_memory() -> R
 /// entry expires exactly once, before that record. The host's memory stays bounded.
 #[test]
 fn an_expiry_storm_is_cut_into_batches_and_a_stop_in_its_middle_waits_one_batch() -> Result<()> {
+    storm(
+        |i, ts| json!({"vehicle_id": format!("v{i}"), "ts": ts, "action": "remember", "name": "log-n", "value": i, "ttl_ms": 3_600_000}),
+        "expiry",
+        "expired log-n",
+    )
+}
+
+/// The same with 100,000 timers due at one record, each a `fired` call and an output.
+#[test]
+fn a_timer_storm_is_cut_into_batches_and_a_stop_in_its_middle_waits_one_batch() -> Result<()> {
+    storm(
+        |i, ts| json!({"vehicle_id": format!("v{i}"), "ts": ts, "action": "timer", "name": "log-t", "at_ms": ts + 3_600_000}),
+        "timer",
+        "fired log-t",
+    )
+}
+
+/// A storm of 100,000 callbacks of `cause` due at one record: `record(i, ts)` is the
+/// record at `ts` of key `i` that sets one up, and the probe logs `logged` for each.
+fn storm(record: impl Fn(usize, i64) -> Value, cause: &str, logged: &str) -> Result<()> {
     const T0: i64 = 1_700_000_000_000;
     const ENTRIES: usize = 100_000;
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    let remember = |i: usize| json!({"vehicle_id": format!("v{i}"), "ts": T0, "action": "remember", "name": "log-n", "value": i, "ttl_ms": 3_600_000});
-    let mut records: Vec<Value> = (0..ENTRIES).map(remember).collect();
+    let mut records: Vec<Value> = (0..ENTRIES).map(|i| record(i, T0)).collect();
     records.push(json!({"vehicle_id": "v-last", "ts": T0 + 7_200_000, "action": "count"}));
     // A sweep limit that would take them all at once: the time bound cuts them.
     let config = "[state]\npartitions = 1\nrocksdb_memory_mib = 64\ncache_mib = 8\n\
@@ -337,25 +356,25 @@ fn an_expiry_storm_is_cut_into_batches_and_a_stop_in_its_middle_waits_one_batch(
         Ok(job)
     };
     let mut host = Host::spawn("storm", &mut job()?, &dir.join("first.log"))?;
-    host.wait_for("expired log-n", 1, std::time::Duration::from_secs(300))?;
+    host.wait_for(logged, 1, std::time::Duration::from_secs(300))?;
     let stopping = std::time::Instant::now();
     host.terminate()?;
     let stopped_in = stopping.elapsed();
     let first = read_jsonl(&dir.join("out.jsonl"))?;
-    let expired_first = first.iter().filter(|o| o["cause"] == "expiry").count();
-    eprintln!("SIGTERM during the storm: stopped in {stopped_in:?}, after {expired_first} of {ENTRIES} expiries");
-    assert!(expired_first < ENTRIES, "the stop came in the middle of the storm");
+    let stormed_first = first.iter().filter(|o| o["cause"] == cause).count();
+    eprintln!("SIGTERM during the storm: stopped in {stopped_in:?}, after {stormed_first} of {ENTRIES} callbacks");
+    assert!(stormed_first < ENTRIES, "the stop came in the middle of the storm");
     // One batch (200 ms) and the host's own stop, with room for a loaded debug build.
     assert!(stopped_in < std::time::Duration::from_millis(200 + 2_500), "stopped in {stopped_in:?}");
 
     // The job removes its last outputs before it runs: the two runs' together.
     let run = run_ok(&mut job()?)?;
     let outputs: Vec<Value> = first.into_iter().chain(read_jsonl(&dir.join("out.jsonl"))?).collect();
-    let expiries: Vec<&Value> = outputs.iter().filter(|o| o["cause"] == "expiry").collect();
-    let keys: std::collections::BTreeSet<&str> = expiries.iter().filter_map(|o| o["key"].as_str()).collect();
-    assert_eq!((expiries.len(), keys.len()), (ENTRIES, ENTRIES), "each entry expired once");
+    let stormed: Vec<&Value> = outputs.iter().filter(|o| o["cause"] == cause).collect();
+    let keys: std::collections::BTreeSet<&str> = stormed.iter().filter_map(|o| o["key"].as_str()).collect();
+    assert_eq!((stormed.len(), keys.len()), (ENTRIES, ENTRIES), "each callback once");
     let last = outputs.iter().position(|o| o["key"] == "v-last").context("the last record was processed")?;
-    assert!(outputs[..last].iter().filter(|o| o["cause"] == "expiry").count() == ENTRIES, "all before it");
+    assert!(outputs[..last].iter().filter(|o| o["cause"] == cause).count() == ENTRIES, "all before it");
     // The instance's 16 MiB, RocksDB's 64, the cache's 8 and a batch's outputs (200 ms of
     // them), and 150 for the binary and its runtime.
     let report = String::from_utf8(run.stderr)?;

@@ -16,6 +16,7 @@ pub const EXPIRED_REMOVED: &str = " expired state entries removed";
 
 /// Starts the final report's line of dead letters by kind, one for each operator
 /// version that had any: `dead letters by kind: 2 rejected by the operator, 1 trapped or
-/// past a limit, 0 outputs refused by Kafka, 0 records without a key, from probe@…`. The running summary counts
-/// them the same way (`dead letters of probe@…: …`).
+/// past a limit, 0 outputs refused by Kafka, 0 records without a key, 0 late for their
+/// windows, from probe@…`. The running summary counts them the same way (`dead letters
+/// of probe@…: …`).
 pub const DEAD_LETTERS_BY_KIND: &str = "dead letters by kind";

@@ -36,6 +36,9 @@ pub enum Outcome {
     Emitted(Vec<Output>),
     /// The operator returned an error for this record (a poison record, typically).
     Rejected(String),
+    /// The operator returned an error for this record after marking it late (it came
+    /// after the windows it belongs to closed: `timers.mark-late`).
+    Late(String),
     /// The call trapped, ran past its deadline, hit its memory cap or passed one of
     /// the operator's limits; the record's writes are discarded. An instance that
     /// trapped was replaced by a fresh one (one whose outputs passed a limit is kept:
@@ -58,7 +61,7 @@ impl Outcome {
     pub fn bytes(&self) -> usize {
         match self {
             Outcome::Emitted(outputs) => outputs.iter().map(Output::bytes).sum(),
-            Outcome::Rejected(reason) | Outcome::Trapped { reason, .. } => reason.len(),
+            Outcome::Rejected(reason) | Outcome::Late(reason) | Outcome::Trapped { reason, .. } => reason.len(),
             Outcome::NullKey => 0,
         }
     }

@@ -147,6 +147,8 @@ pub struct DeadLetters {
     pub refused: u64,
     /// Kafka records without a key, refused before the operator.
     pub null_key: u64,
+    /// Records the operator found late for their windows.
+    pub late: u64,
 }
 
 impl DeadLetters {
@@ -157,6 +159,7 @@ impl DeadLetters {
             DeadLetterKind::Trapped => self.trapped += 1,
             DeadLetterKind::Refused => self.refused += 1,
             DeadLetterKind::NullKey => self.null_key += 1,
+            DeadLetterKind::Late => self.late += 1,
         }
     }
 
@@ -166,12 +169,13 @@ impl DeadLetters {
     }
 
     /// Each kind's count.
-    pub fn by_kind(&self) -> [(DeadLetterKind, u64); 4] {
+    pub fn by_kind(&self) -> [(DeadLetterKind, u64); 5] {
         [
             (DeadLetterKind::Rejected, self.rejected),
             (DeadLetterKind::Trapped, self.trapped),
             (DeadLetterKind::Refused, self.refused),
             (DeadLetterKind::NullKey, self.null_key),
+            (DeadLetterKind::Late, self.late),
         ]
     }
 
@@ -181,6 +185,7 @@ impl DeadLetters {
         self.trapped += other.trapped;
         self.refused += other.refused;
         self.null_key += other.null_key;
+        self.late += other.late;
     }
 
     /// `dead` added up over partitions, by version.
@@ -200,8 +205,8 @@ impl std::fmt::Display for DeadLetters {
         write!(
             f,
             "{} rejected by the operator, {} trapped or past a limit, {} outputs refused by Kafka, {} records \
-             without a key",
-            self.rejected, self.trapped, self.refused, self.null_key
+             without a key, {} late for their windows",
+            self.rejected, self.trapped, self.refused, self.null_key, self.late
         )
     }
 }
@@ -267,15 +272,16 @@ mod tests {
         p0.count_dead("v1", DeadLetters { rejected: 1, trapped: 2, ..DeadLetters::default() });
         p0.count_dead("v2", DeadLetters { trapped: 1, null_key: 2, ..DeadLetters::default() });
         p0.count_dead("v2", DeadLetters::default());
-        p1.count_dead("v2", DeadLetters { rejected: 1, refused: 3, ..DeadLetters::default() });
+        p1.count_dead("v2", DeadLetters { rejected: 1, refused: 3, late: 4, ..DeadLetters::default() });
         assert_eq!(p0.dead_letters.load(Ordering::Relaxed), 6);
         let partitions = [p0.dead_by_version.lock().unwrap().clone(), p1.dead_by_version.lock().unwrap().clone()];
         let all = DeadLetters::by_version(&partitions);
         assert_eq!(all["v1"], DeadLetters { rejected: 1, trapped: 2, ..DeadLetters::default() });
-        assert_eq!(all["v2"], DeadLetters { rejected: 1, trapped: 1, refused: 3, null_key: 2 });
+        assert_eq!(all["v2"], DeadLetters { rejected: 1, trapped: 1, refused: 3, null_key: 2, late: 4 });
         assert_eq!(
             all["v2"].to_string(),
-            "1 rejected by the operator, 1 trapped or past a limit, 3 outputs refused by Kafka, 2 records without a key"
+            "1 rejected by the operator, 1 trapped or past a limit, 3 outputs refused by Kafka, 2 records without a \
+             key, 4 late for their windows"
         );
     }
 }

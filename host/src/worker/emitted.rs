@@ -47,6 +47,7 @@ impl Emission {
         let (kind, reason, attempts) = match outcome {
             Outcome::Emitted(outputs) => return Emission::Outputs(outputs),
             Outcome::Rejected(reason) => (DeadLetterKind::Rejected, reason, None),
+            Outcome::Late(reason) => (DeadLetterKind::Late, reason, None),
             Outcome::NullKey => (DeadLetterKind::NullKey, NULL_KEY_REFUSED.to_string(), None),
             Outcome::Trapped { reason, attempts } => (DeadLetterKind::Trapped, reason, Some(attempts)),
         };

@@ -1,27 +1,27 @@
-//! Per-user sessions closed by inactivity: a user's events extend their open session,
-//! and a session with no event for `gap_ms` (its `[operator.config]`; 30 minutes by
-//! default) of event time closes, and is emitted then, by the expiry callback.
+//! Per-user sessions closed by inactivity, on the SDK's session windows: a user's events
+//! extend their open session, and a session with no event for `gap_ms` (its
+//! `[operator.config]`; 30 minutes by default) of event time closes and is emitted.
 //!
 //! Input: JSON `{"user","ts","page"}` keyed by user (`[source] key_field = "user"`).
-//! Output: one line per closed session, `{"user","start","end","events","pages"}`,
-//! marked as an expiry's (`"cause":"expiry"` in a file sink's lines); nothing per event.
-//!
-//! The state shape: one running summary per user, written with a TTL of the gap at every
-//! event, so the host expires it exactly when the user has been inactive for the gap,
-//! and calls `expired` with the last summary, which becomes the closed session.
+//! Output: one line per closed session, `{"user","start","end","events","pages"}`
+//! (`start` and `end`: its first and last event), marked as a timer's (`"cause":"timer"`
+//! in a file sink's lines); nothing per event. An event behind the clock by more than the
+//! gap, for a session already closed, is a `late` dead letter.
 use serde::{Deserialize, Serialize};
-use sluice_guest::{Expired, Operator, Output, Record, Result, State, config_value, export_operator};
+use sluice_guest::window::{Aggregate, WindowSpec};
+use sluice_guest::{Operator, Output, Record, Result, State, Timer, config_value, export_operator};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 /// The config key of the inactivity gap, in milliseconds.
 pub const GAP_MS: &str = "gap_ms";
 
-/// The gap when the config gives none: 30 minutes.
-const DEFAULT_GAP_MS: u64 = 30 * 60 * 1000;
+/// The gap, set by `init`: 30 minutes unless the config says.
+static GAP: AtomicU64 = AtomicU64::new(30 * 60 * 1000);
 
-/// The gap, set by `init`.
-static GAP: AtomicU64 = AtomicU64::new(DEFAULT_GAP_MS);
+/// The session windows of the gap in force.
+fn sessions() -> WindowSpec {
+    WindowSpec::session("session", GAP.load(Ordering::Relaxed))
+}
 
 #[derive(Deserialize)]
 struct Event {
@@ -30,8 +30,8 @@ struct Event {
     page: String,
 }
 
-/// A user's open session, and the closed session emitted when it expires.
-#[derive(Serialize, Deserialize)]
+/// A session: what is emitted when it closes.
+#[derive(Default, Clone, Serialize, Deserialize)]
 struct Session {
     user: String,
     /// Event time of its first and last event.
@@ -40,6 +40,18 @@ struct Session {
     /// Its events, and the distinct pages they visited (few: a session is short).
     events: u64,
     pages: Vec<String>,
+}
+
+impl Aggregate for Session {
+    /// Sessions an event bridges become one (and a new session is its first event).
+    fn merge(&mut self, other: Self) {
+        if self.events == 0 {
+            return *self = other;
+        }
+        (self.start, self.end, self.events) =
+            (self.start.min(other.start), self.end.max(other.end), self.events + other.events);
+        self.pages.extend(other.pages.into_iter().filter(|page| !self.pages.contains(page)).collect::<Vec<_>>());
+    }
 }
 
 /// The operator.
@@ -55,27 +67,15 @@ impl Operator for Sessions {
 
     fn process(record: Record, state: &State<'_>) -> Result<Vec<Output>> {
         let event: Event = record.json()?;
-        let mut session = state.get::<Session>("session")?.unwrap_or_else(|| Session {
-            user: event.user,
-            start: event.ts,
-            end: event.ts,
-            events: 0,
-            pages: Vec::new(),
-        });
-        session.start = session.start.min(event.ts);
-        session.end = session.end.max(event.ts);
-        session.events += 1;
-        if !session.pages.contains(&event.page) {
-            session.pages.push(event.page);
-        }
-        state.put_with_ttl("session", &session, Duration::from_millis(GAP.load(Ordering::Relaxed)))?;
+        let one = Session { user: event.user, start: event.ts, end: event.ts, events: 1, pages: vec![event.page] };
+        sessions().add(state, event.ts, |session: &mut Session| session.merge(one.clone()))?;
         Ok(Vec::new())
     }
 
     /// The user was inactive for the gap: the session is closed.
-    fn expired(entry: Expired, _state: &State<'_>) -> Result<Vec<Output>> {
-        let session: Session = entry.value()?;
-        Ok(vec![Output::json(entry.key, &session)?])
+    fn fired(timer: Timer, state: &State<'_>) -> Result<Vec<Output>> {
+        let closed = sessions().fired::<Session>(state, &timer)?;
+        closed.into_iter().map(|window| Output::json(timer.key.clone(), &window.aggregate)).collect()
     }
 }
 

@@ -45,7 +45,8 @@
 //! `{"fired": name, "at": <time>, "fireds": <count>}`; for a name starting with `fail`
 //! it returns an error instead, for one starting with `trap` it panics, each after
 //! writing `fireds`; for one starting with `again` it sets the timer again a second
-//! later, and for one starting with `past` at the time it fired (which traps).
+//! later, and for one starting with `past` at the time it fired (which traps); for one
+//! starting with `log` it also logs `fired <name>` at info.
 //!
 //! With `fail_init = "true"` in its config, `init` returns an error; with
 //! `trap_init = "true"`, it panics (a trap); with `state_in_init = "true"`, it writes
@@ -274,6 +275,9 @@ impl Operator for Probe {
         }
         if name.starts_with("past") {
             state.set_timer(name, timer.at_ms);
+        }
+        if name.starts_with("log") {
+            sluice_guest::log::info(&format!("fired {name}"));
         }
         let emitted = serde_json::json!({ "fired": name, "at": timer.at_ms, "fireds": fireds });
         Ok(vec![Output::json(timer.key, &emitted)?])

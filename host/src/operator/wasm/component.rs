@@ -52,6 +52,8 @@ impl WasmOperator {
         let mut timers = linker.instance(TIMERS_INTERFACE)?;
         timers.func_wrap("set", set_timer)?;
         timers.func_wrap("cancel", cancel_timer)?;
+        timers.func_wrap("now", clock_now)?;
+        timers.func_wrap("mark-late", mark_late)?;
         deny_wasi(&mut linker, engine, &compiled)?;
         // The sluice interfaces are defined once, at this host's version: wasmtime
         // links a component's import of any 0.1.x version to them (semver). A function
@@ -121,6 +123,7 @@ impl WasmOperator {
             last_error: None,
             in_record: false,
             in_callback: false,
+            late: false,
             batch: Batch::default(),
             budget: BatchBudget::new(&self.limits.per_call),
             lift_bounds: LiftBounds {

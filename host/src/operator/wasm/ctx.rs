@@ -45,6 +45,8 @@ pub(super) struct HostCtx {
     /// Whether the running call is `expired`'s or `fired`'s, where a timer the clock
     /// has reached may not be set.
     pub(super) in_callback: bool,
+    /// Whether the current record was marked late (`timers.mark-late`).
+    pub(super) late: bool,
     /// The running `process-batch` call's inputs and finished outcomes.
     pub(super) batch: Batch,
     /// Where the batch in hand stands against its bounds.
@@ -181,7 +183,7 @@ impl HostCtx {
     /// trap's cause, its last error log line, a host failure, what it used of its
     /// limits.
     pub(super) fn forget_last_call(&mut self) {
-        (self.cause, self.last_error, self.host_error) = (None, None, None);
+        (self.cause, self.last_error, self.host_error, self.late) = (None, None, None, false);
         self.usage = CallUsage::default();
     }
 

@@ -15,7 +15,7 @@ pub(super) fn finish(mut store: StoreContextMut<'_, HostCtx>, (result,): (GuestR
     if !ctx.in_record || !ctx.batch.is_running() {
         wasmtime::bail!("batch.finish called outside `process-batch`");
     }
-    let outcome = outcome_of(result, &ctx.per_call);
+    let outcome = outcome_of(result, &ctx.per_call, ctx.late);
     ctx.txn.end_record(matches!(outcome, Outcome::Emitted(_)));
     ctx.budget.add_record(&outcome);
     ctx.batch.outcomes.push(outcome);
@@ -63,6 +63,20 @@ pub(super) fn set_timer(mut store: StoreContextMut<'_, HostCtx>, (name, at_ms): 
 /// `timers.cancel`: cancels the current key's timer `name`, counted as a state write.
 pub(super) fn cancel_timer(mut store: StoreContextMut<'_, HostCtx>, (name,): (String,)) -> wasmtime::Result<()> {
     store.data_mut().cancel_timer(&name).map_err(wasmtime::Error::from_anyhow)
+}
+
+/// `timers.now`: the partition's clock.
+pub(super) fn clock_now(store: StoreContextMut<'_, HostCtx>, (): ()) -> wasmtime::Result<(u64,)> {
+    Ok((store.data().txn.clock().now_ms(),))
+}
+
+/// `timers.mark-late`: the current record is late; an error it returns makes it a
+/// `late` dead letter.
+pub(super) fn mark_late(mut store: StoreContextMut<'_, HostCtx>, (): ()) -> wasmtime::Result<()> {
+    let ctx = store.data_mut();
+    ctx.check_in_record("timers.mark-late").map_err(wasmtime::Error::from_anyhow)?;
+    ctx.late = true;
+    Ok(())
 }
 
 impl HostCtx {

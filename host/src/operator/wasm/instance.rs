@@ -241,7 +241,10 @@ impl WasmInstance {
     /// trap replacing the instance. An `Err` is a host failure.
     fn call_for_outcome<P: ComponentNamedList + Lower>(&mut self, func: Func, params: P) -> Result<Outcome> {
         match self.live().call::<P, ProcessResults>(func, params, true)? {
-            Ok((result,)) => Ok(outcome_of(result, &self.operator.limits.per_call)),
+            Ok((result,)) => {
+                let late = self.ctx().late;
+                Ok(outcome_of(result, &self.operator.limits.per_call, late))
+            }
             Err(trap) => Ok(Outcome::Trapped { reason: self.replace_after(trap)?, attempts: 1 }),
         }
     }

@@ -5,8 +5,9 @@ use super::*;
 
 /// What a call that returned `result` did for its record: its outputs, or, when they
 /// pass one of `limits`, a failure naming it (the instance did nothing wrong by its own
-/// rules, and is kept), or the operator's error.
-pub(super) fn outcome_of(result: GuestResult, limits: &OperatorLimits) -> Outcome {
+/// rules, and is kept), or the operator's error — a late record's when the call marked
+/// its record `late`.
+pub(super) fn outcome_of(result: GuestResult, limits: &OperatorLimits, late: bool) -> Outcome {
     let outputs = match result {
         Ok(GuestOutputs::Lifted(outputs)) => outputs,
         Ok(GuestOutputs::TooMany(count)) => {
@@ -17,6 +18,7 @@ pub(super) fn outcome_of(result: GuestResult, limits: &OperatorLimits) -> Outcom
             let reason = limit_passed("output_bytes_per_record", limits.output_bytes_per_record, bytes);
             return Outcome::Trapped { reason, attempts: 1 };
         }
+        Err(GuestReason(reason)) if late => return Outcome::Late(reason),
         Err(GuestReason(reason)) => return Outcome::Rejected(reason),
     };
     let foreign = outputs.iter().filter_map(|o| o.topic.as_ref()).find(|topic| !limits.output_topics.contains(topic));

@@ -31,6 +31,7 @@ fn outcome_lines(outcomes: &[Outcome]) -> Vec<String> {
         .map(|outcome| match outcome {
             Outcome::Emitted(outputs) => String::from_utf8_lossy(&outputs[0].value).into_owned(),
             Outcome::Rejected(reason) => format!("rejected: {}", first_line(reason)),
+            Outcome::Late(reason) => format!("late: {}", first_line(reason)),
             Outcome::Trapped { reason, .. } => format!("trapped: {}", first_line(reason)),
             Outcome::NullKey => "no key".to_string(),
         })
