@@ -103,6 +103,23 @@ pub struct Window<A> {
     pub aggregate: A,
 }
 
+/// A key's session windows of one spec: one state entry.
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "A: Aggregate")]
+struct Sessions<A> {
+    /// The sessions open, or closed and correcting within their grace.
+    open: Vec<Window<A>>,
+    /// The bounds of closed sessions, while a record could still touch one: such a
+    /// record is late, since the session it would join was emitted.
+    closed: Vec<(u64, u64)>,
+}
+
+impl<A> Default for Sessions<A> {
+    fn default() -> Self {
+        Sessions { open: Vec::new(), closed: Vec::new() }
+    }
+}
+
 /// What a window folds its records into: any state value. Session windows that merge
 /// fold one aggregate into the other with [`merge`](Aggregate::merge).
 pub trait Aggregate: Default + Clone + Serialize + DeserializeOwned {
@@ -184,8 +201,8 @@ impl WindowSpec {
         let now = state.now();
         match self.windows {
             Windows::Session { gap_ms } => self.add_to_session(state, ts, gap_ms, now, add),
-            Windows::Tumbling { size_ms } => self.add_to_fixed(state, ts, size_ms, size_ms, now, add),
-            Windows::Hopping { size_ms, advance_ms } => self.add_to_fixed(state, ts, size_ms, advance_ms, now, add),
+            Windows::Tumbling { size_ms } => self.add_to_fixed(state, ts, size_ms, now, add),
+            Windows::Hopping { advance_ms, .. } => self.add_to_fixed(state, ts, advance_ms, now, add),
         }
     }
 
@@ -194,31 +211,40 @@ impl WindowSpec {
     /// timer of another spec or of the operator's own included).
     pub fn fired<A: Aggregate>(&self, state: &State<'_>, timer: &Timer) -> Result<Vec<Window<A>>> {
         let Some(start_ms) = self.window_of(&timer.name) else { return Ok(Vec::new()) };
-        let (mut windows, at) = match self.windows {
-            Windows::Session { .. } => {
-                let sessions: Vec<Window<A>> = state.get(self.name)?.unwrap_or_default();
-                let Some(at) = sessions.iter().position(|w| w.start_ms == start_ms) else { return Ok(Vec::new()) };
-                (sessions, at)
+        let now = state.now();
+        let Windows::Session { gap_ms } = self.windows else {
+            let Some(aggregate) = state.get(&timer.name)? else { return Ok(Vec::new()) };
+            let window = Window { start_ms, end_ms: start_ms.saturating_add(self.size_ms()), aggregate };
+            let emitted = self.closing(&window, timer.at_ms);
+            if self.kept_after(&window, timer.at_ms, now) {
+                state.set_timer(&timer.name, self.ends(window.end_ms));
+            } else {
+                state.delete(&timer.name);
             }
-            Windows::Tumbling { size_ms } | Windows::Hopping { size_ms, .. } => {
-                let Some(aggregate) = state.get(&timer.name)? else { return Ok(Vec::new()) };
-                (vec![Window { start_ms, end_ms: start_ms + size_ms, aggregate }], 0)
-            }
+            return Ok(emitted.into_iter().collect());
         };
-        let end_ms = windows[at].end_ms;
-        let emitted = (self.emit == Emit::OnClose && timer.at_ms == self.close_at(end_ms)).then(|| windows[at].clone());
-        if timer.at_ms < end_ms + self.grace_ms && state.now() < end_ms + self.grace_ms {
-            // Closed and corrected within its grace: kept until it ends (unless the clock
-            // jumped past that too).
-            state.set_timer(&timer.name, end_ms + self.grace_ms);
+        let mut sessions: Sessions<A> = state.get(self.name)?.unwrap_or_default();
+        let Some(at) = sessions.open.iter().position(|w| w.start_ms == start_ms) else {
+            // A closed session's bounds, kept while a record could touch them: now gone.
+            sessions.closed.retain(|(start, _)| *start != start_ms);
+            self.put_sessions(state, &sessions)?;
+            return Ok(Vec::new());
+        };
+        let emitted = self.closing(&sessions.open[at], timer.at_ms);
+        let end_ms = sessions.open[at].end_ms;
+        if self.kept_after(&sessions.open[at], timer.at_ms, now) {
+            state.set_timer(&timer.name, self.ends(end_ms));
         } else {
-            windows.remove(at);
-            match self.windows {
-                Windows::Session { .. } if windows.is_empty() => state.delete(self.name),
-                Windows::Session { .. } => state.put(self.name, &windows)?,
-                _ => state.delete(&timer.name),
+            sessions.open.remove(at);
+            // A record touching it from now on would have joined a session already
+            // emitted: it is late, until it could be late anyway.
+            let forgotten_at = self.ends(end_ms.saturating_add(gap_ms));
+            if forgotten_at > now {
+                sessions.closed.push((start_ms, end_ms));
+                state.set_timer(&timer.name, forgotten_at);
             }
         }
+        self.put_sessions(state, &sessions)?;
         Ok(emitted.into_iter().collect())
     }
 
@@ -229,18 +255,18 @@ impl WindowSpec {
         &self,
         state: &State<'_>,
         ts: u64,
-        size_ms: u64,
         advance_ms: u64,
         now: u64,
         mut add: impl FnMut(&mut A),
     ) -> Result<Vec<Window<A>>> {
-        let (size_ms, advance_ms) = (size_ms.max(1), advance_ms.clamp(1, size_ms.max(1)));
+        let size_ms = self.size_ms();
+        let advance_ms = advance_ms.clamp(1, size_ms);
         let last = ts / advance_ms * advance_ms;
         let starts = (0..size_ms.div_ceil(advance_ms)).filter_map(|i| last.checked_sub(i * advance_ms));
         let mut emit = Vec::new();
         let mut taken = false;
-        for start_ms in starts.filter(|start| ts < start + size_ms) {
-            let end_ms = start_ms + size_ms;
+        for start_ms in starts.filter(|start| ts < start.saturating_add(size_ms)) {
+            let end_ms = start_ms.saturating_add(size_ms);
             let Some(closed) = self.takes(end_ms, now) else { continue };
             taken = true;
             let name = self.entry_name(start_ms);
@@ -262,7 +288,7 @@ impl WindowSpec {
         Ok(emit)
     }
 
-    /// `add` for session windows: the key's open sessions are one state entry, each
+    /// `add` for session windows: the key's sessions are one state entry, each open one
     /// with a timer named after its start.
     fn add_to_session<A: Aggregate>(
         &self,
@@ -272,18 +298,22 @@ impl WindowSpec {
         now: u64,
         mut add: impl FnMut(&mut A),
     ) -> Result<Vec<Window<A>>> {
-        let mut sessions: Vec<Window<A>> = state.get(self.name)?.unwrap_or_default();
-        let (mut start_ms, mut end_ms) = (ts, ts + gap_ms.max(1));
+        let Sessions { open, closed } = state.get(self.name)?.unwrap_or_else(Sessions::<A>::default);
+        let (mut start_ms, mut end_ms) = (ts, ts.saturating_add(gap_ms.max(1)));
+        if closed.iter().any(|&(start, end)| start <= end_ms && ts <= end) {
+            return Err(self.too_late(ts, now));
+        }
         // The sessions this record's window overlaps or touches merge with it (and may
         // bring others in reach: sessions never overlap one another, so one pass over
         // them in start order finds all).
-        sessions.sort_by_key(|w| w.start_ms);
+        let mut open = open;
+        open.sort_by_key(|w| w.start_ms);
         let (merging, kept): (Vec<_>, Vec<_>) =
-            sessions.into_iter().partition(|w| w.start_ms <= end_ms && start_ms <= w.end_ms);
+            open.into_iter().partition(|w| w.start_ms <= end_ms && start_ms <= w.end_ms);
         for window in &merging {
             (start_ms, end_ms) = (start_ms.min(window.start_ms), end_ms.max(window.end_ms));
         }
-        let Some(closed) = self.takes(end_ms, now) else { return Err(self.too_late(ts, now)) };
+        let Some(closed_now) = self.takes(end_ms, now) else { return Err(self.too_late(ts, now)) };
         let mut aggregate = A::default();
         for window in merging {
             aggregate.merge(window.aggregate);
@@ -292,19 +322,55 @@ impl WindowSpec {
             }
         }
         add(&mut aggregate);
-        state.set_timer(&self.entry_name(start_ms), self.first_timer(end_ms, closed));
-        let mut sessions = kept;
-        sessions.push(Window { start_ms, end_ms, aggregate });
-        state.put(self.name, &sessions)?;
-        let merged = sessions.last().expect("just pushed");
-        Ok((closed || self.emit == Emit::OnUpdate).then(|| merged.clone()).into_iter().collect())
+        state.set_timer(&self.entry_name(start_ms), self.first_timer(end_ms, closed_now));
+        let merged = Window { start_ms, end_ms, aggregate };
+        let emit = (closed_now || self.emit == Emit::OnUpdate).then(|| merged.clone());
+        let mut sessions = Sessions { open: kept, closed };
+        sessions.open.push(merged);
+        self.put_sessions(state, &sessions)?;
+        Ok(emit.into_iter().collect())
+    }
+
+    /// Stores a key's `sessions`, or deletes them when there are none.
+    fn put_sessions<A: Aggregate>(&self, state: &State<'_>, sessions: &Sessions<A>) -> Result<()> {
+        if sessions.open.is_empty() && sessions.closed.is_empty() {
+            state.delete(self.name);
+            return Ok(());
+        }
+        state.put(self.name, sessions)
+    }
+
+    /// The windows' size: their span for tumbling and hopping windows.
+    fn size_ms(&self) -> u64 {
+        match self.windows {
+            Windows::Tumbling { size_ms } | Windows::Hopping { size_ms, .. } => size_ms.max(1),
+            Windows::Session { gap_ms } => gap_ms.max(1),
+        }
+    }
+
+    /// `window` to emit, when the timer at `at_ms` closes it.
+    fn closing<A: Aggregate>(&self, window: &Window<A>, at_ms: u64) -> Option<Window<A>> {
+        (self.emit == Emit::OnClose && at_ms == self.close_at(window.end_ms)).then(|| window.clone())
+    }
+
+    /// Whether `window`, whose timer fired at `at_ms` with the clock at `now`, stays:
+    /// it closed and takes corrections until its grace ends (unless the clock jumped
+    /// past that too).
+    fn kept_after<A>(&self, window: &Window<A>, at_ms: u64, now: u64) -> bool {
+        let ends = self.ends(window.end_ms);
+        at_ms < ends && now < ends
+    }
+
+    /// When a window ending at `end_ms` ends its grace: its state is deleted then.
+    fn ends(&self, end_ms: u64) -> u64 {
+        end_ms.saturating_add(self.grace_ms)
     }
 
     /// Whether a window ending at `end_ms` takes a record when the clock is `now`:
     /// `Some(false)` open, `Some(true)` closed and corrected within its grace, `None`
     /// late for it.
     fn takes(&self, end_ms: u64, now: u64) -> Option<bool> {
-        if now >= end_ms + self.grace_ms {
+        if now >= self.ends(end_ms) {
             return None;
         }
         Some(now >= self.close_at(end_ms))
@@ -314,15 +380,15 @@ impl WindowSpec {
     /// [`Emit::OnClose`]).
     fn close_at(&self, end_ms: u64) -> u64 {
         match self.late {
-            Late::Wait => end_ms + self.grace_ms,
+            Late::Wait => self.ends(end_ms),
             Late::Correct => end_ms,
         }
     }
 
     /// The first timer of a window ending at `end_ms`: its close, or, for one emitted at
-    /// every update or already closed, its end with the grace.
+    /// every update or already closed, the end of its grace.
     fn first_timer(&self, end_ms: u64, closed: bool) -> u64 {
-        if closed || self.emit == Emit::OnUpdate { end_ms + self.grace_ms } else { self.close_at(end_ms) }
+        if closed || self.emit == Emit::OnUpdate { self.ends(end_ms) } else { self.close_at(end_ms) }
     }
 
     /// The state entry and timer of this spec's window starting at `start_ms`.
@@ -453,9 +519,11 @@ mod tests {
                 Err(e) => panic!("{e}"),
             }
             if let Windows::Session { .. } = SPECS[SPEC].windows {
-                // A session merged into another leaves no timer behind.
-                let sessions: Vec<Window<Sum>> = state.get(key, SPECS[SPEC].name).unwrap().unwrap_or_default();
-                assert_eq!(state.timers(key).len(), sessions.len(), "timers of {key} after {ts}");
+                // A session merged into another leaves no timer behind; each open
+                // session and each closed one kept has one.
+                let sessions: Sessions<Sum> = state.get(key, SPECS[SPEC].name).unwrap().unwrap_or_default();
+                let kept = sessions.open.len() + sessions.closed.len();
+                assert_eq!(state.timers(key).len(), kept, "timers of {key} after {ts}");
             }
         }
         collect(state.fire_until::<Summing<SPEC>>(u64::MAX / 2).unwrap());
@@ -562,6 +630,20 @@ mod tests {
         let (waited, late) = run::<0>(&input);
         assert_eq!(first(&waited), [2]);
         assert_eq!(late, [5]);
+    }
+
+    #[test]
+    fn a_record_that_would_join_a_closed_session_is_late() {
+        // Gap 400, grace 300: a's session [1000, 1400) closes at 1700, when b's record
+        // brings the clock there; a record of a at 1001 would join it: late, not a second
+        // session overlapping the first. One at 1750 starts a new session.
+        let input =
+            [("a".to_string(), 1_000), ("b".to_string(), 1_700), ("a".to_string(), 1_001), ("a".to_string(), 1_750)];
+        let (emitted, late) = run::<3>(&input);
+        assert_eq!(late, [2]);
+        let sessions = |key: &str| emitted.iter().filter(|e| e.0 == key).map(|e| (e.1, e.2, e.3)).collect::<Vec<_>>();
+        assert_eq!(sessions("a"), [(1_000, 1_400, 1), (1_750, 2_150, 1)]);
+        assert_eq!(sessions("b"), [(1_700, 2_100, 1)]);
     }
 
     #[test]

@@ -133,9 +133,19 @@ impl TestDriver {
     /// the first record (a test's starting state); it never expires unless the host's
     /// TTL policy names it.
     pub fn put_state(&mut self, key: &[u8], name: &str, value: &[u8]) -> Result<()> {
+        self.write_state(key, |state| state.put(name, value.to_vec()))
+    }
+
+    /// Sets `key`'s timer `name` for `at_ms`, as the operator's `set_timer` would.
+    pub fn set_timer(&mut self, key: &[u8], name: &str, at_ms: u64) -> Result<()> {
+        self.write_state(key, |state| state.set_timer(name, at_ms))
+    }
+
+    /// Makes `write` to `key`'s state and commits it.
+    fn write_state(&mut self, key: &[u8], write: impl FnOnce(&mut Transaction)) -> Result<()> {
         let state = self.instance.state();
         state.scope(key);
-        state.put(name, value.to_vec());
+        write(state);
         state.end_record(true);
         state.commit(self.next_offset)
     }
@@ -240,7 +250,14 @@ impl TestDriver {
             let key = bytes_field(&entry, "key").with_context(at)?;
             let value = bytes_field(&entry, "value").with_context(at)?;
             let name = entry["name"].as_str().context("no \"name\" string").with_context(at)?;
-            self.put_state(&key, name, &value)?;
+            match crate::state::timer_of(name) {
+                // A timer's entry, as the dump shows it: set again for its time.
+                Some(timer) => {
+                    let at_ms = entry["expires_at_ms"].as_u64().context("a timer without \"expires_at_ms\"");
+                    self.set_timer(&key, timer, at_ms.with_context(at)?)?;
+                }
+                None => self.put_state(&key, name, &value)?,
+            }
             count += 1;
         }
         Ok(count)

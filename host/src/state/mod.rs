@@ -31,7 +31,7 @@ pub use cache::Cache;
 pub use expiry::{Clock, CommittedClock};
 pub use partition::{PartitionStore, StateEntry, limit_memory};
 pub use sweep::Expired;
-pub use timer::is_reserved;
+pub use timer::{is_reserved, timer_of};
 pub use transaction::Transaction;
 
 use anyhow::{Context, Result, bail};

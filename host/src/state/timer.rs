@@ -20,10 +20,15 @@ pub fn is_reserved(name: &str) -> bool {
     name.starts_with('\u{0}')
 }
 
+/// The name of the timer a state entry `name` holds, when it holds one.
+pub fn timer_of(name: &str) -> Option<&str> {
+    name.strip_prefix(TIMER_PREFIX)
+}
+
 impl Expired {
     /// The timer's name, when the entry held a timer (which fired) rather than a value.
     pub fn timer(&self) -> Option<&str> {
-        self.name.strip_prefix(TIMER_PREFIX)
+        timer_of(&self.name)
     }
 }
 

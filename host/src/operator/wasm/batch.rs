@@ -109,7 +109,7 @@ impl WasmInstance {
             return &rest[..1];
         }
         let mut len = run_length(rest, self.operator.limits.memory_bytes / 8);
-        if self.live().exports.expired.is_some() {
+        if self.live().exports.told() {
             len = 1 + self.state().records_before_due(&rest[1..len]);
         }
         &rest[..len]
@@ -136,7 +136,7 @@ impl WasmInstance {
     /// The `process-batch` call of `run` itself: the inputs handed over, the outcomes
     /// of those it finished appended to `outcomes`. An `Err` is a host failure.
     fn call_run(&mut self, run: &[SourceRecord], outcomes: &mut Vec<Outcome>) -> Result<RunEnd> {
-        let told = self.live().exports.expired.is_some();
+        let told = self.live().exports.told();
         let live = self.live();
         let process_batch = live.exports.process_batch.expect("called only when the component exports it");
         live.store.data_mut().batch.start(run, told);

@@ -230,6 +230,15 @@ pub(super) struct Exports {
     pub(super) fired: Option<Func>,
 }
 
+impl Exports {
+    /// Whether the component is told of expiries or timers (it exports `expired` or
+    /// `fired`): the host then calls it for each before the record that makes it due,
+    /// and cuts a batched call there.
+    pub(super) fn told(&self) -> bool {
+        self.expired.is_some() || self.fired.is_some()
+    }
+}
+
 /// Defines each function of the WASI interfaces `component` imports (the Rust
 /// standard library links them in) as a trap that records which one was called; the
 /// sandbox grants none of them. [`check_imports`] has refused any other kind of import.

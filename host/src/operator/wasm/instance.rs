@@ -176,7 +176,7 @@ impl WasmInstance {
     /// `expired` for each when it exports it (`fired` for a timer's), until none is due
     /// or the batch is spent (after it did something); returns whether none is due.
     pub(super) fn expire_before(&mut self, offset: u64, expirations: &mut Vec<Expiration>) -> Result<bool> {
-        let told = self.live().exports.expired.is_some();
+        let told = self.live().exports.told();
         loop {
             let limits = &self.operator.limits.per_call;
             let ctx = self.live.as_mut().expect("instance is live between calls").store.data_mut();
@@ -188,8 +188,7 @@ impl WasmInstance {
             }
             let Some(entry) = ctx.txn.expire_next()? else { return Ok(true) };
             ctx.budget.expiries += 1;
-            if told {
-                let outcome = self.call_told(&entry)?;
+            if told && let Some(outcome) = self.call_told(&entry)? {
                 let bytes = entry.key.len() + entry.name.len() + entry.value.len() + outcome.bytes();
                 let budget = &mut self.ctx().budget;
                 budget.bytes = budget.bytes.saturating_add(bytes);
@@ -200,13 +199,14 @@ impl WasmInstance {
 
     /// Tells the component of `entry`, in a record scope of its key: its `expired`, or
     /// for a timer its `fired` — a timer fired in a version without `fired` (one set by
-    /// a newer version before a rollback) is the timer's dead letter. The call's writes
-    /// stand only if it returns outputs. An `Err` is a host failure.
-    fn call_told(&mut self, entry: &Expired) -> Result<Outcome> {
+    /// a newer version before a rollback) is the timer's dead letter; an expiry in one
+    /// without `expired` has no outcome. The call's writes stand only if it returns
+    /// outputs. An `Err` is a host failure.
+    fn call_told(&mut self, entry: &Expired) -> Result<Option<Outcome>> {
         let exports = self.live().exports;
         let outcome = match (entry.timer(), exports.fired) {
             (None, _) => {
-                let expired = exports.expired.expect("called only when the component exports it");
+                let Some(expired) = exports.expired else { return Ok(None) };
                 let params = (entry.key.as_slice(), entry.name.as_str(), entry.value.as_slice(), entry.expired_at_ms);
                 self.call_callback::<ExpiredParams<'_>>(&entry.key, expired, params)?
             }
@@ -220,7 +220,7 @@ impl WasmInstance {
                 entry.expired_at_ms, self.operator.version
             )),
         };
-        Ok(outcome)
+        Ok(Some(outcome))
     }
 
     /// Calls `func`, the `expired` or `fired` callback, with `params` in a record scope
@@ -230,7 +230,10 @@ impl WasmInstance {
         ctx.txn.scope(key);
         ctx.in_callback = true;
         let outcome = self.call_for_outcome::<P>(func, params);
-        self.ctx().in_callback = false;
+        // After a trap whose replacement failed to start there is no instance left.
+        if let Some(live) = self.live.as_mut() {
+            live.store.data_mut().in_callback = false;
+        }
         let outcome = outcome?;
         self.state().end_record(matches!(outcome, Outcome::Emitted(_)));
         Ok(outcome)
