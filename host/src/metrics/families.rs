@@ -99,13 +99,17 @@ pub const CHECKPOINT_AGE: Family = Family::gauge(
     "sluice_checkpoint_age_seconds",
     "Time since the newest checkpoint held the partition's state (or it started here)",
 );
-/// State entries removed by expiry, per partition.
-pub const EXPIRED_ENTRIES: Family = Family::counter("sluice_expired_entries", "State entries removed by expiry");
-/// Entries due but not yet expired, per partition.
-pub const EXPIRY_BACKLOG: Family = Family::gauge("sluice_expiry_backlog_entries", "Entries due but not yet expired");
-/// The partition's expiry clock.
-pub const TTL_CLOCK: Family =
-    Family::gauge("sluice_ttl_clock_seconds", "The partition's expiry clock, seconds since the epoch");
+/// State entries removed by expiry (timers that fired included), per partition.
+pub const EXPIRED_ENTRIES: Family =
+    Family::counter("sluice_expired_entries", "State entries removed by expiry, timers that fired included");
+/// Entries and timers due but not yet expired or fired, per partition.
+pub const EXPIRY_BACKLOG: Family =
+    Family::gauge("sluice_expiry_backlog_entries", "Entries and timers due but not yet expired or fired");
+/// The partition's clock (in event time its watermark), which TTLs and timers count on.
+pub const TTL_CLOCK: Family = Family::gauge(
+    "sluice_ttl_clock_seconds",
+    "The partition's clock (in event time its watermark) that TTLs and timers count on, seconds since the epoch",
+);
 /// Hot swaps, per partition.
 pub const OPERATOR_SWITCHES: Family =
     Family::counter("sluice_operator_switches", "Operator versions switched to (hot swaps)");
