@@ -272,6 +272,13 @@ fn the_status_page_shows_the_partitions_live_and_a_deploy_on_its_timeline() -> R
     assert!(total(&after) > total(&before), "the totals follow the run too");
     assert!(rows_after.values().all(|row| row["version"] == v2), "every partition runs {v2}:\n{after}");
     assert!(rows_before.values().all(|row| row["version"] != v2), "{before}");
+    // The generator's event times begin on 2026-01-01; nothing expires in this job.
+    let watermarks = rows_after.values().all(|row| row["watermark"].starts_with("2026-01-01T") && row["due"] == "0");
+    assert!(
+        watermarks,
+        "each partition's watermark and timers due:
+{after}"
+    );
     let switch = text_after(&after, "data-kind=\"switch\"").unwrap_or_default();
     assert!(switch.contains("4 partitions from") && switch.contains(&v2), "on the timeline:\n{after}");
 

@@ -45,6 +45,12 @@ pub struct PartitionStatus {
     pub processed: u64,
     /// Records (or outputs) sent to the dead letters, of every operator version and kind.
     pub dead_letters: u64,
+    /// The partition's clock as of the last commit — in event time its watermark, which
+    /// TTLs and timers count on — ms since the epoch (none before it started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark_ms: Option<u64>,
+    /// State entries and timers due but not yet expired or fired, as of the last commit.
+    pub due: u64,
     /// The upper bound of the batch-duration bucket holding the 99th percentile of its
     /// batches, s (none before its first batch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -155,6 +161,8 @@ impl Metrics {
                 cache_misses: load(&stats.cache_misses),
                 processed: load(&stats.processed),
                 dead_letters: lock(&stats.dead_by_version).values().map(DeadLetters::total).sum(),
+                watermark_ms: Some(load(&stats.clock_ms)).filter(|ms| *ms > 0),
+                due: load(&stats.backlog),
                 batch_p99_s: p99(&batches),
                 checkpoint_age_s: self.checkpoint_age_s(stats, now),
             });
