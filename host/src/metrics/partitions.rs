@@ -49,7 +49,9 @@ pub struct PartitionStatus {
     /// TTLs and timers count on — ms since the epoch (none before it started).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark_ms: Option<u64>,
-    /// State entries and timers due but not yet expired or fired, as of the last commit.
+    /// State entries and timers due but not yet expired or fired, as of the last commit
+    /// (0 from a host that does not say: `sluice status` reads older hosts too).
+    #[serde(default)]
     pub due: u64,
     /// The upper bound of the batch-duration bucket holding the 99th percentile of its
     /// batches, s (none before its first batch).
