@@ -535,20 +535,23 @@ pub mod __private {
 
     #[cfg(target_arch = "wasm32")]
     pub fn process<O: Operator>(record: types::InputRecord) -> std::result::Result<Vec<types::OutputRecord>, String> {
-        let state = State { backend: std::marker::PhantomData, encoding: O::STATE_ENCODING };
-        outputs(O::process(record.into(), &state))
+        outputs(O::process(record.into(), &state::<O>()))
     }
 
     #[cfg(all(target_arch = "wasm32", not(feature = "wit-0-1-0")))]
     pub fn expired<O: Operator>(entry: Expired) -> std::result::Result<Vec<types::OutputRecord>, String> {
-        let state = State { backend: std::marker::PhantomData, encoding: O::STATE_ENCODING };
-        outputs(O::expired(entry, &state))
+        outputs(O::expired(entry, &state::<O>()))
     }
 
     #[cfg(all(target_arch = "wasm32", not(feature = "wit-0-1-0")))]
     pub fn fired<O: Operator>(timer: Timer) -> std::result::Result<Vec<types::OutputRecord>, String> {
-        let state = State { backend: std::marker::PhantomData, encoding: O::STATE_ENCODING };
-        outputs(O::fired(timer, &state))
+        outputs(O::fired(timer, &state::<O>()))
+    }
+
+    /// The state of the host's current key, as `O` stores it.
+    #[cfg(target_arch = "wasm32")]
+    fn state<O: Operator>() -> State<'static> {
+        State { backend: std::marker::PhantomData, encoding: O::STATE_ENCODING }
     }
 
     /// What the host gets of an operator's result.

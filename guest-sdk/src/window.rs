@@ -216,7 +216,7 @@ impl WindowSpec {
             let Some(aggregate) = state.get(&timer.name)? else { return Ok(Vec::new()) };
             let window = Window { start_ms, end_ms: start_ms.saturating_add(self.size_ms()), aggregate };
             let emitted = self.closing(&window, timer.at_ms);
-            if self.kept_after(&window, timer.at_ms, now) {
+            if self.kept_after(window.end_ms, timer.at_ms, now) {
                 state.set_timer(&timer.name, self.ends(window.end_ms));
             } else {
                 state.delete(&timer.name);
@@ -232,17 +232,18 @@ impl WindowSpec {
         };
         let emitted = self.closing(&sessions.open[at], timer.at_ms);
         let end_ms = sessions.open[at].end_ms;
-        if self.kept_after(&sessions.open[at], timer.at_ms, now) {
+        if self.kept_after(end_ms, timer.at_ms, now) {
+            // The sessions stay as they are.
             state.set_timer(&timer.name, self.ends(end_ms));
-        } else {
-            sessions.open.remove(at);
-            // A record touching it from now on would have joined a session already
-            // emitted: it is late, until it could be late anyway.
-            let forgotten_at = self.ends(end_ms.saturating_add(gap_ms));
-            if forgotten_at > now {
-                sessions.closed.push((start_ms, end_ms));
-                state.set_timer(&timer.name, forgotten_at);
-            }
+            return Ok(emitted.into_iter().collect());
+        }
+        sessions.open.remove(at);
+        // A record touching it from now on would have joined a session already emitted:
+        // it is late, until it could be late anyway.
+        let forgotten_at = self.ends(end_ms.saturating_add(gap_ms));
+        if forgotten_at > now {
+            sessions.closed.push((start_ms, end_ms));
+            state.set_timer(&timer.name, forgotten_at);
         }
         self.put_sessions(state, &sessions)?;
         Ok(emitted.into_iter().collect())
@@ -353,11 +354,11 @@ impl WindowSpec {
         (self.emit == Emit::OnClose && at_ms == self.close_at(window.end_ms)).then(|| window.clone())
     }
 
-    /// Whether `window`, whose timer fired at `at_ms` with the clock at `now`, stays:
-    /// it closed and takes corrections until its grace ends (unless the clock jumped
-    /// past that too).
-    fn kept_after<A>(&self, window: &Window<A>, at_ms: u64, now: u64) -> bool {
-        let ends = self.ends(window.end_ms);
+    /// Whether the window ending at `end_ms`, whose timer fired at `at_ms` with the clock
+    /// at `now`, stays: it closed and takes corrections until its grace ends (unless the
+    /// clock jumped past that too).
+    fn kept_after(&self, end_ms: u64, at_ms: u64, now: u64) -> bool {
+        let ends = self.ends(end_ms);
         at_ms < ends && now < ends
     }
 

@@ -326,26 +326,25 @@ impl Transaction {
 
     /// Stages `value` under `name` for the current key, expiring after the name's TTL.
     pub fn put(&mut self, name: &str, value: Vec<u8>) {
-        self.put_expiring(name, value, self.ttl.ttl(name));
+        self.put_expiring_at(name, &value, self.clock.expiry(self.ttl.ttl(name)));
     }
 
     /// Stages `value` under `name` for the current key, expiring `ttl` after the clock
     /// now, whatever the config says for `name`.
     pub fn put_with_ttl(&mut self, name: &str, value: Vec<u8>, ttl: Duration) {
-        self.put_expiring(name, value, Some(ttl));
-    }
-
-    fn put_expiring(&mut self, name: &str, value: Vec<u8>, ttl: Option<Duration>) {
-        encode_entry_key(&mut self.entry, &self.key, name);
-        let expires_at = self.clock.expiry(ttl);
-        self.record.push((self.entry.clone(), Some(encode_value(&value, expires_at))));
+        self.put_expiring_at(name, &value, self.clock.expiry(Some(ttl)));
     }
 
     /// Sets the timer `name` of the current key to fire at `at_ms` on the clock: an
     /// entry that expires then (see [`timer`](super::timer)), replacing its time.
     pub fn set_timer(&mut self, name: &str, at_ms: u64) {
-        encode_entry_key(&mut self.entry, &self.key, &timer::entry_name(name));
-        self.record.push((self.entry.clone(), Some(encode_value(&[], Some(at_ms)))));
+        self.put_expiring_at(&timer::entry_name(name), &[], Some(at_ms));
+    }
+
+    /// Stages `value` under `name` for the current key, expiring at `expires_at`.
+    fn put_expiring_at(&mut self, name: &str, value: &[u8], expires_at: Option<u64>) {
+        encode_entry_key(&mut self.entry, &self.key, name);
+        self.record.push((self.entry.clone(), Some(encode_value(value, expires_at))));
     }
 
     /// Cancels the timer `name` of the current key.
