@@ -100,7 +100,7 @@ impl fmt::Display for JobReport {
         writeln!(
             f,
             "partition  restored-from           resumed-at  committed  processed  dead-letters  keys  entries  \
-             expired  backlog  clock                 checkpoints  checkpointed-at  uploaded  stopped"
+             expired      due  watermark             checkpoints  checkpointed-at  uploaded  stopped"
         )?;
         for p in &self.partitions {
             writeln!(

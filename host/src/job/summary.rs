@@ -68,25 +68,7 @@ pub(super) fn log_summary(started: Instant, since: Mark, live: &LiveStats, host:
         sum(|s| &s.checkpoints),
     );
     for (p, why) in worth_attention(&live) {
-        let s = &live[&p];
-        let lag = s.lag.load(Ordering::Relaxed);
-        let ttl = match s.expired.load(Ordering::Relaxed) {
-            0 => String::new(),
-            expired => format!(
-                " expired={expired} backlog={} clock={}",
-                s.backlog.load(Ordering::Relaxed),
-                clock_time(s.clock_ms.load(Ordering::Relaxed))
-            ),
-        };
-        summary += &format!(
-            "\n  p{p}@{} entries={}{ttl} ckpt@{} batch-p99={:.2}ms{}{}",
-            s.committed_offset.load(Ordering::Relaxed),
-            s.entries.load(Ordering::Relaxed),
-            s.checkpoint_offset.load(Ordering::Relaxed),
-            s.batch_p99_us.load(Ordering::Relaxed) as f64 / 1e3,
-            if lag >= 0 { format!(" {LAG}{lag}") } else { String::new() },
-            if why.is_empty() { String::new() } else { format!(" ({})", why.join(", ")) }
-        );
+        summary += &partition_line(p, &live[&p], &why);
     }
     // Through the log, so `--log-format json` keeps one JSON object a line.
     tracing::info!(target: "sluice::summary", "{summary}");
@@ -120,4 +102,51 @@ fn worth_attention(live: &BTreeMap<u32, Arc<PartitionStats>>) -> BTreeMap<u32, V
         }
     }
     shown
+}
+
+/// The running summary's line of partition `p`, whose counters are `s`, shown for `why`.
+fn partition_line(p: u32, s: &PartitionStats, why: &[&str]) -> String {
+    let lag = s.lag.load(Ordering::Relaxed);
+    // The event-time clock (the watermark, once a record set it), the entries and
+    // timers due at it not yet done, and the entries expired so far.
+    let mut ttl = String::new();
+    let [clock_ms, due, expired] = [&s.clock_ms, &s.backlog, &s.expired].map(|c| c.load(Ordering::Relaxed));
+    if clock_ms > 0 {
+        ttl += &format!(" watermark={}", clock_time(clock_ms));
+    }
+    if due > 0 {
+        ttl += &format!(" due={due}");
+    }
+    if expired > 0 {
+        ttl += &format!(" expired={expired}");
+    }
+    format!(
+        "\n  p{p}@{} entries={}{ttl} ckpt@{} batch-p99={:.2}ms{}{}",
+        s.committed_offset.load(Ordering::Relaxed),
+        s.entries.load(Ordering::Relaxed),
+        s.checkpoint_offset.load(Ordering::Relaxed),
+        s.batch_p99_us.load(Ordering::Relaxed) as f64 / 1e3,
+        if lag >= 0 { format!(" {LAG}{lag}") } else { String::new() },
+        if why.is_empty() { String::new() } else { format!(" ({})", why.join(", ")) }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A partition's line shows its watermark once a record set it, and what is due at
+    /// it (expiries and timers) while anything is.
+    #[test]
+    fn a_partition_line_shows_its_watermark_and_what_is_due() {
+        let s = PartitionStats::new(42, 7, "op@1");
+        assert_eq!(partition_line(3, &s, &[]), "\n  p3@42 entries=7 ckpt@0 batch-p99=0.00ms");
+        s.clock_ms.store(1_767_225_660_000, Ordering::Relaxed);
+        s.backlog.store(5, Ordering::Relaxed);
+        s.expired.store(2, Ordering::Relaxed);
+        assert_eq!(
+            partition_line(3, &s, &["slowest"]),
+            "\n  p3@42 entries=7 watermark=2026-01-01T00:01:00Z due=5 expired=2 ckpt@0 batch-p99=0.00ms (slowest)"
+        );
+    }
 }
