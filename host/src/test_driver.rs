@@ -266,7 +266,9 @@ impl TestDriver {
     /// Processes every record of the JSONL file `path` in order — the key from each
     /// line's `key_field`, the event time from its `timestamp_field`, as a file source
     /// reads them — then, with `advance_to`, moves the clock there; returns all they
-    /// emitted and how many records there were.
+    /// emitted and how many records there were. A line `{"$advance_to": MS}` is not a
+    /// record but moves the clock to `MS` there, between the records around it
+    /// ([`ADVANCE_TO`]).
     pub fn process_file(
         &mut self,
         path: &Path,
@@ -276,16 +278,43 @@ impl TestDriver {
     ) -> Result<(Step, usize)> {
         let mut all = Step::default();
         let mut records = 0;
-        for record in JsonlFile::open(path, key_field, timestamp_field, config::default_max_line_bytes())? {
+        for (line, record) in
+            JsonlFile::open(path, key_field, timestamp_field, config::default_max_line_bytes())?.enumerate()
+        {
             let record = record?;
-            all.append(self.process(&record.key, &record.value, record.timestamp_ms)?);
-            records += 1;
+            match clock_directive(&record.value)
+                .with_context(|| format!("{}: non-empty line {}", path.display(), line + 1))?
+            {
+                Some(at) => all.append(self.advance_clock(at)?),
+                None => {
+                    all.append(self.process(&record.key, &record.value, record.timestamp_ms)?);
+                    records += 1;
+                }
+            }
         }
         if let Some(at) = advance_to {
             all.append(self.advance_clock(at)?);
         }
         Ok((all, records))
     }
+}
+
+/// The field of a fixture line that makes it a directive moving the clock, not a
+/// record: `{"$advance_to": 1767225660000}`.
+pub const ADVANCE_TO: &str = "$advance_to";
+
+/// The time a fixture line's [`ADVANCE_TO`] moves the clock to; `None` for a record.
+/// A line naming it that is not exactly such a directive is an error, so a typo does
+/// not quietly become a record.
+fn clock_directive(line: &[u8]) -> Result<Option<i64>> {
+    // Cheap for records: only a line that names the field is parsed again.
+    if !line.windows(ADVANCE_TO.len()).any(|w| w == ADVANCE_TO.as_bytes()) {
+        return Ok(None);
+    }
+    let Ok(fields) = serde_json::from_slice::<serde_json::Map<String, Value>>(line) else { return Ok(None) };
+    let Some(at) = fields.get(ADVANCE_TO) else { return Ok(None) };
+    anyhow::ensure!(fields.len() == 1, "a line with {ADVANCE_TO} must have no other field");
+    at.as_i64().map(Some).with_context(|| format!("{ADVANCE_TO} must be ms since the epoch, not {at}"))
 }
 
 /// The bytes of `entry`'s field `name`: a JSON value as its JSON text (a string as its

@@ -113,3 +113,40 @@ fn the_test_drivers_clock_drives_expiry_deterministically() -> Result<()> {
     assert!(driver.state()?.is_empty(), "the summary is gone");
     Ok(())
 }
+
+/// A fixture line `{"$advance_to": MS}` moves the clock between two records:
+/// speed-windows' fixtures close a minute and its 5-minute windows mid-file, so the
+/// position after the first move is late for its minute (not for its 5-minute windows)
+/// and the one after the second is late for all, a `late` dead letter. A line naming
+/// the directive that is not one is an error naming the line.
+#[test]
+fn a_fixture_line_moves_the_clock_between_records() -> Result<()> {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../operators/speed-windows/fixtures");
+    let test = |input: &Path| {
+        let mut command = sluice();
+        command.arg("test").arg(operator_wasm("speed_windows")).arg("--input").arg(input);
+        command
+    };
+    let run = run_ok(
+        test(&fixtures.join("input.jsonl"))
+            .arg("--expect")
+            .arg(fixtures.join("expected.jsonl"))
+            .arg("--expect-dead-letters")
+            .arg(fixtures.join("dead-letters.jsonl")),
+    )?;
+    let said = String::from_utf8(run.stderr)?;
+    assert!(said.contains("4 records, 6 outputs, 1 dead letters, as expected,"), "{said}");
+
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    let position = r#"{"vehicle_id":"veh-1","ts":1767225610000,"lat":0,"lon":0,"speed_kmh":30}"#;
+    for (wrong, says) in [
+        (r#"{"$advance_to":"soon"}"#, "$advance_to must be ms since the epoch, not \"soon\""),
+        (r#"{"$advance_to":1767225660000,"vehicle_id":"veh-1"}"#, "a line with $advance_to must have no other field"),
+    ] {
+        std::fs::write(&input, format!("{position}\n\n{wrong}\n"))?;
+        let err = run_err(&mut test(&input))?;
+        assert!(err.contains("input.jsonl: non-empty line 2") && err.contains(says), "{err}");
+    }
+    Ok(())
+}

@@ -130,7 +130,8 @@ pub enum NewCommand {
 pub struct TestArgs {
     /// The operator component (.wasm).
     pub operator: PathBuf,
-    /// The input records, one JSON object per line, read as a file source reads them.
+    /// The input records, one JSON object per line, read as a file source reads them;
+    /// a line `{"$advance_to": MS}` moves the event-time clock to MS there instead.
     #[arg(long)]
     pub input: PathBuf,
     /// The expected outputs, one JSON line each, in order: each field given must match
