@@ -208,6 +208,12 @@ fn out_of_range_settings_are_named_and_keys_are_never_merged() -> Result<()> {
         (&["--ttl", "0.0005"][..], "", "[ttl] default = 500µs is under 1 ms"),
         (&[][..], "[ttl]\nfuture_skew = 18446744073709552\n", &format!("[ttl] future_skew = {too_long}")),
         (&[][..], "[ttl]\nlateness = \"584942418y\"\n", "[ttl] lateness = "),
+        (&[][..], "[ttl]\nidle_timeout = \"0s\"\n", "[ttl] idle_timeout must be more than 0"),
+        (
+            &[][..],
+            "[ttl]\ntime = \"processing\"\nidle_timeout = \"1m\"\n",
+            "[ttl] idle_timeout is for time = \"event\"",
+        ),
         (&["--checkpoint-interval", "18446744073709552"][..], "", &format!("[checkpoint] interval = {too_long}")),
         (&["--partitions", "4294967295"][..], "", "[state] partitions = 4294967295 is more than 65536"),
     ] {

@@ -424,3 +424,30 @@ fn in_processing_time_an_idle_partition_expires_its_state_by_the_wall_clock() ->
     assert_eq!(left.len(), 5, "each vehicle's final summary: {outputs:?}");
     Ok(())
 }
+
+/// In event time an idle partition's clock holds — unless `[ttl] idle_timeout` moves it
+/// on with the wall clock past the timeout: five vehicles report, then nothing arrives
+/// before the job stops idle 3 s later. Without the timeout their summaries (TTL 1 s of
+/// event time) outlive the run; with 500 ms, each expires, with vehicle-stats' final
+/// summary, within the timeout and the TTL of wall time.
+#[test]
+fn in_event_time_an_idle_timeout_moves_an_idle_partitions_clock_on() -> Result<()> {
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 1).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let input = kafka.generate("positions.jsonl", 5, 50)?;
+    broker.produce_lines("positions", &input)?;
+    for (group, idle_timeout, expired) in [("held", "", 0), ("moved", "idle_timeout = \"500ms\"\n", 5)] {
+        let more = format!("stop_when_idle_s = 3\n[ttl]\ndefault = \"1s\"\n{idle_timeout}");
+        let config = kafka.source(&format!("group = \"{group}\"\n{more}"))?;
+        let run_dir = dir.join(group);
+        std::fs::create_dir_all(&run_dir)?;
+        let run = run_ok(run_job(&operator_wasm("vehicle_stats"), &run_dir, 1).arg("--config").arg(&config))?;
+        let report = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(reported_expired(&report), expired, "{group}: {report}");
+        let outputs = read_jsonl(&run_dir.join("out.jsonl"))?;
+        let left = outputs.iter().filter(|o| o["cause"] == "expiry").count();
+        let kept = dump_state(&run_dir.join("state"))?.len() as u64;
+        assert_eq!((left as u64, kept), (expired, 5 - expired), "{group}");
+    }
+    Ok(())
+}

@@ -145,6 +145,12 @@ pub struct TtlConfig {
     /// How far the clock trails the largest timestamp seen.
     #[serde(deserialize_with = "duration")]
     pub lateness: Duration,
+    /// In event time, how long a partition goes without records (by the wall clock)
+    /// before its clock moves on with the wall clock, so its windows close and its
+    /// timers fire without a record; absent: an idle partition's clock holds, so a
+    /// replay decides every expiry and timer as the first run did.
+    #[serde(deserialize_with = "optional_duration")]
+    pub idle_timeout: Option<Duration>,
     /// A timestamp further than this ahead of the partition's clock does not move it,
     /// unless `future_confirm` such records come in a row.
     #[serde(deserialize_with = "duration")]
@@ -216,6 +222,18 @@ impl TtlConfig {
         }
         check_duration("[ttl] lateness", self.lateness)?;
         check_duration("[ttl] future_skew", self.future_skew)?;
+        if let Some(idle) = self.idle_timeout {
+            check_duration("[ttl] idle_timeout", idle)?;
+            if idle.is_zero() {
+                bail!("[ttl] idle_timeout must be more than 0 (absent: an idle partition's clock holds)");
+            }
+            if self.time == TimeDomain::Processing {
+                bail!(
+                    "[ttl] idle_timeout is for time = \"event\": in processing time the clock follows the wall \
+                     clock, idle or not"
+                );
+            }
+        }
         if self.sweep_limit == 0 {
             bail!("[ttl] sweep_limit must be at least 1, or expired entries would never be removed");
         }
@@ -233,6 +251,7 @@ impl Default for TtlConfig {
             names: BTreeMap::new(),
             time: TimeDomain::Event,
             lateness: Duration::ZERO,
+            idle_timeout: None,
             future_skew: Duration::from_secs(24 * 3600),
             future_confirm: 100,
             sweep_limit: 50_000,

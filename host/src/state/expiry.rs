@@ -42,6 +42,8 @@ pub struct Clock {
     /// Records whose timestamp did not move the clock: none (0), negative, or too
     /// far ahead of it. Counted since this process opened the partition.
     pub ignored: u64,
+    /// How far the current idle spell moved an event clock on (`[ttl] idle_timeout`).
+    idle_advanced_ms: u64,
 }
 
 /// A clock as committed with the state: its time, then the offset after the last
@@ -66,7 +68,7 @@ impl Clock {
     /// The clock as committed.
     pub fn resume(committed: CommittedClock) -> Self {
         let CommittedClock { now_ms, next_offset, ahead: (ahead, ahead_nearest_ms) } = committed;
-        Clock { now_ms, next_offset, ahead, ahead_nearest_ms, ignored: 0 }
+        Clock { now_ms, next_offset, ahead, ahead_nearest_ms, ignored: 0, idle_advanced_ms: 0 }
     }
 
     /// What of it is committed with the state.
@@ -123,11 +125,24 @@ impl Clock {
         }
     }
 
-    /// Moves a processing-time clock to the wall clock; an event-time clock moves with
-    /// records only.
-    pub fn tick(&mut self, policy: &TtlConfig) {
-        if policy.time == TimeDomain::Processing {
-            self.now_ms = self.now_ms.max(now_ms());
+    /// Moves a processing-time clock to the wall clock. An event-time clock moves with
+    /// records, and, with `[ttl] idle_timeout`, once the partition has been idle
+    /// (`idle_for`: by the wall clock, since its last records) for longer than that,
+    /// by the wall clock's time past it: its clock goes on at the wall clock's pace
+    /// from where the records left it, never jumping to the wall clock's time (a job
+    /// catching up on old records that pauses would expire everything at once).
+    pub fn tick(&mut self, policy: &TtlConfig, idle_for: Duration) {
+        match (policy.time, policy.idle_timeout) {
+            (TimeDomain::Processing, _) => self.now_ms = self.now_ms.max(now_ms()),
+            (TimeDomain::Event, Some(timeout)) if self.now_ms > 0 => {
+                let over = millis(idle_for.saturating_sub(timeout));
+                if over == 0 {
+                    self.idle_advanced_ms = 0;
+                }
+                self.now_ms = self.now_ms.saturating_add(over.saturating_sub(self.idle_advanced_ms));
+                self.idle_advanced_ms = self.idle_advanced_ms.max(over);
+            }
+            (TimeDomain::Event, _) => {}
         }
     }
 
@@ -308,18 +323,41 @@ mod tests {
         let policy = TtlConfig { time: TimeDomain::Processing, ..TtlConfig::default() };
         let mut clock = Clock::default();
         let before = now_ms();
-        clock.tick(&policy);
+        clock.tick(&policy, Duration::ZERO);
         assert!(clock.now_ms() >= before);
         std::thread::sleep(Duration::from_millis(5));
         let ticked = clock.now_ms();
         clock.observe(0, 0, &policy);
         clock.observe(1, 1_700_000_000_000, &policy);
         assert_eq!((clock.now_ms(), clock.ignored), (ticked, 0), "records do not move it, nor count as ignored");
-        clock.tick(&policy);
+        clock.tick(&policy, Duration::ZERO);
         assert!(clock.now_ms() > ticked, "ticks move it");
         let mut event = Clock::at(1_000);
-        event.tick(&TtlConfig::default());
+        event.tick(&TtlConfig::default(), Duration::from_secs(3600));
         assert_eq!(event.now_ms(), 1_000, "an event clock moves with records only");
+    }
+
+    /// With `[ttl] idle_timeout`, an idle event clock goes on at the wall clock's pace
+    /// past the timeout, from where the records left it, each idle spell counted from
+    /// its start; without a usable timestamp yet, it has nowhere to go on from.
+    #[test]
+    fn an_idle_event_clock_goes_on_with_the_wall_clock_past_the_idle_timeout() {
+        let policy = TtlConfig { idle_timeout: Some(Duration::from_secs(10)), ..TtlConfig::default() };
+        let mut clock = Clock::at(1_000_000);
+        let secs = Duration::from_secs;
+        clock.tick(&policy, secs(10));
+        assert_eq!(clock.now_ms(), 1_000_000, "idle for no longer than the timeout: it holds");
+        clock.tick(&policy, secs(12));
+        clock.tick(&policy, secs(15));
+        assert_eq!(clock.now_ms(), 1_005_000, "5 s past the timeout: 5 s on, each second once");
+        // A record comes (the worker ticks with no idle time first), then a new spell.
+        clock.tick(&policy, Duration::ZERO);
+        clock.observe(0, 1_005_500, &policy);
+        clock.tick(&policy, secs(11));
+        assert_eq!(clock.now_ms(), 1_006_500, "the new spell counts from its own start");
+        let mut unstarted = Clock::default();
+        unstarted.tick(&policy, secs(60));
+        assert_eq!(unstarted.now_ms(), 0);
     }
 
     #[test]

@@ -605,18 +605,18 @@ mod tests {
         };
         let (_dir, mut txn) = expiring(ttl);
         // As the worker does before each batch: records do not move this clock.
-        assert!(!txn.tick());
+        assert!(!txn.tick(Duration::ZERO));
         begin(&mut txn, b"k", 0);
         txn.put("n", b"v".to_vec());
         txn.end_record(true);
         txn.commit(1).unwrap();
-        assert!(!txn.tick());
+        assert!(!txn.tick(Duration::ZERO));
         std::thread::sleep(std::time::Duration::from_millis(150));
-        assert!(txn.tick(), "no record came, and the entry is due");
+        assert!(txn.tick(Duration::ZERO), "no record came, and the entry is due");
         assert_eq!(expire_all(&mut txn).len(), 1);
         txn.commit(1).unwrap();
         assert_eq!((txn.entries(), txn.expired()), (0, 1));
-        assert!(!txn.tick());
+        assert!(!txn.tick(Duration::ZERO));
     }
 
     #[test]

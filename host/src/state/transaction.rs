@@ -162,15 +162,17 @@ impl Transaction {
         self.dirty_bytes >= self.dirty_limit
     }
 
-    /// Moves a processing-time clock to the wall clock (an event-time clock moves with
-    /// records only): the worker calls it before each batch, so the clock holds still
-    /// through a batch and its expiries are decided once, and when the partition is
-    /// idle. Says whether entries are [due](Self::due) in processing time: an idle
-    /// partition expires by this. An event-time backlog waits for the next record, so
-    /// that what expires where never depends on when the partition was idle.
-    pub fn tick(&mut self) -> bool {
-        self.clock.tick(&self.ttl);
-        self.ttl.time == TimeDomain::Processing && self.due()
+    /// Moves a processing-time clock to the wall clock, and an event-time one idle for
+    /// `idle_for` past `[ttl] idle_timeout` on by the wall clock (see
+    /// [`Clock::tick`](super::expiry::Clock::tick)): the worker calls it before each
+    /// batch (idle for no time), so the clock holds still through a batch and its
+    /// expiries are decided once, and when the partition is idle. Says whether entries
+    /// are [due](Self::due) by such a clock: an idle partition expires by this. Without
+    /// an idle timeout an event-time backlog waits for the next record, so that what
+    /// expires where never depends on when the partition was idle.
+    pub fn tick(&mut self, idle_for: Duration) -> bool {
+        self.clock.tick(&self.ttl, idle_for);
+        (self.ttl.time == TimeDomain::Processing || self.ttl.idle_timeout.is_some()) && self.due()
     }
 
     /// Whether the batch holds writes (expiries included) not yet committed.

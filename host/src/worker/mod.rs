@@ -159,6 +159,9 @@ pub struct PartitionWorker<'a> {
     uncommitted: Uncommitted,
     /// What is left of a batch that ended early at a per-batch bound: the next batch.
     rest: Option<Vec<SourceRecord>>,
+    /// When the last batch came (or the worker started): how long the partition has
+    /// been idle.
+    last_batch: Instant,
     /// Entered for the version the operator runs (see [`version_span`]).
     _in_version: tracing::span::EnteredSpan,
 }
@@ -169,7 +172,7 @@ impl<'a> PartitionWorker<'a> {
         let times = BatchTimes::new(p.cadence.slow_batch);
         let _in_version = version_span(p.operator.version());
         let (emitted, uncommitted) = (Emitted::default(), Uncommitted::new(outputs));
-        PartitionWorker { p, emitted, times, uncommitted, rest: None, _in_version }
+        PartitionWorker { p, emitted, times, uncommitted, rest: None, last_batch: Instant::now(), _in_version }
     }
 
     /// Processes what `batches` hands over until it goes away or the worker is told to
@@ -190,12 +193,13 @@ impl<'a> PartitionWorker<'a> {
         self.finish()
     }
 
-    /// An idle partition expires what its processing-time clock (the wall clock) made
-    /// due, commits what it processed, still follows deploys and gets its due
+    /// An idle partition expires what its clock made due — in processing time the wall
+    /// clock, in event time with `[ttl] idle_timeout` one gone on with the wall clock —
+    /// commits what it processed, still follows deploys and gets its due
     /// checkpoint of what it last committed.
     fn on_idle(&mut self) -> Result<()> {
         let p = &mut self.p;
-        if p.operator.state().tick() {
+        if p.operator.state().tick(self.last_batch.elapsed()) {
             let next = self.uncommitted.next_offset.unwrap_or(p.stats.committed_offset.load(Ordering::Relaxed));
             let expirations = p.operator.expire(next)?;
             let partition = p.operator.state().store().partition();
@@ -215,6 +219,7 @@ impl<'a> PartitionWorker<'a> {
     fn on_batch(&mut self, mut batch: Vec<SourceRecord>) -> Result<()> {
         let Some(first) = batch.first() else { return Ok(()) };
         let first = first.offset;
+        self.last_batch = Instant::now();
         // Between two batches: the whole batch runs on one version, and a switch
         // commits what the old version processed.
         if self.follow_deploys(first)? {
@@ -262,7 +267,7 @@ impl<'a> PartitionWorker<'a> {
         let operator = &mut *self.p.operator;
         // A processing-time clock reads the wall clock once a batch: the batch's
         // expiries are decided at one time.
-        operator.state().tick();
+        operator.state().tick(Duration::ZERO);
         let null_keys = self.p.null_keys;
         let refused = |record: &SourceRecord| null_keys == NullKeys::DeadLetter && record.has_null_key();
         Ok(match batch.iter().position(refused) {

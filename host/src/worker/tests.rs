@@ -179,14 +179,40 @@ fn queued(batches: Vec<Vec<SourceRecord>>) -> anyhow::Result<queue::QueueReceive
 fn an_idle_partition_commits_what_expired() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut fake = Fake::new(&dir.path().join("state"), Some(Duration::from_millis(20)))?;
-    let to = destinations(dir.path())?;
+    expires_while_idle(&mut fake, dir.path(), records(0..1))
+}
+
+/// With `[ttl] idle_timeout`, an idle event-time partition's clock goes on with the
+/// wall clock past the timeout: the entry its record put, with a TTL counted from the
+/// record's event time, expires and is committed without another record.
+#[test]
+fn an_idle_event_time_partition_goes_on_past_its_idle_timeout() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ttl = TtlConfig {
+        default: Some(Duration::from_millis(20)),
+        idle_timeout: Some(Duration::from_millis(30)),
+        ..TtlConfig::default()
+    };
+    let txn =
+        Transaction::new(PartitionStore::open(&dir.path().join("state"), 0)?, 1 << 20)?.with_ttl(Arc::new(ttl))?;
+    let mut fake = Fake::over(txn);
+    let mut batch = records(0..1);
+    batch[0].timestamp_ms = 1_767_225_600_000;
+    expires_while_idle(&mut fake, dir.path(), batch)
+}
+
+/// Runs `batch` (its one record putting an entry that expires soon) through a worker of
+/// `fake` with its files in `dir`, then leaves it idle: the expiry is committed, the
+/// entry gone, and the expiry's output follows the record's.
+fn expires_while_idle(fake: &mut Fake, dir: &Path, batch: Vec<SourceRecord>) -> anyhow::Result<()> {
+    let to = destinations(dir)?;
     let (sender, batches) = queue::bounded(1, usize::MAX);
     // A commit after the batch: the entry is committed before it expires.
     let cadence = Cadence { commit_every: 1, ..NEVER };
     let (stop, stats) = (StopSignal::default(), PartitionStats::new(0, 0, "v1"));
     let committed_idle = std::thread::scope(|scope| -> anyhow::Result<bool> {
         let watch = scope.spawn(|| {
-            sender.send(records(0..1)).expect("the worker waits");
+            sender.send(batch).expect("the worker waits");
             // Published by a commit only; the sender still here, no record to come.
             let until = Instant::now() + Duration::from_secs(5);
             while stats.expired.load(Ordering::Relaxed) == 0 && Instant::now() < until {
@@ -196,12 +222,12 @@ fn an_idle_partition_commits_what_expired() -> anyhow::Result<()> {
             drop(sender);
             committed
         });
-        run_with(&mut fake, batches, &to, &stop, cadence, &stats)?;
+        run_with(fake, batches, &to, &stop, cadence, &stats)?;
         Ok(watch.join().expect("no panic"))
     })?;
     assert!(committed_idle, "the idle partition committed its expiry");
     assert_eq!((fake.txn.entries(), stats.committed_offset.load(Ordering::Relaxed)), (0, 1));
-    let lines = std::fs::read_to_string(dir.path().join("out.jsonl"))?;
+    let lines = std::fs::read_to_string(dir.join("out.jsonl"))?;
     assert_eq!(lines.lines().count(), 2, "the record's output and the expiry's:\n{lines}");
     Ok(())
 }
