@@ -172,12 +172,16 @@ setup() {
 
 build_operators() {
     # Version 2 of vehicle-stats (the hot-swap tests deploy it over version 1) and
-    # version 1 built against WIT 0.1.0 (the compatibility test runs it) first: every
-    # build writes vehicle_stats.wasm, so those two are kept under their own names.
+    # version 1 built against WIT 0.1.0 (the compatibility test runs it) and 0.1.2 (the
+    # hot-swap test of timers rolls back to it) first: every build writes
+    # vehicle_stats.wasm, so those are kept under their own names.
     cargo build --release --target wasm32-wasip2 -p vehicle-stats --features v2
     cp "$WASM_DIR/vehicle_stats.wasm" "$WASM_DIR/vehicle_stats_v2.wasm"
-    cargo build --release --target wasm32-wasip2 -p vehicle-stats --features wit-0-1-0
-    cp "$WASM_DIR/vehicle_stats.wasm" "$WASM_DIR/vehicle_stats_0_1_0.wasm"
+    local wit
+    for wit in 0-1-0 0-1-2; do
+        cargo build --release --target wasm32-wasip2 -p vehicle-stats --features "wit-$wit"
+        cp "$WASM_DIR/vehicle_stats.wasm" "$WASM_DIR/vehicle_stats_${wit//-/_}.wasm"
+    done
     cargo build --release --target wasm32-wasip2 -p vehicle-stats -p probe -p dedup -p sessions -p speed-windows
 }
 
@@ -232,6 +236,7 @@ lint() {
     cargo clippy --target wasm32-wasip2 -p sluice-guest -p probe -p vehicle-stats -p dedup -p sessions -p speed-windows --features vehicle-stats/v2 \
         -- -D warnings
     cargo clippy --target wasm32-wasip2 -p vehicle-stats --features wit-0-1-0 -- -D warnings
+    cargo clippy --target wasm32-wasip2 -p vehicle-stats --features wit-0-1-2 -- -D warnings
 }
 
 # What a user measures: the release binary's `sluice run` over a JSONL file of 1M vehicle

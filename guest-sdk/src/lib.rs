@@ -52,8 +52,11 @@ use std::fmt;
 mod alloc;
 pub mod encoding;
 pub use encoding::Encoding;
-#[cfg(not(feature = "wit-0-1-0"))]
+#[cfg(not(any(feature = "wit-0-1-0", feature = "wit-0-1-2")))]
 pub mod window;
+
+#[cfg(all(feature = "wit-0-1-0", feature = "wit-0-1-2"))]
+compile_error!("features `wit-0-1-0` and `wit-0-1-2` each choose the WIT package to build against: enable one");
 
 /// A component built with the SDK allocates through `alloc::ChunkAllocator` (an
 /// operator with an allocator of its own builds the SDK without the default feature
@@ -71,7 +74,7 @@ pub mod native;
 pub mod bindings {
     // The current package: `process`, the batched `process-batch`, `expired` and
     // `fired`.
-    #[cfg(not(feature = "wit-0-1-0"))]
+    #[cfg(not(any(feature = "wit-0-1-0", feature = "wit-0-1-2")))]
     wit_bindgen::generate!({
         path: "../wit",
         world: "timed-operator",
@@ -86,6 +89,16 @@ pub mod bindings {
     wit_bindgen::generate!({
         path: "../wit/0.1.0",
         world: "operator",
+        pub_export_macro: true,
+        export_macro_name: "__export_operator_world",
+        default_bindings_module: "sluice_guest::bindings",
+        runtime_path: "sluice_guest::__private::wit_bindgen::rt",
+    });
+    // The package as 0.1.2 published it: batches and expiries, no timers.
+    #[cfg(feature = "wit-0-1-2")]
+    wit_bindgen::generate!({
+        path: "../wit/0.1.2",
+        world: "expiring-operator",
         pub_export_macro: true,
         export_macro_name: "__export_operator_world",
         default_bindings_module: "sluice_guest::bindings",
@@ -385,7 +398,7 @@ impl State<'_> {
     /// the next record; from `fired` or `expired` that traps (it would fire at once,
     /// without end). Timers live with the key's state: they survive restarts, restores
     /// and hot swaps, and each fires once.
-    #[cfg(not(feature = "wit-0-1-0"))]
+    #[cfg(not(any(feature = "wit-0-1-0", feature = "wit-0-1-2")))]
     pub fn set_timer(&self, name: &str, at_ms: u64) {
         #[cfg(target_arch = "wasm32")]
         bindings::sluice::operator::timers::set(name, at_ms);
@@ -394,7 +407,7 @@ impl State<'_> {
     }
 
     /// Cancels this key's timer `name`; cancelling a timer that is not set is fine.
-    #[cfg(not(feature = "wit-0-1-0"))]
+    #[cfg(not(any(feature = "wit-0-1-0", feature = "wit-0-1-2")))]
     pub fn cancel_timer(&self, name: &str) {
         #[cfg(target_arch = "wasm32")]
         bindings::sluice::operator::timers::cancel(name);
@@ -405,7 +418,7 @@ impl State<'_> {
     /// The partition's clock now, ms since the Unix epoch (0 before event time began):
     /// what timers fire at — in event time the largest timestamp seen, this record's
     /// included, less the host's `[ttl] lateness`: the watermark.
-    #[cfg(not(feature = "wit-0-1-0"))]
+    #[cfg(not(any(feature = "wit-0-1-0", feature = "wit-0-1-2")))]
     pub fn now(&self) -> u64 {
         #[cfg(target_arch = "wasm32")]
         return bindings::sluice::operator::timers::now();
@@ -470,6 +483,7 @@ macro_rules! export_operator {
             }
 
             $crate::__export_since_0_1_1!($operator);
+            $crate::__export_since_0_1_3!($operator);
         }
 
         #[cfg(target_arch = "wasm32")]
@@ -477,8 +491,8 @@ macro_rules! export_operator {
     };
 }
 
-/// The exports the current package added since 0.1.0 (`process-batch`, `expired`,
-/// `fired`); nothing for a 0.1.0 build.
+/// The exports added by 0.1.1 and 0.1.2 (`process-batch`, `expired`); nothing for a
+/// 0.1.0 build.
 #[doc(hidden)]
 #[macro_export]
 #[cfg(not(feature = "wit-0-1-0"))]
@@ -496,7 +510,15 @@ macro_rules! __export_since_0_1_1 {
         ) -> ::std::result::Result<::std::vec::Vec<$crate::bindings::OutputRecord>, ::std::string::String> {
             $crate::__private::expired::<$operator>($crate::Expired { key, name, value, expired_at_ms })
         }
+    };
+}
 
+/// The export added by 0.1.3 (`fired`); nothing for a 0.1.0 or 0.1.2 build.
+#[doc(hidden)]
+#[macro_export]
+#[cfg(not(any(feature = "wit-0-1-0", feature = "wit-0-1-2")))]
+macro_rules! __export_since_0_1_3 {
+    ($operator:ty) => {
         fn fired(
             key: ::std::vec::Vec<u8>,
             name: ::std::string::String,
@@ -507,11 +529,19 @@ macro_rules! __export_since_0_1_1 {
     };
 }
 
-/// The exports the current package added since 0.1.0; nothing for a 0.1.0 build.
+/// The exports added by 0.1.1 and 0.1.2: none in a 0.1.0 build.
 #[doc(hidden)]
 #[macro_export]
 #[cfg(feature = "wit-0-1-0")]
 macro_rules! __export_since_0_1_1 {
+    ($operator:ty) => {};
+}
+
+/// The export added by 0.1.3: none in a 0.1.0 or 0.1.2 build.
+#[doc(hidden)]
+#[macro_export]
+#[cfg(any(feature = "wit-0-1-0", feature = "wit-0-1-2"))]
+macro_rules! __export_since_0_1_3 {
     ($operator:ty) => {};
 }
 
@@ -543,7 +573,7 @@ pub mod __private {
         outputs(O::expired(entry, &state::<O>()))
     }
 
-    #[cfg(all(target_arch = "wasm32", not(feature = "wit-0-1-0")))]
+    #[cfg(all(target_arch = "wasm32", not(any(feature = "wit-0-1-0", feature = "wit-0-1-2"))))]
     pub fn fired<O: Operator>(timer: Timer) -> std::result::Result<Vec<types::OutputRecord>, String> {
         outputs(O::fired(timer, &state::<O>()))
     }
@@ -557,7 +587,7 @@ pub mod __private {
     /// What the host gets of an operator's result.
     #[cfg(target_arch = "wasm32")]
     fn outputs(result: Result<Vec<Output>>) -> std::result::Result<Vec<types::OutputRecord>, String> {
-        #[cfg(not(feature = "wit-0-1-0"))]
+        #[cfg(not(any(feature = "wit-0-1-0", feature = "wit-0-1-2")))]
         if result.as_ref().is_err_and(Error::is_late) {
             bindings::sluice::operator::timers::mark_late();
         }

@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 use sluice::events::{EXPIRED_REMOVED, RESUMED};
 use sluice_e2e::*;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -203,6 +203,24 @@ fn a_deploy_under_load_switches_each_partition_once_and_carries_the_state_on() -
     Ok(())
 }
 
+/// A [`PacedJob`] of the component `v1` (as `operator_wasm` names it; `more` added to its
+/// config) over 48,000 positions of 100 vehicles at 8,000/s: `other` deployed a second
+/// in, rolled back from 1.5 s later, the job run to its end. Returns the input, the
+/// deployed version and the host.
+fn deployed_then_rolled_back(dir: &Path, v1: &str, other: &Path, more: &str) -> Result<(PathBuf, String, Host)> {
+    // Under the name of the job's operator, which the file's stem gives.
+    let v1_file = dir.join("vehicle_stats.wasm");
+    std::fs::copy(operator_wasm(v1), &v1_file)?;
+    let PacedJob { input, mut host, admin, .. } = PacedJob::start(dir, (100, 48_000), 8_000, &v1_file, more)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let deployed = run_ok(sluice().arg("deploy").arg("vehicle_stats").arg(other).arg("--admin").arg(&admin))?;
+    let version = named_version(&String::from_utf8_lossy(&deployed.stdout));
+    std::thread::sleep(Duration::from_millis(1500));
+    run_ok(sluice().arg("rollback").arg("vehicle_stats").arg("--admin").arg(&admin))?;
+    host.wait_for("processed 48000 records", 1, Duration::from_secs(60))?;
+    Ok((input, version, host))
+}
+
 /// With a TTL from the host's config, version 1 built against WIT 0.1.0 (which has no
 /// `expired`) runs, version 2 (which exports it) is deployed, then version 1 is rolled
 /// back to. Entries expire throughout; callbacks fire for exactly the expiries that came
@@ -212,18 +230,9 @@ fn a_deploy_under_load_switches_each_partition_once_and_carries_the_state_on() -
 fn expiry_callbacks_fire_exactly_while_a_version_that_exports_them_runs() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    // Under the name of the job's operator, which the file's stem gives.
-    let v1_file = dir.join("vehicle_stats.wasm");
-    std::fs::copy(operator_wasm("vehicle_stats_0_1_0"), &v1_file)?;
-    let ttl = "[ttl]\ndefault = \"3s\"\n";
-    let PacedJob { input, mut host, admin, .. } = PacedJob::start(dir, (100, 48_000), 8_000, &v1_file, ttl)?;
-    std::thread::sleep(Duration::from_secs(1));
     let v2_file = operator_wasm("vehicle_stats_v2");
-    let deployed = run_ok(sluice().arg("deploy").arg("vehicle_stats").arg(&v2_file).arg("--admin").arg(&admin))?;
-    let v2 = named_version(&String::from_utf8_lossy(&deployed.stdout));
-    std::thread::sleep(Duration::from_millis(1500));
-    run_ok(sluice().arg("rollback").arg("vehicle_stats").arg("--admin").arg(&admin))?;
-    host.wait_for("processed 48000 records", 1, Duration::from_secs(60))?;
+    let ttl = "[ttl]\ndefault = \"3s\"\n";
+    let (input, v2, host) = deployed_then_rolled_back(dir, "vehicle_stats_0_1_0", &v2_file, ttl)?;
 
     let outputs = read_jsonl(&dir.join("out.jsonl"))?;
     let (records, callbacks): (Vec<Value>, Vec<Value>) = outputs.into_iter().partition(|o| o.get("cause").is_none());
@@ -253,6 +262,81 @@ fn expiry_callbacks_fire_exactly_while_a_version_that_exports_them_runs() -> Res
         every.iter().filter(|(partition, offset, _)| processed_by[&(*partition, *offset)] == v2).cloned().collect();
     assert!(!expected.is_empty() && expected.len() < every.len(), "{} of {}", expected.len(), every.len());
     assert_eq!(fired, expected, "callbacks for exactly the expiries at records version 2 processed");
+    Ok(())
+}
+
+/// Timers across a hot swap from a build without them (vehicle-stats against WIT 0.1.2)
+/// to a windowed build (speed-windows, deployed as the same operator) and back. Each
+/// window the windowed build opened and the clock closed by the end comes out exactly
+/// once: as the windowed build's output when its timer fired while that build ran, else
+/// as a dead letter (`"cause":"timer"`) of the 0.1.2 build naming the timer and saying
+/// it cannot handle it. Refusing it there is the design: a version without `fired`
+/// cannot emit the window, and dropping the timer would lose it without a trace.
+#[test]
+fn timers_fire_while_a_windowed_build_runs_and_are_refused_by_a_build_without_them() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let (input, windowed, _host) =
+        deployed_then_rolled_back(dir, "vehicle_stats_0_1_2", &operator_wasm("speed_windows"), "")?;
+
+    // The positions each build processed: vehicle-stats emits one output per position,
+    // speed-windows none.
+    let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+    let (records, fired): (Vec<Value>, Vec<Value>) = outputs.into_iter().partition(|o| o.get("cause").is_none());
+    let by_v1: BTreeSet<(u64, u64)> =
+        records.iter().map(|o| (o["partition"].as_u64().unwrap(), o["offset"].as_u64().unwrap())).collect();
+    // The windows the windowed build opened, by (vehicle, timer name), and each
+    // partition's final clock.
+    let (mut opened, mut clock) = (BTreeMap::new(), BTreeMap::new());
+    let mut next_offset: BTreeMap<u32, u64> = BTreeMap::new();
+    for line in std::fs::read_to_string(&input)?.lines() {
+        let p: Value = serde_json::from_str(line)?;
+        let (vehicle, ts) = (p["vehicle_id"].as_str().unwrap().to_string(), p["ts"].as_u64().unwrap());
+        let partition = sluice::source::partition_for(vehicle.as_bytes(), 4);
+        let offset = next_offset.entry(partition).or_default();
+        let processed_by_v1 = by_v1.contains(&(u64::from(partition), *offset));
+        *offset += 1;
+        *clock.entry(partition).or_default() = ts;
+        if processed_by_v1 {
+            continue;
+        }
+        let minute = ts - ts % 60_000;
+        opened.insert((vehicle.clone(), format!("minute/{minute}")), (partition, minute + 60_000));
+        for start in (0..5).map(|i| minute - i * 60_000) {
+            opened.insert((vehicle.clone(), format!("5min/{start}")), (partition, start + 300_000));
+        }
+    }
+    let closed: BTreeSet<_> =
+        opened.into_iter().filter(|(_, (p, end))| *end <= clock[p]).map(|(window, _)| window).collect();
+
+    assert!(fired.iter().all(|o| o["cause"] == "timer" && o["operator"] == windowed.as_str()), "{fired:?}");
+    let emitted: Vec<(String, String)> = fired
+        .iter()
+        .map(|o| {
+            (
+                o["key"].as_str().unwrap().to_string(),
+                format!("{}/{}", o["value"]["window"].as_str().unwrap(), o["value"]["start"]),
+            )
+        })
+        .collect();
+    let dead = read_jsonl(&dir.join("dead.jsonl"))?;
+    let refusal = "does not export `fired` (it was built against sluice:operator before 0.1.3";
+    let refused: Vec<(String, String)> = dead
+        .iter()
+        .map(|d| {
+            assert!(d["cause"] == "timer" && d["operator"] != windowed.as_str(), "{d}");
+            let reason = d["reason"].as_str().unwrap();
+            assert!(reason.contains(refusal), "{reason}");
+            let timer = reason.strip_prefix("timer \"").and_then(|r| r.split('"').next()).unwrap();
+            (d["key"].as_str().unwrap().to_string(), timer.to_string())
+        })
+        .collect();
+    assert!(!emitted.is_empty() && !refused.is_empty(), "{} fired, {} refused", emitted.len(), refused.len());
+    let mut both: Vec<_> = emitted.into_iter().chain(refused).collect();
+    both.sort();
+    let distinct = both.iter().cloned().collect::<BTreeSet<_>>();
+    assert_eq!(both.len(), distinct.len(), "no window both fired and refused, or twice");
+    assert_eq!(distinct, closed, "each closed window once, fired or refused");
     Ok(())
 }
 
