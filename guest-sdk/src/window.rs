@@ -1,7 +1,9 @@
 //! Event-time windows of a key's records: tumbling, hopping and session windows,
 //! aligned to the Unix epoch, each with an aggregate the operator writes, closed on the
-//! host's timers. Pure guest code over [`State`] and timers: a window's aggregate is a
-//! state entry of the key, and its close and its purge are the key's timers, so windows
+//! host's timers. Pure guest code over [`State`] and timers: a key's windows of a spec,
+//! with their aggregates, are one state entry of the key (so a record costs one read and
+//! one write per spec, however many windows hold it), and each window's close and purge
+//! are the key's timers, so windows
 //! are exactly-once and survive restarts, restores, handovers and hot swaps as state and
 //! timers do.
 //!
@@ -133,8 +135,8 @@ pub trait Aggregate: Default + Clone + Serialize + DeserializeOwned {
 /// How one kind of window of an operator is kept: see the [module](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowSpec {
-    /// Names the spec's state entries and timers (`name/start`): an operator with
-    /// several specs gives each its own, and sets no timer of that form itself.
+    /// Names the spec's state entry (`name`) and its windows' timers (`name/start`): an
+    /// operator with several specs gives each its own, and uses neither form itself.
     pub name: &'static str,
     pub windows: Windows,
     /// How long after its end a window still takes records, ms: its state is deleted
@@ -213,13 +215,15 @@ impl WindowSpec {
         let Some(start_ms) = self.window_of(&timer.name) else { return Ok(Vec::new()) };
         let now = state.now();
         let Windows::Session { gap_ms } = self.windows else {
-            let Some(aggregate) = state.get(&timer.name)? else { return Ok(Vec::new()) };
-            let window = Window { start_ms, end_ms: start_ms.saturating_add(self.size_ms()), aggregate };
-            let emitted = self.closing(&window, timer.at_ms);
-            if self.kept_after(window.end_ms, timer.at_ms, now) {
-                state.set_timer(&timer.name, self.ends(window.end_ms));
+            let mut windows: Vec<Window<A>> = state.get(self.name)?.unwrap_or_default();
+            let Some(at) = windows.iter().position(|w| w.start_ms == start_ms) else { return Ok(Vec::new()) };
+            let emitted = self.closing(&windows[at], timer.at_ms);
+            let end_ms = windows[at].end_ms;
+            if self.kept_after(end_ms, timer.at_ms, now) {
+                state.set_timer(&timer.name, self.ends(end_ms));
             } else {
-                state.delete(&timer.name);
+                windows.remove(at);
+                self.put_all(state, &windows, windows.is_empty())?;
             }
             return Ok(emitted.into_iter().collect());
         };
@@ -250,8 +254,9 @@ impl WindowSpec {
     }
 
     /// `add` for tumbling and hopping windows: those of `size_ms` starting at multiples
-    /// of `advance_ms` that hold `ts`, each a state entry and a timer named after its
-    /// start.
+    /// of `advance_ms` that hold `ts`. A key's windows of the spec are one state entry
+    /// (one read and one write a record, however many windows hold it), each window
+    /// with a timer named after its start.
     fn add_to_fixed<A: Aggregate>(
         &self,
         state: &State<'_>,
@@ -264,28 +269,30 @@ impl WindowSpec {
         let advance_ms = advance_ms.clamp(1, size_ms);
         let last = ts / advance_ms * advance_ms;
         let starts = (0..size_ms.div_ceil(advance_ms)).filter_map(|i| last.checked_sub(i * advance_ms));
+        let mut windows: Vec<Window<A>> = state.get(self.name)?.unwrap_or_default();
+        // Every timer due has fired before a record: a window past its grace is one
+        // whose `fired` failed, its timer gone. Dropped here, its state does not stay.
+        windows.retain(|w| self.ends(w.end_ms) > now);
         let mut emit = Vec::new();
         let mut taken = false;
         for start_ms in starts.filter(|start| ts < start.saturating_add(size_ms)) {
             let end_ms = start_ms.saturating_add(size_ms);
             let Some(closed) = self.takes(end_ms, now) else { continue };
             taken = true;
-            let name = self.entry_name(start_ms);
-            let stored: Option<A> = state.get(&name)?;
-            let new = stored.is_none();
-            let mut aggregate = stored.unwrap_or_default();
-            add(&mut aggregate);
-            state.put(&name, &aggregate)?;
-            if new {
-                state.set_timer(&name, self.first_timer(end_ms, closed));
-            }
+            let at = windows.iter().position(|w| w.start_ms == start_ms).unwrap_or_else(|| {
+                state.set_timer(&self.timer_name(start_ms), self.first_timer(end_ms, closed));
+                windows.push(Window { start_ms, end_ms, aggregate: A::default() });
+                windows.len() - 1
+            });
+            add(&mut windows[at].aggregate);
             if closed || self.emit == Emit::OnUpdate {
-                emit.push(Window { start_ms, end_ms, aggregate });
+                emit.push(windows[at].clone());
             }
         }
         if !taken {
             return Err(self.too_late(ts, now));
         }
+        self.put_all(state, &windows, false)?;
         Ok(emit)
     }
 
@@ -299,7 +306,10 @@ impl WindowSpec {
         now: u64,
         mut add: impl FnMut(&mut A),
     ) -> Result<Vec<Window<A>>> {
-        let Sessions { open, closed } = state.get(self.name)?.unwrap_or_else(Sessions::<A>::default);
+        let Sessions { mut open, mut closed } = state.get(self.name)?.unwrap_or_else(Sessions::<A>::default);
+        // As for fixed windows: what is past its grace had a `fired` that failed.
+        open.retain(|w| self.ends(w.end_ms) > now);
+        closed.retain(|&(_, end)| self.ends(end.saturating_add(gap_ms)) > now);
         let (mut start_ms, mut end_ms) = (ts, ts.saturating_add(gap_ms.max(1)));
         if closed.iter().any(|&(start, end)| start <= end_ms && ts <= end) {
             return Err(self.too_late(ts, now));
@@ -307,7 +317,6 @@ impl WindowSpec {
         // The sessions this record's window overlaps or touches merge with it (and may
         // bring others in reach: sessions never overlap one another, so one pass over
         // them in start order finds all).
-        let mut open = open;
         open.sort_by_key(|w| w.start_ms);
         let (merging, kept): (Vec<_>, Vec<_>) =
             open.into_iter().partition(|w| w.start_ms <= end_ms && start_ms <= w.end_ms);
@@ -319,11 +328,11 @@ impl WindowSpec {
         for window in merging {
             aggregate.merge(window.aggregate);
             if window.start_ms != start_ms {
-                state.cancel_timer(&self.entry_name(window.start_ms));
+                state.cancel_timer(&self.timer_name(window.start_ms));
             }
         }
         add(&mut aggregate);
-        state.set_timer(&self.entry_name(start_ms), self.first_timer(end_ms, closed_now));
+        state.set_timer(&self.timer_name(start_ms), self.first_timer(end_ms, closed_now));
         let merged = Window { start_ms, end_ms, aggregate };
         let emit = (closed_now || self.emit == Emit::OnUpdate).then(|| merged.clone());
         let mut sessions = Sessions { open: kept, closed };
@@ -334,11 +343,17 @@ impl WindowSpec {
 
     /// Stores a key's `sessions`, or deletes them when there are none.
     fn put_sessions<A: Aggregate>(&self, state: &State<'_>, sessions: &Sessions<A>) -> Result<()> {
-        if sessions.open.is_empty() && sessions.closed.is_empty() {
+        self.put_all(state, sessions, sessions.open.is_empty() && sessions.closed.is_empty())
+    }
+
+    /// Stores `value`, a key's windows of this spec, as its one state entry, or deletes
+    /// the entry when there are none (`none`).
+    fn put_all<T: Serialize>(&self, state: &State<'_>, value: &T, none: bool) -> Result<()> {
+        if none {
             state.delete(self.name);
             return Ok(());
         }
-        state.put(self.name, sessions)
+        state.put(self.name, value)
     }
 
     /// The windows' size: their span for tumbling and hopping windows.
@@ -392,8 +407,8 @@ impl WindowSpec {
         if closed || self.emit == Emit::OnUpdate { self.ends(end_ms) } else { self.close_at(end_ms) }
     }
 
-    /// The state entry and timer of this spec's window starting at `start_ms`.
-    fn entry_name(&self, start_ms: u64) -> String {
+    /// The timer of this spec's window starting at `start_ms`.
+    fn timer_name(&self, start_ms: u64) -> String {
         format!("{}/{start_ms}", self.name)
     }
 
@@ -519,13 +534,17 @@ mod tests {
                 Err(e) if e.is_late() => late.push(at),
                 Err(e) => panic!("{e}"),
             }
-            if let Windows::Session { .. } = SPECS[SPEC].windows {
-                // A session merged into another leaves no timer behind; each open
-                // session and each closed one kept has one.
-                let sessions: Sessions<Sum> = state.get(key, SPECS[SPEC].name).unwrap().unwrap_or_default();
-                let kept = sessions.open.len() + sessions.closed.len();
-                assert_eq!(state.timers(key).len(), kept, "timers of {key} after {ts}");
-            }
+            // Each window kept has one timer: each open session and each closed one kept
+            // (a session merged into another leaves none behind), each fixed window.
+            let name = SPECS[SPEC].name;
+            let kept = match SPECS[SPEC].windows {
+                Windows::Session { .. } => {
+                    let sessions: Sessions<Sum> = state.get(key, name).unwrap().unwrap_or_default();
+                    sessions.open.len() + sessions.closed.len()
+                }
+                _ => state.get::<Vec<Window<Sum>>>(key, name).unwrap().unwrap_or_default().len(),
+            };
+            assert_eq!(state.timers(key).len(), kept, "timers of {key} after {ts}");
         }
         collect(state.fire_until::<Summing<SPEC>>(u64::MAX / 2).unwrap());
         (emitted, late)
@@ -631,6 +650,63 @@ mod tests {
         let (waited, late) = run::<0>(&input);
         assert_eq!(first(&waited), [2]);
         assert_eq!(late, [5]);
+    }
+
+    /// Fails `fired` for the timers named in `FAILING`, as a bug or a limit would: the
+    /// host discards its writes, and the timer is gone.
+    struct FailingToFire<const SPEC: usize>;
+
+    const FAILING: [&str; 2] = ["h/1000", "s/1200"];
+
+    impl<const SPEC: usize> Operator for FailingToFire<SPEC> {
+        fn process(record: Record, state: &State<'_>) -> Result<Vec<Output>> {
+            Summing::<SPEC>::process(record, state)
+        }
+
+        fn fired(timer: Timer, state: &State<'_>) -> Result<Vec<Output>> {
+            if FAILING.contains(&timer.name.as_str()) {
+                return Err(Error::msg("failing"));
+            }
+            Summing::<SPEC>::fired(timer, state)
+        }
+    }
+
+    /// A window whose `fired` failed stays in its key's entry, without a timer, only
+    /// until the key's next record, which drops it: window state does not outlive its
+    /// grace by more than that.
+    #[test]
+    fn a_window_whose_fired_failed_is_dropped_at_the_keys_next_record() {
+        fn starts_after<const SPEC: usize>(first: i64, failing_at: u64, next: i64) -> (Vec<u64>, Vec<u64>) {
+            let state = MemoryState::default();
+            let starts = |state: &MemoryState| match SPECS[SPEC].windows {
+                Windows::Session { .. } => {
+                    let sessions: Sessions<Sum> = state.get("k", SPECS[SPEC].name).unwrap().unwrap_or_default();
+                    sessions.open.iter().map(|w| w.start_ms).collect::<Vec<_>>()
+                }
+                _ => {
+                    let windows: Vec<Window<Sum>> = state.get("k", SPECS[SPEC].name).unwrap().unwrap_or_default();
+                    let mut starts: Vec<u64> = windows.iter().map(|w| w.start_ms).collect();
+                    starts.sort();
+                    starts
+                }
+            };
+            state.fire_until::<FailingToFire<SPEC>>(first as u64).unwrap();
+            state.process::<FailingToFire<SPEC>>(Record::new("k", "", first)).unwrap();
+            assert!(state.fire_until::<FailingToFire<SPEC>>(failing_at).is_err(), "the failing timer fired");
+            let stale = starts(&state);
+            state.fire_until::<FailingToFire<SPEC>>(next as u64).unwrap();
+            state.process::<FailingToFire<SPEC>>(Record::new("k", "", next)).unwrap();
+            (stale, starts(&state))
+        }
+        // Hopping windows of 1 s every 250 ms, grace 300: the record at 1200 is in the
+        // windows from 250 to 1000, the last ending its grace at 2300; the next record,
+        // at 2000, is in those from 1250 to 2000.
+        let (stale, after) = starts_after::<1>(1_200, 2_300, 2_000);
+        assert_eq!((stale, after), (vec![1_000], vec![1_250, 1_500, 1_750, 2_000]));
+        // Sessions with a gap of 400, grace 300: [1200, 1600) closes at 1900; a record
+        // at 1600 would have joined it.
+        let (stale, after) = starts_after::<3>(1_200, 1_900, 1_600);
+        assert_eq!((stale, after), (vec![1_200], vec![1_600]));
     }
 
     #[test]

@@ -3,8 +3,10 @@
 //! emitted once when it closes.
 //!
 //! Input: JSON `{"vehicle_id","ts","lat","lon","speed_kmh"}` keyed by vehicle id (as
-//! vehicle-stats reads). Output, per closed window: `{"vehicle_id","window","start","end",
-//! "positions","mean_speed_kmh","max_speed_kmh"}`, `window` being `minute` or `5min`,
+//! vehicle-stats reads), windowed by the record's event time — the host's, which its
+//! clock moves with: a file source's `ts`, a topic's record timestamp. Output, per
+//! closed window: `{"vehicle_id","window","start","end","positions","mean_speed_kmh",
+//! "max_speed_kmh"}`, `window` being `minute` or `5min`,
 //! marked as a timer's. With `grace_ms` in its `[operator.config]` (0 by default), a
 //! window closes that long after its end and takes the positions late by up to that
 //! much; a position later than that for all its windows is a `late` dead letter.
@@ -28,7 +30,6 @@ fn windows() -> [WindowSpec; 2] {
 #[derive(Deserialize)]
 struct Position {
     vehicle_id: String,
-    ts: i64,
     speed_kmh: f64,
 }
 
@@ -77,11 +78,11 @@ impl Operator for SpeedWindows {
         let [minute, five_minutes] = windows();
         // A position late for its minute may be in time for 5-minute windows, which end
         // later: only when it is late for those too is it a late record.
-        match minute.add(state, p.ts, |w: &mut Speeds| w.add(&p)) {
+        match minute.add(state, record.timestamp_ms, |w: &mut Speeds| w.add(&p)) {
             Err(e) if !e.is_late() => return Err(e),
             _ => {}
         }
-        five_minutes.add(state, p.ts, |w: &mut Speeds| w.add(&p))?;
+        five_minutes.add(state, record.timestamp_ms, |w: &mut Speeds| w.add(&p))?;
         Ok(Vec::new())
     }
 
