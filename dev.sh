@@ -205,19 +205,26 @@ prune_cache() {
     return 0
 }
 
-# A crate from `sluice new operator` builds and passes its own tests, as its author would
-# run them, in the shared target directory (it carries sluice's Cargo.lock and profiles, so
-# the kit's host is not compiled again). A step of its own, after the test suite: a
-# `cargo test` inside a test would wait forever for the lock the outer one holds.
+# A crate from `sluice new operator` builds and passes its own tests as its author would
+# run them, away from this checkout: it depends on the SDK as it would be published (the
+# `cargo package` of guest-sdk, WIT included, unpacked into a scratch directory; the
+# registry has no sluice-guest, so by path, `--sdk`), builds in a target directory of its
+# own (only the SDK and its few dependencies compile), and its tests run the component
+# through this build's `sluice test`. A step of its own, after the test suite: a `cargo
+# test` inside a test would wait forever for the lock the outer one holds.
 check_scaffold() {
-    local dir status=0
+    local dir crate status=0 sluice="$CARGO_TARGET_DIR/debug/sluice"
     dir=$(mktemp -d)
-    "$CARGO_TARGET_DIR/debug/sluice" new operator scaffold-check --dir "$dir/scaffold-check"
+    cargo package -p sluice-guest --allow-dirty --no-verify --quiet
+    crate=$(ls "$CARGO_TARGET_DIR"/package/sluice-guest-*.crate | tail -n 1)
+    tar -xzf "$crate" -C "$dir"
+    "$sluice" new operator scaffold-check --dir "$dir/scaffold-check" --sdk "$dir/$(basename "$crate" .crate)"
     (
         cd "$dir/scaffold-check" &&
+            export CARGO_TARGET_DIR="$dir/target" SLUICE="$sluice" &&
             cargo build --release --target wasm32-wasip2 &&
             cargo test &&
-            "$CARGO_TARGET_DIR/debug/sluice" test "$WASM_DIR/scaffold_check.wasm" --input fixtures/input.jsonl \
+            "$sluice" test "$CARGO_TARGET_DIR/wasm32-wasip2/release/scaffold_check.wasm" --input fixtures/input.jsonl \
                 --key-field user --expect fixtures/expected.jsonl
     ) || status=$?
     rm -rf "$dir"

@@ -76,7 +76,7 @@ pub mod bindings {
     // `fired`.
     #[cfg(not(any(feature = "wit-0-1-0", feature = "wit-0-1-2")))]
     wit_bindgen::generate!({
-        path: "../wit",
+        path: "wit",
         world: "timed-operator",
         pub_export_macro: true,
         export_macro_name: "__export_operator_world",
@@ -87,7 +87,7 @@ pub mod bindings {
     // built then were (the host's compatibility tests run one).
     #[cfg(feature = "wit-0-1-0")]
     wit_bindgen::generate!({
-        path: "../wit/0.1.0",
+        path: "wit/0.1.0",
         world: "operator",
         pub_export_macro: true,
         export_macro_name: "__export_operator_world",
@@ -97,7 +97,7 @@ pub mod bindings {
     // The package as 0.1.2 published it: batches and expiries, no timers.
     #[cfg(feature = "wit-0-1-2")]
     wit_bindgen::generate!({
-        path: "../wit/0.1.2",
+        path: "wit/0.1.2",
         world: "expiring-operator",
         pub_export_macro: true,
         export_macro_name: "__export_operator_world",

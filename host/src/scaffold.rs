@@ -1,8 +1,10 @@
 //! `sluice new operator NAME`: a new operator crate that builds and passes its tests
-//! without an edit — the SDK dependency, the wasm32-wasip2 build, a native unit test,
-//! a test of the built component through the `sluice-test` kit, `sluice test` fixtures
-//! and a README. This module owns the templates (`scaffold/*.in`, compiled into the
-//! binary) and writing them; it knows nothing of jobs.
+//! without an edit — the SDK dependency, the wasm32-wasip2 build, a native unit test, a
+//! test of the built component in the sandbox through `sluice test`, fixtures and a
+//! README. It depends on the SDK alone, by version (or by path, with `--sdk`), so it
+//! builds anywhere in seconds, wherever this binary was built. This module owns the
+//! templates (`scaffold/*.in`, compiled into the binary) and writing them; it knows
+//! nothing of jobs.
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
@@ -16,37 +18,35 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("fixtures/expected.jsonl", include_str!("scaffold/expected.jsonl.in")),
     ("README.md", include_str!("scaffold/README.md.in")),
     (".gitignore", "/target\n"),
-    // The versions sluice is built and tested with.
-    ("Cargo.lock", include_str!("../../Cargo.lock")),
 ];
 
-/// The sluice source tree this binary was built from, which holds the SDK and the kit
-/// a new crate depends on.
-pub fn built_from() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new(".")).to_path_buf()
-}
+/// The version of the SDK (`sluice-guest`) this binary's host serves, which a new crate
+/// depends on: the workspace's version, which the SDK shares.
+pub const SDK_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Writes the operator crate `name` into `dir` (which must not exist), depending on the
-/// SDK and the kit in the sluice source tree `sluice`; returns the files written.
-pub fn new_operator(name: &str, dir: &Path, sluice: &Path) -> Result<Vec<PathBuf>> {
+/// SDK by [`SDK_VERSION`], or on the SDK crate in the directory `sdk` (a checkout's
+/// `guest-sdk`, or an unpacked copy); returns the files written.
+pub fn new_operator(name: &str, dir: &Path, sdk: Option<&Path>) -> Result<Vec<PathBuf>> {
     let valid = name.starts_with(|c: char| c.is_ascii_lowercase())
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
     if !valid {
         bail!("{name:?} is not an operator name: lowercase letters, digits, - and _, starting with a letter");
     }
-    for part in ["guest-sdk", "test-kit"] {
-        if !sluice.join(part).join("Cargo.toml").exists() {
-            bail!(
-                "{} holds no sluice source tree ({part}/Cargo.toml is missing): pass --sluice with a clone of the \
-                 sluice repository",
-                sluice.display()
-            );
+    let dependency = match sdk {
+        None => format!("\"{SDK_VERSION}\""),
+        Some(sdk) => {
+            let manifest = std::fs::read_to_string(sdk.join("Cargo.toml")).unwrap_or_default();
+            if !manifest.lines().any(|line| line.replace(' ', "") == "name=\"sluice-guest\"") {
+                bail!("{} holds no SDK crate (a Cargo.toml naming the package sluice-guest)", sdk.display());
+            }
+            let sdk = std::fs::canonicalize(sdk).with_context(|| format!("resolving {}", sdk.display()))?;
+            format!("{{ path = {:?} }}", sdk.display().to_string())
         }
-    }
+    };
     if dir.exists() {
         bail!("{} exists already; nothing was written", dir.display());
     }
-    let sluice = std::fs::canonicalize(sluice).with_context(|| format!("resolving {}", sluice.display()))?;
     let file = name.replace('-', "_");
     let type_name: String = name
         .split(['-', '_'])
@@ -58,7 +58,8 @@ pub fn new_operator(name: &str, dir: &Path, sluice: &Path) -> Result<Vec<PathBuf
             .replace("{{name}}", name)
             .replace("{{file}}", &file)
             .replace("{{type}}", &type_name)
-            .replace("{{sluice}}", &sluice.display().to_string());
+            .replace("{{sdk}}", &dependency)
+            .replace("{{sdk_version}}", SDK_VERSION);
         let path = dir.join(path);
         std::fs::create_dir_all(path.parent().unwrap_or(dir))?;
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
@@ -71,19 +72,34 @@ pub fn new_operator(name: &str, dir: &Path, sluice: &Path) -> Result<Vec<PathBuf
 mod tests {
     use super::*;
 
+    /// A name becomes the crate, the file and the type; the SDK is a version, or the
+    /// path given, which must hold the SDK; an existing directory or a bad name is
+    /// refused.
     #[test]
     fn a_name_becomes_the_crate_the_file_and_the_type() -> Result<()> {
         let scratch = tempfile::tempdir()?;
         let dir = scratch.path().join("click-counter");
-        new_operator("click-counter", &dir, &built_from())?;
+        new_operator("click-counter", &dir, None)?;
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml"))?;
+        assert!(manifest.contains(&format!("sluice-guest = \"{SDK_VERSION}\"")), "{manifest}");
         let lib = std::fs::read_to_string(dir.join("src/lib.rs"))?;
         assert!(lib.contains("pub struct ClickCounter;") && lib.contains("export_operator!(ClickCounter);"));
         assert!(std::fs::read_to_string(dir.join("README.md"))?.contains("release/click_counter.wasm"));
-        assert!(!std::fs::read_to_string(dir.join("Cargo.toml"))?.contains("{{"), "every placeholder filled");
-        let again = new_operator("click-counter", &dir, &built_from()).unwrap_err().to_string();
+        for file in ["Cargo.toml", "README.md", "tests/sandbox.rs"] {
+            assert!(!std::fs::read_to_string(dir.join(file))?.contains("{{"), "every placeholder filled: {file}");
+        }
+        let again = new_operator("click-counter", &dir, None).unwrap_err().to_string();
         assert!(again.contains("exists already"), "{again}");
-        let bad = new_operator("Click Counter", &scratch.path().join("x"), &built_from()).unwrap_err().to_string();
+        let bad = new_operator("Click Counter", &scratch.path().join("x"), None).unwrap_err().to_string();
         assert!(bad.contains("is not an operator name"), "{bad}");
+        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk");
+        let local = scratch.path().join("local");
+        new_operator("local", &local, Some(&sdk))?;
+        let manifest = std::fs::read_to_string(local.join("Cargo.toml"))?;
+        let path = std::fs::canonicalize(&sdk)?.display().to_string();
+        assert!(manifest.contains(&format!("sluice-guest = {{ path = {path:?} }}")), "{manifest}");
+        let not_sdk = new_operator("x", &scratch.path().join("y"), Some(scratch.path())).unwrap_err().to_string();
+        assert!(not_sdk.contains("holds no SDK crate"), "{not_sdk}");
         Ok(())
     }
 }

@@ -110,18 +110,18 @@ pub enum Command {
 #[derive(Subcommand)]
 pub enum NewCommand {
     /// A new operator crate, ready to build and test: the SDK, the wasm32-wasip2 build,
-    /// a native unit test, a test of the built component through the sluice-test kit,
-    /// `sluice test` fixtures and a README.
+    /// a native unit test, a test of the built component in the sandbox through `sluice
+    /// test` and its fixtures, and a README.
     Operator {
         /// The crate's name (lowercase letters, digits, - and _).
         name: String,
         /// Where to write it; default `./NAME`.
         #[arg(long)]
         dir: Option<PathBuf>,
-        /// The sluice source tree holding the SDK and the kit it depends on; default the
-        /// one this binary was built from.
+        /// The SDK crate (`sluice-guest`) to depend on by path: a checkout's `guest-sdk`,
+        /// or a copy; default the SDK of this binary's version, from the registry.
         #[arg(long)]
-        sluice: Option<PathBuf>,
+        sdk: Option<PathBuf>,
     },
 }
 

@@ -1,17 +1,16 @@
 //! `sluice new operator`: a new operator crate, written from the scaffold's templates.
 //!
-//! This module owns only the command's defaults (the crate's directory, the sluice
-//! source tree it depends on) and the line saying what to do next; the crate's files
-//! and the checks of its name are [`sluice::scaffold`]'s.
+//! This module owns only the command's defaults (the crate's directory) and the line
+//! saying what to do next; the crate's files, its SDK dependency and the checks of its
+//! name are [`sluice::scaffold`]'s.
 
 use anyhow::Result;
 use std::path::PathBuf;
 
 /// `sluice new operator`
-pub fn new_operator(name: &str, dir: Option<PathBuf>, sluice: Option<PathBuf>) -> Result<()> {
+pub fn new_operator(name: &str, dir: Option<PathBuf>, sdk: Option<PathBuf>) -> Result<()> {
     let dir = dir.unwrap_or_else(|| PathBuf::from(name));
-    let sluice = sluice.unwrap_or_else(sluice::scaffold::built_from);
-    let written = sluice::scaffold::new_operator(name, &dir, &sluice)?;
+    let written = sluice::scaffold::new_operator(name, &dir, sdk.as_deref())?;
     eprintln!(
         "wrote {} files into {}; next: cd {} && cargo build --release --target wasm32-wasip2 && cargo test",
         written.len(),
