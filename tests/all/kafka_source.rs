@@ -26,7 +26,7 @@ fn the_test_broker_serves_a_fetch_from_inside_a_batch() -> Result<()> {
     let mut producer = broker.client_config();
     // 1,000 records sent at once, 100 to a produce request.
     producer.set("batch.num.messages", "100").set("linger.ms", "1000");
-    broker.produce_with(producer, "batched", (0..1_000).map(|i| Ok((format!("k{i}"), i.to_string()))))?;
+    broker.produce_with(producer, "batched", (0..1_000).map(|i| Ok((format!("k{i}"), i.to_string(), None))))?;
     for start in [0, 37, 99, 100, 101, 555, 999] {
         let read = broker.read_from("batched", 0, start, 1_000 - start as usize)?;
         let expected: Vec<(i64, String)> = (start..1_000).map(|i| (i, i.to_string())).collect();

@@ -347,13 +347,90 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 #[test]
 fn expiries_across_kafka_handovers_equal_an_uninterrupted_run() -> Result<()> {
     let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 4).start()?;
-    let (broker, dir) = (&kafka.broker, kafka.dir());
     let all = kafka.generate("all.jsonl", 200, 12_000)?;
-    let chunks = split_lines(&all, 3)?;
+    let run = handed_over_and_alone(&kafka, "vehicle_stats", &["--ttl", "2s"], &all, false)?;
+    assert!(reported_expired(&run.alone_report) > 50, "the TTL expired summaries");
+    run.assert_equal("expiry")
+}
+
+/// speed-windows (a minute's and 5-minute windows per vehicle, on timers) across the
+/// same two handovers, its event time the positions' own (each record's timestamp its
+/// `ts`): the windows the two hosts emitted (at least once: the file sink's guarantee)
+/// and the state they left (open windows and their timers) equal one host's
+/// uninterrupted run.
+#[test]
+fn windows_across_kafka_handovers_equal_an_uninterrupted_run() -> Result<()> {
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 4).start()?;
+    let generated = kafka.generate("generated.jsonl", 200, 12_000)?;
+    // The positions moved to end ten minutes ago, so the broker keeps their timestamps.
+    let text = std::fs::read_to_string(&generated)?;
+    let last = text.lines().last().map(serde_json::from_str::<Value>).transpose()?;
+    let last = last.and_then(|p| p["ts"].as_i64()).unwrap_or_default();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+    let shift = (now - 600_000 - last) / 60_000 * 60_000;
+    let mut shifted = String::new();
+    for line in text.lines() {
+        let mut p: Value = serde_json::from_str(line)?;
+        p["ts"] = Value::from(p["ts"].as_i64().unwrap_or_default() + shift);
+        shifted += &(p.to_string() + "\n");
+    }
+    let all = kafka.dir().join("all.jsonl");
+    std::fs::write(&all, shifted)?;
+    let run = handed_over_and_alone(&kafka, "speed_windows", &[], &all, true)?;
+    let emitted = read_jsonl(&run.dirs[2].join("out.jsonl"))?;
+    assert!(emitted.len() > 300 && emitted.iter().all(|o| o["cause"] == "timer"), "{} windows", emitted.len());
+    run.assert_equal("timer")
+}
+
+/// What [`handed_over_and_alone`] left: the scratch directories of hosts `a`, `b`,
+/// `alone` and `check`, and the lone host's report.
+struct Handovers {
+    dirs: [std::path::PathBuf; 4],
+    alone_report: String,
+}
+
+impl Handovers {
+    /// The state `a` and `b` left in the shared store (as `check` restored it) equals
+    /// `alone`'s, and so do the distinct outputs of `cause` the two emitted.
+    fn assert_equal(&self, cause: &str) -> Result<()> {
+        let [a, b, alone, check] = &self.dirs;
+        let state = |dir: &Path| dump_state_lines(&dir.join("state"));
+        assert_eq!(state(check)?, state(alone)?, "entries, values and expiries after two handovers");
+        let outputs = |dirs: &[&std::path::PathBuf]| -> Result<BTreeSet<String>> {
+            let mut outputs = BTreeSet::new();
+            for dir in dirs {
+                let all = read_jsonl(&dir.join("out.jsonl"))?;
+                outputs.extend(all.into_iter().filter(|o| o["cause"] == cause).map(|o| o.to_string()));
+            }
+            Ok(outputs)
+        };
+        assert_eq!(outputs(&[a, b])?, outputs(&[alone])?, "the same {cause} outputs at the same records");
+        Ok(())
+    }
+}
+
+/// Runs `operator` (with `flags`) over the positions in `all` produced to the 4
+/// partitions of topic `positions` in three parts (each record's timestamp its `ts`
+/// when `at_ts`, else the producer's clock): host `a` alone, then `b` joining, then `a`
+/// stopping gracefully and handing over, `b` reading the rest, both checkpointing to a
+/// shared store; then one host reading the whole topic uninterrupted in a group of its
+/// own, and one restoring what `a` and `b` left and processing nothing.
+fn handed_over_and_alone(
+    kafka: &KafkaJob,
+    operator: &str,
+    flags: &[&str],
+    all: &Path,
+    at_ts: bool,
+) -> Result<Handovers> {
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let chunks = split_lines(all, 3)?;
+    let produce = |chunk: &Path| {
+        if at_ts { broker.produce_lines_at_ts("positions", chunk) } else { broker.produce_lines("positions", chunk) }
+    };
     let store = dir.join("store");
     let host = |name: &str, config: &Path, store: Option<&Path>| -> Command {
-        let mut command = run_job(&operator_wasm("vehicle_stats"), &dir.join(name), 4);
-        command.arg("--config").arg(config).args(["--ttl", "2s"]);
+        let mut command = run_job(&operator_wasm(operator), &dir.join(name), 4);
+        command.arg("--config").arg(config).args(flags);
         match store {
             Some(store) => command.arg("--checkpoint-store").arg(store).args(["--checkpoint-interval", "1"]),
             None => command.arg("--no-checkpoints"),
@@ -362,44 +439,34 @@ fn expiries_across_kafka_handovers_equal_an_uninterrupted_run() -> Result<()> {
     };
     let shared = kafka.source("group = \"handover\"\n")?;
     let minute = Duration::from_secs(60);
-    for name in ["a", "b", "alone", "check"] {
-        std::fs::create_dir_all(dir.join(name))?;
+    let dirs = ["a", "b", "alone", "check"].map(|name| dir.join(name));
+    for dir in &dirs {
+        std::fs::create_dir_all(dir)?;
     }
 
-    broker.produce_lines("positions", &chunks[0])?;
+    produce(&chunks[0])?;
     let mut a = Host::spawn("a", &mut host("a", &shared, Some(&store)), &dir.join("a/log"))?;
     a.wait_for(RESUMED, 4, minute)?;
     let mut b = Host::spawn("b", &mut host("b", &shared, Some(&store)), &dir.join("b/log"))?;
     b.wait_for(RESUMED, 1, minute)?;
-    broker.produce_lines("positions", &chunks[1])?;
+    produce(&chunks[1])?;
     std::thread::sleep(Duration::from_millis(500));
     a.terminate()?;
     assert!(a.log().contains(&handed_over()), "a handed its partitions over:\n{}", a.log());
-    broker.produce_lines("positions", &chunks[2])?;
-    broker.wait_committed("handover", "positions", 12_000, Duration::from_secs(120))?;
+    produce(&chunks[2])?;
+    let count = std::fs::read_to_string(all)?.lines().count() as i64;
+    broker.wait_committed("handover", "positions", count, Duration::from_secs(120))?;
     b.terminate()?;
 
     // One host over the whole topic, in a group of its own, with nothing to restore.
     let idle = "stop_when_idle_s = 2\n";
     let alone = kafka.source(&format!("group = \"alone\"\n{idle}"))?;
     let report = run_ok(&mut host("alone", &alone, None))?;
-    assert!(reported_expired(&String::from_utf8_lossy(&report.stderr)) > 50, "the TTL expired summaries");
     // What the two hosts left in the store, restored by a host that processes nothing.
     let check = kafka.source(&format!("group = \"check\"\n{idle}"))?;
-    let report = run_ok(&mut host("check", &check, Some(&store)))?;
-    assert!(String::from_utf8_lossy(&report.stderr).contains("processed 0 records"));
-    let state = |name: &str| dump_state_lines(&dir.join(name).join("state"));
-    assert_eq!(state("check")?, state("alone")?, "entries, values and expiries after two handovers");
-    let expiries = |names: &[&str]| -> Result<BTreeSet<String>> {
-        let mut expiries = BTreeSet::new();
-        for name in names {
-            let outputs = read_jsonl(&dir.join(name).join("out.jsonl"))?;
-            expiries.extend(outputs.into_iter().filter(|o| o["cause"] == "expiry").map(|o| o.to_string()));
-        }
-        Ok(expiries)
-    };
-    assert_eq!(expiries(&["a", "b"])?, expiries(&["alone"])?, "the same expiries at the same records");
-    Ok(())
+    let restored = run_ok(&mut host("check", &check, Some(&store)))?;
+    assert!(String::from_utf8_lossy(&restored.stderr).contains("processed 0 records"));
+    Ok(Handovers { dirs, alone_report: String::from_utf8_lossy(&report.stderr).into_owned() })
 }
 
 /// In processing time the clock follows the wall clock on an idle partition too: five

@@ -213,19 +213,27 @@ impl KafkaBroker {
         topic: &str,
         records: impl IntoIterator<Item = Result<(K, V)>>,
     ) -> Result<usize> {
+        let records = records.into_iter().map(|record| record.map(|(k, v)| (k, v, None)));
+        self.produce_with(self.producer_config(), topic, records)
+    }
+
+    /// The producer settings of [`produce`](Self::produce).
+    fn producer_config(&self) -> ClientConfig {
         let mut config = self.client_config();
         if self.one_record_batches {
             config.set("batch.num.messages", "1");
         }
-        self.produce_with(config, topic, records)
+        config
     }
 
-    /// [`produce`](Self::produce) with the producer settings of `config`.
+    /// [`produce`](Self::produce) with the producer settings of `config`, each record
+    /// with its timestamp, ms since the epoch (`None`: the producer's clock, as
+    /// [`produce`](Self::produce) leaves it).
     pub fn produce_with<K: AsRef<[u8]>, V: AsRef<[u8]>>(
         &self,
         mut config: ClientConfig,
         topic: &str,
-        records: impl IntoIterator<Item = Result<(K, V)>>,
+        records: impl IntoIterator<Item = Result<(K, V, Option<i64>)>>,
     ) -> Result<usize> {
         use rdkafka::error::KafkaError;
         use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -234,8 +242,11 @@ impl KafkaBroker {
             config.set("partitioner", "murmur2_random").set("enable.idempotence", "true").create()?;
         let mut produced = 0;
         for record in records {
-            let (key, value) = record?;
+            let (key, value, timestamp) = record?;
             let mut record = BaseRecord::to(topic).key(key.as_ref()).payload(value.as_ref());
+            if let Some(timestamp) = timestamp {
+                record = record.timestamp(timestamp);
+            }
             // A full queue empties as the broker acknowledges; any other error is final.
             while let Err((e, returned)) = producer.send(record) {
                 record = returned;
@@ -253,13 +264,25 @@ impl KafkaBroker {
     /// [`produce`](Self::produce)s every line of the JSONL file `input` to `topic`, keyed
     /// by its `vehicle_id`.
     pub fn produce_lines(&self, topic: &str, input: &Path) -> Result<usize> {
+        self.produce_positions(topic, input, false)
+    }
+
+    /// [`produce_lines`](Self::produce_lines), each record's timestamp its line's `ts`
+    /// (so a job's event time is the positions' own, as a file source reads them).
+    pub fn produce_lines_at_ts(&self, topic: &str, input: &Path) -> Result<usize> {
+        self.produce_positions(topic, input, true)
+    }
+
+    fn produce_positions(&self, topic: &str, input: &Path, at_ts: bool) -> Result<usize> {
         let text = std::fs::read_to_string(input)?;
-        self.produce(
+        self.produce_with(
+            self.producer_config(),
             topic,
             text.lines().map(|line| {
                 let value: Value = serde_json::from_str(line)?;
                 let key = value["vehicle_id"].as_str().context("a line without vehicle_id")?.to_string();
-                Ok((key, line))
+                let ts = if at_ts { Some(value["ts"].as_i64().context("a line without ts")?) } else { None };
+                Ok((key, line, ts))
             }),
         )
     }
