@@ -216,7 +216,7 @@ check_scaffold() {
     local dir crate status=0 sluice="$CARGO_TARGET_DIR/debug/sluice"
     dir=$(mktemp -d)
     cargo package -p sluice-guest --allow-dirty --no-verify --quiet
-    crate=$(ls "$CARGO_TARGET_DIR"/package/sluice-guest-*.crate | tail -n 1)
+    crate="$CARGO_TARGET_DIR/package/sluice-guest-$(cargo pkgid -p sluice-guest | sed 's/.*@//').crate"
     tar -xzf "$crate" -C "$dir"
     "$sluice" new operator scaffold-check --dir "$dir/scaffold-check" --sdk "$dir/$(basename "$crate" .crate)"
     (

@@ -311,10 +311,12 @@ fn clock_directive(line: &[u8]) -> Result<Option<i64>> {
     if !line.windows(ADVANCE_TO.len()).any(|w| w == ADVANCE_TO.as_bytes()) {
         return Ok(None);
     }
-    let Ok(fields) = serde_json::from_slice::<serde_json::Map<String, Value>>(line) else { return Ok(None) };
+    let fields: serde_json::Map<String, Value> =
+        serde_json::from_slice(line).with_context(|| format!("a line naming {ADVANCE_TO} is not a JSON object"))?;
     let Some(at) = fields.get(ADVANCE_TO) else { return Ok(None) };
     anyhow::ensure!(fields.len() == 1, "a line with {ADVANCE_TO} must have no other field");
-    at.as_i64().map(Some).with_context(|| format!("{ADVANCE_TO} must be ms since the epoch, not {at}"))
+    let ms = at.as_i64().filter(|ms| *ms > 0);
+    ms.map(Some).with_context(|| format!("{ADVANCE_TO} must be ms since the epoch, not {at}"))
 }
 
 /// The bytes of `entry`'s field `name`: a JSON value as its JSON text (a string as its

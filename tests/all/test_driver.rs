@@ -142,6 +142,8 @@ fn a_fixture_line_moves_the_clock_between_records() -> Result<()> {
     let position = r#"{"vehicle_id":"veh-1","ts":1767225610000,"lat":0,"lon":0,"speed_kmh":30}"#;
     for (wrong, says) in [
         (r#"{"$advance_to":"soon"}"#, "$advance_to must be ms since the epoch, not \"soon\""),
+        (r#"{"$advance_to":-5}"#, "$advance_to must be ms since the epoch, not -5"),
+        (r#"{"$advance_to":1767225660000"#, "a line naming $advance_to is not a JSON object"),
         (r#"{"$advance_to":1767225660000,"vehicle_id":"veh-1"}"#, "a line with $advance_to must have no other field"),
     ] {
         std::fs::write(&input, format!("{position}\n\n{wrong}\n"))?;

@@ -11,6 +11,13 @@ use std::path::PathBuf;
 pub fn new_operator(name: &str, dir: Option<PathBuf>, sdk: Option<PathBuf>) -> Result<()> {
     let dir = dir.unwrap_or_else(|| PathBuf::from(name));
     let written = sluice::scaffold::new_operator(name, &dir, sdk.as_deref())?;
+    if sdk.is_none() {
+        eprintln!(
+            "note: it depends on sluice-guest {} from crates.io; until that version is published there, write it \
+             with --sdk naming a sluice checkout's guest-sdk (or an unpacked `cargo package` of it)",
+            sluice::scaffold::SDK_VERSION
+        );
+    }
     eprintln!(
         "wrote {} files into {}; next: cd {} && cargo build --release --target wasm32-wasip2 && cargo test",
         written.len(),

@@ -159,7 +159,7 @@ pub struct PartitionWorker<'a> {
     uncommitted: Uncommitted,
     /// What is left of a batch that ended early at a per-batch bound: the next batch.
     rest: Option<Vec<SourceRecord>>,
-    /// When the last batch came (or the worker started): how long the partition has
+    /// When the last batch was done (or the worker started): how long the partition has
     /// been idle.
     last_batch: Instant,
     /// Entered for the version the operator runs (see [`version_span`]).
@@ -185,7 +185,10 @@ impl<'a> PartitionWorker<'a> {
             };
             match received {
                 Ok(_) if matches!(self.p.stop.get(), Some(Stop::Handover | Stop::Lost)) => break,
-                Ok(batch) => self.on_batch(batch)?,
+                Ok(batch) => {
+                    self.on_batch(batch)?;
+                    self.last_batch = Instant::now();
+                }
                 Err(RecvTimeoutError::Timeout) => self.on_idle()?,
                 Err(RecvTimeoutError::Disconnected) => break,
             }
@@ -219,7 +222,6 @@ impl<'a> PartitionWorker<'a> {
     fn on_batch(&mut self, mut batch: Vec<SourceRecord>) -> Result<()> {
         let Some(first) = batch.first() else { return Ok(()) };
         let first = first.offset;
-        self.last_batch = Instant::now();
         // Between two batches: the whole batch runs on one version, and a switch
         // commits what the old version processed.
         if self.follow_deploys(first)? {
