@@ -536,18 +536,28 @@ mod tests {
             }
             // Each window kept has one timer: each open session and each closed one kept
             // (a session merged into another leaves none behind), each fixed window.
-            let name = SPECS[SPEC].name;
-            let kept = match SPECS[SPEC].windows {
-                Windows::Session { .. } => {
-                    let sessions: Sessions<Sum> = state.get(key, name).unwrap().unwrap_or_default();
-                    sessions.open.len() + sessions.closed.len()
-                }
-                _ => state.get::<Vec<Window<Sum>>>(key, name).unwrap().unwrap_or_default().len(),
-            };
-            assert_eq!(state.timers(key).len(), kept, "timers of {key} after {ts}");
+            let (open, closed) = kept(&state, &SPECS[SPEC], key);
+            assert_eq!(state.timers(key).len(), open.len() + closed, "timers of {key} after {ts}");
         }
         collect(state.fire_until::<Summing<SPEC>>(u64::MAX / 2).unwrap());
         (emitted, late)
+    }
+
+    /// What `key`'s entry of `spec` keeps: the starts of its windows (open, or closed
+    /// and correcting), in order, and the closed sessions' bounds kept.
+    fn kept(state: &MemoryState, spec: &WindowSpec, key: &str) -> (Vec<u64>, usize) {
+        let (mut starts, closed): (Vec<u64>, usize) = match spec.windows {
+            Windows::Session { .. } => {
+                let sessions: Sessions<Sum> = state.get(key, spec.name).unwrap().unwrap_or_default();
+                (sessions.open.iter().map(|w| w.start_ms).collect(), sessions.closed.len())
+            }
+            _ => {
+                let windows: Vec<Window<Sum>> = state.get(key, spec.name).unwrap().unwrap_or_default();
+                (windows.iter().map(|w| w.start_ms).collect(), 0)
+            }
+        };
+        starts.sort();
+        (starts, closed)
     }
 
     /// The windows of `size` every `advance` that hold `ts`: their starts.
@@ -678,18 +688,7 @@ mod tests {
     fn a_window_whose_fired_failed_is_dropped_at_the_keys_next_record() {
         fn starts_after<const SPEC: usize>(first: i64, failing_at: u64, next: i64) -> (Vec<u64>, Vec<u64>) {
             let state = MemoryState::default();
-            let starts = |state: &MemoryState| match SPECS[SPEC].windows {
-                Windows::Session { .. } => {
-                    let sessions: Sessions<Sum> = state.get("k", SPECS[SPEC].name).unwrap().unwrap_or_default();
-                    sessions.open.iter().map(|w| w.start_ms).collect::<Vec<_>>()
-                }
-                _ => {
-                    let windows: Vec<Window<Sum>> = state.get("k", SPECS[SPEC].name).unwrap().unwrap_or_default();
-                    let mut starts: Vec<u64> = windows.iter().map(|w| w.start_ms).collect();
-                    starts.sort();
-                    starts
-                }
-            };
+            let starts = |state: &MemoryState| kept(state, &SPECS[SPEC], "k").0;
             state.fire_until::<FailingToFire<SPEC>>(first as u64).unwrap();
             state.process::<FailingToFire<SPEC>>(Record::new("k", "", first)).unwrap();
             assert!(state.fire_until::<FailingToFire<SPEC>>(failing_at).is_err(), "the failing timer fired");

@@ -3,7 +3,8 @@
 //! takes over between two batches in every partition, continues the state the old
 //! version wrote, and can be rolled back; a restart runs the newest deployed version;
 //! a component that cannot run is refused and the old version keeps processing; expiry
-//! callbacks fire only while a version that exports them runs; a replay runs each
+//! callbacks fire only while a version that exports them runs, and timers while one
+//! exports `fired` (under one that does not, each is a dead letter); a replay runs each
 //! record with the version that first did and expires as the first run did. The
 //! registry works the same in an S3 store, a build forged to carry another's CRC-64 is
 //! a version of its own, a registry written with CRC-64 names stays readable, `sluice

@@ -1,10 +1,11 @@
 //! State that expires (`--ttl`, `[ttl]`, an operator's own TTL), through the real
-//! binary: in event time and in processing time, the entries a churning fleet keeps,
-//! state of format 1 migrated when a TTL comes; and every expiry decided at the same
-//! record however the run is interrupted — `kill -9` (with an expiry callback that
-//! writes state, too), a restore from an older checkpoint, handovers between Kafka
-//! hosts. (Expiry across operator versions: [`crate::hot_swap`]; an expiry storm cut
-//! into batches: [`crate::sandbox_limits`]; the test driver's clock:
+//! binary: in event time (an idle partition's clock moved on by `[ttl] idle_timeout`)
+//! and in processing time, the entries a churning fleet keeps, state of format 1
+//! migrated when a TTL comes; and every expiry decided at the same record however the
+//! run is interrupted — `kill -9` (with an expiry callback that writes state, too), a
+//! restore from an older checkpoint, handovers between Kafka hosts (speed-windows'
+//! windows too). (Expiry across operator versions: [`crate::hot_swap`]; an expiry
+//! storm cut into batches: [`crate::sandbox_limits`]; the test driver's clock:
 //! [`crate::test_driver`].)
 
 use crate::checkpoint_restore::{checkpoint_at_end, stderr};

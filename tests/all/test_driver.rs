@@ -1,6 +1,6 @@
 //! `sluice test` and its driver, which run a component in the sandbox outside a job:
 //! outputs and dead letters compared with fixtures, and the driver's clock deciding
-//! expiry.
+//! expiry, moved by the caller or by a fixture's `$advance_to` lines.
 
 use anyhow::Result;
 use serde_json::{Value, json};
