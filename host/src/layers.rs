@@ -17,7 +17,7 @@ const CHAIN: &[&[&str]] = &[
     &["sink"],
     &["source"],
     &["worker"],
-    &["metrics", "warnings", "test_driver"],
+    &["metrics", "warnings", "test_driver", "trial"],
     &["admin"],
     &["job", "scaffold"],
     &["events"],

@@ -9,6 +9,8 @@
 //! arrive through the [`admin`] API or the registry in the store (see
 //! [`operator::deploy`]); the admin API also serves the host's [`metrics`]. The
 //! [`test_driver`] runs one operator outside a job, record by record, for `sluice test`;
+//! [`trial`] replays a partition from a checkpoint through any version (`sluice replay`)
+//! and compares two runs' outputs;
 //! [`scaffold`] writes a new operator crate. The phrases the host logs that tests look for
 //! are each component's `events`, all re-exported by [`events`].
 //!
@@ -16,7 +18,7 @@
 //!
 //! ```text
 //! record, backoff, bandwidth, log_rate, objects, kafka → stats, config, checksum, lines → state
-//!     → checkpoint → operator → sink → source → worker → metrics, warnings, test_driver
+//!     → checkpoint → operator → sink → source → worker → metrics, warnings, test_driver, trial
 //!     → admin → job, scaffold → events
 //! ```
 //!
@@ -51,6 +53,7 @@ pub mod source;
 pub mod state;
 pub mod stats;
 pub mod test_driver;
+pub mod trial;
 pub mod warnings;
 pub mod worker;
 

@@ -2,7 +2,8 @@
 //! stdout, and an entry of `sluice state dump` (and `sluice test --show-state`). This
 //! module owns how each field is written — a key or value as embedded JSON, text or
 //! base64 ([`Payload`]), the `cause` of an expiry's or a timer's lines, the operator build — and
-//! that every line reads back with serde_json. It does not own where lines go (the
+//! that every line reads back with serde_json — and how two lines differ, field by
+//! field ([`differing_fields`]). It does not own where lines go (the
 //! [`sink`](crate::sink)'s files, chunked and synced) nor where the entries come from.
 
 use crate::record::{DeadLetter, Origin, Output};
@@ -324,6 +325,72 @@ pub fn format_dead_letter(buf: &mut Vec<u8>, dead: &DeadLetter, version: &str) {
         attempts: dead.attempts,
     }
     .write_to(buf);
+}
+
+/// How much of a line the other must match in [`differing_fields`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compare {
+    /// Every field of the first line, an object's fields likewise; fields the first
+    /// leaves out are not compared (an expected line of `sluice test`).
+    Subset,
+    /// Every field of either line (two versions' outputs of one record).
+    Exact,
+}
+
+/// A field in which two JSON lines differ: its path (`value.count`) and its value in
+/// each, `None` where that line has no such field.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FieldDifference {
+    /// The fields' names from the line down, joined by dots; empty for the lines
+    /// themselves (one is not an object).
+    pub path: String,
+    /// Its value in the first line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub left: Option<serde_json::Value>,
+    /// Its value in the second line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub right: Option<serde_json::Value>,
+}
+
+/// Where `right` does not match `left`, field by field as `compare` says: objects are
+/// compared field by field down to the first values that differ, a number matches the
+/// same number written otherwise (`30` and `30.0`), anything else matches when equal.
+pub fn differing_fields(left: &serde_json::Value, right: &serde_json::Value, compare: Compare) -> Vec<FieldDifference> {
+    let mut found = Vec::new();
+    differing_below("", Some(left), Some(right), compare, &mut found);
+    found
+}
+
+fn differing_below(
+    path: &str,
+    left: Option<&serde_json::Value>,
+    right: Option<&serde_json::Value>,
+    compare: Compare,
+    found: &mut Vec<FieldDifference>,
+) {
+    use serde_json::Value;
+    let below = |name: &str| if path.is_empty() { name.to_string() } else { format!("{path}.{name}") };
+    match (left, right) {
+        (Some(Value::Object(left)), Some(Value::Object(right))) => {
+            for (name, value) in left {
+                // A subset's `null` matches a field left out.
+                static NULL: Value = Value::Null;
+                let other = right.get(name).or((compare == Compare::Subset).then_some(&NULL));
+                differing_below(&below(name), Some(value), other, compare, found);
+            }
+            if compare == Compare::Exact {
+                for (name, value) in right.iter().filter(|(name, _)| !left.contains_key(*name)) {
+                    differing_below(&below(name), None, Some(value), compare, found);
+                }
+            }
+        }
+        (left, right) if left == right => {}
+        // 30 and 30.0 are one number to a reader of JSON.
+        (Some(Value::Number(l)), Some(Value::Number(r))) if l.as_f64() == r.as_f64() => {}
+        (left, right) => {
+            found.push(FieldDifference { path: path.to_string(), left: left.cloned(), right: right.cloned() })
+        }
+    }
 }
 
 #[cfg(test)]

@@ -343,8 +343,14 @@ fn bytes_field(entry: &Value, name: &str) -> Result<Vec<u8>> {
 pub fn differences(what: &str, expected: &[Value], actual: &[Value]) -> Vec<String> {
     let mut found = Vec::new();
     for (i, (expected, actual)) in expected.iter().zip(actual).enumerate() {
-        let fields = match expected.is_object() {
-            true => paths("", expected, actual),
+        let fields: Vec<String> = match expected.is_object() {
+            true => lines::differing_fields(expected, actual, lines::Compare::Subset)
+                .into_iter()
+                .map(|field| {
+                    let (expected, actual) = (field.left.unwrap_or_default(), field.right.unwrap_or_default());
+                    format!("{} (expected {expected}, actual {actual})", field.path)
+                })
+                .collect(),
             false => vec![format!("the expected line is not a JSON object: {expected}")],
         };
         if !fields.is_empty() {
@@ -372,24 +378,4 @@ pub fn differences(what: &str, expected: &[Value], actual: &[Value]) -> Vec<Stri
         ));
     }
     found
-}
-
-/// Where `actual` does not match `expected` below `path`, as
-/// `value.count (expected 2, actual 3)`: an object matches when each field of the
-/// expected one does, a number when it is the same number (`30` and `30.0`), anything
-/// else when it is equal.
-fn paths(path: &str, expected: &Value, actual: &Value) -> Vec<String> {
-    match (expected, actual) {
-        (Value::Object(expected), Value::Object(actual)) => expected
-            .iter()
-            .flat_map(|(name, value)| {
-                let below = if path.is_empty() { name.clone() } else { format!("{path}.{name}") };
-                paths(&below, value, actual.get(name.as_str()).unwrap_or(&Value::Null))
-            })
-            .collect(),
-        _ if expected == actual => Vec::new(),
-        // 30 and 30.0 are one number to a reader of JSON.
-        (Value::Number(e), Value::Number(a)) if e.as_f64() == a.as_f64() => Vec::new(),
-        _ => vec![format!("{path} (expected {expected}, actual {actual})")],
-    }
 }

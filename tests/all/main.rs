@@ -16,6 +16,7 @@ mod kafka_rebalance;
 mod kafka_sink;
 mod kafka_source;
 mod observability;
+mod replay;
 mod sandbox;
 mod sandbox_limits;
 mod setup;

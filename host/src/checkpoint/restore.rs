@@ -416,9 +416,7 @@ async fn restore_newest(
     }
 }
 
-/// Builds `manifest`'s files in `side` (emptied first) from `local` files and the
-/// store, then opens the database there to check it holds the manifest's offset. The
-/// store's corrupt files are deleted from it: every checkpoint listing one is broken
+/// [`build`]s `manifest`'s files in `side`, emptied first. The store's corrupt files are deleted from it: every checkpoint listing one is broken
 /// anyway, and while it stays, later checkpoints would take it for a good copy and not
 /// upload the file again.
 async fn fetch(
@@ -436,16 +434,30 @@ async fn fetch(
         Ok(())
     })
     .await??;
-    let built = match assemble::assemble(store, manifest, side, local, progress, &|| false).await {
-        Ok(built) => built,
+    match build(store, manifest, side, local, progress).await {
+        Ok(built) => Ok(built),
         Err(e) => {
             for corrupt in e.downcast_ref::<FilesFailed>().map_or(&[][..], |failed| &failed.corrupt) {
                 store.delete_corrupt(corrupt).await.context("deleting a corrupt file from the store")?;
             }
-            return Err(e);
+            Err(e)
         }
-    };
-    let (dir, partition, offset) = (side.to_path_buf(), manifest.partition, manifest.offset);
+    }
+}
+
+/// Builds `manifest`'s files in `dir` from `local` files and downloads from `store`,
+/// each checked against the manifest, then opens the database there to check it holds
+/// the manifest's offset; changes nothing in the store. A missing or corrupt file is a
+/// [`FilesFailed`] naming it.
+pub async fn build(
+    store: &CheckpointStore,
+    manifest: &Manifest,
+    dir: &Path,
+    local: &LocalFiles,
+    progress: &Arc<AtomicU64>,
+) -> Result<assemble::Assembled> {
+    let built = assemble::assemble(store, manifest, dir, local, progress, &|| false).await?;
+    let (dir, partition, offset) = (dir.to_path_buf(), manifest.partition, manifest.offset);
     tokio::task::spawn_blocking(move || -> Result<()> {
         let held = PartitionStore::open(&dir, partition)?.committed_offset()?;
         if held != offset {

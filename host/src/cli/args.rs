@@ -41,6 +41,11 @@ pub enum Command {
     /// over fresh (or given) state, one record at a time, and compare what it emits with
     /// what is expected: a readable difference and exit code 1 when they differ.
     Test(Box<TestArgs>),
+    /// Replay one partition of a job from a checkpoint through a version, as its host
+    /// would have processed it, into a directory of outputs, dead letters and final
+    /// state; with `--compare`, report how its outputs differ from the live job's (exit
+    /// code 1 when they do).
+    Replay(Box<ReplayArgs>),
     /// Create things: `sluice new operator NAME` writes a new operator crate.
     New {
         #[command(subcommand)]
@@ -171,6 +176,45 @@ pub struct TestArgs {
     /// Print the state after the run, as `sluice state dump` does.
     #[arg(long)]
     pub show_state: bool,
+}
+
+/// `sluice replay`
+#[derive(Args)]
+pub struct ReplayArgs {
+    /// The job's config file: its sandbox, TTL policy, batches and commits apply as in
+    /// the job, and its checkpoint store and source file unless given below.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// The partition to replay.
+    #[arg(long)]
+    pub partition: u32,
+    /// The checkpoint to start from; default the partition's newest.
+    #[arg(long)]
+    pub checkpoint: Option<u64>,
+    /// The version to run (.wasm); default the version the checkpoint names, from the
+    /// job's registry.
+    #[arg(long)]
+    pub operator: Option<PathBuf>,
+    /// The JSONL file the job read; default the config's `[source] path`.
+    #[arg(long)]
+    pub input: Option<PathBuf>,
+    /// The checkpoint store; default the config's.
+    #[arg(long)]
+    pub store: Option<String>,
+    /// Replay the records before this offset only; default to the end of the input.
+    #[arg(long)]
+    pub until: Option<u64>,
+    /// A new (or empty) directory for the replay's outputs.jsonl, dead-letters.jsonl,
+    /// state.jsonl, state/ and, with --compare, differences.jsonl.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The outputs the live job wrote (a JSONL file as its file sink writes): each
+    /// record's outputs are compared with the replay's.
+    #[arg(long)]
+    pub compare: Option<PathBuf>,
+    /// How many differences to print (all are in differences.jsonl).
+    #[arg(long, default_value_t = 10)]
+    pub show: usize,
 }
 
 /// Which job a deploy, rollback or versions command talks to.

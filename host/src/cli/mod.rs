@@ -1,5 +1,5 @@
 //! The `sluice` binary's commands, one module per family of them: [`run`], [`test`],
-//! [`versions`] (deploy, rollback, versions), [`status`], [`checkpoints`], [`state`],
+//! [`replay`], [`versions`] (deploy, rollback, versions), [`status`], [`checkpoints`], [`state`],
 //! [`generate`], [`new`] and [`config`], over the grammar of them all in [`args`].
 //!
 //! The library does the work; each module here turns its family's arguments into calls
@@ -12,6 +12,7 @@ pub mod checkpoints;
 pub mod config;
 pub mod generate;
 pub mod new;
+pub mod replay;
 pub mod run;
 pub mod state;
 pub mod status;

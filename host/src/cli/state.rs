@@ -16,13 +16,7 @@ pub fn dump_state(state_dir: &Path) -> Result<()> {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     // A partition never started here has no database, so no entries.
     for partition in (0..dir.partitions()).filter(|&p| dir.partition_path(p).exists()) {
-        let store = dir.open_partition(partition)?;
-        for entry in store.entries() {
-            let entry = entry?;
-            let line = sluice::lines::state_line(partition, &entry.key, &entry.name, &entry.value, entry.expires_at_ms);
-            serde_json::to_writer(&mut out, &line)?;
-            out.write_all(b"\n")?;
-        }
+        dir.open_partition(partition)?.dump(&mut out)?;
     }
     Ok(out.flush()?)
 }

@@ -149,6 +149,29 @@ fn murmur2(data: &[u8]) -> u32 {
     h ^ (h >> 15)
 }
 
+/// An embedded source's records made a partitioned log, as Kafka's default
+/// partitioner and a broker would: each record goes to partition
+/// [`partition_for`]`(key)`, at that partition's next offset.
+#[derive(Debug, Clone)]
+pub struct PartitionedLog {
+    next_offset: Vec<u64>,
+}
+
+impl PartitionedLog {
+    /// A log of `partitions` empty partitions.
+    pub fn new(partitions: u32) -> Self {
+        PartitionedLog { next_offset: vec![0; partitions as usize] }
+    }
+
+    /// Appends `raw` to its partition: it, at its partition and offset.
+    pub fn place(&mut self, raw: RawRecord) -> SourceRecord {
+        let p = partition_for(&raw.key, self.next_offset.len() as u32);
+        let offset = self.next_offset[p as usize];
+        self.next_offset[p as usize] += 1;
+        raw.at(p, offset)
+    }
+}
+
 /// How [`dispatch`] paces and batches.
 #[derive(Debug, Clone)]
 pub struct DispatchOptions {
@@ -181,7 +204,7 @@ fn feed(
     let count = partitions.count();
     partitions.assign(&(0..count).collect::<Vec<_>>())?;
     partitions.started(true)?;
-    let mut next_offset = vec![0u64; count as usize];
+    let mut log = PartitionedLog::new(count);
     let started = Instant::now();
     for (read, raw) in records.enumerate() {
         let raw = raw?;
@@ -200,10 +223,7 @@ fn feed(
                 std::thread::sleep(wait);
             }
         }
-        let p = partition_for(&raw.key, count) as usize;
-        let offset = next_offset[p];
-        next_offset[p] += 1;
-        partitions.push(raw.at(p as u32, offset), true)?;
+        partitions.push(log.place(raw), true)?;
         if !partitions.owns_any() {
             // Every partition stopped alone: the run ends in their errors.
             return Ok(Stop::Handover);

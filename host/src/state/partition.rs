@@ -364,6 +364,19 @@ impl PartitionStore {
         })
     }
 
+    /// Writes every stored entry to `out` as `sluice state dump` shows it, one JSON line
+    /// each ([`state_line`](crate::lines::state_line)), in key order.
+    pub fn dump(&self, out: &mut impl std::io::Write) -> Result<()> {
+        for entry in self.entries() {
+            let entry = entry?;
+            let line =
+                crate::lines::state_line(self.partition, &entry.key, &entry.name, &entry.value, entry.expires_at_ms);
+            serde_json::to_writer(&mut *out, &line)?;
+            out.write_all(b"\n")?;
+        }
+        Ok(())
+    }
+
     /// The expiry index's keys ([`index_key`](super::expiry::index_key)s: expiry,
     /// then encoded entry key) in expiry order, from `from` (inclusive) or the earliest.
     pub(super) fn expiry_index<'a>(&'a self, from: Option<&[u8]>) -> impl Iterator<Item = Result<Vec<u8>>> + use<'a> {

@@ -1,0 +1,307 @@
+//! Replaying one partition from a checkpoint through a given version, as its host would
+//! have processed it (`sluice replay`).
+//!
+//! The checkpoint is built into a state directory of the replay's own — downloaded and
+//! checked file by file against its manifest, the store left as it was — and the
+//! partition's records from the checkpoint's offset on run through the version in a
+//! [`PartitionWorker`], the host's own, over a [`Transaction`] with the job's TTL policy,
+//! batches, commits and sandbox limits: the same clock decisions, expiries and timers
+//! as the live run, the same lines in the same files. Nothing it does writes to the
+//! checkpoint store or the operator's registry, so it runs beside the live job.
+//!
+//! This module owns that run and what it leaves in its output directory; comparing its
+//! outputs with the live ones is [`diff`](super::diff)'s.
+
+use super::diff::{OutputDiff, read_outputs};
+use crate::checkpoint::assemble::LocalFiles;
+use crate::checkpoint::{CheckpointStore, Manifest, restore};
+use crate::config::{Config, TimeDomain};
+use crate::objects::Objects;
+use crate::operator::Operator;
+use crate::operator::deploy::Sandbox;
+use crate::operator::registry::Registry;
+use crate::operator::wasm::{ActiveVersion, WasmOperator};
+use crate::record::SourceRecord;
+use crate::sink::{DeadLetterSink, LineSink, Sink};
+use crate::source::PartitionedLog;
+use crate::source::file::JsonlFile;
+use crate::state::{StateDir, Transaction};
+use crate::stats::{HostStats, PartitionStats};
+use crate::worker::{Cadence, Destinations, Partition, PartitionWorker, StopSignal, queue};
+use anyhow::{Context, Result, anyhow, bail};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// What to replay, through what, and where to.
+#[derive(Debug, Clone)]
+pub struct Replay {
+    /// The job whose partition it is: its sandbox (`[operator]` limits and config), TTL
+    /// policy, batches and commits (`[state]`) and keyless records (`[source]
+    /// null_keys`) apply as in the job.
+    pub job: Config,
+    /// The job's checkpoint store (its URL), which also holds its operator's registry.
+    pub store: String,
+    /// The partition.
+    pub partition: u32,
+    /// The checkpoint to start from; `None`: the partition's newest.
+    pub checkpoint: Option<u64>,
+    /// The version to run (a `.wasm` file); `None`: the version the checkpoint names,
+    /// from the registry.
+    pub operator: Option<PathBuf>,
+    /// The JSONL file the job read, partitioned as the job's file source partitions it
+    /// (`[source]` key and timestamp fields as in `job`).
+    pub input: PathBuf,
+    /// Replay the records before this offset only; `None`: to the end of the input.
+    pub until: Option<u64>,
+    /// A new (or empty) directory for what the replay writes: `outputs.jsonl`,
+    /// `dead-letters.jsonl`, `state.jsonl` (the final state, as `sluice state dump`
+    /// shows it) and `state/` (the final state directory).
+    pub out: PathBuf,
+}
+
+/// What a replay did.
+#[derive(Debug, Clone)]
+pub struct Replayed {
+    /// The checkpoint it started from.
+    pub checkpoint: Manifest,
+    /// The version that ran.
+    pub version: String,
+    /// Records processed.
+    pub records: u64,
+    /// The offset after the last record processed: the replay covers the checkpoint's
+    /// offset up to here.
+    pub end: u64,
+    /// Where its outputs are.
+    pub outputs: PathBuf,
+    /// Where its dead letters are.
+    pub dead_letters: PathBuf,
+    /// Where its final state is, as `sluice state dump` lines.
+    pub state: PathBuf,
+    /// Why its outputs may differ from the live run's even with the same version: the
+    /// live partition switched versions inside the range, or its clock reads the wall
+    /// clock.
+    pub caveats: Vec<String>,
+    /// How long it took, the checkpoint's download included.
+    pub took: Duration,
+}
+
+impl Replayed {
+    /// Compares the replay's outputs with those the live job wrote to the JSONL file
+    /// `live` for the same records (its other partitions' and offsets' lines ignored).
+    pub fn compare(&self, live: &Path) -> Result<OutputDiff> {
+        let (partition, from) = (self.checkpoint.partition, self.checkpoint.offset);
+        let live = read_outputs(live, partition, from, self.end)?;
+        let replayed = read_outputs(&self.outputs, partition, from, self.end)?;
+        Ok(OutputDiff::of(&live, &replayed, self.records))
+    }
+}
+
+/// Runs `replay` (see the module).
+pub fn replay(replay: &Replay) -> Result<Replayed> {
+    let started = Instant::now();
+    let runtime = crate::objects::runtime()?;
+    let store = CheckpointStore::open_existing(&replay.store)?;
+    let partitions = runtime
+        .block_on(store.store_manifest())?
+        .ok_or_else(|| anyhow!("{} holds no checkpoints (no sluice-checkpoints.json)", replay.store))?
+        .partitions;
+    let partition = replay.partition;
+    if partition >= partitions {
+        bail!(
+            "partition {partition} does not exist: the checkpoints in {} are of {partitions} partitions",
+            replay.store
+        );
+    }
+    let id = match replay.checkpoint {
+        Some(id) => id,
+        None => *runtime
+            .block_on(store.checkpoint_ids(partition))?
+            .last()
+            .ok_or_else(|| anyhow!("partition {partition} has no checkpoints in {}", replay.store))?,
+    };
+    let manifest = runtime
+        .block_on(store.manifest(partition, id))
+        .with_context(|| format!("reading checkpoint {id} of partition {partition} in {}", replay.store))?;
+    let out = &replay.out;
+    if std::fs::read_dir(out).is_ok_and(|mut entries| entries.next().is_some()) {
+        bail!("{} is not empty: a replay writes into a new or empty directory", out.display());
+    }
+    let state = StateDir::open(&out.join("state"), partitions)?;
+    let db = state.partition_path(partition);
+    runtime
+        .block_on(restore::build(&store, &manifest, &db, &LocalFiles::default(), &Arc::new(AtomicU64::new(0))))
+        .with_context(|| format!("restoring checkpoint {id} of partition {partition} from {}", replay.store))?;
+
+    let registry = Registry::new(Objects::open(&replay.store)?, crate::operator::name_of(&manifest.operator))?;
+    let (component, origin) = match &replay.operator {
+        Some(path) => {
+            let bytes = std::fs::read(path).with_context(|| format!("reading operator {}", path.display()))?;
+            (bytes, path.display().to_string())
+        }
+        None => (
+            runtime.block_on(registry.component(&manifest.operator))?,
+            format!("version {}, which checkpoint {id} names", manifest.operator),
+        ),
+    };
+    let version = runtime.block_on(registry.version_of(&component))?;
+    let sandbox = Sandbox::new(&replay.job.operator, state.scratch_path());
+    let operator = WasmOperator::compile(&version, &component, &origin, sandbox.limits, sandbox.config)?;
+    let job = &replay.job;
+    let txn = Transaction::new(state.open_partition(partition)?, job.state.cache_mib << 20)?
+        .with_ttl(Arc::new(job.ttl.clone()))?
+        .with_dirty_limit(job.state.commit_dirty_mib << 20);
+    let mut instance = ActiveVersion::new(Arc::new(operator)).instantiate(partition, txn)?;
+
+    let (outputs, dead_letters) = (out.join("outputs.jsonl"), out.join("dead-letters.jsonl"));
+    let to = Destinations {
+        sink: Sink::Lines(LineSink::file(&outputs, false)?),
+        dead_letters: DeadLetterSink::Lines(LineSink::file(&dead_letters, false)?),
+    };
+    let stats = PartitionStats::new(manifest.offset, instance.state().entries(), instance.version());
+    let records = Records::open(replay, partitions, manifest.offset)?;
+    run_worker(&mut instance, &to, &stats, job, records)?;
+
+    let state_lines = out.join("state.jsonl");
+    let mut file = std::io::BufWriter::new(
+        std::fs::File::create(&state_lines).with_context(|| format!("creating {}", state_lines.display()))?,
+    );
+    instance.state().store().dump(&mut file)?;
+    std::io::Write::flush(&mut file)?;
+    let end = stats.committed_offset.load(Ordering::Relaxed);
+    let caveats = caveats(job, runtime.block_on(registry.switches(partition))?, manifest.offset, end);
+    Ok(Replayed {
+        checkpoint: manifest,
+        version,
+        records: stats.processed.load(Ordering::Relaxed),
+        end,
+        outputs,
+        dead_letters,
+        state: state_lines,
+        caveats,
+        took: started.elapsed(),
+    })
+}
+
+/// Runs `operator`'s partition worker over `records`, fed in batches from a thread of
+/// their own as a router would, to the end of them.
+fn run_worker(
+    operator: &mut dyn Operator,
+    to: &Destinations,
+    stats: &PartitionStats,
+    job: &Config,
+    records: Records,
+) -> Result<()> {
+    let (sender, batches) = queue::bounded(job.state.queued_batches(), job.state.queued_bytes());
+    let (batch_size, batch_bytes) = (job.state.batch_size(), job.state.batch_bytes());
+    std::thread::scope(|scope| {
+        let feeder = scope.spawn(move || -> Result<()> {
+            let mut batch = Vec::new();
+            let mut bytes = 0;
+            for record in records {
+                let record = record?;
+                bytes += record.bytes();
+                batch.push(record);
+                if batch.len() >= batch_size || bytes >= batch_bytes {
+                    sender.send(std::mem::take(&mut batch))?;
+                    bytes = 0;
+                }
+            }
+            if !batch.is_empty() {
+                sender.send(batch)?;
+            }
+            Ok(())
+        });
+        let number = operator.state().store().partition();
+        let outputs = to.sink.partition(&to.dead_letters, number, stats.committed_offset.load(Ordering::Relaxed))?;
+        let (host, stop) = (HostStats::default(), StopSignal::default());
+        let partition = Partition {
+            operator,
+            to,
+            stats,
+            host: &host,
+            checkpointer: None,
+            stop: &stop,
+            cadence: Cadence::of(&job.state, None),
+            null_keys: job.source.null_keys(),
+        };
+        let worked = PartitionWorker::new(partition, outputs).run(batches);
+        let fed = feeder.join().map_err(|_| anyhow!("reading the replay's input panicked"))?;
+        // A worker that failed dropped its queue, failing the feeder: its error is why.
+        worked.and(fed)
+    })
+}
+
+/// The records of one partition of an embedded source's file, from an offset on.
+struct Records {
+    file: JsonlFile,
+    log: PartitionedLog,
+    partition: u32,
+    from: u64,
+    until: u64,
+}
+
+impl Records {
+    /// The records of `replay`'s partition in its input, of a job of `partitions`
+    /// partitions, from `from` on.
+    fn open(replay: &Replay, partitions: u32, from: u64) -> Result<Self> {
+        let (key_field, timestamp_field, max_line_bytes) = match &replay.job.source {
+            crate::config::SourceConfig::File { key_field, timestamp_field, max_line_bytes, .. } => {
+                (key_field.clone(), timestamp_field.clone(), *max_line_bytes)
+            }
+            _ => (
+                crate::config::default_key_field(),
+                crate::config::default_timestamp_field(),
+                crate::config::default_max_line_bytes(),
+            ),
+        };
+        Ok(Records {
+            file: JsonlFile::open(&replay.input, &key_field, &timestamp_field, max_line_bytes)?,
+            log: PartitionedLog::new(partitions),
+            partition: replay.partition,
+            from,
+            until: replay.until.unwrap_or(u64::MAX),
+        })
+    }
+}
+
+impl Iterator for Records {
+    type Item = Result<SourceRecord>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let record = match self.file.next()? {
+                Ok(raw) => self.log.place(raw),
+                Err(e) => return Some(Err(e)),
+            };
+            if record.partition != self.partition || record.offset < self.from {
+                continue;
+            }
+            return (record.offset < self.until).then_some(Ok(record));
+        }
+    }
+}
+
+/// Why a replay of offsets `from` to `end` of a job's partition may differ from its
+/// live run even with the version that ran it, given the partition's recorded
+/// `switches` of versions.
+fn caveats(job: &Config, switches: std::collections::BTreeMap<u64, String>, from: u64, end: u64) -> Vec<String> {
+    let mut caveats: Vec<String> = switches
+        .range(from + 1..end)
+        .map(|(offset, version)| {
+            format!("the live partition switched to {version} at offset {offset}: one version replays it all")
+        })
+        .collect();
+    if job.ttl.time == TimeDomain::Processing {
+        caveats
+            .push("[ttl] time = \"processing\": expiries follow the wall clock, which a replay cannot repeat".into());
+    }
+    if job.ttl.idle_timeout.is_some() {
+        caveats.push(
+            "[ttl] idle_timeout: an idle partition's clock followed the wall clock, which a replay cannot repeat"
+                .into(),
+        );
+    }
+    caveats
+}

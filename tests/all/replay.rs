@@ -1,0 +1,237 @@
+//! `sluice replay`: a partition of a stopped file job replayed from one of its
+//! checkpoints. With the version that ran it the outputs, dead letters and final state
+//! are the live run's byte for byte — expiries and timers included — and `--compare`
+//! finds no difference; with vehicle-stats v2 it reports exactly the records whose
+//! outputs changed, and how; a missing or corrupt checkpoint, a used output directory
+//! and a file that is not a component are refused by name, the store left as it was.
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+use sluice_e2e::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+const PARTITIONS: u32 = 2;
+
+/// A stopped file job of `operator` (with `config`, TOML lines of `[operator.config]`)
+/// over `input` in `dir`, checkpointing after every commit of 100 records (read at 5000
+/// records a second, so that checkpoints keep up); returns its config file.
+fn run_checkpointed_job(dir: &Path, operator: &str, config: &str, input: &Path) -> Result<PathBuf> {
+    let job = dir.join("job.toml");
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        &job,
+        format!(
+            "[operator]\npath = {operator:?}\n[operator.config]\n{config}\n[source]\nkind = \"file\"\npath = {input:?}\nrate = 5000\n\
+             [sink]\nkind = \"file\"\npath = {out:?}\n[dead_letter]\npath = {dead:?}\n[state]\ndir = {state:?}\n\
+             partitions = {PARTITIONS}\nbatch_records = 100\ncommit_every = 100\n[checkpoint]\ninterval = \"0s\"\n\
+             retain = 1000\n[report]\ninterval = \"0s\"\n",
+            operator = operator_wasm(operator),
+            out = dir.join("out.jsonl"),
+            dead = dir.join("dead.jsonl"),
+            state = dir.join("state"),
+        ),
+    )?;
+    run_ok(sluice().arg("run").arg("--config").arg(&job))?;
+    Ok(job)
+}
+
+/// The raw lines of the JSONL file `path` of `partition` from offset `from` on, as
+/// written (a missing file has none).
+fn lines_from(path: &Path, partition: u32, from: u64) -> Result<String> {
+    let text = std::fs::read_to_string(path).or_else(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Ok(String::new()),
+        _ => Err(e),
+    })?;
+    let mut kept = String::new();
+    for line in text.lines() {
+        let value: Value = serde_json::from_str(line)?;
+        if value["partition"] == partition && value["offset"].as_u64().context("an offset")? >= from {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    Ok(kept)
+}
+
+/// The id and offset of a checkpoint of `partition` in the middle of its run.
+fn middle_checkpoint(dir: &Path, partition: u32) -> Result<(u64, u64)> {
+    let manifests = checkpoint_manifests(&dir.join("state.checkpoints"), partition)?;
+    assert!(manifests.len() > 4, "checkpoints along the run: {}", manifests.len());
+    let middle = &manifests[manifests.len() / 2];
+    Ok((middle["id"].as_u64().context("an id")?, middle["offset"].as_u64().context("an offset")?))
+}
+
+/// `sluice replay` of `partition` from `checkpoint` of the job `job` into `out`, with
+/// `args` after.
+fn replay(job: &Path, partition: u32, checkpoint: u64, out: &Path, args: &[&str]) -> std::process::Command {
+    let mut command = sluice();
+    command.arg("replay").arg("--config").arg(job).arg("--out").arg(out);
+    command.args(["--partition", &partition.to_string(), "--checkpoint", &checkpoint.to_string()]).args(args);
+    command
+}
+
+/// vehicle-stats with vehicles leaving the fleet (their summaries expire through its
+/// `expired`) and speed-windows (windows closed by timers), each replayed with its
+/// own version from a checkpoint in the middle of each partition's run: outputs, dead
+/// letters and final state equal the live run's, byte for byte.
+#[test]
+fn a_replay_with_the_version_that_ran_repeats_the_live_run_byte_for_byte() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    let generated = run_ok(
+        sluice().args(["generate", "--vehicles", "40", "--count", "6000", "--seed", "5"]).args(["--churn", "25"]),
+    )?;
+    // A position every 100 ms of event time: ten minutes, so minutes and 5-minute
+    // windows close along the run.
+    let mut stretched = String::new();
+    for (i, line) in String::from_utf8(generated.stdout)?.lines().enumerate() {
+        let mut position: Value = serde_json::from_str(line)?;
+        position["ts"] = (1_767_225_600_000u64 + 100 * i as u64).into();
+        stretched += &format!("{position}\n");
+    }
+    std::fs::write(&input, stretched)?;
+    for (operator, config, cause) in [
+        ("vehicle_stats", "left_fleet_after_ms = \"20000\"", "\"cause\":\"expiry\""),
+        ("speed_windows", "", "\"cause\":\"timer\""),
+    ] {
+        let dir = dir.path().join(operator);
+        let job = run_checkpointed_job(&dir, operator, config, &input)?;
+        for partition in 0..PARTITIONS {
+            let (checkpoint, offset) = middle_checkpoint(&dir, partition)?;
+            let out = dir.join(format!("replay-{partition}"));
+            let replayed =
+                run_ok(replay(&job, partition, checkpoint, &out, &[]).arg("--compare").arg(dir.join("out.jsonl")))?;
+            let stdout = String::from_utf8(replayed.stdout)?;
+            assert!(stdout.contains(" 0 different, 0 only in the live outputs, 0 only in the replay's"), "{stdout}");
+            let context = format!("{operator}, partition {partition} from checkpoint {checkpoint} (offset {offset})");
+            let live = lines_from(&dir.join("out.jsonl"), partition, offset)?;
+            assert!(live.contains(cause), "{context}: the replayed range has {cause} outputs");
+            assert_eq!(std::fs::read_to_string(out.join("outputs.jsonl"))?, live, "{context}: outputs");
+            assert_eq!(
+                lines_from(&out.join("dead-letters.jsonl"), partition, offset)?,
+                lines_from(&dir.join("dead.jsonl"), partition, offset)?,
+                "{context}: dead letters"
+            );
+            let live_state: Vec<String> = dump_state_lines(&dir.join("state"))?
+                .into_iter()
+                .filter(|line| serde_json::from_str::<Value>(line).is_ok_and(|entry| entry["partition"] == partition))
+                .collect();
+            let mut replayed_state: Vec<String> =
+                std::fs::read_to_string(out.join("state.jsonl"))?.lines().map(str::to_string).collect();
+            replayed_state.sort();
+            assert!(!live_state.is_empty());
+            assert_eq!(replayed_state, live_state, "{context}: final state");
+        }
+    }
+    Ok(())
+}
+
+/// vehicle-stats v2 over v1's checkpoint: every record's summary gains `idle_count`,
+/// counted from the replay's start (v1's summaries have none), and nothing else
+/// changes; the report names each record with that one field and both values, and
+/// the exit code says the outputs differ.
+#[test]
+fn a_replay_of_a_new_version_reports_exactly_the_records_whose_outputs_changed() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    generate(&input, 30, 4000, 9)?;
+    let job = run_checkpointed_job(dir.path(), "vehicle_stats", "", &input)?;
+    let partition = 1;
+    let (checkpoint, offset) = middle_checkpoint(dir.path(), partition)?;
+
+    // The reference: each record of the partition from the checkpoint on, with the idle
+    // positions of its vehicle from there up to it.
+    let mut log = sluice::source::PartitionedLog::new(PARTITIONS);
+    let mut idle: BTreeMap<String, u64> = BTreeMap::new();
+    let mut expected: BTreeMap<u64, (String, u64)> = BTreeMap::new();
+    for position in read_jsonl(&input)? {
+        let vehicle = position["vehicle_id"].as_str().context("a vehicle")?.to_string();
+        let record = log.place(sluice::record::RawRecord {
+            key: vehicle.clone().into_bytes(),
+            value: Vec::new(),
+            timestamp_ms: 0,
+        });
+        if record.partition != partition || record.offset < offset {
+            continue;
+        }
+        let count = idle.entry(vehicle.clone()).or_default();
+        *count += u64::from(position["speed_kmh"].as_f64().context("a speed")? < 5.0);
+        expected.insert(record.offset, (vehicle, *count));
+    }
+    assert!(idle.values().any(|&n| n > 0), "some positions are idle: {idle:?}");
+
+    let out = dir.path().join("replay");
+    let v2 = operator_wasm("vehicle_stats_v2");
+    let mut command = replay(&job, partition, checkpoint, &out, &["--show", "2", "--operator"]);
+    let failed = command.arg(&v2).arg("--compare").arg(dir.path().join("out.jsonl")).output()?;
+    let (stdout, stderr) = (String::from_utf8(failed.stdout)?, String::from_utf8(failed.stderr)?);
+    assert_eq!(failed.status.code(), Some(1), "{stdout}{stderr}");
+    let records = expected.len();
+    assert!(stdout.contains(&format!("{records} records and expiry groups, 0 equal, {records} different")), "{stdout}");
+    assert!(stdout.contains("value.idle_count (live absent, replay 0)"), "{stdout}");
+    assert!(stderr.contains(&format!("differ from {} for {records} records", dir.path().join("out.jsonl").display())));
+
+    let differences = read_jsonl(&out.join("differences.jsonl"))?;
+    let found: BTreeMap<u64, (String, u64)> = differences
+        .iter()
+        .map(|d| {
+            let fields = d["fields"].as_array().expect("fields");
+            assert_eq!(fields.len(), 1, "one field differs: {d}");
+            assert_eq!((fields[0]["path"].as_str(), fields[0].get("left")), (Some("value.idle_count"), None), "{d}");
+            let vehicle = d["key"].as_str().expect("a key").to_string();
+            (d["offset"].as_u64().expect("an offset"), (vehicle, fields[0]["right"].as_u64().expect("a count")))
+        })
+        .collect();
+    assert_eq!(found, expected);
+    Ok(())
+}
+
+/// A used output directory, a checkpoint that does not exist, a file that is not a
+/// component and a corrupt file in the store are each refused by name; the corrupt
+/// file is left where it is (the store is the live job's).
+#[test]
+fn a_replay_refuses_bad_input_by_name_and_changes_no_store() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    generate(&input, 20, 2000, 4)?;
+    let job = run_checkpointed_job(dir.path(), "vehicle_stats", "", &input)?;
+    let (checkpoint, _) = middle_checkpoint(dir.path(), 0)?;
+    let out = dir.path().join("replay");
+
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(out.join("kept.txt"), "mine")?;
+    let used = run_err(&mut replay(&job, 0, checkpoint, &out, &[]))?;
+    assert!(used.contains(&format!("{} is not empty", out.display())), "{used}");
+    assert_eq!(std::fs::read_to_string(out.join("kept.txt"))?, "mine");
+
+    let fresh = dir.path().join("fresh");
+    let missing = run_err(&mut replay(&job, 0, 9_999, &fresh, &[]))?;
+    assert!(missing.contains("checkpoint 9999 of partition 0"), "{missing}");
+    let not_wasm = run_err(replay(&job, 0, checkpoint, &dir.path().join("other"), &["--operator"]).arg(&job))?;
+    assert!(not_wasm.contains(&format!("operator {}", job.display())), "{not_wasm}");
+
+    let manifest = &checkpoint_manifests(&dir.path().join("state.checkpoints"), 0)?[checkpoint as usize - 1];
+    assert_eq!(manifest["id"], checkpoint);
+    let table = manifest["files"]
+        .as_array()
+        .context("files")?
+        .iter()
+        .find(|f| f["name"].as_str().is_some_and(|n| n.ends_with(".sst")))
+        .context("a table file")?;
+    let object = dir.path().join("state.checkpoints/partition-0000/files").join(format!(
+        "{}.{}",
+        table["name"].as_str().context("a name")?,
+        table["checksum"].as_str().context("a checksum")?
+    ));
+    let mut bytes = std::fs::read(&object)?;
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&object, &bytes)?;
+    let corrupt = run_err(&mut replay(&job, 0, checkpoint, &dir.path().join("third"), &[]))?;
+    let name = table["name"].as_str().unwrap_or_default();
+    assert!(corrupt.contains(&format!("file `{name}` is corrupt")), "{corrupt}");
+    assert!(corrupt.contains(&format!("restoring checkpoint {checkpoint} of partition 0")), "{corrupt}");
+    assert_eq!(std::fs::read(&object)?, bytes, "the replay leaves the store's file as it was");
+    Ok(())
+}
