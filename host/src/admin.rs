@@ -9,6 +9,10 @@
 //! GET  /operators/<name>/versions   the history of deployed versions (JSON)
 //! POST /operators/<name>/versions   deploy the component in the body (application/wasm)
 //! POST /operators/<name>/rollback   roll back to the version before the newest deploy
+//! GET  /operators/<name>/shadow     what the shadow found on this host (JSON)
+//! POST /operators/<name>/shadow     run the component in the body as the shadow (application/wasm)
+//! DELETE /operators/<name>/shadow   stop the shadow
+//! POST /operators/<name>/promote    deploy the shadow as the version in force, and stop it
 //! ```
 //!
 //! A deploy or rollback answers once every partition of this host has switched or
@@ -33,7 +37,7 @@
 //!   the host through that page;
 //! - a request a browser makes for another site's page (an `Origin` that is not this
 //!   host) is refused, 403;
-//! - only a deploy's body is read, after its token is checked, up to
+//! - only a deploy's (or a shadow's) body is read, after its token is checked, up to
 //!   [`MAX_COMPONENT_BYTES`] (413) and within [`BODY_TIMEOUT`]; headers must arrive
 //!   within [`HEADER_TIMEOUT`];
 //! - a connection stays open for another request only once it presented the token, and
@@ -460,8 +464,8 @@ async fn answer(
     let (status, body) = match refusal {
         Some(refusal) => refusal,
         None => {
-            // Only a deploy has a body worth reading.
-            let takes_body = method == Method::POST && path.ends_with("/versions");
+            // Only a deploy (or a shadow's) has a body worth reading.
+            let takes_body = method == Method::POST && (path.ends_with("/versions") || path.ends_with("/shadow"));
             let body = match takes_body {
                 true => read_body(request.into_body()).await,
                 false => Ok(Bytes::new()),
@@ -559,6 +563,14 @@ fn route(served: &Served, method: &Method, path: &str, body: &[u8]) -> (StatusCo
             .deploy(body, &format!("admin API ({} bytes uploaded)", body.len()))
             .map(|report| json(&DeployAnswer::from(report))),
         (&Method::POST, "rollback") => deployer.rollback("admin API").map(|report| json(&DeployAnswer::from(report))),
+        (&Method::GET, "shadow") => Ok(json(&deployer.shadow_status())),
+        (&Method::POST, "shadow") => deployer
+            .start_shadow(body, &format!("admin API ({} bytes uploaded)", body.len()))
+            .map(|record| json(&record)),
+        (&Method::DELETE, "shadow") => deployer.stop_shadow().map(|record| json(&record)),
+        (&Method::POST, "promote") => {
+            deployer.promote_shadow("admin API: promoted shadow").map(|report| json(&DeployAnswer::from(report)))
+        }
         _ => return (StatusCode::METHOD_NOT_ALLOWED, format!("{method} {path} is not part of the admin API")),
     };
     match result {

@@ -21,7 +21,7 @@ use crate::config::{Config, Guarantee, SinkConfig, SourceConfig, Standby};
 use crate::metrics::Metrics;
 use crate::operator::deploy::{Deployer, Sandbox};
 use crate::operator::replay::SwitchLog;
-use crate::operator::wasm::ActiveVersion;
+use crate::operator::wasm::{ActiveVersion, ShadowVersion};
 use crate::record::RawRecord;
 use crate::sink::{DeadLetterSink, Sink};
 use crate::source::events::PARTITIONS_ADDED;
@@ -69,6 +69,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     )?;
     let version = operator.version().to_string();
     let active = ActiveVersion::new(operator);
+    let shadow = Arc::new(ShadowVersion::default());
     let switches =
         SwitchLog::new(registry.clone(), sandbox.limits.clone(), sandbox.config.clone(), runtime.handle().clone());
     // After the operator loaded, so a component that cannot run is the error a start
@@ -103,6 +104,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
         destinations: Destinations { sink, dead_letters },
         operator: Box::new(active.clone()),
         switches,
+        shadows: Some(shadow.clone()),
         checkpoints,
         runtime: runtime.handle().clone(),
         queued_batches: config.state.queued_batches(),
@@ -118,7 +120,10 @@ pub fn run(config: &Config) -> Result<JobReport> {
     });
     let (live, host_stats) = (workers.live(), workers.host_stats());
     let mut router = Router::new(workers, partitions, config.state.batch_size(), config.state.batch_bytes());
-    let deployer = Arc::new(Deployer::new(registry, sandbox, active, live.clone(), runtime.handle().clone()));
+    let deployer = Arc::new(Deployer::new(registry, sandbox, (active, shadow), live.clone(), runtime.handle().clone()));
+    if let Err(e) = deployer.sync_shadow() {
+        tracing::error!("starting the recorded shadow of {}: {e:#}", config.operator.name());
+    }
     if let Some(listen) = &config.admin.listen {
         let metrics = Metrics::new(live.clone(), host_stats.clone(), max_poll_interval, checkpoints_on);
         admin::serve(listen, &config.admin, deployer.clone(), metrics, host_stats.clone(), &runtime)?;

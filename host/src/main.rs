@@ -8,7 +8,7 @@
 
 use anyhow::Result;
 use clap::Parser;
-use cli::args::{Cli, Command, LogFormat, NewCommand, StateCommand};
+use cli::args::{Cli, Command, LogFormat, NewCommand, ShadowCommand, StateCommand};
 use std::io::{ErrorKind, IsTerminal};
 use std::process::ExitCode;
 
@@ -55,7 +55,13 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Run(args) => cli::run::run_job(*args),
         Command::Generate(args) => cli::generate::generate(&args),
         Command::Checkpoints { command } => cli::checkpoints::checkpoints(command),
-        Command::Deploy { name, file, job } => cli::versions::deploy_version(&name, &file, job),
+        Command::Deploy { name, file, job, shadow: false } => cli::versions::deploy_version(&name, &file, job),
+        Command::Deploy { name, file, job, shadow: true } => cli::versions::start_shadow(&name, &file, job),
+        Command::Shadow { command: ShadowCommand::Status { admin, name } } => {
+            cli::versions::shadow_status(&name, &admin)
+        }
+        Command::Shadow { command: ShadowCommand::Promote { name, job } } => cli::versions::promote_shadow(&name, job),
+        Command::Shadow { command: ShadowCommand::Stop { name, job } } => cli::versions::stop_shadow(&name, job),
         Command::Rollback { name, job } => cli::versions::roll_back(&name, job),
         Command::Versions { name, job } => cli::versions::versions(&name, job),
         Command::Status { state_dir: Some(state_dir), store, .. } => {

@@ -100,7 +100,7 @@ pub struct Origin {
 }
 
 /// Why an operator emitted an output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Cause {
     /// It processed the input record at the origin's offset.
     Record,

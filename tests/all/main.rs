@@ -20,6 +20,7 @@ mod replay;
 mod sandbox;
 mod sandbox_limits;
 mod setup;
+mod shadow;
 mod standby;
 mod state_ttl;
 mod test_driver;

@@ -237,7 +237,7 @@ fn sum(text: &str, name: &str) -> f64 {
 
 /// The status page at `GET /`, as Chromium renders it during a run: a row per partition
 /// whose numbers grow while the job runs, totals, and — after a deploy — the new
-/// version in every row and the switch on the timeline. It leaves a screenshot in
+/// version in every row and the switch on the timeline; then a shadow's section. It leaves a screenshot in
 /// cargo's test directory (`status-page.png`, the one docs/observability.md shows).
 #[test]
 fn the_status_page_shows_the_partitions_live_and_a_deploy_on_its_timeline() -> Result<()> {
@@ -281,6 +281,19 @@ fn the_status_page_shows_the_partitions_live_and_a_deploy_on_its_timeline() -> R
     );
     let switch = text_after(&after, "data-kind=\"switch\"").unwrap_or_default();
     assert!(switch.contains("4 partitions from") && switch.contains(&v2), "on the timeline:\n{after}");
+
+    // A shadow of version 1 beside version 2: its section shows each partition's
+    // comparison and the field version 2 adds.
+    let mut shadow = sluice();
+    shadow.arg("deploy").arg("vehicle_stats").arg(operator_wasm("vehicle_stats")).arg("--shadow");
+    run_ok(shadow.arg("--admin").arg(&admin))?;
+    std::thread::sleep(Duration::from_secs(2));
+    let shadowed = rendered_dom(&admin, &profile)?;
+    let shadow_rows = shadowed.matches("<tr data-shadow-partition=\"").count();
+    assert!(shadow_rows == 4 && !shadowed.contains("<div id=\"shadow\" hidden"), "{shadowed}");
+    let samples = shadowed.split("<ul id=\"shadow-samples\"><li>").nth(1).unwrap_or_default();
+    let sample = samples.split("</li>").next().unwrap_or_default();
+    assert!(sample.contains("value.idle_count (live ") && sample.ends_with(", shadow absent)"), "{shadowed}");
 
     let png = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
     screenshot(&admin, &profile, (1400, 1200), &png)?;

@@ -47,6 +47,7 @@ pub fn run(
         stop: &stop,
         cadence,
         null_keys: NullKeys::default(),
+        shadows: None,
     };
     PartitionWorker::new(partition, outputs).run(rx)?;
     clock.stop()

@@ -70,6 +70,16 @@ pub enum Command {
         file: PathBuf,
         #[command(flatten)]
         job: JobTarget,
+        /// Run it as a shadow beside the version in force instead: on the same records,
+        /// its outputs compared with the live ones and never sent, its state writes
+        /// never committed (`sluice shadow status`, `promote`, `stop`).
+        #[arg(long)]
+        shadow: bool,
+    },
+    /// A shadow deploy's findings, and its end: `status`, `promote`, `stop`.
+    Shadow {
+        #[command(subcommand)]
+        command: ShadowCommand,
     },
     /// Return an operator to the version that ran before its newest deploy.
     Rollback {
@@ -215,6 +225,35 @@ pub struct ReplayArgs {
     /// How many differences to print (all are in differences.jsonl).
     #[arg(long, default_value_t = 10)]
     pub show: usize,
+}
+
+#[derive(Subcommand)]
+pub enum ShadowCommand {
+    /// What the shadow found on each running host: records compared, equal, different,
+    /// emitted by one version only, state writes that differ, CPU per record against the
+    /// live version's, and the first differences.
+    Status {
+        /// A running host's admin API (`http://host:port`); repeat it for every host of
+        /// the job.
+        #[arg(long, required = true)]
+        admin: Vec<String>,
+        /// The operator's name.
+        name: String,
+    },
+    /// Deploy the shadow as the version in force (an ordinary deploy), and stop it.
+    Promote {
+        /// The operator's name.
+        name: String,
+        #[command(flatten)]
+        job: JobTarget,
+    },
+    /// Stop the shadow on every host.
+    Stop {
+        /// The operator's name.
+        name: String,
+        #[command(flatten)]
+        job: JobTarget,
+    },
 }
 
 /// Which job a deploy, rollback or versions command talks to.

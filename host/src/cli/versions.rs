@@ -1,5 +1,6 @@
-//! `sluice deploy`, `rollback` and `versions`: an operator's versions, reached through a
-//! running host's admin API or directly in the job's registry.
+//! `sluice deploy` (with `--shadow` too), `rollback`, `versions` and `shadow`: an
+//! operator's versions, reached through a running host's admin API or directly in the
+//! job's registry (a shadow's findings only through the hosts that run it).
 //!
 //! With `--admin` the host validates, records and switches, and this module prints its
 //! answer; with `--config` this module opens the job's registry itself, tries the
@@ -15,8 +16,10 @@ use hyper::Method;
 use sluice::admin::{self, DeployAnswer, VersionsAnswer};
 use sluice::config::Config;
 use sluice::objects::{self, Objects};
+use sluice::operator::deploy::ShadowStatus;
 use sluice::operator::deploy::{self, Sandbox};
-use sluice::operator::registry::{self, Deployment, Registry};
+use sluice::operator::registry::{self, Deployment, Registry, ShadowRecord};
+use sluice::stats::ShadowReport;
 use std::path::Path;
 use std::time::Duration;
 
@@ -39,6 +42,113 @@ pub fn deploy_version(name: &str, file: &Path, job: JobTarget) -> Result<()> {
     };
     println!("deployed {summary}");
     Ok(())
+}
+
+/// `sluice deploy --shadow`
+pub fn start_shadow(name: &str, file: &Path, job: JobTarget) -> Result<()> {
+    let component = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let (record, note) = match job.open(name)? {
+        Job::Admin(admin) => {
+            let answer = admin::call(&admin, Method::POST, &format!("/operators/{name}/shadow"), component)?;
+            let record =
+                serde_json::from_str::<ShadowRecord>(&answer).with_context(|| format!("the answer of {admin}"))?;
+            (record, "this host runs it now; the others follow".to_string())
+        }
+        Job::Registry { registry, sandbox, poll_versions, .. } => {
+            let runtime = objects::runtime()?;
+            let version = runtime.block_on(registry.version_of(&component))?;
+            sandbox.validate(&version, &component, &file.display().to_string())?;
+            let origin = format!("sluice deploy --shadow {}", file.display());
+            let record = runtime.block_on(registry.start_shadow(&component, &origin))?;
+            (record, format!("running hosts start it within {}", humantime::format_duration(poll_versions)))
+        }
+    };
+    println!("shadow {} recorded; {note}", record.version);
+    Ok(())
+}
+
+/// `sluice shadow promote`
+pub fn promote_shadow(name: &str, job: JobTarget) -> Result<()> {
+    let summary = match job.open(name)? {
+        Job::Admin(admin) => {
+            let path = format!("/operators/{name}/promote");
+            admin_answer(&admin::call(&admin, Method::POST, &path, Vec::new())?)?
+        }
+        Job::Registry { registry, sandbox, poll_versions, .. } => {
+            let runtime = objects::runtime()?;
+            let shadow =
+                runtime.block_on(registry.shadow())?.with_context(|| format!("operator {name} runs no shadow"))?;
+            let component = runtime.block_on(registry.component(&shadow.version))?;
+            sandbox.validate(&shadow.version, &component, &format!("shadow {}", shadow.version))?;
+            let deployed = runtime.block_on(registry.deploy(&component, "sluice shadow promote"));
+            // A shadow of the version in force has nothing to promote: it ends all the same.
+            if deployed.is_ok() || matches!(deployed, Err(registry::DeployError::AlreadyInForce { .. })) {
+                runtime.block_on(registry.stop_shadow())?;
+            }
+            recorded(&deployed?, poll_versions)
+        }
+    };
+    println!("promoted the shadow: deployed {summary}");
+    Ok(())
+}
+
+/// `sluice shadow stop`
+pub fn stop_shadow(name: &str, job: JobTarget) -> Result<()> {
+    let stopped = match job.open(name)? {
+        Job::Admin(admin) => {
+            let answer = admin::call(&admin, Method::DELETE, &format!("/operators/{name}/shadow"), Vec::new())?;
+            serde_json::from_str::<ShadowRecord>(&answer).with_context(|| format!("the answer of {admin}"))?
+        }
+        Job::Registry { registry, .. } => objects::runtime()?
+            .block_on(registry.stop_shadow())?
+            .with_context(|| format!("operator {name} runs no shadow"))?,
+    };
+    println!("stopped the shadow {}", stopped.version);
+    Ok(())
+}
+
+/// `sluice shadow status`
+pub fn shadow_status(name: &str, admins: &[String]) -> Result<()> {
+    let mut all = ShadowReport::default();
+    println!(
+        "host                  partition  compared      equal  different  only-live  only-shadow  shadow-failed  \
+         writes-differ  cpu-ratio  version"
+    );
+    for admin in admins {
+        let answer = admin::call(admin, Method::GET, &format!("/operators/{name}/shadow"), Vec::new())?;
+        let status: ShadowStatus = serde_json::from_str(&answer).with_context(|| format!("the answer of {admin}"))?;
+        for (partition, report) in &status.partitions {
+            println!("{}", status_row(admin, &partition.to_string(), report));
+        }
+        all.version = all.version.or(status.totals.version.clone());
+        all.add(&status.totals);
+        for (partition, report) in &status.partitions {
+            if let Some(stopped) = &report.stopped {
+                println!("  partition {partition}: the shadow stopped here: {stopped}");
+            }
+            for sample in &report.samples {
+                println!("  partition {partition} {}", sample.describe());
+            }
+        }
+    }
+    println!("{}", status_row("all", "", &all));
+    Ok(())
+}
+
+/// One row of `sluice shadow status`.
+fn status_row(host: &str, partition: &str, r: &ShadowReport) -> String {
+    let ratio = r.cpu_ratio().map_or("-".to_string(), |ratio| format!("{ratio:.2}"));
+    format!(
+        "{host:<20}  {partition:>9}  {:>8}  {:>9}  {:>9}  {:>9}  {:>11}  {:>13}  {:>13}  {ratio:>9}  {}",
+        r.compared,
+        r.equal,
+        r.different,
+        r.only_live,
+        r.only_shadow,
+        r.shadow_failed,
+        r.differing_writes,
+        r.version.as_deref().unwrap_or("none")
+    )
 }
 
 /// `sluice rollback`

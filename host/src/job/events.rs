@@ -20,3 +20,7 @@ pub const EXPIRED_REMOVED: &str = " expired state entries removed";
 /// windows, from probe@…`. The running summary counts them the same way (`dead letters
 /// of probe@…: …`).
 pub const DEAD_LETTERS_BY_KIND: &str = "dead letters by kind";
+
+/// Begins the final report's line of what a shadow found: `shadow compared with the live
+/// version, vehicle_stats@…: 1000 compared, 1000 equal, …`.
+pub const SHADOW_COMPARED: &str = "shadow compared with the live version,";

@@ -1,9 +1,9 @@
 //! What a job did ([`JobReport`]), per partition and in all, and how the final report
 //! prints it.
 
-use super::events::{DEAD_LETTERS_BY_KIND, EXPIRED_REMOVED};
+use super::events::{DEAD_LETTERS_BY_KIND, EXPIRED_REMOVED, SHADOW_COMPARED};
 use crate::checkpoint;
-use crate::stats::{DeadLetters, peak_rss, process_cpu};
+use crate::stats::{DeadLetters, ShadowReport, peak_rss, process_cpu};
 use crate::worker::{DispatchReport, PartitionReport, Router};
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -97,6 +97,7 @@ impl fmt::Display for JobReport {
             "operator at the end: {}; {switches} version switches (hot swaps) over all partitions",
             versions.into_iter().collect::<Vec<_>>().join(", ")
         )?;
+        self.write_shadow(f)?;
         writeln!(
             f,
             "partition  restored-from           resumed-at  committed  processed  dead-letters  keys  entries  \
@@ -123,6 +124,41 @@ impl fmt::Display for JobReport {
                 checkpoint::bytes(p.totals.uploaded_bytes),
                 p.stopped
             )?;
+        }
+        Ok(())
+    }
+}
+
+impl JobReport {
+    /// What the shadow found, if one ran at the end: a line in all, then each
+    /// partition's first differences and why it stopped where it did.
+    fn write_shadow(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut all = ShadowReport::default();
+        for p in self.partitions.iter().filter(|p| p.shadow.version.is_some()) {
+            all.version = all.version.or(p.shadow.version.clone());
+            all.add(&p.shadow);
+        }
+        let Some(version) = &all.version else { return Ok(()) };
+        writeln!(
+            f,
+            "{SHADOW_COMPARED} {version}: {} compared, {} equal, {} different, {} only live, {} only shadow; {} records \
+             the shadow failed on; {} state writes differ; shadow CPU per record {} of the live version's",
+            all.compared,
+            all.equal,
+            all.different,
+            all.only_live,
+            all.only_shadow,
+            all.shadow_failed,
+            all.differing_writes,
+            all.cpu_ratio().map_or("-".to_string(), |ratio| format!("{ratio:.2}x"))
+        )?;
+        for p in &self.partitions {
+            if let Some(stopped) = &p.shadow.stopped {
+                writeln!(f, "  partition {}: the shadow stopped: {stopped}", p.partition)?;
+            }
+            for sample in p.shadow.samples.iter().take(3) {
+                writeln!(f, "  partition {} {}", p.partition, sample.describe())?;
+            }
         }
         Ok(())
     }

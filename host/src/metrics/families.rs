@@ -116,6 +116,31 @@ pub const OPERATOR_SWITCHES: Family =
 /// The operator version a partition runs (label `version`, value 1).
 pub const PARTITION_OPERATOR_INFO: Family =
     Family::gauge("sluice_partition_operator_info", "The operator version a partition runs (value 1)");
+/// Records (and groups of expiries or timers) whose outputs a shadow compared, per
+/// partition and `result`.
+pub const SHADOW_COMPARED: Family = Family::counter(
+    "sluice_shadow_compared",
+    "Records (and groups of expiries or timers) a shadow's outputs were compared for, by result: equal, different, \
+     only_live, only_shadow",
+);
+/// Records the shadow failed on where the live version did not, per partition.
+pub const SHADOW_FAILED: Family = Family::counter(
+    "sluice_shadow_failed",
+    "Records the shadow failed on (trapped, past a limit) and the live did not",
+);
+/// State entries the shadow staged otherwise than the live version, per partition.
+pub const SHADOW_DIFFERING_WRITES: Family = Family::counter(
+    "sluice_shadow_differing_writes",
+    "State entries the shadow wrote otherwise than the live version between two commits",
+);
+/// CPU time of the batches both ran, per partition and `side` (live, shadow).
+pub const SHADOW_CPU: Family =
+    Family::counter("sluice_shadow_cpu_seconds", "CPU time of the records both versions ran, by side: live, shadow");
+/// The shadow version a partition runs (label `version`, value 1).
+pub const SHADOW_INFO: Family = Family::gauge(
+    "sluice_shadow_info",
+    "The shadow version a partition runs beside the live one (value 1; 0 once it stopped there)",
+);
 
 // Of the host as a whole.
 
@@ -209,6 +234,11 @@ pub const ALL: &[Family] = &[
     TTL_CLOCK,
     OPERATOR_SWITCHES,
     PARTITION_OPERATOR_INFO,
+    SHADOW_COMPARED,
+    SHADOW_FAILED,
+    SHADOW_DIFFERING_WRITES,
+    SHADOW_CPU,
+    SHADOW_INFO,
     STATE_ENTRIES_SKEW,
     STATE_BYTES_SKEW,
     BATCH_P99_SKEW,

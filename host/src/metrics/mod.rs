@@ -16,7 +16,7 @@ pub mod partitions;
 
 use crate::lock;
 use crate::record::RESUME_PATHS;
-use crate::stats::{Histogram, HistogramCounts, HostStats, LiveStats, PartitionStats, Skew, now_ms};
+use crate::stats::{Histogram, HistogramCounts, HostStats, LiveStats, PartitionStats, ShadowReport, Skew, now_ms};
 use families::*;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
@@ -159,6 +159,7 @@ impl Collector for Metrics {
         })?;
         counters(e, OPERATOR_SWITCHES, partitions, |s| load(&s.switches))?;
         operator_versions(e, partitions)?;
+        shadows(e, partitions)?;
         skew(e, STATE_ENTRIES_SKEW, partitions, |s| load(&s.entries))?;
         skew(e, STATE_BYTES_SKEW, partitions, |s| load(&s.state_bytes))?;
         skew(e, BATCH_P99_SKEW, partitions, |s| load(&s.batch_p99_us))?;
@@ -290,6 +291,50 @@ fn operator_versions(e: &mut DescriptorEncoder, partitions: &Partitions) -> fmt:
     for (p, stats) in partitions {
         let labels = [("partition", p.to_string()), ("version", lock(&stats.version).clone())];
         ConstGauge::new(1).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// What each partition's shadow found, for the partitions that ran one.
+fn shadows(e: &mut DescriptorEncoder, partitions: &Partitions) -> fmt::Result {
+    let reports: Vec<(u32, ShadowReport)> = partitions
+        .iter()
+        .map(|(p, stats)| (*p, stats.shadow.report()))
+        .filter(|(_, report)| report.version.is_some() || report.compared > 0)
+        .collect();
+    let mut metric = descriptor(e, SHADOW_COMPARED)?;
+    for (p, r) in &reports {
+        let results = [
+            ("equal", r.equal),
+            ("different", r.different),
+            ("only_live", r.only_live),
+            ("only_shadow", r.only_shadow),
+        ];
+        for (result, count) in results {
+            ConstCounter::new(count)
+                .encode(metric.encode_family(&[("partition", p.to_string()), ("result", result.into())])?)?;
+        }
+    }
+    let mut metric = descriptor(e, SHADOW_FAILED)?;
+    for (p, r) in &reports {
+        ConstCounter::new(r.shadow_failed).encode(metric.encode_family(&[("partition", p.to_string())])?)?;
+    }
+    let mut metric = descriptor(e, SHADOW_DIFFERING_WRITES)?;
+    for (p, r) in &reports {
+        ConstCounter::new(r.differing_writes).encode(metric.encode_family(&[("partition", p.to_string())])?)?;
+    }
+    let mut metric = descriptor(e, SHADOW_CPU)?;
+    for (p, r) in &reports {
+        for (side, ns) in [("live", r.live_cpu_ns), ("shadow", r.shadow_cpu_ns)] {
+            let labels = [("partition", p.to_string()), ("side", side.to_string())];
+            ConstCounter::new(ns as f64 / 1e9).encode(metric.encode_family(&labels)?)?;
+        }
+    }
+    let mut metric = descriptor(e, SHADOW_INFO)?;
+    for (p, r) in &reports {
+        let Some(version) = &r.version else { continue };
+        let labels = [("partition", p.to_string()), ("version", version.clone())];
+        ConstGauge::new(i64::from(r.stopped.is_none())).encode(metric.encode_family(&labels)?)?;
     }
     Ok(())
 }

@@ -8,7 +8,7 @@
 
 use super::{Metrics, lag, load, seconds};
 use crate::lock;
-use crate::stats::{DeadLetters, Skew, StandbyCopy, now_ms};
+use crate::stats::{DeadLetters, ShadowReport, Skew, StandbyCopy, now_ms};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::BTreeMap;
 
@@ -60,6 +60,9 @@ pub struct PartitionStatus {
     /// Since a checkpoint last held its state, s (if the job takes checkpoints).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_age_s: Option<f64>,
+    /// What its shadow found, while one runs (or ran and stopped here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowReport>,
 }
 
 /// The host's figures beyond any one partition.
@@ -167,6 +170,7 @@ impl Metrics {
                 due: load(&stats.backlog),
                 batch_p99_s: p99(&batches),
                 checkpoint_age_s: self.checkpoint_age_s(stats, now),
+                shadow: Some(stats.shadow.report()).filter(|shadow| shadow.version.is_some()),
             });
             // Every partition's histogram has the same buckets.
             match batch_seconds.is_empty() {

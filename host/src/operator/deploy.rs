@@ -8,6 +8,11 @@
 //! longest a partition stood still. [`Deployer::sync`], called periodically, brings
 //! this host to whatever another host or `sluice deploy` recorded.
 //!
+//! A shadow deploy ([`Deployer::start_shadow`]) validates and records a version the
+//! same way, to run beside the one in force in the [`ShadowVersion`] every partition
+//! follows: its outputs compared, never sent (see the worker's shadow). Promoting it is
+//! an ordinary deploy of it; stopping it removes its record, and every host stops it.
+//!
 //! A version this host cannot run is refused here and never activated: the running one
 //! keeps processing. Failures are [`DeployError`]s, so callers can tell a refused
 //! component from an unreadable store. This module does not decide when a partition
@@ -16,14 +21,16 @@
 //!
 //! [registry]: super::registry
 
-use super::registry::{DeployError, Deployment, MAX_COMPONENT_BYTES, Registry};
-use super::wasm::{ActiveVersion, Limits, WasmOperator};
-use crate::config::OperatorConfig;
+use super::Shadows;
+use super::registry::{DeployError, Deployment, MAX_COMPONENT_BYTES, Registry, ShadowRecord};
+use super::wasm::{ActiveVersion, Limits, ShadowVersion, WasmOperator};
+use crate::config::{OperatorConfig, RetryPolicy};
 use crate::lock;
 use crate::objects::Objects;
 use crate::state::{PartitionStore, Transaction};
-use crate::stats::LiveStats;
+use crate::stats::{LiveStats, ShadowReport};
 use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -55,6 +62,14 @@ impl Sandbox {
             config: operator.config.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             scratch,
         }
+    }
+
+    /// This sandbox for a shadow version: each failing record is called once (no
+    /// retry, no backoff on the partition's thread) and never stops the partition.
+    pub fn for_shadow(&self) -> Sandbox {
+        let mut sandbox = self.clone();
+        sandbox.limits.retry = RetryPolicy { attempts: 1, backoff: Duration::ZERO, strict: false };
+        sandbox
     }
 
     /// Compiles `component` as `version` (what its registry names it) from `origin` and
@@ -119,11 +134,23 @@ impl fmt::Display for DeployReport {
     }
 }
 
+/// What a host's shadow found ([`Deployer::shadow_status`]), as `GET
+/// /operators/NAME/shadow` answers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShadowStatus {
+    /// The shadow running on the host (`version`) and the partitions' counters summed
+    /// (no samples).
+    pub totals: ShadowReport,
+    /// Each running partition's counters and samples.
+    pub partitions: BTreeMap<u32, ShadowReport>,
+}
+
 /// This host's side of an operator's registry.
 pub struct Deployer {
     registry: Registry,
     sandbox: Sandbox,
     active: Arc<ActiveVersion>,
+    shadow: Arc<ShadowVersion>,
     live: LiveStats,
     runtime: Handle,
     /// Serialises deploys, rollbacks and syncs on this host.
@@ -139,6 +166,8 @@ struct Versions {
     /// Registry entries whose version this host found invalid (it keeps the running
     /// one); a deploy of the same build again is a new entry and is tried again.
     refused: BTreeSet<u64>,
+    /// The shadow record this host found invalid last (it runs no shadow meanwhile).
+    refused_shadow: Option<ShadowRecord>,
 }
 
 impl Deployer {
@@ -175,15 +204,15 @@ impl Deployer {
     }
 
     /// A deployer for `registry` that switches `active`, the version the partitions
-    /// in `live` follow.
+    /// in `live` follow, and starts and stops `shadow`, the version they run beside it.
     pub fn new(
         registry: Registry,
         sandbox: Sandbox,
-        active: Arc<ActiveVersion>,
+        (active, shadow): (Arc<ActiveVersion>, Arc<ShadowVersion>),
         live: LiveStats,
         runtime: Handle,
     ) -> Self {
-        Deployer { registry, sandbox, active, live, runtime, state: Mutex::default() }
+        Deployer { registry, sandbox, active, shadow, live, runtime, state: Mutex::default() }
     }
 
     /// The registry this host follows.
@@ -226,11 +255,71 @@ impl Deployer {
         Ok(self.activate(&mut versions, operator, deployment, began.elapsed()))
     }
 
+    /// Validates `component`, records it as the operator's shadow and starts it beside
+    /// the version in force on this host's partitions (the others follow through the
+    /// registry). An invalid component is refused and nothing changes.
+    pub fn start_shadow(&self, component: &[u8], origin: &str) -> Result<ShadowRecord, DeployError> {
+        let mut versions = lock(&self.state);
+        let version = self.runtime.block_on(self.registry.version_of(component))?;
+        let operator = self.sandbox.for_shadow().validate(&version, component, origin)?;
+        let record = self.runtime.block_on(self.registry.start_shadow(component, origin))?;
+        versions.refused_shadow = None;
+        self.shadow.start(Arc::new(operator));
+        tracing::info!("shadow {} started ({origin})", record.version);
+        Ok(record)
+    }
+
+    /// Stops the operator's shadow on every host; returns the one that ran.
+    pub fn stop_shadow(&self) -> Result<ShadowRecord, DeployError> {
+        let _versions = lock(&self.state);
+        let stopped = self.runtime.block_on(self.registry.stop_shadow())?;
+        self.shadow.stop();
+        let stopped = stopped.ok_or_else(|| no_shadow(&self.registry))?;
+        tracing::info!("shadow {} stopped", stopped.version);
+        Ok(stopped)
+    }
+
+    /// Deploys the operator's shadow as the version in force (an ordinary deploy) and
+    /// stops it as a shadow.
+    pub fn promote_shadow(&self, origin: &str) -> Result<DeployReport, DeployError> {
+        let shadow = self.runtime.block_on(self.registry.shadow())?.ok_or_else(|| no_shadow(&self.registry))?;
+        let component = self.runtime.block_on(self.registry.component(&shadow.version))?;
+        // Not compared with itself while the partitions switch; a deploy that fails
+        // leaves the record, which the next sync starts again.
+        self.shadow.stop();
+        let report = self.deploy(&component, origin)?;
+        // The deploy stands: a record left behind is a warning, and `shadow stop` ends it.
+        if let Err(e) = self.runtime.block_on(self.registry.stop_shadow()) {
+            tracing::warn!("deployed the shadow {}, but could not remove its record: {e:#}", shadow.version);
+        }
+        Ok(report)
+    }
+
+    /// What the shadow found on this host's running partitions.
+    pub fn shadow_status(&self) -> ShadowStatus {
+        let partitions: BTreeMap<u32, ShadowReport> =
+            lock(&self.live).iter().map(|(p, stats)| (*p, stats.shadow.report())).collect();
+        let mut totals = ShadowReport { version: self.shadow.version(), ..ShadowReport::default() };
+        partitions.values().for_each(|report| totals.add(report));
+        ShadowStatus { totals, partitions }
+    }
+
     /// Brings this host to the version the registry has in force, if it runs another
-    /// one (a deploy or rollback recorded elsewhere). A version that does not validate
-    /// here is refused with an error, once per registry entry, and the running one
-    /// stays; a failure to read the store is an error and is tried again next time.
+    /// one (a deploy or rollback recorded elsewhere), and to the shadow it records. A
+    /// version that does not validate here is refused with an error, once per registry
+    /// entry (or shadow record), and the running one stays (no shadow runs); a failure
+    /// to read the store is an error and is tried again next time.
     pub fn sync(&self) -> Result<Option<DeployReport>> {
+        // Each whatever the other's failure: a broken shadow record must not hold deploys.
+        let deployed = self.sync_version();
+        let shadowed = self.sync_shadow();
+        let report = deployed?;
+        shadowed?;
+        Ok(report)
+    }
+
+    /// The version half of [`sync`](Deployer::sync).
+    fn sync_version(&self) -> Result<Option<DeployReport>> {
         let mut versions = lock(&self.state);
         let Some(current) = self.runtime.block_on(self.registry.current())? else { return Ok(None) };
         if current.version == self.active.get().1.version() || versions.refused.contains(&current.seq) {
@@ -247,6 +336,38 @@ impl Deployer {
                 )))
             }
             // The store or this host failed, not the version: worth trying again.
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Starts, replaces or stops this host's shadow as the registry records it (a job
+    /// calls it before its partitions start, so a recorded shadow sees every record).
+    pub fn sync_shadow(&self) -> Result<()> {
+        let mut versions = lock(&self.state);
+        let recorded = self.runtime.block_on(self.registry.shadow())?;
+        let running = self.shadow.version();
+        let Some(record) = recorded else {
+            if let Some(running) = running {
+                tracing::info!("shadow {running} stopped (recorded elsewhere)");
+                self.shadow.stop();
+            }
+            return Ok(());
+        };
+        if running.as_deref() == Some(record.version.as_str()) || versions.refused_shadow.as_ref() == Some(&record) {
+            return Ok(());
+        }
+        let bytes = self.runtime.block_on(self.registry.component(&record.version))?;
+        match self.sandbox.for_shadow().validate(&record.version, &bytes, &format!("shadow {}", record.version)) {
+            Ok(operator) => {
+                tracing::info!("shadow {} started (recorded elsewhere: {})", record.version, record.origin);
+                self.shadow.start(Arc::new(operator));
+                Ok(())
+            }
+            Err(DeployError::Refused(e)) => {
+                self.shadow.stop();
+                versions.refused_shadow = Some(record.clone());
+                Err(e.context(format!("refused shadow {}; no shadow runs here", record.version)))
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -336,6 +457,11 @@ impl Deployer {
     }
 }
 
+/// The error of a shadow command while no shadow runs.
+fn no_shadow(registry: &Registry) -> DeployError {
+    DeployError::Conflict(format!("operator {} runs no shadow", registry.name()))
+}
+
 /// Refuses an operator `name` that is not the one this host runs.
 pub fn check_name(registry: &Registry, name: &str) -> Result<(), DeployError> {
     if registry.name() != name {
@@ -373,7 +499,7 @@ mod tests {
         let deployer = Deployer::new(
             Registry::new(store, "probe")?,
             sandbox,
-            ActiveVersion::new(probe),
+            (ActiveVersion::new(probe), Arc::default()),
             live,
             runtime.handle().clone(),
         );

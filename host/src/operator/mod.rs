@@ -185,6 +185,23 @@ pub trait Instantiate: Send + Sync {
     fn instantiate(&self, partition: u32, txn: Transaction) -> Result<Box<dyn Operator>>;
 }
 
+/// Where each partition's shadow comes from: the version a shadow deploy runs beside
+/// the live one on the same records, its outputs compared and never sent, its writes
+/// never committed ([`deploy`]). A worker looks at it between batches, as at the active
+/// version; [`wasm::ShadowVersion`] in a job.
+pub trait Shadows: Send + Sync {
+    /// Changes with every start and stop of a shadow.
+    fn generation(&self) -> u64;
+
+    /// The shadow's version, if one runs.
+    fn version(&self) -> Option<String>;
+
+    /// An instance of the shadow version for `partition` over `txn` (a
+    /// [shadow transaction](Transaction::shadow)), its `init` called; `None` when no
+    /// shadow runs.
+    fn instantiate(&self, partition: u32, txn: Transaction) -> Result<Option<Box<dyn Operator>>>;
+}
+
 /// [`Operator::process_batch`] one call of [`Operator::process`] per record.
 pub fn process_each<O: Operator + ?Sized>(operator: &mut O, records: &[SourceRecord]) -> Result<Vec<Outcome>> {
     let mut outcomes = Vec::with_capacity(records.len());

@@ -9,6 +9,7 @@
 //! ```text
 //! <store>/operators/<name>/components/<digest>.wasm    each deployed build, once
 //! <store>/operators/<name>/history/0000000003.json     entry 3: deploy or rollback
+//! <store>/operators/<name>/shadow.json                  the version running as a shadow, if any
 //! <store>/operators/<name>/switches/partition-0001/00000000000000001500.json
 //!                                                      partition 1 ran a version from offset 1500 on
 //! ```
@@ -120,6 +121,19 @@ impl fmt::Display for Deployment {
             self.origin
         )
     }
+}
+
+/// The version a shadow deploy runs beside the one in force, as
+/// [`Registry::start_shadow`] stores it: every host of the job runs it until
+/// [`Registry::stop_shadow`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShadowRecord {
+    /// The shadow's version, `name@digest`.
+    pub version: String,
+    /// When it was started, milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Who started it and from what.
+    pub origin: String,
 }
 
 /// A partition's switch of versions, as [`Registry::record_switch`] stores it.
@@ -376,6 +390,53 @@ impl Registry {
                 self.store.url()
             ),
         }
+    }
+
+    /// Records `component` as the operator's shadow, in place of any other; returns the
+    /// record. The component is stored like a deploy's (and a later deploy of it finds
+    /// it there).
+    pub async fn start_shadow(&self, component: &[u8], origin: &str) -> Result<ShadowRecord, DeployError> {
+        let version = self.version_of(component).await?;
+        self.put_component(&version, component).await.map_err(DeployError::StoreUnavailable)?;
+        let record = ShadowRecord { version, at_ms: crate::stats::now_ms(), origin: origin.to_string() };
+        let json = serde_json::to_vec_pretty(&record).expect("a shadow record serializes");
+        self.store.put_bytes(&self.shadow_path(), json).await.map_err(DeployError::StoreUnavailable)?;
+        Ok(record)
+    }
+
+    /// The operator's shadow, if one runs.
+    pub async fn shadow(&self) -> Result<Option<ShadowRecord>, DeployError> {
+        let path = self.shadow_path();
+        let Some(bytes) =
+            self.store.get_optional(&path, MAX_RECORD_BYTES).await.map_err(DeployError::StoreUnavailable)?
+        else {
+            return Ok(None);
+        };
+        let record: ShadowRecord = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{path} in {} is not a sluice shadow record", self.store.url()))
+            .map_err(DeployError::StoreUnavailable)?;
+        if !record.version.starts_with(&format!("{}@", self.name)) {
+            return Err(DeployError::StoreUnavailable(anyhow!(
+                "{path} in {} is corrupt: it names {}, not a version of operator {}",
+                self.store.url(),
+                record.version,
+                self.name
+            )));
+        }
+        Ok(Some(record))
+    }
+
+    /// Stops the operator's shadow; returns the one that ran, if any.
+    pub async fn stop_shadow(&self) -> Result<Option<ShadowRecord>, DeployError> {
+        let running = self.shadow().await?;
+        if running.is_some() {
+            self.store.delete(&self.shadow_path()).await.map_err(DeployError::StoreUnavailable)?;
+        }
+        Ok(running)
+    }
+
+    fn shadow_path(&self) -> String {
+        format!("operators/{}/shadow.json", self.name)
     }
 
     /// Records that `partition` runs `version` from `offset` on, replacing what was

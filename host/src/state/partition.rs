@@ -9,7 +9,7 @@ use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch, WriteBufferManager,
 };
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// Column family holding the partition's bookkeeping: format and committed offset.
 const META_CF: &str = "meta";
@@ -84,9 +84,11 @@ pub struct StateEntry {
 /// the values that expire; the committed source offset and clock live in the `meta`
 /// column family and are only ever written in the same batch as the state they reflect.
 pub struct PartitionStore {
-    db: DB,
+    db: Arc<DB>,
     path: PathBuf,
     partition: u32,
+    /// A [shadow](PartitionStore::shadow)'s handle: it reads, and refuses to write.
+    shadow: bool,
 }
 
 impl PartitionStore {
@@ -102,7 +104,7 @@ impl PartitionStore {
         let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF, EXPIRY_CF].map(Self::family);
         let db = DB::open_cf_descriptors(&options, path, cfs)
             .with_context(|| format!("opening state of partition {partition} at {}", path.display()))?;
-        let store = PartitionStore { db, path: path.to_path_buf(), partition };
+        let store = PartitionStore { db: Arc::new(db), path: path.to_path_buf(), partition, shadow: false };
         match store.get_meta(META_FORMAT)? {
             None => {
                 let mut batch = WriteBatch::default();
@@ -120,6 +122,22 @@ impl PartitionStore {
             ),
         }
         Ok(store)
+    }
+
+    /// A second handle on this database for a shadow version's
+    /// [`Transaction`](super::Transaction), which reads the committed state and stages
+    /// writes it never commits: every write through it fails. It keeps the database
+    /// open until it is dropped.
+    pub fn shadow(&self) -> PartitionStore {
+        PartitionStore { db: self.db.clone(), path: self.path.clone(), partition: self.partition, shadow: true }
+    }
+
+    /// Fails on a [shadow](PartitionStore::shadow)'s handle, which never writes.
+    fn check_writable(&self) -> Result<()> {
+        if self.shadow {
+            bail!("a shadow version's handle on the state of partition {} never writes", self.partition);
+        }
+        Ok(())
     }
 
     /// Opens the existing database at `path` to read it alone: nothing is created,
@@ -140,7 +158,7 @@ impl PartitionStore {
         }
         let cfs = cfs.iter().map(|name| Self::family(name));
         let db = DB::open_cf_descriptors_read_only(&options, path, cfs, false).with_context(context)?;
-        let store = PartitionStore { db, path: path.to_path_buf(), partition };
+        let store = PartitionStore { db: Arc::new(db), path: path.to_path_buf(), partition, shadow: false };
         match store.get_meta(META_FORMAT)? {
             Some(bytes) if bytes == STATE_FORMAT.to_be_bytes() => Ok(store),
             found => bail!(
@@ -313,6 +331,7 @@ impl PartitionStore {
     pub(super) fn record_time(&self, time: TimeDomain) -> Result<()> {
         match self.get_meta(META_TIME)? {
             None => {
+                self.check_writable()?;
                 let mut batch = WriteBatch::default();
                 batch.put_cf(self.meta(), META_TIME, time.name());
                 self.db.write(batch).with_context(|| format!("writing state of partition {}", self.partition))
@@ -338,6 +357,7 @@ impl PartitionStore {
 
     /// Writes `batch` with the new committed `offset`, entry count and clock, atomically.
     pub(super) fn write(&self, mut batch: WriteBatch, offset: u64, entries: u64, clock: CommittedClock) -> Result<()> {
+        self.check_writable()?;
         batch.put_cf(self.meta(), META_OFFSET, offset.to_be_bytes());
         batch.put_cf(self.meta(), META_ENTRIES, entries.to_be_bytes());
         batch.put_cf(self.meta(), META_CLOCK, clock.now_ms.to_be_bytes());

@@ -105,6 +105,37 @@ impl Transaction {
         })
     }
 
+    /// A transaction for a shadow version beside this one, right after this one's
+    /// commit: over the committed state (a [`PartitionStore::shadow`] handle, which
+    /// never writes), with this one's TTL policy, clock and dirty limit and no cache
+    /// of its own, so every read sees this one's last commit. Its writes are staged
+    /// and never committed; a new one replaces it after each commit of this one.
+    pub fn shadow(&self) -> Result<Transaction> {
+        let mut shadow =
+            Transaction::new(self.store.shadow(), 0)?.with_ttl(self.ttl.clone())?.with_dirty_limit(self.dirty_limit);
+        shadow.clock = self.clock;
+        Ok(shadow)
+    }
+
+    /// Sets a [shadow](Transaction::shadow)'s clock to `clock`, the live transaction's
+    /// before a batch or an idle partition's expiries: both decide what is due at the
+    /// same time, whatever the wall clock read meanwhile.
+    pub fn follow_clock(&mut self, clock: Clock) {
+        self.clock = clock;
+    }
+
+    /// How many entries `other`, a [shadow](Transaction::shadow) of this transaction
+    /// made at its last commit, staged otherwise than this one since: another value, or
+    /// a write only one of them made.
+    pub fn differing_writes(&self, other: &Transaction) -> u64 {
+        let differs = |(entry, dirty): (&Vec<u8>, &Dirty), theirs: &Transaction| {
+            theirs.batch.get(entry).is_none_or(|their| their.value != dirty.value)
+        };
+        let ours = self.batch.iter().filter(|&written| differs(written, other)).count();
+        let only_theirs = other.batch.keys().filter(|entry| !self.batch.contains_key(*entry)).count();
+        (ours + only_theirs) as u64
+    }
+
     /// A batch that wrote `bytes` should end: [`dirty_full`](Transaction::dirty_full)
     /// says so from there.
     pub fn with_dirty_limit(mut self, bytes: usize) -> Self {

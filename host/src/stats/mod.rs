@@ -13,10 +13,12 @@
 mod histogram;
 mod host;
 mod partition;
+mod shadow;
 
 pub use histogram::{Histogram, HistogramCounts};
 pub use host::{EVENTS_KEPT, HostEvent, HostEventKind, HostStats, RebalanceChange, StandbyCopy};
 pub use partition::{DeadLetters, LiveStats, PartitionStats, Totals};
+pub use shadow::{SHADOW_SAMPLES, ShadowReport, ShadowSample, ShadowStats};
 
 use std::time::Duration;
 
@@ -45,6 +47,17 @@ impl Skew {
         let (median, largest) = (*values.get(values.len().checked_sub(1)? / 2)?, *values.last()?);
         (median > 0).then(|| Skew { ratio: largest as f64 / median as f64, largest, median })
     }
+}
+
+/// The CPU time the calling thread has used (a system call: worth it per batch, not
+/// per record).
+pub fn thread_cpu() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid timespec for the call to write; the clock exists on
+    // every Linux.
+    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    assert_eq!(status, 0, "reading the thread's CPU clock");
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 /// User plus system CPU time of the whole process so far — every thread, RocksDB's

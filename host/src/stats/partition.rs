@@ -79,6 +79,8 @@ pub struct PartitionStats {
     pub version: Mutex<String>,
     /// The latest version it could not switch to, and why (it kept running `version`).
     pub refused: Mutex<Option<(String, String)>>,
+    /// What its shadow found, while one runs.
+    pub shadow: super::ShadowStats,
 }
 
 impl PartitionStats {
@@ -113,6 +115,7 @@ impl PartitionStats {
             last_switch_stall_us: AtomicU64::new(0),
             version: Mutex::new(version.to_string()),
             refused: Mutex::new(None),
+            shadow: super::ShadowStats::default(),
         }
     }
 

@@ -47,8 +47,9 @@ pub struct Replay {
     pub partition: u32,
     /// The checkpoint to start from; `None`: the partition's newest.
     pub checkpoint: Option<u64>,
-    /// The version to run (a `.wasm` file); `None`: the version the checkpoint names,
-    /// from the registry.
+    /// The version to run (a `.wasm` file); `None`: the version the partition ran from
+    /// the checkpoint's offset on (its last switch at or before it, else the one the
+    /// checkpoint names), from the registry.
     pub operator: Option<PathBuf>,
     /// The JSONL file the job read, partitioned as the job's file source partitions it
     /// (`[source]` key and timestamp fields as in `job`).
@@ -135,15 +136,19 @@ pub fn replay(replay: &Replay) -> Result<Replayed> {
         .with_context(|| format!("restoring checkpoint {id} of partition {partition} from {}", replay.store))?;
 
     let registry = Registry::new(Objects::open(&replay.store)?, crate::operator::name_of(&manifest.operator))?;
+    let switches = runtime.block_on(registry.switches(partition))?;
     let (component, origin) = match &replay.operator {
         Some(path) => {
             let bytes = std::fs::read(path).with_context(|| format!("reading operator {}", path.display()))?;
             (bytes, path.display().to_string())
         }
-        None => (
-            runtime.block_on(registry.component(&manifest.operator))?,
-            format!("version {}, which checkpoint {id} names", manifest.operator),
-        ),
+        None => {
+            // The version that ran from the checkpoint's offset on: a switch recorded at
+            // or before it, else the one the checkpoint names.
+            let ran = switches.range(..=manifest.offset).next_back().map_or(&manifest.operator, |(_, v)| v);
+            let origin = format!("version {ran}, which partition {partition} ran at offset {}", manifest.offset);
+            (runtime.block_on(registry.component(ran))?, origin)
+        }
     };
     let version = runtime.block_on(registry.version_of(&component))?;
     let sandbox = Sandbox::new(&replay.job.operator, state.scratch_path());
@@ -170,7 +175,7 @@ pub fn replay(replay: &Replay) -> Result<Replayed> {
     instance.state().store().dump(&mut file)?;
     std::io::Write::flush(&mut file)?;
     let end = stats.committed_offset.load(Ordering::Relaxed);
-    let caveats = caveats(job, runtime.block_on(registry.switches(partition))?, manifest.offset, end);
+    let caveats = caveats(job, switches, manifest.offset, end);
     Ok(Replayed {
         checkpoint: manifest,
         version,
@@ -225,6 +230,7 @@ fn run_worker(
             stop: &stop,
             cadence: Cadence::of(&job.state, None),
             null_keys: job.source.null_keys(),
+            shadows: None,
         };
         let worked = PartitionWorker::new(partition, outputs).run(batches);
         let fed = feeder.join().map_err(|_| anyhow!("reading the replay's input panicked"))?;

@@ -106,19 +106,20 @@ impl Uncommitted {
 
     /// Commits the operator's state with the next offset, if anything waits (records,
     /// or expiries of an idle partition), once the outputs sent since the last commit
-    /// are final, and publishes the committed offset, entry count and clock. A delivery
-    /// or transaction that failed is the error, and the state is not committed.
+    /// are final, and publishes the committed offset, entry count and clock; returns
+    /// whether anything waited. A delivery or transaction that failed is the error, and
+    /// the state is not committed.
     pub(super) fn commit(
         &mut self,
         operator: &mut dyn Operator,
         stats: &PartitionStats,
         to: &Destinations,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let state = operator.state();
         let next_offset = match self.next_offset {
             Some(next_offset) => next_offset,
             None if state.has_writes() => stats.committed_offset.load(Ordering::Relaxed),
-            None => return Ok(()),
+            None => return Ok(false),
         };
         self.outputs.commit(next_offset).with_context(|| format!("sending outputs to {}", to.sink.name()))?;
         // Lines written to files reach the disk before the state that covers them: after
@@ -139,7 +140,7 @@ impl Uncommitted {
         stats.clock_ms.store(state.clock().now_ms(), Ordering::Relaxed);
         stats.clock_ignored.store(state.clock().ignored, Ordering::Relaxed);
         (self.next_offset, self.records, self.since) = (None, 0, None);
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -1,5 +1,5 @@
 //! The phrases the partition workers log, and give dead letters, that a reader or a test
-//! looks for: slow batches, a replay's switch, a record refused for its missing key, a jump
+//! looks for: slow batches, a replay's switch, a record refused for its missing key, a shadow stopping, a jump
 //! in offsets, a start waiting for the checkpoint store, a partition stopping or starting
 //! again. Each is written once, here, and used where its line is written; the lines around
 //! the phrases stay in the worker's rooms. (The kill points of the commit protocol are not
@@ -21,6 +21,11 @@ pub const REPLAYED_WITH: &str = "the version that first processed these records"
 /// The reason a dead letter of a record without a key gives.
 pub const NULL_KEY_REFUSED: &str = "the record has no key, and keyed state would put it with every other keyless record \
      of its partition; [source] null_keys = \"operator\" gives such records to the operator instead";
+
+// A partition's shadow (`shadow.rs`).
+/// Logged when a partition's shadow stops while the live version goes on: `the shadow
+/// stopped on this partition: …` and why.
+pub const SHADOW_STOPPED: &str = "the shadow stopped on this partition";
 
 // The router's (`router.rs`).
 /// Logged at a partition's first jump ahead in a run: `offsets jump from N to M`.

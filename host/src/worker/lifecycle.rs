@@ -46,7 +46,7 @@ use crate::record::{RestoredFrom, SourceRecord, Stop};
 use crate::sink::transaction::Fenced;
 use crate::source::Started;
 use crate::state::StateDir;
-use crate::stats::{DeadLetters, HostStats, LiveStats, Totals};
+use crate::stats::{DeadLetters, HostStats, LiveStats, ShadowReport, Totals};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
@@ -65,6 +65,9 @@ pub struct WorkerSetup {
     pub operator: Box<dyn Instantiate>,
     /// Where partitions record their switches of versions and read them back to replay.
     pub switches: Arc<SwitchLog>,
+    /// Where each partition's shadow comes from
+    /// ([`Shadows`](crate::operator::Shadows)); `None`: no shadows.
+    pub shadows: Option<Arc<dyn crate::operator::Shadows>>,
     /// Where restores come from and checkpoints go; `None` when checkpoints are off.
     pub checkpoints: Option<Checkpointing>,
     /// Where outputs and dead letters go.
@@ -128,6 +131,8 @@ pub struct PartitionReport {
     pub start_took: Duration,
     /// The operator version it ran at the end.
     pub version: String,
+    /// What its shadow found, if one ran at the end.
+    pub shadow: ShadowReport,
     /// How it ended.
     pub stopped: Stop,
 }

@@ -41,6 +41,7 @@ pub(crate) mod events;
 mod lifecycle;
 pub mod queue;
 mod router;
+mod shadow;
 mod standby;
 mod start;
 #[cfg(test)]
@@ -50,12 +51,13 @@ pub use commit::{AFTER_SEND, BEFORE_SEND, Cadence, OUTPUTS_COMMITTED, STATE_COMM
 pub use emitted::Emission;
 pub use lifecycle::{Checkpointing, PartitionReport, WorkerSetup, Workers};
 pub use router::{DispatchReport, Router};
+pub use shadow::FAILURES_IN_A_ROW;
 pub use standby::StandbySettings;
 
 use crate::checkpoint::Checkpointer;
 use crate::config::NullKeys;
 use crate::lock;
-use crate::operator::{Expiration, Operator, Outcome, Processed};
+use crate::operator::{Expiration, Operator, Outcome, Processed, Shadows};
 use crate::record::{Origin, SourceRecord, Stop};
 use crate::sink::{DeadLetterSink, PartitionOutputs, Sink};
 use crate::stats::{HostStats, PartitionStats};
@@ -64,6 +66,7 @@ use batch_times::BatchTimes;
 use commit::Uncommitted;
 use emitted::Emitted;
 use events::REPLAYED_WITH;
+use shadow::Shadow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
@@ -139,6 +142,8 @@ pub struct Partition<'a> {
     pub cadence: Cadence,
     /// What becomes of records without a key.
     pub null_keys: NullKeys,
+    /// Where its shadow comes from, if it may run one.
+    pub shadows: Option<&'a dyn Shadows>,
 }
 
 /// A partition's worker through one run: it processes batches until the sender goes
@@ -159,6 +164,8 @@ pub struct PartitionWorker<'a> {
     uncommitted: Uncommitted,
     /// What is left of a batch that ended early at a per-batch bound: the next batch.
     rest: Option<Vec<SourceRecord>>,
+    /// The shadow beside the operator, while one runs.
+    shadow: Shadow,
     /// When the last batch was done (or the worker started): how long the partition has
     /// been idle.
     last_batch: Instant,
@@ -172,7 +179,8 @@ impl<'a> PartitionWorker<'a> {
         let times = BatchTimes::new(p.cadence.slow_batch);
         let _in_version = version_span(p.operator.version());
         let (emitted, uncommitted) = (Emitted::default(), Uncommitted::new(outputs));
-        PartitionWorker { p, emitted, times, uncommitted, rest: None, last_batch: Instant::now(), _in_version }
+        let shadow = Shadow::default();
+        PartitionWorker { p, emitted, times, uncommitted, rest: None, shadow, last_batch: Instant::now(), _in_version }
     }
 
     /// Processes what `batches` hands over until it goes away or the worker is told to
@@ -202,19 +210,49 @@ impl<'a> PartitionWorker<'a> {
     /// checkpoint of what it last committed.
     fn on_idle(&mut self) -> Result<()> {
         let p = &mut self.p;
-        if p.operator.state().tick(self.last_batch.elapsed()) {
+        let idle_for = self.last_batch.elapsed();
+        if p.operator.state().tick(idle_for) {
             let next = self.uncommitted.next_offset.unwrap_or(p.stats.committed_offset.load(Ordering::Relaxed));
+            let clock = p.operator.state().clock();
             let expirations = p.operator.expire(next)?;
+            self.shadow.expire(next, clock, &expirations, &p.stats.shadow);
             let partition = p.operator.state().store().partition();
             self.emitted.expirations(partition, expirations);
             self.emitted.send(p.operator.version(), p.stats, &mut self.uncommitted.outputs)?;
         }
-        self.uncommitted.commit(p.operator, p.stats, p.to)?;
+        self.commit()?;
+        let p = &mut self.p;
         // An idle partition's size catches up with its last writes.
         self.uncommitted.size_state(p.operator.state().store(), p.stats);
         let at = p.stats.committed_offset.load(Ordering::Relaxed);
-        self.follow_deploys(at)?;
+        self.between_batches(at)?;
         self.checkpoint_if_due()
+    }
+
+    /// Between two batches, before the record at `offset`: follows a deploy (a switch
+    /// commits what the old version processed) and starts or stops the shadow as the
+    /// host's says, from the state just committed.
+    fn between_batches(&mut self, offset: u64) -> Result<()> {
+        let switched = self.follow_deploys(offset)?;
+        let shadow_changed = self.p.shadows.is_some_and(|shadows| self.shadow.changed(shadows));
+        if switched || shadow_changed {
+            self.commit()?;
+        }
+        if let Some(shadows) = self.p.shadows.filter(|_| shadow_changed) {
+            self.shadow.follow(shadows, self.p.operator, &self.p.stats.shadow);
+        }
+        Ok(())
+    }
+
+    /// Commits what waits ([`Uncommitted::commit`]), counting first what the shadow
+    /// staged otherwise, which then starts over from the committed state.
+    fn commit(&mut self) -> Result<()> {
+        let p = &mut self.p;
+        let differing = self.shadow.differing_writes(p.operator);
+        if self.uncommitted.commit(p.operator, p.stats, p.to)? {
+            self.shadow.after_commit(p.operator, differing, &p.stats.shadow);
+        }
+        Ok(())
     }
 
     /// Processes `batch` (or the part of it before a per-batch bound, the rest coming
@@ -222,11 +260,8 @@ impl<'a> PartitionWorker<'a> {
     fn on_batch(&mut self, mut batch: Vec<SourceRecord>) -> Result<()> {
         let Some(first) = batch.first() else { return Ok(()) };
         let first = first.offset;
-        // Between two batches: the whole batch runs on one version, and a switch
-        // commits what the old version processed.
-        if self.follow_deploys(first)? {
-            self.uncommitted.commit(self.p.operator, self.p.stats, self.p.to)?;
-        }
+        // Between two batches: the whole batch runs on one version.
+        self.between_batches(first)?;
         // A replay switches versions where the first run of its records did.
         if let Some(cut) = self.p.operator.next_switch(first)
             && let Some(at) = batch.iter().position(|record| record.offset >= cut)
@@ -234,7 +269,19 @@ impl<'a> PartitionWorker<'a> {
             self.rest = Some(batch.split_off(at));
         }
         let started = Instant::now();
-        let Processed { outcomes, expirations } = self.process(&batch)?;
+        // A processing-time clock reads the wall clock once a batch: the batch's expiries
+        // are decided at one time, the shadow's at the same.
+        self.p.operator.state().tick(Duration::ZERO);
+        let clock = self.p.operator.state().clock();
+        let cpu = self.shadow.is_running().then(crate::stats::thread_cpu);
+        let processed = process_batch(self.p.operator, &batch, self.p.null_keys)?;
+        if let Some(cpu) = cpu {
+            let live_cpu = crate::stats::thread_cpu().saturating_sub(cpu);
+            let done = &batch[..processed.outcomes.len()];
+            let stats = &self.p.stats.shadow;
+            self.shadow.process(self.p.operator, (done, &processed, clock), live_cpu, self.p.null_keys, stats);
+        }
+        let Processed { outcomes, expirations } = processed;
         // The offset the next commit stores: past the last record processed, or, when
         // the batch ended in the expiries before a record, that record's (the clock and
         // the expiries so far commit with it, and the next batch goes on with the rest).
@@ -254,32 +301,11 @@ impl<'a> PartitionWorker<'a> {
         self.uncommitted.add(next_offset, batch.len());
         let checkpoint_due = p.checkpointer.as_deref().is_some_and(Checkpointer::is_due);
         if checkpoint_due || self.uncommitted.due(&p.cadence, p.operator.state().dirty_bytes()) {
-            self.uncommitted.commit(p.operator, p.stats, p.to)?;
+            self.commit()?;
             self.checkpoint_if_due()?;
         }
         self.times.record(started.elapsed(), partition, self.p.stats, self.p.host);
         Ok(())
-    }
-
-    /// Runs `batch` through the operator on the batch's one reading of the clock. An
-    /// error stops the worker; what it processed since the last commit is never
-    /// committed. A keyless record the job refuses ends the batch before it, and a batch
-    /// starting with such records has them refused and ends after them.
-    fn process(&mut self, batch: &[SourceRecord]) -> Result<Processed> {
-        let operator = &mut *self.p.operator;
-        // A processing-time clock reads the wall clock once a batch: the batch's
-        // expiries are decided at one time.
-        operator.state().tick(Duration::ZERO);
-        let null_keys = self.p.null_keys;
-        let refused = |record: &SourceRecord| null_keys == NullKeys::DeadLetter && record.has_null_key();
-        Ok(match batch.iter().position(refused) {
-            Some(0) => Processed {
-                outcomes: batch.iter().take_while(|r| refused(r)).map(|_| Outcome::NullKey).collect(),
-                expirations: Vec::new(),
-            },
-            Some(keyed) => operator.process_batch(&batch[..keyed])?,
-            None => operator.process_batch(batch)?,
-        })
     }
 
     /// Gathers what the records of `batch` with `outcomes` (a prefix of it) and the
@@ -363,8 +389,9 @@ impl<'a> PartitionWorker<'a> {
         // A lost partition is another host's already: what it processed since its last
         // commit is left to the new owner, whose start fenced its transactions anyway.
         if !matches!(p.stop.get(), Some(Stop::Lost)) {
-            self.uncommitted.commit(p.operator, p.stats, p.to)?;
+            self.commit()?;
         }
+        let p = &mut self.p;
         match (p.checkpointer.as_deref_mut(), p.stop.get()) {
             (Some(_), Some(Stop::Lost)) | (None, _) => Ok(()),
             // A handover's last checkpoint only spares the next owner some replay: if it
@@ -380,6 +407,22 @@ impl<'a> PartitionWorker<'a> {
             (Some(checkpointer), _) => checkpointer.finish(p.operator.state().store(), p.stats),
         }
     }
+}
+
+/// Runs `batch` through `operator` on the clock its state holds (the caller ticked it).
+/// An error stops the worker; what it processed since the last commit is never
+/// committed. A keyless record the job refuses (`null_keys`) ends the batch before it,
+/// and a batch starting with such records has them refused and ends after them.
+fn process_batch(operator: &mut dyn Operator, batch: &[SourceRecord], null_keys: NullKeys) -> Result<Processed> {
+    let refused = |record: &SourceRecord| null_keys == NullKeys::DeadLetter && record.has_null_key();
+    Ok(match batch.iter().position(refused) {
+        Some(0) => Processed {
+            outcomes: batch.iter().take_while(|r| refused(r)).map(|_| Outcome::NullKey).collect(),
+            expirations: Vec::new(),
+        },
+        Some(keyed) => operator.process_batch(&batch[..keyed])?,
+        None => operator.process_batch(batch)?,
+    })
 }
 
 /// A span entered until the worker switches versions, so that every event the worker

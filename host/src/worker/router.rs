@@ -323,6 +323,7 @@ mod tests {
             state: StateDir::open(&dir.join("state"), partitions)?,
             operator: Box::new(ActiveVersion::new(Arc::new(operator))),
             switches: SwitchLog::new(registry, limits, config, runtime.handle().clone()),
+            shadows: None,
             checkpoints: None,
             destinations: Destinations {
                 sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"), true)?),

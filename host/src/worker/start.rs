@@ -376,6 +376,7 @@ fn spawn_worker(
                 stop: &stop,
                 cadence: setup.cadence,
                 null_keys: setup.null_keys,
+                shadows: setup.shadows.as_deref(),
             };
             PartitionWorker::new(partition_of_run, outputs).run(batches)?;
             Ok(PartitionReport {
@@ -390,6 +391,7 @@ fn spawn_worker(
                 restored_from: started.restored_from,
                 start_took: started.took,
                 version: instance.version().to_string(),
+                shadow: stats.shadow.report(),
                 stopped: stop.get().unwrap_or(Stop::Drain),
             })
         }

@@ -160,6 +160,7 @@ fn run_with(
         stop,
         cadence,
         null_keys: NullKeys::default(),
+        shadows: None,
     };
     PartitionWorker::new(partition, outputs).run(batches)
 }
@@ -286,6 +287,7 @@ fn workers_run_the_operator_their_setup_instantiates() -> anyhow::Result<()> {
         cache_bytes: 1 << 20,
         ttl: Default::default(),
         null_keys: NullKeys::default(),
+        shadows: None,
         retry_timeout: Duration::from_secs(60),
         take_back_after: None,
         stopping: Arc::default(),

@@ -52,15 +52,7 @@ pub(super) fn ticks(time: Duration) -> u64 {
     time.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1
 }
 
-/// The CPU time the calling thread has used.
-pub(super) fn thread_cpu() -> Duration {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `now` is a valid timespec for the call to write; the clock exists on
-    // every Linux.
-    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    assert_eq!(status, 0, "reading the thread's CPU clock");
-    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
-}
+pub(super) use crate::stats::thread_cpu;
 
 /// Called when a record's wall-clock deadline passes. Reading the thread's CPU clock
 /// for every record would cost it a system call, so the CPU time is counted from

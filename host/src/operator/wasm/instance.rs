@@ -59,6 +59,47 @@ impl Instantiate for Arc<ActiveVersion> {
     }
 }
 
+/// The version this host runs as a shadow beside the active one, if any: set and
+/// cleared by the [deployer](crate::operator::deploy), followed by each partition's
+/// worker between batches. Each start is a version of its own: its instances never
+/// switch.
+#[derive(Default)]
+pub struct ShadowVersion {
+    /// Increases with every start and stop.
+    generation: AtomicU64,
+    current: Mutex<Option<Arc<ActiveVersion>>>,
+}
+
+impl ShadowVersion {
+    /// Runs `operator` as the shadow from now on, in place of any other.
+    pub fn start(&self, operator: Arc<WasmOperator>) {
+        *crate::lock(&self.current) = Some(ActiveVersion::new(operator));
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Stops the shadow, if one runs.
+    pub fn stop(&self) {
+        if crate::lock(&self.current).take().is_some() {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl crate::operator::Shadows for ShadowVersion {
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn version(&self) -> Option<String> {
+        crate::lock(&self.current).as_ref().map(|active| active.get().1.version().to_string())
+    }
+
+    fn instantiate(&self, partition: u32, txn: Transaction) -> Result<Option<Box<dyn Operator>>> {
+        let Some(active) = crate::lock(&self.current).clone() else { return Ok(None) };
+        Ok(Some(Box::new(active.instantiate(partition, txn)?)))
+    }
+}
+
 /// One partition's instance of the [active version](ActiveVersion).
 pub struct WasmInstance {
     pub(super) operator: Arc<WasmOperator>,

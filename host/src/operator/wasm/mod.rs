@@ -57,7 +57,7 @@ mod tests;
 
 pub use bindings::{WIT_PACKAGE, WIT_VERSION};
 pub use component::WasmOperator;
-pub use instance::{ActiveVersion, WasmInstance};
+pub use instance::{ActiveVersion, ShadowVersion, WasmInstance};
 pub use limits::Limits;
 
 // Every room of the sandbox sees the others' items through `use super::*`.

@@ -1,0 +1,327 @@
+//! A partition's shadow: the version a shadow deploy runs beside the live one, on the
+//! same records, in the same batch, under its own sandbox limits.
+//!
+//! The shadow reads the committed state plus its own writes, which its
+//! [shadow transaction](crate::state::Transaction::shadow) stages and never commits:
+//! after each commit of the live version it starts over from the committed state, so it
+//! never drifts more than one commit from the live state, and its writes take at most
+//! what a commit's do (`[state] commit_dirty_mib`). Its outputs are compared with the
+//! live version's per record — and per group of expiries or timers before a record — and
+//! never sent; before each commit the entries the two staged differently are counted.
+//! Whatever the shadow does — trap, spin, pass a limit, fail to start — costs the live
+//! path only the shadow's own time: its errors stop the shadow on this partition, never
+//! the worker, and a shadow that fails on [`FAILURES_IN_A_ROW`] records in a row is
+//! stopped so it cannot keep spending the partition's time.
+//!
+//! This module owns running and comparing; what it found goes to the partition's
+//! [`ShadowStats`], and where the shadow comes from is the host's [`Shadows`].
+
+use super::events::SHADOW_STOPPED;
+use crate::config::NullKeys;
+use crate::lines::{Compare, differing_fields};
+use crate::lock;
+use crate::operator::{Expiration, Operator, Outcome, Processed, Shadows};
+use crate::record::{Cause, Output, SourceRecord};
+use crate::state::Clock;
+use crate::stats::{ShadowSample, ShadowStats, thread_cpu};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Records in a row the shadow may fail on (where the live version did not) before it
+/// is stopped on the partition.
+pub const FAILURES_IN_A_ROW: u32 = 10;
+
+/// One partition's shadow, as its worker runs it.
+#[derive(Default)]
+pub(super) struct Shadow {
+    /// Its instance over its shadow transaction; `None` while none runs here.
+    instance: Option<Box<dyn Operator>>,
+    /// The generation of the host's shadow this partition followed last.
+    generation: Option<u64>,
+    /// What each side emitted for expiries and timers not yet compared (with the key
+    /// of the first entry), by the offset of the record they came before and their
+    /// cause: compared once both sides processed that record.
+    pending: BTreeMap<(u64, Cause), PendingGroup>,
+    /// Records in a row it failed on where the live version did not.
+    failures_in_a_row: u32,
+    /// Whether it started over before the live version's commit (its writes passed the
+    /// commit's bound): the writes it staged since are not comparable at that commit.
+    reset_early: bool,
+}
+
+/// The key of a group of expiries or timers (its first entry's), and what the live
+/// version and the shadow gave for it.
+type PendingGroup = (Vec<u8>, [Vec<Emitted>; 2]);
+
+/// What an input (or an expiry or timer) gave, as two versions' are compared: an
+/// output, or a dead letter's kind and reason.
+#[derive(Debug, Clone, PartialEq)]
+enum Emitted {
+    Output(Output),
+    DeadLetter(&'static str, String),
+}
+
+impl Emitted {
+    /// What `outcome` gave.
+    fn of(outcome: &Outcome) -> Vec<Emitted> {
+        let (kind, reason) = match outcome {
+            Outcome::Emitted(outputs) => return outputs.iter().cloned().map(Emitted::Output).collect(),
+            Outcome::Rejected(reason) => ("rejected", reason.as_str()),
+            Outcome::Late(reason) => ("late", reason.as_str()),
+            Outcome::Trapped { reason, .. } => ("trapped", reason.as_str()),
+            Outcome::NullKey => ("null-key", ""),
+        };
+        vec![Emitted::DeadLetter(kind, reason.to_string())]
+    }
+
+    /// As a sample shows it: an output's value, or the dead letter.
+    fn shown(&self) -> String {
+        match self {
+            Emitted::Output(output) => String::from_utf8_lossy(&output.value).into_owned(),
+            Emitted::DeadLetter(kind, reason) => format!("dead letter ({kind}): {reason}"),
+        }
+    }
+}
+
+impl Shadow {
+    /// Whether a shadow runs on this partition.
+    pub(super) fn is_running(&self) -> bool {
+        self.instance.is_some()
+    }
+
+    /// Whether the host's shadow started or stopped since this partition looked.
+    pub(super) fn changed(&self, shadows: &dyn Shadows) -> bool {
+        self.generation != Some(shadows.generation())
+    }
+
+    /// Starts or stops this partition's shadow as the host's says: called when the live
+    /// version has just committed, so the shadow starts from the state it committed.
+    pub(super) fn follow(&mut self, shadows: &dyn Shadows, live: &mut dyn Operator, stats: &ShadowStats) {
+        self.generation = Some(shadows.generation());
+        let had = self.instance.take().is_some();
+        self.pending.clear();
+        (self.failures_in_a_row, self.reset_early) = (0, false);
+        let partition = live.state().store().partition();
+        match live.state().shadow().and_then(|txn| shadows.instantiate(partition, txn)) {
+            Ok(Some(instance)) => {
+                tracing::info!(partition, "shadow {} runs beside {}", instance.version(), live.version());
+                stats.reset(Some(instance.version().to_string()));
+                self.instance = Some(instance);
+            }
+            Ok(None) => {
+                if had {
+                    tracing::info!(partition, "the shadow stopped");
+                }
+                *lock(&stats.version) = None;
+            }
+            Err(e) => {
+                let version = shadows.version();
+                stats.reset(version.clone());
+                let version = version.unwrap_or_default();
+                self.stop(partition, format!("{version} could not start: {e:#}"), stats);
+            }
+        }
+    }
+
+    /// Runs the shadow over `records`, the records the live version (`operator`) just
+    /// processed from `clock` with `live`'s outcomes and expirations in `live_cpu` of
+    /// CPU time, and compares what each gave. A failure of the shadow stops it here.
+    pub(super) fn process(
+        &mut self,
+        operator: &mut dyn Operator,
+        (records, live, clock): (&[SourceRecord], &Processed, Clock),
+        live_cpu: Duration,
+        null_keys: NullKeys,
+        stats: &ShadowStats,
+    ) {
+        let Some(instance) = self.instance.as_mut() else { return };
+        let started = thread_cpu();
+        instance.state().follow_clock(clock);
+        let mut processed = Processed::default();
+        // The shadow may end a batch earlier (its own bounds): it goes on until it
+        // processed what the live version did.
+        while processed.outcomes.len() < records.len() {
+            match super::process_batch(&mut **instance, &records[processed.outcomes.len()..], null_keys) {
+                Ok(more) => {
+                    processed.outcomes.extend(more.outcomes);
+                    processed.expirations.extend(more.expirations);
+                }
+                Err(e) => {
+                    let record = &records[processed.outcomes.len()];
+                    let reason = format!("failed at offset {}: {e:#}", record.offset);
+                    return self.stop(record.partition, reason, stats);
+                }
+            }
+        }
+        stats.records.fetch_add(records.len() as u64, Ordering::Relaxed);
+        stats.live_cpu_ns.fetch_add(crate::micros(live_cpu) * 1000, Ordering::Relaxed);
+        stats.shadow_cpu_ns.fetch_add(crate::micros(thread_cpu().saturating_sub(started)) * 1000, Ordering::Relaxed);
+        self.add_expirations(&live.expirations, &processed.expirations);
+        for ((record, live), shadow) in records.iter().zip(&live.outcomes).zip(&processed.outcomes) {
+            self.settle_before(record.offset, stats);
+            let fails = matches!(shadow, Outcome::Trapped { .. }) && !matches!(live, Outcome::Trapped { .. });
+            if fails {
+                stats.shadow_failed.fetch_add(1, Ordering::Relaxed);
+            }
+            let live_emitted = Emitted::of(live);
+            let (offset, key) = (record.offset, &record.key);
+            compare(offset, None, key, &live_emitted, &Emitted::of(shadow), stats);
+            self.failures_in_a_row = if fails { self.failures_in_a_row + 1 } else { 0 };
+            let failed = stats.shadow_failed.load(Ordering::Relaxed);
+            let reason = if self.failures_in_a_row >= FAILURES_IN_A_ROW {
+                format!("it failed on {FAILURES_IN_A_ROW} records in a row where the live version did not")
+            } else if failed >= u64::from(FAILURES_IN_A_ROW) && 2 * failed > stats.compared.load(Ordering::Relaxed) {
+                // Failing every other record never makes a row, but spends as much.
+                format!(
+                    "it failed on {failed} records, more than half of those compared, where the live version did not"
+                )
+            } else {
+                continue;
+            };
+            return self.stop(record.partition, format!("{reason} (the last at offset {offset})"), stats);
+        }
+        // Its writes since the last commit take at most what a commit's may (`[state]
+        // commit_dirty_mib`): past that it starts over from the committed state at once.
+        if self.instance.as_mut().is_some_and(|instance| instance.state().dirty_full()) {
+            stats.early_resets.fetch_add(1, Ordering::Relaxed);
+            self.start_over(operator, stats);
+            self.reset_early = true;
+        }
+    }
+
+    /// Expires what the live version's `clock` made due while the partition is idle,
+    /// beside the live version's `live` expirations (before the record at `offset`), and
+    /// compares them: both sides have expired what was due.
+    pub(super) fn expire(&mut self, offset: u64, clock: Clock, live: &[Expiration], stats: &ShadowStats) {
+        let Some(instance) = self.instance.as_mut() else { return };
+        let partition = instance.state().store().partition();
+        instance.state().follow_clock(clock);
+        match instance.expire(offset) {
+            Ok(expirations) => {
+                self.add_expirations(live, &expirations);
+                self.settle_before(offset, stats);
+            }
+            Err(e) => self.stop(partition, format!("expiring before offset {offset}: {e:#}"), stats),
+        }
+    }
+
+    /// The entries the shadow staged otherwise than the live version since the last
+    /// commit, which is about to commit the live version's; `None` when not comparable.
+    pub(super) fn differing_writes(&mut self, live: &mut dyn Operator) -> Option<u64> {
+        let instance = self.instance.as_mut().filter(|_| !self.reset_early)?;
+        Some(live.state().differing_writes(instance.state()))
+    }
+
+    /// After the live version committed, its writes `differing` from the shadow's
+    /// (see [`differing_writes`](Shadow::differing_writes)): counts them, and the shadow
+    /// starts over from the committed state. Expiry groups still open are dropped
+    /// uncounted: the commit took what the live version expired of them.
+    pub(super) fn after_commit(&mut self, live: &mut dyn Operator, differing: Option<u64>, stats: &ShadowStats) {
+        stats.differing_writes.fetch_add(differing.unwrap_or(0), Ordering::Relaxed);
+        self.reset_early = false;
+        self.pending.clear();
+        self.start_over(live, stats);
+    }
+
+    /// The shadow starts over from the state `live` committed.
+    fn start_over(&mut self, live: &mut dyn Operator, stats: &ShadowStats) {
+        let Some(instance) = self.instance.as_mut() else { return };
+        match live.state().shadow() {
+            Ok(txn) => *instance.state() = txn,
+            Err(e) => {
+                let partition = live.state().store().partition();
+                self.stop(partition, format!("its state could not follow the commit: {e:#}"), stats);
+            }
+        }
+    }
+
+    /// Adds the live version's and the shadow's `expirations` to what waits to be
+    /// compared.
+    fn add_expirations(&mut self, live: &[Expiration], shadow: &[Expiration]) {
+        for (side, expirations) in [live, shadow].into_iter().enumerate() {
+            for expiration in expirations {
+                let cause = if expiration.entry.timer().is_some() { Cause::Timer } else { Cause::Expiry };
+                let (_, sides) = self
+                    .pending
+                    .entry((expiration.offset, cause))
+                    .or_insert_with(|| (expiration.entry.key.clone(), Default::default()));
+                sides[side].extend(Emitted::of(&expiration.outcome));
+            }
+        }
+    }
+
+    /// Compares the expiry and timer groups before the record at `offset`: both sides
+    /// have processed them.
+    fn settle_before(&mut self, offset: u64, stats: &ShadowStats) {
+        while let Some(entry) = self.pending.first_entry().filter(|entry| entry.key().0 <= offset) {
+            let ((at, cause), (key, [live, shadow])) = entry.remove_entry();
+            compare(at, cause.name(), &key, &live, &shadow, stats);
+        }
+    }
+
+    /// Stops the shadow on this partition for `reason`; the live version goes on.
+    fn stop(&mut self, partition: u32, reason: String, stats: &ShadowStats) {
+        let version = self.instance.as_ref().map_or(String::new(), |instance| format!(" ({})", instance.version()));
+        tracing::warn!(partition, "{SHADOW_STOPPED}{version}: {reason}");
+        self.instance = None;
+        self.pending.clear();
+        *lock(&stats.stopped) = Some(reason);
+    }
+}
+
+/// Counts how what the live version and the shadow gave for one origin compare, and
+/// samples a difference.
+fn compare(
+    offset: u64,
+    cause: Option<&'static str>,
+    key: &[u8],
+    live: &[Emitted],
+    shadow: &[Emitted],
+    stats: &ShadowStats,
+) {
+    stats.compared.fetch_add(1, Ordering::Relaxed);
+    let counter = match (live.is_empty(), shadow.is_empty()) {
+        _ if live == shadow => {
+            stats.equal.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        (false, true) => &stats.only_live,
+        (true, false) => &stats.only_shadow,
+        _ => &stats.different,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    stats.sample(|| ShadowSample {
+        offset,
+        cause: cause.map(str::to_string),
+        key: String::from_utf8_lossy(key).into_owned(),
+        live: live.iter().map(Emitted::shown).collect(),
+        shadow: shadow.iter().map(Emitted::shown).collect(),
+        fields: differing_values(live, shadow),
+    });
+}
+
+/// The fields in which the values of `live`'s and `shadow`'s outputs differ, pair by
+/// pair (`value.count`, `[1].value.count` past the first pair), as JSON; empty unless
+/// both are as many outputs whose values are JSON.
+fn differing_values(live: &[Emitted], shadow: &[Emitted]) -> serde_json::Value {
+    let json = |emitted: &Emitted| match emitted {
+        Emitted::Output(output) => serde_json::from_slice::<serde_json::Value>(&output.value).ok(),
+        Emitted::DeadLetter(..) => None,
+    };
+    let mut fields = Vec::new();
+    if live.len() == shadow.len() {
+        for (i, (l, s)) in live.iter().zip(shadow).enumerate() {
+            let (Some(l), Some(s)) = (json(l), json(s)) else { return serde_json::Value::Array(Vec::new()) };
+            for mut field in differing_fields(&l, &s, Compare::Exact) {
+                let value = if i == 0 { "value".to_string() } else { format!("[{i}].value") };
+                field.path = match field.path.is_empty() {
+                    true => value,
+                    false => format!("{value}.{}", field.path),
+                };
+                fields.push(field);
+            }
+        }
+    }
+    serde_json::to_value(fields).expect("field differences serialize")
+}
