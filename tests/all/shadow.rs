@@ -1,8 +1,8 @@
 //! Shadow deploys: a version run beside the live one on the same records, its outputs
 //! compared and never sent. A shadow of the running build finds no difference through
 //! a hot swap and a `kill -9` (the restarted host resumes it from the registry), as
-//! `sluice shadow status`, `/metrics` and the final report say; a shadow of
-//! vehicle-stats v2 reports every record, with the field it adds and the counts a
+//! `sluice shadow status`, `/metrics` and the final report say, and compares timers'
+//! and expiries' outputs equal too; a shadow of vehicle-stats v2 reports every record, with the field it adds and the counts a
 //! reference computes; a shadow that traps, spins, hogs memory or fails on record after
 //! record costs the live partition nothing: its outputs and state equal a run without
 //! it. `sluice shadow promote` and `stop` end a shadow.
@@ -75,15 +75,15 @@ fn a_shadow_of_the_running_build_finds_no_difference_through_a_hot_swap_and_a_ki
 /// A file job of vehicle-stats over `input` in `dir` with a commit after every batch of
 /// 100 records, and `shadow` recorded as its shadow before it starts; returns its log.
 fn shadowed_file_job(dir: &Path, input: &Path, shadow: &Path, more: &str) -> Result<String> {
-    let config = file_job(dir, input, more)?;
+    let config = file_job(dir, "vehicle_stats", input, more)?;
     run_ok(sluice().args(["deploy", "vehicle_stats"]).arg(shadow).arg("--shadow").arg("--config").arg(&config))?;
     let run = run_ok(sluice().arg("run").arg("--config").arg(&config))?;
     Ok(String::from_utf8(run.stderr)?)
 }
 
-/// The config of a file job of vehicle-stats over `input` in `dir`, 2 partitions, a
-/// commit after every batch of 100 records; `more` is TOML added to it.
-fn file_job(dir: &Path, input: &Path, more: &str) -> Result<PathBuf> {
+/// The config of a file job of `operator` over `input` in `dir`, 2 partitions, a commit
+/// after every batch of 100 records; `more` is TOML added to it.
+fn file_job(dir: &Path, operator: &str, input: &Path, more: &str) -> Result<PathBuf> {
     let config = dir.join("job.toml");
     std::fs::create_dir_all(dir)?;
     std::fs::write(
@@ -92,7 +92,7 @@ fn file_job(dir: &Path, input: &Path, more: &str) -> Result<PathBuf> {
             "[operator]\npath = {:?}\n{more}\n[source]\nkind = \"file\"\npath = {input:?}\n[sink]\nkind = \"file\"\n\
              path = {:?}\n[dead_letter]\npath = {:?}\n[state]\ndir = {:?}\npartitions = 2\nbatch_records = 100\n\
              commit_every = 100\n[report]\ninterval = \"0s\"\n",
-            operator_wasm("vehicle_stats"),
+            operator_wasm(operator),
             dir.join("out.jsonl"),
             dir.join("dead.jsonl"),
             dir.join("state"),
@@ -157,6 +157,49 @@ fn a_shadow_of_v2_reports_every_record_with_the_field_it_adds_and_the_counts_it_
     Ok(())
 }
 
+/// A shadow of the running build of speed-windows (windows closed by timers) and of
+/// vehicle-stats with vehicles leaving the fleet (summaries expiring through its
+/// `expired`): every record and every group of timers or expiries compares equal, and
+/// no write differs.
+#[test]
+fn a_shadow_of_the_running_build_compares_timers_and_expiries_equal() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    let generated = run_ok(sluice().args(["generate", "--vehicles", "40", "--count", "6000", "--churn", "25"]))?;
+    let mut stretched = String::new();
+    // A position every 100 ms of event time: ten minutes, so windows close along the run.
+    for (i, line) in String::from_utf8(generated.stdout)?.lines().enumerate() {
+        let mut position: Value = serde_json::from_str(line)?;
+        position["ts"] = (1_767_225_600_000u64 + 100 * i as u64).into();
+        stretched += &format!("{position}\n");
+    }
+    std::fs::write(&input, stretched)?;
+    for (operator, more, cause) in [
+        ("speed_windows", "", "\"cause\":\"timer\""),
+        ("vehicle_stats", "[operator.config]\nleft_fleet_after_ms = \"20000\"", "\"cause\":\"expiry\""),
+    ] {
+        let dir = dir.path().join(operator);
+        let config = file_job(&dir, operator, &input, more)?;
+        run_ok(
+            sluice()
+                .args(["deploy", operator])
+                .arg(operator_wasm(operator))
+                .arg("--shadow")
+                .arg("--config")
+                .arg(&config),
+        )?;
+        let log = String::from_utf8(run_ok(sluice().arg("run").arg("--config").arg(&config))?.stderr)?;
+        let groups = std::fs::read_to_string(dir.join("out.jsonl"))?.matches(cause).count();
+        assert!(groups > 0, "{operator}: the run has {cause} outputs");
+        let [compared, equal, rest @ ..] = reported_shadow(&log)?;
+        assert!(
+            compared > 6000 && equal == compared && rest == [0; 5],
+            "{operator}: {compared} {equal} {rest:?}:\n{log}"
+        );
+    }
+    Ok(())
+}
+
 /// Positions that also tell the probe what to do (`action`): vehicle-stats ignores the
 /// field. The probe as a shadow counts most, spins, hogs memory, and panics on a run
 /// of one vehicle's records in a row, where it is stopped on that partition.
@@ -177,7 +220,7 @@ fn a_shadow_that_traps_spins_or_hogs_memory_costs_the_live_partition_nothing() -
     std::fs::write(&input, positions.iter().map(|p| format!("{p}\n")).collect::<String>())?;
     let limits = "call_timeout_ms = 200\nmemory_limit_mib = 32\n";
     let alone = dir.path().join("alone");
-    run_ok(sluice().arg("run").arg("--config").arg(file_job(&alone, &input, limits)?))?;
+    run_ok(sluice().arg("run").arg("--config").arg(file_job(&alone, "vehicle_stats", &input, limits)?))?;
     let shadowed = dir.path().join("shadowed");
     let log = shadowed_file_job(&shadowed, &input, &operator_wasm("probe"), limits)?;
 
@@ -206,7 +249,7 @@ fn a_shadow_is_promoted_or_stopped_through_the_registry() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let input = dir.path().join("input.jsonl");
     positions_with_idles(&input, 300)?;
-    let config = file_job(dir.path(), &input, "")?;
+    let config = file_job(dir.path(), "vehicle_stats", &input, "")?;
     let shadow = |args: &[&str]| {
         let mut command = sluice();
         command.arg("shadow").args(args).arg("vehicle_stats").arg("--config").arg(&config);
