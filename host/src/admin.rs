@@ -13,6 +13,8 @@
 //! POST /operators/<name>/shadow     run the component in the body as the shadow (application/wasm)
 //! DELETE /operators/<name>/shadow   stop the shadow
 //! POST /operators/<name>/promote    deploy the shadow as the version in force, and stop it
+//! POST /operators/<name>/canary:5   run the component in the body as a canary for 5% of the
+//!                                   keys (a deploy or a rollback ends it)
 //! ```
 //!
 //! A deploy or rollback answers once every partition of this host has switched or
@@ -37,7 +39,7 @@
 //!   the host through that page;
 //! - a request a browser makes for another site's page (an `Origin` that is not this
 //!   host) is refused, 403;
-//! - only a deploy's (or a shadow's) body is read, after its token is checked, up to
+//! - only a deploy's (or a shadow's or canary's) body is read, after its token is checked, up to
 //!   [`MAX_COMPONENT_BYTES`] (413) and within [`BODY_TIMEOUT`]; headers must arrive
 //!   within [`HEADER_TIMEOUT`];
 //! - a connection stays open for another request only once it presented the token, and
@@ -54,7 +56,8 @@ use crate::config::AdminConfig;
 use crate::lock;
 use crate::metrics::{self, CONTENT_TYPE, Metrics};
 use crate::operator::deploy::{self, DeployReport, Deployer};
-use crate::operator::registry::{DeployError, Deployment, MAX_COMPONENT_BYTES};
+use crate::operator::parse_share;
+use crate::operator::registry::{DeployError, Deployment, MAX_COMPONENT_BYTES, Trial};
 use crate::stats::{HostEvent, HostStats, now_ms};
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::Bytes;
@@ -465,7 +468,9 @@ async fn answer(
         Some(refusal) => refusal,
         None => {
             // Only a deploy (or a shadow's) has a body worth reading.
-            let takes_body = method == Method::POST && (path.ends_with("/versions") || path.ends_with("/shadow"));
+            let trial =
+                path.ends_with("/shadow") || path.rsplit('/').next().is_some_and(|last| last.starts_with("canary:"));
+            let takes_body = method == Method::POST && (path.ends_with("/versions") || trial);
             let body = match takes_body {
                 true => read_body(request.into_body()).await,
                 false => Ok(Bytes::new()),
@@ -565,9 +570,15 @@ fn route(served: &Served, method: &Method, path: &str, body: &[u8]) -> (StatusCo
         (&Method::POST, "rollback") => deployer.rollback("admin API").map(|report| json(&DeployAnswer::from(report))),
         (&Method::GET, "shadow") => Ok(json(&deployer.shadow_status())),
         (&Method::POST, "shadow") => deployer
-            .start_shadow(body, &format!("admin API ({} bytes uploaded)", body.len()))
+            .start_trial(Trial::Shadow, body, None, &format!("admin API ({} bytes uploaded)", body.len()))
             .map(|record| json(&record)),
-        (&Method::DELETE, "shadow") => deployer.stop_shadow().map(|record| json(&record)),
+        (&Method::DELETE, "shadow") => deployer.stop_trial(Trial::Shadow).map(|record| json(&record)),
+        (&Method::POST, canary) if canary.starts_with("canary:") => match parse_share(&canary["canary:".len()..]) {
+            Ok(share) => deployer
+                .start_trial(Trial::Canary, body, Some(share), &format!("admin API ({} bytes uploaded)", body.len()))
+                .map(|record| json(&record)),
+            Err(e) => return (StatusCode::BAD_REQUEST, format!("{path}: {e:#}")),
+        },
         (&Method::POST, "promote") => {
             deployer.promote_shadow("admin API: promoted shadow").map(|report| json(&DeployAnswer::from(report)))
         }

@@ -121,8 +121,8 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let (live, host_stats) = (workers.live(), workers.host_stats());
     let mut router = Router::new(workers, partitions, config.state.batch_size(), config.state.batch_bytes());
     let deployer = Arc::new(Deployer::new(registry, sandbox, (active, shadow), live.clone(), runtime.handle().clone()));
-    if let Err(e) = deployer.sync_shadow() {
-        tracing::error!("starting the recorded shadow of {}: {e:#}", config.operator.name());
+    if let Err(e) = deployer.sync_trials() {
+        tracing::error!("starting the recorded shadow or canary of {}: {e:#}", config.operator.name());
     }
     if let Some(listen) = &config.admin.listen {
         let metrics = Metrics::new(live.clone(), host_stats.clone(), max_poll_interval, checkpoints_on);

@@ -9,6 +9,7 @@
 use anyhow::Result;
 use clap::Parser;
 use cli::args::{Cli, Command, LogFormat, NewCommand, ShadowCommand, StateCommand};
+use sluice::operator::registry::Trial;
 use std::io::{ErrorKind, IsTerminal};
 use std::process::ExitCode;
 
@@ -55,8 +56,13 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Run(args) => cli::run::run_job(*args),
         Command::Generate(args) => cli::generate::generate(&args),
         Command::Checkpoints { command } => cli::checkpoints::checkpoints(command),
-        Command::Deploy { name, file, job, shadow: false } => cli::versions::deploy_version(&name, &file, job),
-        Command::Deploy { name, file, job, shadow: true } => cli::versions::start_shadow(&name, &file, job),
+        Command::Deploy { name, file, job, shadow: true, .. } => {
+            cli::versions::start_trial(&name, &file, job, Trial::Shadow, None)
+        }
+        Command::Deploy { name, file, job, canary: Some(share), .. } => {
+            cli::versions::start_trial(&name, &file, job, Trial::Canary, Some(&share))
+        }
+        Command::Deploy { name, file, job, .. } => cli::versions::deploy_version(&name, &file, job),
         Command::Shadow { command: ShadowCommand::Status { admin, name } } => {
             cli::versions::shadow_status(&name, &admin)
         }

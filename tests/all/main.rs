@@ -6,6 +6,7 @@
 
 mod admin_api;
 mod bad_input;
+mod canary;
 mod checkpoint_restore;
 mod crash_recovery;
 mod end_to_end;

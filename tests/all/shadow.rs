@@ -47,7 +47,7 @@ fn a_shadow_of_the_running_build_finds_no_difference_through_a_hot_swap_and_a_ki
     let v1 = operator_wasm("vehicle_stats");
     let PacedJob { config, mut host, admin, .. } = PacedJob::start(dir, (60, 48_000), 6_000, &v1, "")?;
     let started = run_ok(sluice().args(["deploy", "vehicle_stats"]).arg(&v1).args(["--shadow", "--admin", &admin]))?;
-    assert!(String::from_utf8(started.stdout)?.contains("this host runs it now"));
+    assert!(String::from_utf8(started.stdout)?.contains("this host runs it from its partitions' next batch"));
     std::thread::sleep(Duration::from_millis(1500));
     // The same logic built against WIT 0.1.2: another version, the same outputs.
     let swapped = operator_wasm("vehicle_stats_0_1_2");

@@ -73,8 +73,13 @@ pub enum Command {
         /// Run it as a shadow beside the version in force instead: on the same records,
         /// its outputs compared with the live ones and never sent, its state writes
         /// never committed (`sluice shadow status`, `promote`, `stop`).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "canary")]
         shadow: bool,
+        /// Run it as a canary instead: it processes this share of the keys (e.g. 5%),
+        /// chosen by a hash of the key, so raising the share only adds keys; the rest
+        /// stay on the version in force. A full deploy or `sluice rollback` ends it.
+        #[arg(long, value_name = "SHARE")]
+        canary: Option<String>,
     },
     /// A shadow deploy's findings, and its end: `status`, `promote`, `stop`.
     Shadow {

@@ -18,7 +18,8 @@ use sluice::config::Config;
 use sluice::objects::{self, Objects};
 use sluice::operator::deploy::ShadowStatus;
 use sluice::operator::deploy::{self, Sandbox};
-use sluice::operator::registry::{self, Deployment, Registry, ShadowRecord};
+use sluice::operator::parse_share;
+use sluice::operator::registry::{self, Deployment, Registry, Trial, TrialRecord};
 use sluice::stats::ShadowReport;
 use std::path::Path;
 use std::time::Duration;
@@ -44,26 +45,34 @@ pub fn deploy_version(name: &str, file: &Path, job: JobTarget) -> Result<()> {
     Ok(())
 }
 
-/// `sluice deploy --shadow`
-pub fn start_shadow(name: &str, file: &Path, job: JobTarget) -> Result<()> {
+/// `sluice deploy --shadow` and `--canary SHARE`: `file` run as the operator's `trial`
+/// (a canary taking `share` of the keys).
+pub fn start_trial(name: &str, file: &Path, job: JobTarget, trial: Trial, share: Option<&str>) -> Result<()> {
     let component = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let share = share.map(parse_share).transpose()?;
     let (record, note) = match job.open(name)? {
         Job::Admin(admin) => {
-            let answer = admin::call(&admin, Method::POST, &format!("/operators/{name}/shadow"), component)?;
+            let path = match share {
+                Some(share) => format!("/operators/{name}/canary:{}", f64::from(share) / 100.0),
+                None => format!("/operators/{name}/shadow"),
+            };
+            let answer = admin::call(&admin, Method::POST, &path, component)?;
             let record =
-                serde_json::from_str::<ShadowRecord>(&answer).with_context(|| format!("the answer of {admin}"))?;
-            (record, "this host runs it now; the others follow".to_string())
+                serde_json::from_str::<TrialRecord>(&answer).with_context(|| format!("the answer of {admin}"))?;
+            (record, "this host runs it from its partitions' next batch; the others follow".to_string())
         }
         Job::Registry { registry, sandbox, poll_versions, .. } => {
             let runtime = objects::runtime()?;
             let version = runtime.block_on(registry.version_of(&component))?;
             sandbox.validate(&version, &component, &file.display().to_string())?;
-            let origin = format!("sluice deploy --shadow {}", file.display());
-            let record = runtime.block_on(registry.start_shadow(&component, &origin))?;
+            let origin = format!("sluice deploy --{} {}", trial.name(), file.display());
+            let record = runtime.block_on(registry.start_trial(trial, &component, share, &origin))?;
             (record, format!("running hosts start it within {}", humantime::format_duration(poll_versions)))
         }
     };
-    println!("shadow {} recorded; {note}", record.version);
+    let share =
+        record.share.map_or(String::new(), |share| format!(" for {:.2}% of the keys", f64::from(share) / 100.0));
+    println!("{} {}{share} recorded; {note}", trial.name(), record.version);
     Ok(())
 }
 
@@ -76,14 +85,14 @@ pub fn promote_shadow(name: &str, job: JobTarget) -> Result<()> {
         }
         Job::Registry { registry, sandbox, poll_versions, .. } => {
             let runtime = objects::runtime()?;
-            let shadow =
-                runtime.block_on(registry.shadow())?.with_context(|| format!("operator {name} runs no shadow"))?;
+            let shadow = runtime.block_on(registry.trial(Trial::Shadow))?;
+            let shadow = shadow.with_context(|| format!("operator {name} runs no shadow"))?;
             let component = runtime.block_on(registry.component(&shadow.version))?;
             sandbox.validate(&shadow.version, &component, &format!("shadow {}", shadow.version))?;
             let deployed = runtime.block_on(registry.deploy(&component, "sluice shadow promote"));
             // A shadow of the version in force has nothing to promote: it ends all the same.
             if deployed.is_ok() || matches!(deployed, Err(registry::DeployError::AlreadyInForce { .. })) {
-                runtime.block_on(registry.stop_shadow())?;
+                runtime.block_on(registry.stop_trial(Trial::Shadow))?;
             }
             recorded(&deployed?, poll_versions)
         }
@@ -97,10 +106,10 @@ pub fn stop_shadow(name: &str, job: JobTarget) -> Result<()> {
     let stopped = match job.open(name)? {
         Job::Admin(admin) => {
             let answer = admin::call(&admin, Method::DELETE, &format!("/operators/{name}/shadow"), Vec::new())?;
-            serde_json::from_str::<ShadowRecord>(&answer).with_context(|| format!("the answer of {admin}"))?
+            serde_json::from_str::<TrialRecord>(&answer).with_context(|| format!("the answer of {admin}"))?
         }
         Job::Registry { registry, .. } => objects::runtime()?
-            .block_on(registry.stop_shadow())?
+            .block_on(registry.stop_trial(Trial::Shadow))?
             .with_context(|| format!("operator {name} runs no shadow"))?,
     };
     println!("stopped the shadow {}", stopped.version);
@@ -160,6 +169,15 @@ pub fn roll_back(name: &str, job: JobTarget) -> Result<()> {
         }
         Job::Registry { registry, sandbox, poll_versions, .. } => {
             let runtime = objects::runtime()?;
+            // While a canary runs, a rollback ends it: every key returns to the version in force.
+            if let Some(canary) = runtime.block_on(registry.stop_trial(Trial::Canary))? {
+                println!(
+                    "ended the canary {}; running hosts return its keys within {}",
+                    canary.version,
+                    humantime::format_duration(poll_versions)
+                );
+                return Ok(());
+            }
             let target = runtime.block_on(registry.rollback_target())?;
             let component = runtime.block_on(registry.component(&target.version))?;
             sandbox.validate(&target.version, &component, &format!("version {}", target.version))?;

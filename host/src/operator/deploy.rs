@@ -8,10 +8,12 @@
 //! longest a partition stood still. [`Deployer::sync`], called periodically, brings
 //! this host to whatever another host or `sluice deploy` recorded.
 //!
-//! A shadow deploy ([`Deployer::start_shadow`]) validates and records a version the
-//! same way, to run beside the one in force in the [`ShadowVersion`] every partition
-//! follows: its outputs compared, never sent (see the worker's shadow). Promoting it is
-//! an ordinary deploy of it; stopping it removes its record, and every host stops it.
+//! A trial ([`Deployer::start_trial`]) validates and records a version the same way, to
+//! run beside the one in force: a shadow in the [`ShadowVersion`] every partition
+//! follows, its outputs compared, never sent (see the worker's shadow) — promoting it is
+//! an ordinary deploy of it —; or a canary in the [`ActiveVersion`], which takes a share
+//! of the keys, by a hash of the key ([`in_canary`](super::in_canary)). A deploy or a
+//! rollback ends a canary; stopping a trial removes its record, and every host stops it.
 //!
 //! A version this host cannot run is refused here and never activated: the running one
 //! keeps processing. Failures are [`DeployError`]s, so callers can tell a refused
@@ -21,9 +23,9 @@
 //!
 //! [registry]: super::registry
 
-use super::Shadows;
-use super::registry::{DeployError, Deployment, MAX_COMPONENT_BYTES, Registry, ShadowRecord};
+use super::registry::{DeployError, Deployment, MAX_COMPONENT_BYTES, Registry, Trial, TrialRecord};
 use super::wasm::{ActiveVersion, Limits, ShadowVersion, WasmOperator};
+use super::{BasisPoints, Shadows};
 use crate::config::{OperatorConfig, RetryPolicy};
 use crate::lock;
 use crate::objects::Objects;
@@ -166,8 +168,8 @@ struct Versions {
     /// Registry entries whose version this host found invalid (it keeps the running
     /// one); a deploy of the same build again is a new entry and is tried again.
     refused: BTreeSet<u64>,
-    /// The shadow record this host found invalid last (it runs no shadow meanwhile).
-    refused_shadow: Option<ShadowRecord>,
+    /// Trial records this host found invalid (it runs no trial of that kind meanwhile).
+    refused_trials: Vec<TrialRecord>,
 }
 
 impl Deployer {
@@ -235,14 +237,33 @@ impl Deployer {
         let operator = self.sandbox.validate(&version, component, origin)?;
         let prepared = began.elapsed();
         let deployment = self.runtime.block_on(self.registry.deploy(component, origin))?;
+        self.end_canary();
         Ok(self.activate(&mut versions, Arc::new(operator), deployment, prepared))
     }
 
+    /// Removes the canary's record, if any: a deploy or rollback of every key ends it
+    /// (the activation ends it on this host). A record left behind is a warning.
+    fn end_canary(&self) {
+        match self.runtime.block_on(self.registry.stop_trial(Trial::Canary)) {
+            Ok(Some(canary)) => tracing::info!("canary {} ended", canary.version),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("could not remove the canary's record: {e:#}"),
+        }
+    }
+
     /// Validates the version before the newest deploy still in force, records a
-    /// rollback to it and switches every partition to it.
+    /// rollback to it and switches every partition to it. While a canary runs, a
+    /// rollback ends the canary instead: every key returns to the version in force.
     pub fn rollback(&self, origin: &str) -> Result<DeployReport, DeployError> {
         let mut versions = lock(&self.state);
         let began = Instant::now();
+        if self.runtime.block_on(self.registry.trial(Trial::Canary))?.is_some() {
+            let current = self.runtime.block_on(self.registry.current())?;
+            let current = current.ok_or_else(|| no_trial(&self.registry, Trial::Canary))?;
+            self.end_canary();
+            let (_, operator) = self.active.get();
+            return Ok(self.activate(&mut versions, operator, current, began.elapsed()));
+        }
         let target = self.runtime.block_on(self.registry.rollback_target())?;
         let operator = self.prepare(&mut versions, &target)?;
         let deployment = match self.runtime.block_on(self.registry.rollback(&target, origin)) {
@@ -255,44 +276,82 @@ impl Deployer {
         Ok(self.activate(&mut versions, operator, deployment, began.elapsed()))
     }
 
-    /// Validates `component`, records it as the operator's shadow and starts it beside
-    /// the version in force on this host's partitions (the others follow through the
+    /// Validates `component`, records it as the operator's `trial` — a shadow, or a
+    /// canary taking `share` of the keys — and starts it beside the version in force on
+    /// this host's partitions, from their next batch (the other hosts follow through the
     /// registry). An invalid component is refused and nothing changes.
-    pub fn start_shadow(&self, component: &[u8], origin: &str) -> Result<ShadowRecord, DeployError> {
+    pub fn start_trial(
+        &self,
+        trial: Trial,
+        component: &[u8],
+        share: Option<BasisPoints>,
+        origin: &str,
+    ) -> Result<TrialRecord, DeployError> {
         let mut versions = lock(&self.state);
         let version = self.runtime.block_on(self.registry.version_of(component))?;
-        let operator = self.sandbox.for_shadow().validate(&version, component, origin)?;
-        let record = self.runtime.block_on(self.registry.start_shadow(component, origin))?;
-        versions.refused_shadow = None;
-        self.shadow.start(Arc::new(operator));
-        tracing::info!("shadow {} started ({origin})", record.version);
+        let operator = self.sandbox_for(trial).validate(&version, component, origin)?;
+        let record = self.runtime.block_on(self.registry.start_trial(trial, component, share, origin))?;
+        versions.refused_trials.retain(|refused| refused.version != record.version);
+        self.run_trial(trial, Some((Arc::new(operator), share)));
+        tracing::info!("{} {} started{} ({origin})", trial.name(), record.version, shown_share(share));
         Ok(record)
     }
 
-    /// Stops the operator's shadow on every host; returns the one that ran.
-    pub fn stop_shadow(&self) -> Result<ShadowRecord, DeployError> {
+    /// Stops the operator's `trial` on every host; returns the one that ran.
+    pub fn stop_trial(&self, trial: Trial) -> Result<TrialRecord, DeployError> {
         let _versions = lock(&self.state);
-        let stopped = self.runtime.block_on(self.registry.stop_shadow())?;
-        self.shadow.stop();
-        let stopped = stopped.ok_or_else(|| no_shadow(&self.registry))?;
-        tracing::info!("shadow {} stopped", stopped.version);
+        let stopped = self.runtime.block_on(self.registry.stop_trial(trial))?;
+        self.run_trial(trial, None);
+        let stopped = stopped.ok_or_else(|| no_trial(&self.registry, trial))?;
+        tracing::info!("{} {} stopped", trial.name(), stopped.version);
         Ok(stopped)
     }
 
     /// Deploys the operator's shadow as the version in force (an ordinary deploy) and
     /// stops it as a shadow.
     pub fn promote_shadow(&self, origin: &str) -> Result<DeployReport, DeployError> {
-        let shadow = self.runtime.block_on(self.registry.shadow())?.ok_or_else(|| no_shadow(&self.registry))?;
+        let shadow = self.runtime.block_on(self.registry.trial(Trial::Shadow))?;
+        let shadow = shadow.ok_or_else(|| no_trial(&self.registry, Trial::Shadow))?;
         let component = self.runtime.block_on(self.registry.component(&shadow.version))?;
         // Not compared with itself while the partitions switch; a deploy that fails
         // leaves the record, which the next sync starts again.
         self.shadow.stop();
         let report = self.deploy(&component, origin)?;
         // The deploy stands: a record left behind is a warning, and `shadow stop` ends it.
-        if let Err(e) = self.runtime.block_on(self.registry.stop_shadow()) {
+        if let Err(e) = self.runtime.block_on(self.registry.stop_trial(Trial::Shadow)) {
             tracing::warn!("deployed the shadow {}, but could not remove its record: {e:#}", shadow.version);
         }
         Ok(report)
+    }
+
+    /// The sandbox a `trial` runs in: a shadow's never retries nor stops a partition.
+    fn sandbox_for(&self, trial: Trial) -> Sandbox {
+        match trial {
+            Trial::Shadow => self.sandbox.for_shadow(),
+            Trial::Canary => self.sandbox.clone(),
+        }
+    }
+
+    /// Runs `running` (a version, with a canary's share) as this host's `trial`; `None`
+    /// stops it.
+    fn run_trial(&self, trial: Trial, running: Option<(Arc<WasmOperator>, Option<BasisPoints>)>) {
+        match (trial, running) {
+            (Trial::Shadow, Some((operator, _))) => self.shadow.start(operator),
+            (Trial::Shadow, None) => self.shadow.stop(),
+            (Trial::Canary, running) => {
+                self.active.set_canary(running.map(|(operator, share)| (operator, share.unwrap_or(0))))
+            }
+        }
+    }
+
+    /// The version this host runs as its `trial`, with a canary's share.
+    fn running_trial(&self, trial: Trial) -> Option<(String, Option<BasisPoints>)> {
+        match trial {
+            Trial::Shadow => self.shadow.version().map(|version| (version, None)),
+            Trial::Canary => {
+                self.active.canary().map(|(operator, share)| (operator.version().to_string(), Some(share)))
+            }
+        }
     }
 
     /// What the shadow found on this host's running partitions.
@@ -312,9 +371,9 @@ impl Deployer {
     pub fn sync(&self) -> Result<Option<DeployReport>> {
         // Each whatever the other's failure: a broken shadow record must not hold deploys.
         let deployed = self.sync_version();
-        let shadowed = self.sync_shadow();
+        let tried = self.sync_trials();
         let report = deployed?;
-        shadowed?;
+        tried?;
         Ok(report)
     }
 
@@ -340,33 +399,50 @@ impl Deployer {
         }
     }
 
-    /// Starts, replaces or stops this host's shadow as the registry records it (a job
-    /// calls it before its partitions start, so a recorded shadow sees every record).
-    pub fn sync_shadow(&self) -> Result<()> {
+    /// Starts, replaces or stops this host's shadow and canary as the registry records
+    /// them (a job calls it before its partitions start, so recorded trials see every
+    /// record).
+    pub fn sync_trials(&self) -> Result<()> {
+        let shadowed = self.sync_trial(Trial::Shadow);
+        self.sync_trial(Trial::Canary)?;
+        shadowed
+    }
+
+    /// Brings this host's `trial` to what the registry records.
+    fn sync_trial(&self, trial: Trial) -> Result<()> {
         let mut versions = lock(&self.state);
-        let recorded = self.runtime.block_on(self.registry.shadow())?;
-        let running = self.shadow.version();
+        let recorded = self.runtime.block_on(self.registry.trial(trial))?;
+        let running = self.running_trial(trial);
         let Some(record) = recorded else {
-            if let Some(running) = running {
-                tracing::info!("shadow {running} stopped (recorded elsewhere)");
-                self.shadow.stop();
+            if let Some((running, _)) = running {
+                tracing::info!("{} {running} stopped (recorded elsewhere)", trial.name());
+                self.run_trial(trial, None);
             }
             return Ok(());
         };
-        if running.as_deref() == Some(record.version.as_str()) || versions.refused_shadow.as_ref() == Some(&record) {
+        if running == Some((record.version.clone(), record.share)) || versions.refused_trials.contains(&record) {
+            return Ok(());
+        }
+        // A canary whose share changed keeps its compiled version.
+        if let (Trial::Canary, Some((operator, _))) = (trial, self.active.canary())
+            && operator.version() == record.version
+        {
+            self.run_trial(trial, Some((operator, record.share)));
             return Ok(());
         }
         let bytes = self.runtime.block_on(self.registry.component(&record.version))?;
-        match self.sandbox.for_shadow().validate(&record.version, &bytes, &format!("shadow {}", record.version)) {
+        let origin = format!("{} {}", trial.name(), record.version);
+        match self.sandbox_for(trial).validate(&record.version, &bytes, &origin) {
             Ok(operator) => {
-                tracing::info!("shadow {} started (recorded elsewhere: {})", record.version, record.origin);
-                self.shadow.start(Arc::new(operator));
+                let (name, share) = (trial.name(), shown_share(record.share));
+                tracing::info!("{name} {}{share} started (recorded elsewhere: {})", record.version, record.origin);
+                self.run_trial(trial, Some((Arc::new(operator), record.share)));
                 Ok(())
             }
             Err(DeployError::Refused(e)) => {
-                self.shadow.stop();
-                versions.refused_shadow = Some(record.clone());
-                Err(e.context(format!("refused shadow {}; no shadow runs here", record.version)))
+                self.run_trial(trial, None);
+                versions.refused_trials.push(record.clone());
+                Err(e.context(format!("refused {} {}; none runs here", trial.name(), record.version)))
             }
             Err(e) => Err(e.into()),
         }
@@ -457,9 +533,14 @@ impl Deployer {
     }
 }
 
-/// The error of a shadow command while no shadow runs.
-fn no_shadow(registry: &Registry) -> DeployError {
-    DeployError::Conflict(format!("operator {} runs no shadow", registry.name()))
+/// The error of a trial's command while none runs.
+fn no_trial(registry: &Registry, trial: Trial) -> DeployError {
+    DeployError::Conflict(format!("operator {} runs no {}", registry.name(), trial.name()))
+}
+
+/// A canary's share as a log line says it: ` (5.00% of the keys)`; nothing for a shadow.
+fn shown_share(share: Option<BasisPoints>) -> String {
+    share.map_or(String::new(), |share| format!(" ({:.2}% of the keys)", f64::from(share) / 100.0))
 }
 
 /// Refuses an operator `name` that is not the one this host runs.

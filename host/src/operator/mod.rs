@@ -151,6 +151,15 @@ pub trait Operator: Send {
     /// output and dead letter it produces, and every checkpoint of its state, says so.
     fn version(&self) -> &str;
 
+    /// The build that processes `key`'s records, expiries and timers: [`version`]
+    /// unless a canary takes the key ([`in_canary`]).
+    ///
+    /// [`version`]: Operator::version
+    fn version_for(&self, key: &[u8]) -> &str {
+        let _ = key;
+        self.version()
+    }
+
     /// Switches to the version that processes the record at `offset` on, if it runs
     /// another, keeping the partition's state: while the partition replays records, the
     /// version that first processed that one ([`replay`]), else the version deployed
@@ -200,6 +209,30 @@ pub trait Shadows: Send + Sync {
     /// [shadow transaction](Transaction::shadow)), its `init` called; `None` when no
     /// shadow runs.
     fn instantiate(&self, partition: u32, txn: Transaction) -> Result<Option<Box<dyn Operator>>>;
+}
+
+/// A canary's share of a partition's keys, in basis points (1/10,000): 500 is 5%.
+pub type BasisPoints = u32;
+
+/// Whether a canary holding `share` of the keys processes `key`: FNV-1a (64 bits) of the
+/// key's bytes, modulo 10,000, is below the share. The same key always lands in the same
+/// place, so raising a canary's share only adds keys to it, and every host agrees.
+pub fn in_canary(key: &[u8], share: BasisPoints) -> bool {
+    let hash =
+        key.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3));
+    hash % 10_000 < u64::from(share)
+}
+
+/// A canary's share as people write it — `5%`, `0.5%`, `25` (percent) — in basis
+/// points; an error names what is wrong with it.
+pub fn parse_share(text: &str) -> Result<BasisPoints> {
+    let number = text.trim().trim_end_matches('%');
+    let percent: f64 =
+        number.parse().map_err(|_| anyhow::anyhow!("canary share {text:?}: expected a percentage such as 5%"))?;
+    if !(0.01..=100.0).contains(&percent) {
+        anyhow::bail!("canary share {text:?}: a canary takes from 0.01% to 100% of the keys");
+    }
+    Ok((percent * 100.0).round() as BasisPoints)
 }
 
 /// [`Operator::process_batch`] one call of [`Operator::process`] per record.
@@ -276,4 +309,36 @@ pub struct Switch {
     pub refused: Option<String>,
     /// Whether a replay switched where the first run of its records had.
     pub replayed: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_share_is_read_as_people_write_it_and_a_wrong_one_is_named() {
+        assert_eq!(
+            [parse_share("5%").unwrap(), parse_share("0.5%").unwrap(), parse_share(" 25 ").unwrap()],
+            [500, 50, 2500]
+        );
+        assert_eq!(parse_share("100%").unwrap(), 10_000);
+        for wrong in ["0", "101%", "five", "-3%"] {
+            let err = parse_share(wrong).unwrap_err().to_string();
+            assert!(err.contains(&format!("canary share {wrong:?}")), "{err}");
+        }
+    }
+
+    /// A key a canary takes at a share it takes at every larger one, and the shares
+    /// split keys about as they say.
+    #[test]
+    fn a_canary_keeps_its_keys_as_its_share_grows() {
+        let keys: Vec<Vec<u8>> = (0..20_000).map(|i| format!("veh-{i:05}").into_bytes()).collect();
+        let taken = |share| keys.iter().filter(|key| in_canary(key, share)).count();
+        for key in &keys {
+            let shares = [100, 1000, 5000, 10_000].map(|share| in_canary(key, share));
+            assert!(shares.windows(2).all(|w| !w[0] || w[1]), "{shares:?}");
+        }
+        assert!((1_700..2_300).contains(&taken(1000)), "{}", taken(1000));
+        assert_eq!(taken(10_000), keys.len());
+    }
 }

@@ -10,6 +10,7 @@
 //! <store>/operators/<name>/components/<digest>.wasm    each deployed build, once
 //! <store>/operators/<name>/history/0000000003.json     entry 3: deploy or rollback
 //! <store>/operators/<name>/shadow.json                  the version running as a shadow, if any
+//! <store>/operators/<name>/canary.json                  the canary and its share of the keys, if any
 //! <store>/operators/<name>/switches/partition-0001/00000000000000001500.json
 //!                                                      partition 1 ran a version from offset 1500 on
 //! ```
@@ -123,14 +124,38 @@ impl fmt::Display for Deployment {
     }
 }
 
-/// The version a shadow deploy runs beside the one in force, as
-/// [`Registry::start_shadow`] stores it: every host of the job runs it until
-/// [`Registry::stop_shadow`].
+/// A version tried out beside the one in force: a shadow (its outputs compared, never
+/// sent) or a canary (it processes a share of the keys). Each kind has at most one at a
+/// time, which every host of the job runs until it is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trial {
+    /// A shadow deploy.
+    Shadow,
+    /// A canary.
+    Canary,
+}
+
+impl Trial {
+    /// Its name, as the record's file and messages say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Trial::Shadow => "shadow",
+            Trial::Canary => "canary",
+        }
+    }
+}
+
+/// A trial version, as [`Registry::start_trial`] stores it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ShadowRecord {
-    /// The shadow's version, `name@digest`.
+pub struct TrialRecord {
+    /// Its version, `name@digest`.
     pub version: String,
-    /// When it was started, milliseconds since the Unix epoch.
+    /// A canary's share of the keys, in basis points (see
+    /// [`in_canary`](super::in_canary)); none for a shadow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<super::BasisPoints>,
+    /// When it was started (or its share last changed), milliseconds since the Unix
+    /// epoch.
     pub at_ms: u64,
     /// Who started it and from what.
     pub origin: String,
@@ -392,28 +417,34 @@ impl Registry {
         }
     }
 
-    /// Records `component` as the operator's shadow, in place of any other; returns the
-    /// record. The component is stored like a deploy's (and a later deploy of it finds
-    /// it there).
-    pub async fn start_shadow(&self, component: &[u8], origin: &str) -> Result<ShadowRecord, DeployError> {
+    /// Records `component` as the operator's `trial` (with a canary's `share`), in place
+    /// of any other of that kind; returns the record. The component is stored like a
+    /// deploy's (and a later deploy of it finds it there).
+    pub async fn start_trial(
+        &self,
+        trial: Trial,
+        component: &[u8],
+        share: Option<super::BasisPoints>,
+        origin: &str,
+    ) -> Result<TrialRecord, DeployError> {
         let version = self.version_of(component).await?;
         self.put_component(&version, component).await.map_err(DeployError::StoreUnavailable)?;
-        let record = ShadowRecord { version, at_ms: crate::stats::now_ms(), origin: origin.to_string() };
-        let json = serde_json::to_vec_pretty(&record).expect("a shadow record serializes");
-        self.store.put_bytes(&self.shadow_path(), json).await.map_err(DeployError::StoreUnavailable)?;
+        let record = TrialRecord { version, share, at_ms: crate::stats::now_ms(), origin: origin.to_string() };
+        let json = serde_json::to_vec_pretty(&record).expect("a trial record serializes");
+        self.store.put_bytes(&self.trial_path(trial), json).await.map_err(DeployError::StoreUnavailable)?;
         Ok(record)
     }
 
-    /// The operator's shadow, if one runs.
-    pub async fn shadow(&self) -> Result<Option<ShadowRecord>, DeployError> {
-        let path = self.shadow_path();
+    /// The operator's `trial`, if one runs.
+    pub async fn trial(&self, trial: Trial) -> Result<Option<TrialRecord>, DeployError> {
+        let path = self.trial_path(trial);
         let Some(bytes) =
             self.store.get_optional(&path, MAX_RECORD_BYTES).await.map_err(DeployError::StoreUnavailable)?
         else {
             return Ok(None);
         };
-        let record: ShadowRecord = serde_json::from_slice(&bytes)
-            .with_context(|| format!("{path} in {} is not a sluice shadow record", self.store.url()))
+        let record: TrialRecord = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{path} in {} is not a sluice {} record", self.store.url(), trial.name()))
             .map_err(DeployError::StoreUnavailable)?;
         if !record.version.starts_with(&format!("{}@", self.name)) {
             return Err(DeployError::StoreUnavailable(anyhow!(
@@ -426,17 +457,17 @@ impl Registry {
         Ok(Some(record))
     }
 
-    /// Stops the operator's shadow; returns the one that ran, if any.
-    pub async fn stop_shadow(&self) -> Result<Option<ShadowRecord>, DeployError> {
-        let running = self.shadow().await?;
+    /// Stops the operator's `trial`; returns the one that ran, if any.
+    pub async fn stop_trial(&self, trial: Trial) -> Result<Option<TrialRecord>, DeployError> {
+        let running = self.trial(trial).await?;
         if running.is_some() {
-            self.store.delete(&self.shadow_path()).await.map_err(DeployError::StoreUnavailable)?;
+            self.store.delete(&self.trial_path(trial)).await.map_err(DeployError::StoreUnavailable)?;
         }
         Ok(running)
     }
 
-    fn shadow_path(&self) -> String {
-        format!("operators/{}/shadow.json", self.name)
+    fn trial_path(&self, trial: Trial) -> String {
+        format!("{}.json", self.folder(trial.name()))
     }
 
     /// Records that `partition` runs `version` from `offset` on, replacing what was

@@ -3,7 +3,7 @@
 
 use super::events::NULL_KEY_REFUSED;
 use crate::log_rate::{self, Admitted, LogRate};
-use crate::operator::{Expiration, Outcome, Output};
+use crate::operator::{Outcome, Output};
 use crate::record::{DeadLetter, DeadLetterKind, Origin};
 use crate::sink::PartitionOutputs;
 use crate::stats::{DeadLetters, PartitionStats};
@@ -13,6 +13,9 @@ use std::sync::atomic::Ordering;
 /// What a batch (or an idle partition's expiries) emits, gathered to be sent at
 /// once: outputs, and dead letters.
 pub(super) struct Emitted {
+    /// The operator build that gave all it holds (with a canary, what each build gives
+    /// is sent on its own).
+    version: String,
     outputs: Vec<(Origin, Output)>,
     dead: Vec<DeadLetter>,
     /// The line sinks' buffer.
@@ -28,7 +31,7 @@ const TRAP_WARNINGS_PER_S: u64 = 10;
 impl Default for Emitted {
     fn default() -> Self {
         let traps = LogRate::new(TRAP_WARNINGS_PER_S, u64::MAX);
-        Emitted { outputs: Vec::new(), dead: Vec::new(), lines: Vec::new(), traps }
+        Emitted { version: String::new(), outputs: Vec::new(), dead: Vec::new(), lines: Vec::new(), traps }
     }
 }
 
@@ -81,18 +84,24 @@ impl Emitted {
         }
     }
 
-    /// Adds what became of `expirations` of `partition`.
-    pub(super) fn expirations(&mut self, partition: u32, expirations: impl IntoIterator<Item = Expiration>) {
-        for expiration in expirations {
-            let origin = expiration.origin(partition);
-            self.outcome(origin, &expiration.entry.key, &expiration.entry.value, expiration.outcome);
+    /// Whether what `version` gives next can join what it holds: it holds nothing, or
+    /// what that build gave. Otherwise it is to be sent first.
+    pub(super) fn takes(&self, version: &str) -> bool {
+        (self.outputs.is_empty() && self.dead.is_empty()) || self.version == version
+    }
+
+    /// What it gathers from now on is what `version` gives.
+    pub(super) fn of_version(&mut self, version: &str) {
+        if self.version != version {
+            self.version = version.to_string();
         }
     }
 
-    /// Sends the outputs, all of operator `version`, as part of the partition's
-    /// `outputs`, then the dead letters (those of outputs Kafka refused included),
-    /// counts them, and empties itself.
-    pub(super) fn send(&mut self, version: &str, stats: &PartitionStats, outputs: &mut PartitionOutputs) -> Result<()> {
+    /// Sends the outputs, all of its version, as part of the partition's `outputs`,
+    /// then the dead letters (those of outputs Kafka refused included), counts them,
+    /// and empties itself.
+    pub(super) fn send(&mut self, stats: &PartitionStats, outputs: &mut PartitionOutputs) -> Result<()> {
+        let version = self.version.as_str();
         outputs.send(&self.outputs, version, &mut self.lines, &mut self.dead)?;
         stats.outputs.fetch_add(self.outputs.len() as u64, Ordering::Relaxed);
         outputs.send_dead_letters(&self.dead, version, &mut self.lines)?;

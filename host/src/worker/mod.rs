@@ -217,8 +217,11 @@ impl<'a> PartitionWorker<'a> {
             let expirations = p.operator.expire(next)?;
             self.shadow.expire(next, clock, &expirations, &p.stats.shadow);
             let partition = p.operator.state().store().partition();
-            self.emitted.expirations(partition, expirations);
-            self.emitted.send(p.operator.version(), p.stats, &mut self.uncommitted.outputs)?;
+            for expiration in expirations {
+                self.gather(expiration.origin(partition), expiration)?;
+            }
+            let p = &mut self.p;
+            self.emitted.send(p.stats, &mut self.uncommitted.outputs)?;
         }
         self.commit()?;
         let p = &mut self.p;
@@ -294,7 +297,7 @@ impl<'a> PartitionWorker<'a> {
             unprocessed.extend(self.rest.take().into_iter().flatten());
             self.rest = Some(unprocessed);
         }
-        self.emit(partition, &batch, outcomes, expirations);
+        self.emit(partition, &batch, outcomes, expirations)?;
         self.send()?;
         let p = &mut self.p;
         p.stats.processed.fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -311,15 +314,43 @@ impl<'a> PartitionWorker<'a> {
     /// Gathers what the records of `batch` with `outcomes` (a prefix of it) and the
     /// `expirations` among them emitted: each expiry's outputs before those of the
     /// record it preceded.
-    fn emit(&mut self, partition: u32, batch: &[SourceRecord], outcomes: Vec<Outcome>, expirations: Vec<Expiration>) {
+    fn emit(
+        &mut self,
+        partition: u32,
+        batch: &[SourceRecord],
+        outcomes: Vec<Outcome>,
+        expirations: Vec<Expiration>,
+    ) -> Result<()> {
         let mut expirations = expirations.into_iter().peekable();
         for (record, outcome) in batch.iter().zip(outcomes) {
-            let before = std::iter::from_fn(|| expirations.next_if(|e| e.offset <= record.offset));
-            self.emitted.expirations(partition, before);
-            self.emitted.outcome(Origin::of(record), &record.key, &record.value, outcome);
+            while let Some(expiration) = expirations.next_if(|e| e.offset <= record.offset) {
+                self.gather(expiration.origin(partition), expiration)?;
+            }
+            self.gather_outcome(Origin::of(record), &record.key, &record.value, outcome)?;
         }
         // Those before the record the batch ended at.
-        self.emitted.expirations(partition, expirations);
+        for expiration in expirations {
+            self.gather(expiration.origin(partition), expiration)?;
+        }
+        Ok(())
+    }
+
+    /// Gathers what became of `expiration`, at `origin`.
+    fn gather(&mut self, origin: Origin, expiration: Expiration) -> Result<()> {
+        let entry = &expiration.entry;
+        self.gather_outcome(origin, &entry.key, &entry.value, expiration.outcome)
+    }
+
+    /// Gathers `outcome` of the input (or expired entry) with `key` and `value` at
+    /// `origin`, under the build that processed the key; what another build gave (a
+    /// canary's, or the active version's beside it) is sent first.
+    fn gather_outcome(&mut self, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome) -> Result<()> {
+        if !self.emitted.takes(self.p.operator.version_for(key)) {
+            self.send()?;
+        }
+        self.emitted.of_version(self.p.operator.version_for(key));
+        self.emitted.outcome(origin, key, value, outcome);
+        Ok(())
     }
 
     /// Sends what the batch emitted. Outputs first, then state: the commit makes them
@@ -328,7 +359,7 @@ impl<'a> PartitionWorker<'a> {
     fn send(&mut self) -> Result<()> {
         let p = &mut self.p;
         crate::kill_point(BEFORE_SEND);
-        self.emitted.send(p.operator.version(), p.stats, &mut self.uncommitted.outputs)?;
+        self.emitted.send(p.stats, &mut self.uncommitted.outputs)?;
         crate::kill_point(AFTER_SEND);
         // A delivery already refused stops the partition now rather than at the commit.
         self.uncommitted.outputs.check().with_context(|| format!("sending outputs to {}", p.to.sink.name()))

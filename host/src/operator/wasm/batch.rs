@@ -16,7 +16,6 @@ impl WasmInstance {
     /// and calls it: in a run of records per `process-batch` call, or alone in a
     /// `process` call.
     pub(super) fn run_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
-        let batched = self.live().exports.process_batch.is_some();
         self.ctx().budget = BatchBudget::new(&self.operator.limits.per_call);
         let mut processed = Processed::default();
         let mut next = NextCall { alone: false, attempt: 1 };
@@ -28,7 +27,8 @@ impl WasmInstance {
             if !self.reach(&rest[0], &mut processed.expirations)? {
                 break;
             }
-            if batched {
+            // The version that takes the record (a canary's may be built otherwise).
+            if self.live().exports.process_batch.is_some() {
                 let run = self.next_run(rest, std::mem::take(&mut next.alone));
                 self.call_batch(run, &mut next, &mut processed.outcomes)?;
             } else {
@@ -95,6 +95,7 @@ impl WasmInstance {
         if !self.expire_before(record.offset, expirations)? {
             return Ok(false);
         }
+        self.route(&record.key);
         self.state().scope(&record.key);
         Ok(true)
     }
@@ -111,6 +112,10 @@ impl WasmInstance {
         let mut len = run_length(rest, self.operator.limits.memory_bytes / 8);
         if self.live().exports.told() {
             len = 1 + self.state().records_before_due(&rest[1..len]);
+        }
+        // A run goes to one version: it ends before a key the other one takes.
+        if let Some(canary) = &self.canary {
+            len = 1 + rest[1..len].iter().take_while(|r| in_canary(&r.key, canary.share) == self.on_canary()).count();
         }
         &rest[..len]
     }

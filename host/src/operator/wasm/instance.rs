@@ -11,12 +11,18 @@ pub struct ActiveVersion {
     /// Increases with every activation, so an instance sees a change with one load.
     generation: AtomicU64,
     pub(super) current: Mutex<Arc<WasmOperator>>,
+    /// The canary beside it, and the share of the keys it takes.
+    canary: Mutex<Option<(Arc<WasmOperator>, BasisPoints)>>,
 }
 
 impl ActiveVersion {
     /// `operator` is active.
     pub fn new(operator: Arc<WasmOperator>) -> Arc<Self> {
-        Arc::new(ActiveVersion { generation: AtomicU64::new(0), current: Mutex::new(operator) })
+        Arc::new(ActiveVersion {
+            generation: AtomicU64::new(0),
+            current: Mutex::new(operator),
+            canary: Mutex::default(),
+        })
     }
 
     /// The active version and its generation.
@@ -30,10 +36,26 @@ impl ActiveVersion {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// Makes `operator` the active version.
+    /// Makes `operator` the active version for every key: a canary ends.
     pub fn activate(&self, operator: Arc<WasmOperator>) {
         let mut current = crate::lock(&self.current);
         *current = operator;
+        *crate::lock(&self.canary) = None;
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The canary, if one runs, and the share of the keys it takes.
+    pub fn canary(&self) -> Option<(Arc<WasmOperator>, BasisPoints)> {
+        crate::lock(&self.canary).clone()
+    }
+
+    /// Runs `canary` (a version and the share of the keys it takes, [`in_canary`]) beside
+    /// the active version from each partition's next batch on, in place of any other;
+    /// `None` ends it.
+    ///
+    /// [`in_canary`]: crate::operator::in_canary
+    pub fn set_canary(&self, canary: Option<(Arc<WasmOperator>, BasisPoints)>) {
+        *crate::lock(&self.canary) = canary;
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -41,14 +63,20 @@ impl ActiveVersion {
     pub fn instantiate(self: &Arc<Self>, partition: u32, txn: Transaction) -> Result<WasmInstance> {
         let (generation, operator) = self.get();
         let live = operator.start(operator.context(partition, txn)).map_err(|(e, _)| e)?;
-        Ok(WasmInstance {
+        let mut instance = WasmInstance {
             operator,
             active: self.clone(),
             generation: Some(generation),
             switches: None,
             live: Some(live),
             replaced: 0,
-        })
+            canary: None,
+            on_canary: false,
+        };
+        if let Some(refused) = instance.follow_canary() {
+            tracing::error!(partition, "{refused}");
+        }
+        Ok(instance)
     }
 }
 
@@ -114,6 +142,20 @@ pub struct WasmInstance {
     pub(super) live: Option<Live>,
     /// How many times a trap replaced the instance.
     pub(super) replaced: u64,
+    /// The canary beside the active version, while one runs.
+    pub(super) canary: Option<Canary>,
+    /// Whether `operator` and `live` are the canary's now, swapped in for a key it takes
+    /// ([`route`](WasmInstance::route)); never between batches.
+    on_canary: bool,
+}
+
+/// A partition's instance of the canary: the version, its live instance (the one not
+/// swapped in holds a [shadow](Transaction::shadow) of the state, never used), and the
+/// share of the keys it takes.
+pub(super) struct Canary {
+    pub(super) operator: Arc<WasmOperator>,
+    pub(super) live: Option<Live>,
+    pub(super) share: BasisPoints,
 }
 
 /// A live instance: its store (the partition's state and the limits' accounting inside)
@@ -172,6 +214,66 @@ impl Live {
 }
 
 impl WasmInstance {
+    /// Swaps in the version that processes `key`'s records, expiries and timers: the
+    /// canary's instance for a key it takes, else the active version's. The state (and
+    /// the batch's budget) moves with it.
+    pub(super) fn route(&mut self, key: &[u8]) {
+        if self.canary.as_ref().is_some_and(|canary| in_canary(key, canary.share) != self.on_canary) {
+            self.swap_canary();
+        }
+    }
+
+    /// Whether the canary's instance is swapped in.
+    pub(super) fn on_canary(&self) -> bool {
+        self.on_canary
+    }
+
+    /// Swaps the active version's instance back in (between batches it always is).
+    pub(super) fn route_to_active(&mut self) {
+        if self.on_canary {
+            self.swap_canary();
+        }
+    }
+
+    /// Swaps the canary's instance and the active version's, the state going along.
+    fn swap_canary(&mut self) {
+        let canary = self.canary.as_mut().expect("a canary runs");
+        let here = self.live.as_mut().expect("instance is live between calls").store.data_mut();
+        let there = canary.live.as_mut().expect("the canary is live between calls").store.data_mut();
+        std::mem::swap(&mut here.txn, &mut there.txn);
+        std::mem::swap(&mut here.budget, &mut there.budget);
+        std::mem::swap(&mut self.live, &mut canary.live);
+        std::mem::swap(&mut self.operator, &mut canary.operator);
+        self.on_canary = !self.on_canary;
+    }
+
+    /// Brings the canary to what the active version says: started, its share changed, or
+    /// ended. Returns why a canary could not start here (none runs then).
+    fn follow_canary(&mut self) -> Option<String> {
+        debug_assert!(!self.on_canary, "between batches");
+        let Some((operator, share)) = self.active.canary() else {
+            self.canary = None;
+            return None;
+        };
+        if let Some(canary) = self.canary.as_mut().filter(|c| c.operator.version == operator.version) {
+            canary.share = share;
+            return None;
+        }
+        self.canary = None;
+        let partition = self.ctx().partition;
+        let parked = match self.state().shadow() {
+            Ok(txn) => txn,
+            Err(e) => return Some(format!("canary {} could not start: {e:#}", operator.version)),
+        };
+        match operator.start(operator.context(partition, parked)) {
+            Ok(live) => {
+                self.canary = Some(Canary { operator, live: Some(live), share });
+                None
+            }
+            Err((e, _)) => Some(format!("canary {} could not start: {e:#}", operator.version)),
+        }
+    }
+
     pub(super) fn live(&mut self) -> &mut Live {
         self.live.as_mut().expect("instance is live between calls")
     }
@@ -217,7 +319,6 @@ impl WasmInstance {
     /// `expired` for each when it exports it (`fired` for a timer's), until none is due
     /// or the batch is spent (after it did something); returns whether none is due.
     pub(super) fn expire_before(&mut self, offset: u64, expirations: &mut Vec<Expiration>) -> Result<bool> {
-        let told = self.live().exports.told();
         loop {
             let limits = &self.operator.limits.per_call;
             let ctx = self.live.as_mut().expect("instance is live between calls").store.data_mut();
@@ -229,7 +330,11 @@ impl WasmInstance {
             }
             let Some(entry) = ctx.txn.expire_next()? else { return Ok(true) };
             ctx.budget.expiries += 1;
-            if told && let Some(outcome) = self.call_told(&entry)? {
+            // The version that processes the entry's key is told of it.
+            self.route(&entry.key);
+            if self.live().exports.told()
+                && let Some(outcome) = self.call_told(&entry)?
+            {
                 let bytes = entry.key.len() + entry.name.len() + entry.value.len() + outcome.bytes();
                 let budget = &mut self.ctx().budget;
                 budget.bytes = budget.bytes.saturating_add(bytes);
@@ -319,14 +424,17 @@ impl Operator for WasmInstance {
     }
 
     fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
-        self.run_batch(records)
+        let processed = self.run_batch(records);
+        self.route_to_active();
+        processed
     }
 
     fn expire(&mut self, offset: u64) -> Result<Vec<Expiration>> {
         self.ctx().budget = BatchBudget::new(&self.operator.limits.per_call);
         let mut expirations = Vec::new();
-        self.expire_before(offset, &mut expirations)?;
-        Ok(expirations)
+        let expired = self.expire_before(offset, &mut expirations);
+        self.route_to_active();
+        expired.map(|_| expirations)
     }
 
     fn state(&mut self) -> &mut Transaction {
@@ -335,6 +443,13 @@ impl Operator for WasmInstance {
 
     fn version(&self) -> &str {
         self.operator.version()
+    }
+
+    fn version_for(&self, key: &[u8]) -> &str {
+        match &self.canary {
+            Some(canary) if in_canary(key, canary.share) => canary.operator.version(),
+            _ => self.operator.version(),
+        }
     }
 
     fn follow_deploys(&mut self, offset: u64) -> Result<Option<Switch>> {
@@ -352,6 +467,9 @@ impl Operator for WasmInstance {
         let began = Instant::now();
         let (generation, next) = self.active.get();
         self.generation = Some(generation);
+        if let Some(refused) = self.follow_canary() {
+            tracing::error!(partition = self.ctx().partition, "{refused}");
+        }
         if let Some(switches) = &mut self.switches
             && let Err(e) = switches.record(offset, &next.version)
         {

@@ -75,7 +75,7 @@ use outcome::*;
 
 use super::events::{LOG_LINES_DROPPED, RETRYING};
 use super::replay::{PartitionSwitches, SwitchLog};
-use super::{Expiration, Operator, OperatorStopped, Outcome, Processed, Switch};
+use super::{BasisPoints, Expiration, Operator, OperatorStopped, Outcome, Processed, Switch, in_canary};
 use crate::config::{OperatorConfig, OperatorLimits, RetryPolicy};
 use crate::log_rate::{self, Admitted, LogRate};
 use crate::record::SourceRecord;
