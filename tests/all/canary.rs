@@ -91,3 +91,94 @@ fn a_canary_takes_exactly_the_keys_its_hash_says_keeps_them_as_it_grows_and_ends
     assert_state_matches(&dump_state(&dir.join("state"))?, &Reference::fold(&input)?, "after the canary");
     Ok(())
 }
+
+/// A canary is recorded with the partition's switches: after `kill -9`, the records
+/// processed again before the canary started go to the version in force alone, and
+/// those after to the versions the canary's share said, as the first run did. (A job
+/// that commits rarely: the restart processes everything again.)
+#[test]
+fn records_processed_again_after_a_kill_9_go_where_the_first_run_sent_them() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let input = dir.join("input.jsonl");
+    generate(&input, 200, 30_000, 5)?;
+    let config = dir.join("job.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = {:?}\npoll_versions = \"0.2s\"\n[source]\nkind = \"file\"\npath = {input:?}\n\
+             rate = 4000\n[sink]\nkind = \"file\"\npath = {:?}\n[state]\ndir = {:?}\npartitions = 2\n\
+             commit_every = 1000000\ncommit_interval = \"60s\"\n[checkpoint]\nenabled = false\n[report]\n\
+             interval = \"0s\"\n",
+            operator_wasm("vehicle_stats"),
+            dir.join("out.jsonl"),
+            dir.join("state"),
+        ),
+    )?;
+    let log = dir.join("host.log");
+    let mut host = Host::spawn("host", sluice().arg("run").arg("--config").arg(&config), &log)?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut canary = sluice();
+    canary.args(["deploy", "vehicle_stats"]).arg(operator_wasm("vehicle_stats_v2")).args(["--canary", "50%"]);
+    let v2 = named_version(&String::from_utf8(run_ok(canary.arg("--config").arg(&config))?.stdout)?);
+    std::thread::sleep(Duration::from_millis(1500));
+    host.kill_9()?;
+    let mut restarted = Host::spawn("restarted", sluice().arg("run").arg("--config").arg(&config), &log)?;
+    restarted.wait_exit(Duration::from_secs(60))?;
+
+    let mut first: BTreeMap<(u64, u64), String> = BTreeMap::new();
+    let (mut again, mut v1_again_for_canary_keys) = (0, 0);
+    for output in read_jsonl(&dir.join("out.jsonl"))? {
+        let at =
+            (output["partition"].as_u64().context("a partition")?, output["offset"].as_u64().context("an offset")?);
+        let version = output["operator"].as_str().context("a version")?.to_string();
+        match first.get(&at) {
+            None => {
+                first.insert(at, version);
+            }
+            Some(before) => {
+                assert_eq!(&version, before, "processed again by another version: {output}");
+                again += 1;
+                let key = output["key"].as_str().unwrap_or_default();
+                v1_again_for_canary_keys += usize::from(in_canary(key, 5000) && version != v2);
+            }
+        }
+    }
+    assert!(again > 1000, "the restart processed the first run's records again: {again}");
+    assert!(v1_again_for_canary_keys > 0, "records of canary keys from before the canary started came again");
+    Ok(())
+}
+
+/// A full deploy ends a canary on every host: after it, every key runs the deployed
+/// version, and the canary's record is gone.
+#[test]
+fn a_deploy_ends_the_canary() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let PacedJob { config, mut host, .. } =
+        PacedJob::start(dir, (100, 30_000), 6_000, &operator_wasm("vehicle_stats"), "")?;
+    let deploy = |file: &str, canary: &[&str]| -> Result<String> {
+        let mut command = sluice();
+        command.args(["deploy", "vehicle_stats"]).arg(operator_wasm(file)).args(canary).arg("--config").arg(&config);
+        Ok(named_version(&String::from_utf8(run_ok(&mut command)?.stdout)?))
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    // The same logic built against WIT 0.1.2: another version, told apart by its name.
+    let canary = deploy("vehicle_stats_0_1_2", &["--canary", "50%"])?;
+    let record = dir.join("state.checkpoints/operators/vehicle_stats/canary.json");
+    assert!(record.exists(), "the canary is recorded in the job's registry");
+    std::thread::sleep(Duration::from_millis(1500));
+    let v2 = deploy("vehicle_stats_v2", &[])?;
+    host.wait_exit(Duration::from_secs(60))?;
+    let mut last: BTreeMap<String, String> = BTreeMap::new();
+    let mut canary_outputs = 0;
+    for output in read_jsonl(&dir.join("out.jsonl"))? {
+        let version = output["operator"].as_str().context("a version")?.to_string();
+        canary_outputs += usize::from(version == canary);
+        last.insert(output["key"].as_str().context("a key")?.to_string(), version);
+    }
+    assert!(canary_outputs > 0, "the canary ran");
+    assert!(last.values().all(|version| *version == v2), "every key ends on {v2}: {last:?}");
+    assert!(!record.exists(), "the deploy removed the canary's record");
+    Ok(())
+}

@@ -236,19 +236,9 @@ impl Deployer {
         let version = self.runtime.block_on(self.registry.version_of(component))?;
         let operator = self.sandbox.validate(&version, component, origin)?;
         let prepared = began.elapsed();
+        // Ends a canary first (see `Registry::deploy`), as the activation does here.
         let deployment = self.runtime.block_on(self.registry.deploy(component, origin))?;
-        self.end_canary();
         Ok(self.activate(&mut versions, Arc::new(operator), deployment, prepared))
-    }
-
-    /// Removes the canary's record, if any: a deploy or rollback of every key ends it
-    /// (the activation ends it on this host). A record left behind is a warning.
-    fn end_canary(&self) {
-        match self.runtime.block_on(self.registry.stop_trial(Trial::Canary)) {
-            Ok(Some(canary)) => tracing::info!("canary {} ended", canary.version),
-            Ok(None) => {}
-            Err(e) => tracing::warn!("could not remove the canary's record: {e:#}"),
-        }
     }
 
     /// Validates the version before the newest deploy still in force, records a
@@ -257,12 +247,21 @@ impl Deployer {
     pub fn rollback(&self, origin: &str) -> Result<DeployReport, DeployError> {
         let mut versions = lock(&self.state);
         let began = Instant::now();
-        if self.runtime.block_on(self.registry.trial(Trial::Canary))?.is_some() {
+        if let Some(canary) = self.runtime.block_on(self.registry.stop_trial(Trial::Canary))? {
+            self.active.set_canary(None);
+            tracing::info!("canary {} ended by a rollback", canary.version);
             let current = self.runtime.block_on(self.registry.current())?;
-            let current = current.ok_or_else(|| no_trial(&self.registry, Trial::Canary))?;
-            self.end_canary();
-            let (_, operator) = self.active.get();
-            return Ok(self.activate(&mut versions, operator, current, began.elapsed()));
+            let deployment = current.ok_or_else(|| no_trial(&self.registry, Trial::Canary))?;
+            let partitions = lock(&self.live).len();
+            let (prepared, switched, worst_stall) = (began.elapsed(), Duration::ZERO, Duration::ZERO);
+            return Ok(DeployReport {
+                deployment,
+                prepared,
+                switched,
+                partitions,
+                worst_stall,
+                not_switched: Vec::new(),
+            });
         }
         let target = self.runtime.block_on(self.registry.rollback_target())?;
         let operator = self.prepare(&mut versions, &target)?;

@@ -168,8 +168,29 @@ struct SwitchRecord {
     offset: u64,
     /// The version switched to.
     version: String,
+    /// The canary beside it from there on, if one ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    canary: Option<CanaryShare>,
     /// When it was recorded, milliseconds since the Unix epoch.
     at_ms: u64,
+}
+
+/// A canary as a partition ran it: its version and the share of the keys it took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CanaryShare {
+    /// The canary's version.
+    pub version: String,
+    /// Its share of the keys, in basis points ([`in_canary`](super::in_canary)).
+    pub share: super::BasisPoints,
+}
+
+/// What a partition ran from a recorded switch on: a version, and a canary beside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Switched {
+    /// The version (every key the canary does not take).
+    pub version: String,
+    /// The canary, if one ran.
+    pub canary: Option<CanaryShare>,
 }
 
 /// The versions of one operator in one store.
@@ -290,6 +311,9 @@ impl Registry {
     pub async fn deploy(&self, component: &[u8], origin: &str) -> Result<Deployment, DeployError> {
         let version = self.version_of(component).await?;
         self.put_component(&version, component).await.map_err(DeployError::StoreUnavailable)?;
+        // A deploy is of every key: a canary ends first, so no host runs it beside the
+        // version it deploys.
+        self.stop_trial(Trial::Canary).await?;
         let deployed = self
             .append(
                 |history| match in_force(history).pop() {
@@ -473,14 +497,15 @@ impl Registry {
     /// Records that `partition` runs `version` from `offset` on, replacing what was
     /// recorded at that offset: a switch made there before a record was processed is
     /// undone by the next one.
-    pub async fn record_switch(&self, partition: u32, offset: u64, version: &str) -> Result<()> {
-        let switch = SwitchRecord { offset, version: version.to_string(), at_ms: crate::stats::now_ms() };
+    pub async fn record_switch(&self, partition: u32, offset: u64, switched: &Switched) -> Result<()> {
+        let (version, canary) = (switched.version.clone(), switched.canary.clone());
+        let switch = SwitchRecord { offset, version, canary, at_ms: crate::stats::now_ms() };
         let json = serde_json::to_vec_pretty(&switch).expect("a switch record serializes");
         self.store.put_bytes(&self.switch_path(partition, offset), json).await
     }
 
     /// The versions `partition` switched to, by the offset each switch took effect at.
-    pub async fn switches(&self, partition: u32) -> Result<BTreeMap<u64, String>> {
+    pub async fn switches(&self, partition: u32) -> Result<BTreeMap<u64, Switched>> {
         let folder = self.switch_folder(partition);
         let mut switches = BTreeMap::new();
         for name in self.store.object_names(&folder).await? {
@@ -497,7 +522,7 @@ impl Registry {
                     self.name
                 );
             }
-            switches.insert(offset, switch.version);
+            switches.insert(offset, Switched { version: switch.version, canary: switch.canary });
         }
         Ok(switches)
     }

@@ -16,7 +16,8 @@
 //! written to ([`SwitchLog`]). The [instance](super::wasm::WasmInstance) carries the
 //! plan out between batches; the registry owns the log's layout.
 
-use super::registry::Registry;
+use super::BasisPoints;
+use super::registry::{CanaryShare, Registry, Switched};
 use super::wasm::{Limits, WasmOperator};
 use crate::lock;
 use anyhow::{Context, Result};
@@ -59,17 +60,16 @@ impl SwitchLog {
         let until = covered.max(recorded.keys().next_back().copied().unwrap_or(0));
         let mut versions = BTreeMap::new();
         if resume_at < until {
-            // Records from `resume_at` up to the first switch after it ran the version in
-            // force there: the one recorded at or before it, or, with none recorded (a
+            // Records from `resume_at` up to the first switch after it ran the versions in
+            // force there: those recorded at or before it, or, with none recorded (a
             // store older than this log), the one running now.
-            let before = recorded.range(..=resume_at).next_back().map(|(_, v)| v.as_str());
-            let first = match before {
-                Some(version) => self.compiled(version, running)?,
-                None => running.clone(),
+            let first = match recorded.range(..=resume_at).next_back() {
+                Some((_, switched)) => self.routing(switched, running)?,
+                None => Routing { version: running.clone(), canary: None },
             };
             versions.insert(resume_at, first);
-            for (&offset, version) in recorded.range(resume_at + 1..until) {
-                versions.insert(offset, self.compiled(version, running)?);
+            for (&offset, switched) in recorded.range(resume_at + 1..until) {
+                versions.insert(offset, self.routing(switched, running)?);
             }
         }
         Ok(PartitionSwitches {
@@ -79,6 +79,15 @@ impl SwitchLog {
             until,
             logged: recorded.into_values().next_back(),
         })
+    }
+
+    /// What `switched` names, compiled.
+    fn routing(&self, switched: &Switched, running: &Arc<WasmOperator>) -> Result<Routing> {
+        let canary = match &switched.canary {
+            Some(CanaryShare { version, share }) => Some((self.compiled(version, running)?, *share)),
+            None => None,
+        };
+        Ok(Routing { version: self.compiled(&switched.version, running)?, canary })
     }
 
     /// `version`, compiled: `running` itself, or compiled from the registry once.
@@ -99,23 +108,42 @@ impl SwitchLog {
     }
 }
 
+/// The versions that process a partition's records from an offset on: one version, and
+/// a canary beside it taking a share of the keys.
+#[derive(Clone)]
+pub struct Routing {
+    /// The version of every key the canary does not take.
+    pub version: Arc<WasmOperator>,
+    /// The canary and its share, if one ran.
+    pub canary: Option<(Arc<WasmOperator>, BasisPoints)>,
+}
+
+impl Routing {
+    /// As the log records it.
+    pub fn switched(&self) -> Switched {
+        let canary =
+            self.canary.as_ref().map(|(canary, share)| CanaryShare { version: canary.version().into(), share: *share });
+        Switched { version: self.version.version().to_string(), canary }
+    }
+}
+
 /// One partition's switches: those its replay repeats, then those it records.
 pub struct PartitionSwitches {
     log: Arc<SwitchLog>,
     partition: u32,
-    /// From each offset on, the version that first processed the records there, for
+    /// From each offset on, the versions that first processed the records there, for
     /// the records the partition replays: the first key is the offset it resumed at.
-    versions: BTreeMap<u64, Arc<WasmOperator>>,
+    versions: BTreeMap<u64, Routing>,
     /// Records below it are replayed with `versions`.
     until: u64,
-    /// The version the log has from its last switch on, if it has any.
-    logged: Option<String>,
+    /// What the log has from its last switch on, if it has any.
+    logged: Option<Switched>,
 }
 
 impl PartitionSwitches {
-    /// The version that processes the record at `offset` if the partition replays it:
-    /// the one that first did.
-    pub fn replayed(&self, offset: u64) -> Option<&Arc<WasmOperator>> {
+    /// The versions that process the record at `offset` if the partition replays it: the
+    /// ones that first did.
+    pub fn replayed(&self, offset: u64) -> Option<&Routing> {
         if offset >= self.until {
             return None;
         }
@@ -131,14 +159,14 @@ impl PartitionSwitches {
         Some(self.versions.range(offset + 1..).next().map_or(self.until, |(&at, _)| at))
     }
 
-    /// Records that the partition runs `version` from `offset` on, unless the log says
-    /// so already. Called before `version` processes anything there.
-    pub fn record(&mut self, offset: u64, version: &str) -> Result<()> {
-        if self.logged.as_deref() == Some(version) {
+    /// Records that the partition runs `switched` from `offset` on, unless the log says
+    /// so already. Called before it processes anything there.
+    pub fn record(&mut self, offset: u64, switched: Switched) -> Result<()> {
+        if self.logged.as_ref() == Some(&switched) {
             return Ok(());
         }
-        self.log.runtime.block_on(self.log.registry.record_switch(self.partition, offset, version))?;
-        self.logged = Some(version.to_string());
+        self.log.runtime.block_on(self.log.registry.record_switch(self.partition, offset, &switched))?;
+        self.logged = Some(switched);
         Ok(())
     }
 }
@@ -166,7 +194,12 @@ mod tests {
     }
 
     fn version(switches: &PartitionSwitches, offset: u64) -> Option<&str> {
-        switches.replayed(offset).map(|operator| operator.version())
+        switches.replayed(offset).map(|routing| routing.version.version())
+    }
+
+    /// `version` alone, as the log records it.
+    fn only(version: &str) -> Switched {
+        Switched { version: version.to_string(), canary: None }
     }
 
     /// A partition resuming before its last switch replays up to it with the versions
@@ -181,10 +214,10 @@ mod tests {
         let v2 = running.version().to_string();
         let mut start = log.partition(0, 0, 0, &running)?;
         assert_eq!(version(&start, 0), None, "an empty log replays nothing");
-        start.record(0, &v1)?;
-        start.record(100, &v2)?;
-        start.record(100, &v2)?;
-        assert_eq!(runtime.block_on(log.registry.switches(0))?, BTreeMap::from([(0, v1.clone()), (100, v2.clone())]));
+        start.record(0, only(&v1))?;
+        start.record(100, only(&v2))?;
+        start.record(100, only(&v2))?;
+        assert_eq!(runtime.block_on(log.registry.switches(0))?, BTreeMap::from([(0, only(&v1)), (100, only(&v2))]));
 
         let before_switch = log.partition(0, 50, 0, &running)?;
         assert_eq!((version(&before_switch, 50), version(&before_switch, 99)), (Some(v1.as_str()), Some(v1.as_str())));
@@ -203,9 +236,31 @@ mod tests {
 
         // A partition whose log began after the checkpoint it resumes from.
         let mut late = log.partition(1, 0, 0, &running)?;
-        late.record(100, &v1)?;
+        late.record(100, only(&v1))?;
         let late = log.partition(1, 10, 0, &running)?;
         assert_eq!((version(&late, 10), version(&late, 100)), (Some(v2.as_str()), None));
+        Ok(())
+    }
+
+    /// A canary's changes are switches too: a replay repeats the canary and share that
+    /// ran, and a change of share alone is recorded.
+    #[test]
+    fn a_replay_repeats_the_canary_that_ran() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::objects::runtime()?;
+        let (log, v1, running) = log_with_two_versions(dir.path(), &runtime)?;
+        let v2 = running.version().to_string();
+        let canary = |share| Switched { version: v1.clone(), canary: Some(CanaryShare { version: v2.clone(), share }) };
+        let mut start = log.partition(0, 0, 0, &running)?;
+        start.record(0, only(&v1))?;
+        start.record(50, canary(1000))?;
+        start.record(80, canary(5000))?;
+        start.record(90, canary(5000))?;
+        assert_eq!(runtime.block_on(log.registry.switches(0))?.len(), 3, "the same routing is not written again");
+        let replay = log.partition(0, 60, 100, &running)?;
+        let routing = |offset| replay.replayed(offset).map(Routing::switched);
+        assert_eq!((routing(60), routing(85), routing(100)), (Some(canary(1000)), Some(canary(5000)), None));
+        assert_eq!(replay.next_change(60), Some(80));
         Ok(())
     }
 
@@ -214,7 +269,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let runtime = crate::objects::runtime()?;
         let (log, v1, running) = log_with_two_versions(dir.path(), &runtime)?;
-        log.partition(0, 0, 0, &running)?.record(100, &v1)?;
+        log.partition(0, 0, 0, &running)?.record(100, only(&v1))?;
         let path = dir.path().join("operators/vehicle_stats/switches/partition-0000/00000000000000000100.json");
         std::fs::write(&path, std::fs::read_to_string(&path)?.replace("\"offset\": 100", "\"offset\": 7"))?;
         let err = format!("{:#}", log.partition(0, 0, 0, &running).err().context("a corrupt record is refused")?);

@@ -20,6 +20,7 @@ use crate::objects::Objects;
 use crate::operator::Operator;
 use crate::operator::deploy::Sandbox;
 use crate::operator::registry::Registry;
+use crate::operator::registry::Switched;
 use crate::operator::wasm::{ActiveVersion, WasmOperator};
 use crate::record::SourceRecord;
 use crate::sink::{DeadLetterSink, LineSink, Sink};
@@ -29,6 +30,7 @@ use crate::state::{StateDir, Transaction};
 use crate::stats::{HostStats, PartitionStats};
 use crate::worker::{Cadence, Destinations, Partition, PartitionWorker, StopSignal, queue};
 use anyhow::{Context, Result, anyhow, bail};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -145,7 +147,7 @@ pub fn replay(replay: &Replay) -> Result<Replayed> {
         None => {
             // The version that ran from the checkpoint's offset on: a switch recorded at
             // or before it, else the one the checkpoint names.
-            let ran = switches.range(..=manifest.offset).next_back().map_or(&manifest.operator, |(_, v)| v);
+            let ran = switches.range(..=manifest.offset).next_back().map_or(&manifest.operator, |(_, s)| &s.version);
             let origin = format!("version {ran}, which partition {partition} ran at offset {}", manifest.offset);
             (runtime.block_on(registry.component(ran))?, origin)
         }
@@ -292,13 +294,25 @@ impl Iterator for Records {
 /// Why a replay of offsets `from` to `end` of a job's partition may differ from its
 /// live run even with the version that ran it, given the partition's recorded
 /// `switches` of versions.
-fn caveats(job: &Config, switches: std::collections::BTreeMap<u64, String>, from: u64, end: u64) -> Vec<String> {
+fn caveats(job: &Config, switches: BTreeMap<u64, Switched>, from: u64, end: u64) -> Vec<String> {
     let mut caveats: Vec<String> = switches
         .range(from + 1..end)
-        .map(|(offset, version)| {
-            format!("the live partition switched to {version} at offset {offset}: one version replays it all")
+        .map(|(offset, switched)| {
+            format!(
+                "the live partition switched to {} at offset {offset}: one version replays it all",
+                switched.version
+            )
         })
         .collect();
+    // The routing in force at the checkpoint, and every one after it in the range.
+    let canaries = switches.range(..=from).next_back().into_iter().chain(switches.range(from + 1..end));
+    for (offset, canary) in canaries.filter_map(|(offset, switched)| Some((offset, switched.canary.as_ref()?))) {
+        caveats.push(format!(
+            "from offset {offset} the live partition ran the canary {} for {:.2}% of the keys: one version replays them all",
+            canary.version,
+            f64::from(canary.share) / 100.0
+        ));
+    }
     if job.ttl.time == TimeDomain::Processing {
         caveats
             .push("[ttl] time = \"processing\": expiries follow the wall clock, which a replay cannot repeat".into());

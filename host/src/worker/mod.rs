@@ -345,10 +345,12 @@ impl<'a> PartitionWorker<'a> {
     /// `origin`, under the build that processed the key; what another build gave (a
     /// canary's, or the active version's beside it) is sent first.
     fn gather_outcome(&mut self, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome) -> Result<()> {
-        if !self.emitted.takes(self.p.operator.version_for(key)) {
+        // A keyless record the job refused met no version: the one in force names it.
+        let refused = matches!(outcome, Outcome::NullKey);
+        if !self.emitted.takes(version_of(self.p.operator, key, refused)) {
             self.send()?;
         }
-        self.emitted.of_version(self.p.operator.version_for(key));
+        self.emitted.of_version(version_of(self.p.operator, key, refused));
         self.emitted.outcome(origin, key, value, outcome);
         Ok(())
     }
@@ -454,6 +456,15 @@ fn process_batch(operator: &mut dyn Operator, batch: &[SourceRecord], null_keys:
         Some(keyed) => operator.process_batch(&batch[..keyed])?,
         None => operator.process_batch(batch)?,
     })
+}
+
+/// The build `operator` processes `key`'s records with — the one in force for a record
+/// the job `refused` before the operator saw it.
+fn version_of<'o>(operator: &'o dyn Operator, key: &[u8], refused: bool) -> &'o str {
+    match refused {
+        true => operator.version(),
+        false => operator.version_for(key),
+    }
 }
 
 /// A span entered until the worker switches versions, so that every event the worker

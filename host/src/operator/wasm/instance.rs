@@ -73,9 +73,7 @@ impl ActiveVersion {
             canary: None,
             on_canary: false,
         };
-        if let Some(refused) = instance.follow_canary() {
-            tracing::error!(partition, "{refused}");
-        }
+        instance.use_canary(self.canary());
         Ok(instance)
     }
 }
@@ -238,39 +236,40 @@ impl WasmInstance {
     /// Swaps the canary's instance and the active version's, the state going along.
     fn swap_canary(&mut self) {
         let canary = self.canary.as_mut().expect("a canary runs");
-        let here = self.live.as_mut().expect("instance is live between calls").store.data_mut();
-        let there = canary.live.as_mut().expect("the canary is live between calls").store.data_mut();
-        std::mem::swap(&mut here.txn, &mut there.txn);
-        std::mem::swap(&mut here.budget, &mut there.budget);
+        // Both are live but after a trap whose instance could not be replaced: the
+        // partition stops then, and nothing commits.
+        if let (Some(here), Some(there)) = (self.live.as_mut(), canary.live.as_mut()) {
+            let (here, there) = (here.store.data_mut(), there.store.data_mut());
+            std::mem::swap(&mut here.txn, &mut there.txn);
+            std::mem::swap(&mut here.budget, &mut there.budget);
+        }
         std::mem::swap(&mut self.live, &mut canary.live);
         std::mem::swap(&mut self.operator, &mut canary.operator);
         self.on_canary = !self.on_canary;
     }
 
-    /// Brings the canary to what the active version says: started, its share changed, or
-    /// ended. Returns why a canary could not start here (none runs then).
-    fn follow_canary(&mut self) -> Option<String> {
+    /// Runs `wanted` as the canary (a version and its share; `None`: no canary): started,
+    /// its share changed, or ended. A canary that cannot start here is logged, and none
+    /// runs.
+    fn use_canary(&mut self, wanted: Option<(Arc<WasmOperator>, BasisPoints)>) {
         debug_assert!(!self.on_canary, "between batches");
-        let Some((operator, share)) = self.active.canary() else {
+        let Some((operator, share)) = wanted else {
             self.canary = None;
-            return None;
+            return;
         };
         if let Some(canary) = self.canary.as_mut().filter(|c| c.operator.version == operator.version) {
             canary.share = share;
-            return None;
+            return;
         }
         self.canary = None;
         let partition = self.ctx().partition;
-        let parked = match self.state().shadow() {
-            Ok(txn) => txn,
-            Err(e) => return Some(format!("canary {} could not start: {e:#}", operator.version)),
-        };
-        match operator.start(operator.context(partition, parked)) {
-            Ok(live) => {
-                self.canary = Some(Canary { operator, live: Some(live), share });
-                None
-            }
-            Err((e, _)) => Some(format!("canary {} could not start: {e:#}", operator.version)),
+        let started = self
+            .state()
+            .shadow()
+            .and_then(|parked| operator.start(operator.context(partition, parked)).map_err(|(e, _)| e));
+        match started {
+            Ok(live) => self.canary = Some(Canary { operator, live: Some(live), share }),
+            Err(e) => tracing::error!(partition, "canary {} could not start: {e:#}", operator.version),
         }
     }
 
@@ -453,13 +452,14 @@ impl Operator for WasmInstance {
     }
 
     fn follow_deploys(&mut self, offset: u64) -> Result<Option<Switch>> {
-        if let Some(first) = self.switches.as_ref().and_then(|s| s.replayed(offset)) {
+        if let Some(first) = self.switches.as_ref().and_then(|s| s.replayed(offset)).cloned() {
             // After the replay, the active version is looked at whatever its generation.
             self.generation = None;
-            if first.version == self.operator.version {
+            self.use_canary(first.canary);
+            if first.version.version == self.operator.version {
                 return Ok(None);
             }
-            return self.switch_to(first.clone(), true).map(Some);
+            return self.switch_to(first.version, true).map(Some);
         }
         if self.generation == Some(self.active.generation()) {
             return Ok(None);
@@ -467,17 +467,17 @@ impl Operator for WasmInstance {
         let began = Instant::now();
         let (generation, next) = self.active.get();
         self.generation = Some(generation);
-        if let Some(refused) = self.follow_canary() {
-            tracing::error!(partition = self.ctx().partition, "{refused}");
-        }
+        let canary = self.active.canary();
+        let routing = Routing { version: next.clone(), canary: canary.clone() };
         if let Some(switches) = &mut self.switches
-            && let Err(e) = switches.record(offset, &next.version)
+            && let Err(e) = switches.record(offset, routing.switched())
         {
             // Unrecorded, a replay of what it would process could not repeat it.
             let reason = format!("recording the switch at offset {offset} failed: {e:#}");
             let (from, to) = (self.operator.version.clone(), next.version.clone());
             return Ok(Some(Switch { from, to, stall: began.elapsed(), refused: Some(reason), replayed: false }));
         }
+        self.use_canary(canary);
         // Deployed and rolled back again before this partition looked.
         if next.version == self.operator.version {
             return Ok(None);

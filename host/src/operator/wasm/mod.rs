@@ -74,7 +74,7 @@ use limits::*;
 use outcome::*;
 
 use super::events::{LOG_LINES_DROPPED, RETRYING};
-use super::replay::{PartitionSwitches, SwitchLog};
+use super::replay::{PartitionSwitches, Routing, SwitchLog};
 use super::{BasisPoints, Expiration, Operator, OperatorStopped, Outcome, Processed, Switch, in_canary};
 use crate::config::{OperatorConfig, OperatorLimits, RetryPolicy};
 use crate::log_rate::{self, Admitted, LogRate};
