@@ -1,5 +1,5 @@
-//! `sluice replay`: a partition of a stopped file job replayed from one of its
-//! checkpoints. With the version that ran it the outputs, dead letters and final state
+//! `sluice replay`: a partition of a stopped file job (and of a Kafka job, from its
+//! topic) replayed from one of its checkpoints. With the version that ran it the outputs, dead letters and final state
 //! are the live run's byte for byte — expiries and timers included — and `--compare`
 //! finds no difference; with vehicle-stats v2 it reports exactly the records whose
 //! outputs changed, and how; a missing or corrupt checkpoint, a used output directory
@@ -123,6 +123,53 @@ fn a_replay_with_the_version_that_ran_repeats_the_live_run_byte_for_byte() -> Re
             assert!(!live_state.is_empty());
             assert_eq!(replayed_state, live_state, "{context}: final state");
         }
+    }
+    Ok(())
+}
+
+/// A Kafka job's partition, read again from its topic from a checkpoint's offset (a
+/// consumer of no group's): the outputs and state are the live run's byte for byte.
+#[test]
+fn a_kafka_partition_replays_from_its_topic_byte_for_byte() -> Result<()> {
+    let job = KafkaJob::on(KafkaBroker::start()?).topic("positions", PARTITIONS as i32).start()?;
+    let dir = job.dir().to_path_buf();
+    let input = job.generate("input.jsonl", 40, 4000)?;
+    job.broker.produce_lines("positions", &input)?;
+    let config = dir.join("job.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[operator]\npath = {:?}\n[source]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"positions\"\n\
+             stop_when_idle = \"2s\"\n[sink]\nkind = \"file\"\npath = {:?}\n[state]\ndir = {:?}\n\
+             partitions = {PARTITIONS}\nbatch_records = 100\ncommit_every = 100\n[checkpoint]\ninterval = \"0s\"\n\
+             retain = 1000\n[report]\ninterval = \"0s\"\n",
+            operator_wasm("vehicle_stats"),
+            job.broker.bootstrap,
+            dir.join("out.jsonl"),
+            dir.join("state"),
+        ),
+    )?;
+    run_ok(sluice().arg("run").arg("--config").arg(&config))?;
+    let live_state = dump_state_lines(&dir.join("state"))?;
+    for partition in 0..PARTITIONS {
+        let manifests = checkpoint_manifests(&dir.join("state.checkpoints"), partition)?;
+        let middle = &manifests[manifests.len() / 2];
+        let (checkpoint, offset) =
+            (middle["id"].as_u64().context("an id")?, middle["offset"].as_u64().context("an offset")?);
+        assert!(offset > 0, "a checkpoint in the middle of the run");
+        let out = dir.join(format!("replay-{partition}"));
+        let mut command = replay(&config, partition, checkpoint, &out, &[]);
+        let replayed = run_ok(command.arg("--compare").arg(dir.join("out.jsonl")))?;
+        let stdout = String::from_utf8(replayed.stdout)?;
+        assert!(stdout.contains(" 0 different, 0 only in the live outputs, 0 only in the replay's"), "{stdout}");
+        let live = lines_from(&dir.join("out.jsonl"), partition, offset)?;
+        assert_eq!(std::fs::read_to_string(out.join("outputs.jsonl"))?, live, "partition {partition}: outputs");
+        let mut state: Vec<String> =
+            std::fs::read_to_string(out.join("state.jsonl"))?.lines().map(str::to_string).collect();
+        state.sort();
+        let of_partition =
+            |line: &String| serde_json::from_str::<Value>(line).is_ok_and(|e| e["partition"] == partition);
+        assert_eq!(state, live_state.iter().filter(|l| of_partition(l)).cloned().collect::<Vec<_>>());
     }
     Ok(())
 }

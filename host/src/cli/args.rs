@@ -210,9 +210,17 @@ pub struct ReplayArgs {
     /// job's registry.
     #[arg(long)]
     pub operator: Option<PathBuf>,
-    /// The JSONL file the job read; default the config's `[source] path`.
+    /// The JSONL file the job read; default the config's source (its file, or its
+    /// Kafka topic).
     #[arg(long)]
     pub input: Option<PathBuf>,
+    /// The Kafka brokers to read the partition from (with --topic), from the
+    /// checkpoint's offset; default the config's source.
+    #[arg(long, requires = "topic")]
+    pub brokers: Option<String>,
+    /// The Kafka topic the job read (with --brokers).
+    #[arg(long, requires = "brokers")]
+    pub topic: Option<String>,
     /// The checkpoint store; default the config's.
     #[arg(long)]
     pub store: Option<String>,

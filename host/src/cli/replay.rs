@@ -10,7 +10,7 @@ use super::args::ReplayArgs;
 use anyhow::{Context, Result, bail};
 use sluice::config::{Config, SourceConfig};
 use sluice::trial::diff::OutputDiff;
-use sluice::trial::replay::{self, Replay};
+use sluice::trial::replay::{self, Replay, ReplayInput};
 use std::io::Write;
 
 /// `sluice replay`
@@ -21,10 +21,23 @@ pub fn replay(args: &ReplayArgs) -> Result<()> {
         (None, true) => job.checkpoint.store_url(&job.state.dir),
         (None, false) => bail!("{} turns checkpoints off: give the store with --store", args.config.display()),
     };
-    let input = match (&args.input, &job.source) {
-        (Some(input), _) => input.clone(),
-        (None, SourceConfig::File { path, .. }) => path.clone(),
-        (None, _) => bail!("{} reads no file: give the records with --input", args.config.display()),
+    let input = match (&args.input, &args.brokers, &args.topic, &job.source) {
+        (Some(input), None, None, _) => ReplayInput::File(input.clone()),
+        (None, Some(brokers), Some(topic), source) => {
+            let properties = match source {
+                SourceConfig::Kafka { properties, .. } => properties.clone(),
+                _ => Default::default(),
+            };
+            ReplayInput::Kafka { brokers: brokers.clone(), topic: topic.clone(), properties }
+        }
+        (None, None, None, SourceConfig::File { path, .. }) => ReplayInput::File(path.clone()),
+        (None, None, None, SourceConfig::Kafka { brokers, topic, properties, .. }) => {
+            ReplayInput::Kafka { brokers: brokers.clone(), topic: topic.clone(), properties: properties.clone() }
+        }
+        (None, None, None, SourceConfig::Generator { .. }) => {
+            bail!("{} reads the generator: give the records with --input", args.config.display())
+        }
+        _ => bail!("give the records with --input FILE, or with --brokers and --topic, not both"),
     };
     let replay = Replay {
         job,

@@ -6,7 +6,9 @@
 //! partition's records from the checkpoint's offset on run through the version in a
 //! [`PartitionWorker`], the host's own, over a [`Transaction`] with the job's TTL policy,
 //! batches, commits and sandbox limits: the same clock decisions, expiries and timers
-//! as the live run, the same lines in the same files. Nothing it does writes to the
+//! as the live run, the same lines in the same files. The records are the job's file,
+//! partitioned as its file source does, or its Kafka topic's partition read from the
+//! checkpoint's offset ([`PartitionReader`]). Nothing it does writes to the
 //! checkpoint store or the operator's registry, so it runs beside the live job.
 //!
 //! This module owns that run and what it leaves in its output directory; comparing its
@@ -26,6 +28,7 @@ use crate::record::SourceRecord;
 use crate::sink::{DeadLetterSink, LineSink, Sink};
 use crate::source::PartitionedLog;
 use crate::source::file::JsonlFile;
+use crate::source::kafka::PartitionReader;
 use crate::state::{StateDir, Transaction};
 use crate::stats::{HostStats, PartitionStats};
 use crate::worker::{Cadence, Destinations, Partition, PartitionWorker, StopSignal, queue};
@@ -53,15 +56,32 @@ pub struct Replay {
     /// the checkpoint's offset on (its last switch at or before it, else the one the
     /// checkpoint names), from the registry.
     pub operator: Option<PathBuf>,
-    /// The JSONL file the job read, partitioned as the job's file source partitions it
-    /// (`[source]` key and timestamp fields as in `job`).
-    pub input: PathBuf,
+    /// Where the partition's records come from.
+    pub input: ReplayInput,
     /// Replay the records before this offset only; `None`: to the end of the input.
     pub until: Option<u64>,
     /// A new (or empty) directory for what the replay writes: `outputs.jsonl`,
     /// `dead-letters.jsonl`, `state.jsonl` (the final state, as `sluice state dump`
     /// shows it) and `state/` (the final state directory).
     pub out: PathBuf,
+}
+
+/// Where a replayed partition's records come from.
+#[derive(Debug, Clone)]
+pub enum ReplayInput {
+    /// The JSONL file the job read, partitioned and numbered as the job's file source
+    /// does (its `[source]` key and timestamp fields).
+    File(PathBuf),
+    /// The Kafka topic the job read, its partition of the same number read from the
+    /// checkpoint's offset (with the job's `[source.properties]`).
+    Kafka {
+        /// Bootstrap servers.
+        brokers: String,
+        /// The topic.
+        topic: String,
+        /// librdkafka consumer properties.
+        properties: BTreeMap<String, String>,
+    },
 }
 
 /// What a replay did.
@@ -167,7 +187,13 @@ pub fn replay(replay: &Replay) -> Result<Replayed> {
         dead_letters: DeadLetterSink::Lines(LineSink::file(&dead_letters, false)?),
     };
     let stats = PartitionStats::new(manifest.offset, instance.state().entries(), instance.version());
-    let records = Records::open(replay, partitions, manifest.offset)?;
+    let records: Box<dyn Iterator<Item = Result<SourceRecord>> + Send> = match &replay.input {
+        ReplayInput::File(path) => Box::new(Records::open(replay, path, partitions, manifest.offset)?),
+        ReplayInput::Kafka { brokers, topic, properties } => {
+            let from = (brokers.as_str(), topic.as_str(), properties);
+            Box::new(PartitionReader::open(from, partition, manifest.offset, replay.until)?)
+        }
+    };
     run_worker(&mut instance, &to, &stats, job, records)?;
 
     let state_lines = out.join("state.jsonl");
@@ -198,7 +224,7 @@ fn run_worker(
     to: &Destinations,
     stats: &PartitionStats,
     job: &Config,
-    records: Records,
+    records: Box<dyn Iterator<Item = Result<SourceRecord>> + Send>,
 ) -> Result<()> {
     let (sender, batches) = queue::bounded(job.state.queued_batches(), job.state.queued_bytes());
     let (batch_size, batch_bytes) = (job.state.batch_size(), job.state.batch_bytes());
@@ -251,9 +277,9 @@ struct Records {
 }
 
 impl Records {
-    /// The records of `replay`'s partition in its input, of a job of `partitions`
-    /// partitions, from `from` on.
-    fn open(replay: &Replay, partitions: u32, from: u64) -> Result<Self> {
+    /// The records of `replay`'s partition in the file at `path`, of a job of
+    /// `partitions` partitions, from `from` on.
+    fn open(replay: &Replay, path: &Path, partitions: u32, from: u64) -> Result<Self> {
         let (key_field, timestamp_field, max_line_bytes) = match &replay.job.source {
             crate::config::SourceConfig::File { key_field, timestamp_field, max_line_bytes, .. } => {
                 (key_field.clone(), timestamp_field.clone(), *max_line_bytes)
@@ -265,7 +291,7 @@ impl Records {
             ),
         };
         Ok(Records {
-            file: JsonlFile::open(&replay.input, &key_field, &timestamp_field, max_line_bytes)?,
+            file: JsonlFile::open(path, &key_field, &timestamp_field, max_line_bytes)?,
             log: PartitionedLog::new(partitions),
             partition: replay.partition,
             from,
