@@ -268,27 +268,29 @@ bench_run() {
     SLUICE_RATE=$(sed -n 's/^processed .*(\([0-9]*\) records\/s).*/\1/p' <<<"$report")
 }
 
-# The live path's cost of a shadow: `sluice run` of vehicle-stats over the $1-vehicle file
-# without a shadow, then with one of the same build (recorded in the job's registry before
-# the run, so it sees every record), one partition, a checkpoint at the end only; prints
-# each run's lines and the ratio of their rates (with / without).
-bench_shadow() {
+# The live path's cost of a trial version beside the one in force: `sluice run` of
+# vehicle-stats over the $1-vehicle file without it, then with $3 (the flags of a `sluice
+# deploy` of $2: `--shadow`, or `--canary 50%`) recorded in the job's registry before the
+# run, so it sees every record; one partition, a checkpoint at the end only. Prints each
+# run's lines and the ratio of their rates (with / without).
+bench_trial() {
     local input="$CARGO_TARGET_DIR/bench/positions-$1.jsonl" sluice="$CARGO_TARGET_DIR/release/sluice"
-    local shadow out report rates=()
-    for shadow in "" "$WASM_DIR/vehicle_stats.wasm"; do
+    local trial out report rates=()
+    for trial in "" "$2"; do
         out=$(mktemp -d)
         printf '%s\n' "[operator]" "path = \"$WASM_DIR/vehicle_stats.wasm\"" "[source]" "kind = \"file\"" \
             "path = \"$input\"" "[sink]" "kind = \"file\"" "path = \"$out/outputs.jsonl\"" "[dead_letter]" \
             "path = \"$out/dead.jsonl\"" "[state]" "dir = \"$out/state\"" "partitions = 1" "[checkpoint]" \
             "store = \"$out/store\"" "interval = \"1h\"" "[report]" "interval = \"0s\"" >"$out/job.toml"
-        [ -z "$shadow" ] || "$sluice" deploy vehicle_stats "$shadow" --shadow --config "$out/job.toml" >/dev/null
-        echo "--- sluice run of vehicle_stats, 1,000,000 records of $1 vehicles, one partition,${shadow:+ with a shadow of the same build,} outputs to a file"
+        # shellcheck disable=SC2086 # $3 is the deploy's flags, split on purpose
+        [ -z "$trial" ] || "$sluice" deploy vehicle_stats "$trial" $3 --config "$out/job.toml" >/dev/null
+        echo "--- sluice run of vehicle_stats, 1,000,000 records of $1 vehicles, one partition,${trial:+ with $(basename "$trial") deployed $3,} outputs to a file"
         report=$("$sluice" run --config "$out/job.toml" 2>&1 | grep -E "^(processed|CPU|shadow)")
         echo "$report"
         rates+=("$(sed -n 's/^processed .*(\([0-9]*\) records\/s).*/\1/p' <<<"$report")")
         rm -rf "$out"
     done
-    awk -v a="${rates[0]}" -v s="${rates[1]}" 'BEGIN { printf "with a shadow / without: %.2f\n", s / a }'
+    awk -v a="${rates[0]}" -v s="${rates[1]}" -v t="$3" 'BEGIN { printf "with %s / without: %.2f\n", t, s / a }'
 }
 
 # --- Flink beside `sluice run` ----------------------------------------------------------
@@ -468,7 +470,10 @@ bench)
     stats_rate=$SLUICE_RATE
     bench_run 10000 speed_windows
     awk -v w="$SLUICE_RATE" -v s="$stats_rate" 'BEGIN { printf "speed-windows / vehicle-stats: %.2f\n", w / s }'
-    bench_shadow 10000
+    # A shadow of the same build; a canary taking half the keys, the same logic built
+    # against WIT 0.1.2 (another version).
+    bench_trial 10000 "$WASM_DIR/vehicle_stats.wasm" --shadow
+    bench_trial 10000 "$WASM_DIR/vehicle_stats_0_1_2.wasm" "--canary 50%"
     ;;
 *)
     echo "usage: $0 demo|test|bench|install [PREFIX]|doctor" >&2
