@@ -107,11 +107,12 @@ fn records_processed_again_after_a_kill_9_go_where_the_first_run_sent_them() -> 
         &config,
         format!(
             "[operator]\npath = {:?}\npoll_versions = \"0.2s\"\n[source]\nkind = \"file\"\npath = {input:?}\n\
-             rate = 4000\n[sink]\nkind = \"file\"\npath = {:?}\n[state]\ndir = {:?}\npartitions = 2\n\
+             rate = 4000\n[sink]\nkind = \"file\"\npath = {:?}\n[dead_letter]\npath = {:?}\n[state]\ndir = {:?}\npartitions = 2\n\
              commit_every = 1000000\ncommit_interval = \"60s\"\n[checkpoint]\nenabled = false\n[report]\n\
              interval = \"0s\"\n",
             operator_wasm("vehicle_stats"),
             dir.join("out.jsonl"),
+            dir.join("dead.jsonl"),
             dir.join("state"),
         ),
     )?;

@@ -79,18 +79,8 @@ fn replay(job: &Path, partition: u32, checkpoint: u64, out: &Path, args: &[&str]
 fn a_replay_with_the_version_that_ran_repeats_the_live_run_byte_for_byte() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let input = dir.path().join("input.jsonl");
-    let generated = run_ok(
-        sluice().args(["generate", "--vehicles", "40", "--count", "6000", "--seed", "5"]).args(["--churn", "25"]),
-    )?;
-    // A position every 100 ms of event time: ten minutes, so minutes and 5-minute
-    // windows close along the run.
-    let mut stretched = String::new();
-    for (i, line) in String::from_utf8(generated.stdout)?.lines().enumerate() {
-        let mut position: Value = serde_json::from_str(line)?;
-        position["ts"] = (1_767_225_600_000u64 + 100 * i as u64).into();
-        stretched += &format!("{position}\n");
-    }
-    std::fs::write(&input, stretched)?;
+    let args = ["--vehicles", "40", "--count", "6000", "--seed", "5", "--churn", "25"];
+    generate_edited(&input, &args, every_100_ms)?;
     for (operator, config, cause) in [
         ("vehicle_stats", "left_fleet_after_ms = \"20000\"", "\"cause\":\"expiry\""),
         ("speed_windows", "", "\"cause\":\"timer\""),
@@ -140,12 +130,13 @@ fn a_kafka_partition_replays_from_its_topic_byte_for_byte() -> Result<()> {
         &config,
         format!(
             "[operator]\npath = {:?}\n[source]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"positions\"\n\
-             stop_when_idle = \"2s\"\n[sink]\nkind = \"file\"\npath = {:?}\n[state]\ndir = {:?}\n\
+             stop_when_idle = \"2s\"\n[sink]\nkind = \"file\"\npath = {:?}\n[dead_letter]\npath = {:?}\n[state]\ndir = {:?}\n\
              partitions = {PARTITIONS}\nbatch_records = 100\ncommit_every = 100\n[checkpoint]\ninterval = \"0s\"\n\
              retain = 1000\n[report]\ninterval = \"0s\"\n",
             operator_wasm("vehicle_stats"),
             job.broker.bootstrap,
             dir.join("out.jsonl"),
+            dir.join("dead.jsonl"),
             dir.join("state"),
         ),
     )?;

@@ -101,19 +101,15 @@ fn file_job(dir: &Path, operator: &str, input: &Path, more: &str) -> Result<Path
     Ok(config)
 }
 
-/// `count` generator positions of 3 vehicles, every third one idle (below 5 km/h).
-fn positions_with_idles(path: &Path, count: u64) -> Result<Vec<Value>> {
-    let generated = run_ok(sluice().args(["generate", "--vehicles", "3", "--count", &count.to_string()]))?;
-    let mut positions = Vec::new();
-    for (i, line) in String::from_utf8(generated.stdout)?.lines().enumerate() {
-        let mut position: Value = serde_json::from_str(line)?;
+/// `count` generator positions of 3 vehicles, every third one idle (below 5 km/h),
+/// each then changed by `more` (given its index).
+fn positions_with_idles(path: &Path, count: u64, mut more: impl FnMut(usize, &mut Value)) -> Result<Vec<Value>> {
+    generate_edited(path, &["--vehicles", "3", "--count", &count.to_string()], |i, position| {
         if i % 3 == 0 {
             position["speed_kmh"] = 1.5.into();
         }
-        positions.push(position);
-    }
-    std::fs::write(path, positions.iter().map(|p| format!("{p}\n")).collect::<String>())?;
-    Ok(positions)
+        more(i, position);
+    })
 }
 
 /// v2 adds `idle_count` to every summary: every record differs, in that field alone.
@@ -124,7 +120,7 @@ fn positions_with_idles(path: &Path, count: u64) -> Result<Vec<Value>> {
 fn a_shadow_of_v2_reports_every_record_with_the_field_it_adds_and_the_counts_it_makes() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let input = dir.path().join("input.jsonl");
-    let positions = positions_with_idles(&input, 3000)?;
+    let positions = positions_with_idles(&input, 3000, |_, _| {})?;
     let log = shadowed_file_job(dir.path(), &input, &operator_wasm("vehicle_stats_v2"), "")?;
     let [compared, equal, different, only_live, only_shadow, failed, writes] = reported_shadow(&log)?;
     assert_eq!((compared, equal, different, only_live, only_shadow, failed), (3000, 0, 3000, 0, 0, 0), "{log}");
@@ -165,15 +161,7 @@ fn a_shadow_of_v2_reports_every_record_with_the_field_it_adds_and_the_counts_it_
 fn a_shadow_of_the_running_build_compares_timers_and_expiries_equal() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let input = dir.path().join("input.jsonl");
-    let generated = run_ok(sluice().args(["generate", "--vehicles", "40", "--count", "6000", "--churn", "25"]))?;
-    let mut stretched = String::new();
-    // A position every 100 ms of event time: ten minutes, so windows close along the run.
-    for (i, line) in String::from_utf8(generated.stdout)?.lines().enumerate() {
-        let mut position: Value = serde_json::from_str(line)?;
-        position["ts"] = (1_767_225_600_000u64 + 100 * i as u64).into();
-        stretched += &format!("{position}\n");
-    }
-    std::fs::write(&input, stretched)?;
+    generate_edited(&input, &["--vehicles", "40", "--count", "6000", "--churn", "25"], every_100_ms)?;
     for (operator, more, cause) in [
         ("speed_windows", "", "\"cause\":\"timer\""),
         ("vehicle_stats", "[operator.config]\nleft_fleet_after_ms = \"20000\"", "\"cause\":\"expiry\""),
@@ -207,8 +195,7 @@ fn a_shadow_of_the_running_build_compares_timers_and_expiries_equal() -> Result<
 fn a_shadow_that_traps_spins_or_hogs_memory_costs_the_live_partition_nothing() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let input = dir.path().join("input.jsonl");
-    let mut positions = positions_with_idles(&input, 1500)?;
-    for (i, position) in positions.iter_mut().enumerate() {
+    positions_with_idles(&input, 1500, |i, position| {
         position["action"] = match i {
             100 | 700 => "spin",
             300 | 900 => "hog",
@@ -216,8 +203,7 @@ fn a_shadow_that_traps_spins_or_hogs_memory_costs_the_live_partition_nothing() -
             _ => "count",
         }
         .into();
-    }
-    std::fs::write(&input, positions.iter().map(|p| format!("{p}\n")).collect::<String>())?;
+    })?;
     let limits = "call_timeout_ms = 200\nmemory_limit_mib = 32\n";
     let alone = dir.path().join("alone");
     run_ok(sluice().arg("run").arg("--config").arg(file_job(&alone, "vehicle_stats", &input, limits)?))?;
@@ -248,7 +234,7 @@ fn a_shadow_that_traps_spins_or_hogs_memory_costs_the_live_partition_nothing() -
 fn a_shadow_is_promoted_or_stopped_through_the_registry() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let input = dir.path().join("input.jsonl");
-    positions_with_idles(&input, 300)?;
+    positions_with_idles(&input, 300, |_, _| {})?;
     let config = file_job(dir.path(), "vehicle_stats", &input, "")?;
     let shadow = |args: &[&str]| {
         let mut command = sluice();

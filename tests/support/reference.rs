@@ -23,6 +23,26 @@ pub fn generate(path: &Path, vehicles: u32, count: u64, seed: u64) -> Result<()>
     Ok(())
 }
 
+/// Writes to `path` the positions `sluice generate` makes with `args`, each changed by
+/// `edit` (given its index) first; returns them.
+pub fn generate_edited(path: &Path, args: &[&str], mut edit: impl FnMut(usize, &mut Value)) -> Result<Vec<Value>> {
+    let generated = run_ok(sluice().arg("generate").args(args))?;
+    let mut positions = Vec::new();
+    for (i, line) in String::from_utf8(generated.stdout)?.lines().enumerate() {
+        let mut position: Value = serde_json::from_str(line)?;
+        edit(i, &mut position);
+        positions.push(position);
+    }
+    std::fs::write(path, positions.iter().map(|p| format!("{p}\n")).collect::<String>())?;
+    Ok(positions)
+}
+
+/// Sets the event time of the `i`th position to 2026-01-01 plus `i` times 100 ms: ten
+/// minutes over 6,000 positions, so minutes and 5-minute windows close along a run.
+pub fn every_100_ms(i: usize, position: &mut Value) {
+    position["ts"] = (1_767_225_600_000u64 + 100 * i as u64).into();
+}
+
 /// The first of the keys `k0`, `k1`, … that sluice (and a Kafka producer's default
 /// partitioner) puts in `partition` of `partitions`.
 pub fn key_in_partition(partition: u32, partitions: u32) -> String {
