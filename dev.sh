@@ -10,6 +10,9 @@
 #   ./dev.sh install [PREFIX]
 #                    set up, build the release binary, install it as PREFIX/bin/sluice
 #                    (default PREFIX: ~/.local) with its debug info split off
+#   ./dev.sh kafka start|stop
+#                    set up Apache Kafka and start (or stop) a one-node broker on loopback
+#                    for trying sluice by hand; start prints its address
 #   ./dev.sh doctor  list each prerequisite, present or what set-up would install
 # "Set up" runs the doctor's checks, installs what is missing (Debian packages, the
 # wasm32-wasip2 target, the test servers), and checks again.
@@ -69,20 +72,37 @@ has_tool() { # crate version feature...
         grep -q "\"features\":\[[^]]*\"$feature\"" <<<"$record" || return 1
     done
 }
-# tansu's SQLite storage (libsql) serves a fetch that starts inside a multi-record batch
-# from that offset on, which its in-memory storage (dynostore) does not.
-TANSU_FEATURES=dynostore,libsql
-has_tansu() { has_tool tansu 0.6.0 ${TANSU_FEATURES//,/ }; }
 has_s3s_fs() { has_tool s3s-fs 0.14.1 binary; }
-# The broker of the exactly-once tests (tansu 0.6 has no transactions): PyPI's noida-db,
-# in a virtual environment of its own, counts only as pip recorded installing it there
-# in that version, with the command linked into $TOOLS/bin.
-NOIDA_VERSION=0.2.3
-# (grep reads all of pip's output: with -q it would close the pipe early, and pipefail
-# would count pip's broken pipe.)
-has_noida_db() {
-    [ -x "$TOOLS/bin/noida-db" ] &&
-        "$TOOLS/noida-db/bin/python" -m pip show noida-db 2>/dev/null | grep -x "Version: $NOIDA_VERSION" >/dev/null
+
+# The major version of $1 ("17.0.15" → 17; Java 8 and older print "1.8.0" → 8); empty
+# when it does not run.
+java_major() {
+    local version
+    version=$("$1" -version 2>&1 | sed -n 's/.* version "\([0-9][0-9.]*\).*/\1/p' | head -n 1)
+    version=${version#1.}
+    echo "${version%%.*}"
+}
+# Apache Kafka 4 runs on Java 17 or newer: the `java` on PATH, which dev/kafka/broker.sh runs.
+has_java() {
+    local major
+    major=$(java_major java)
+    [ -n "$major" ] && [ "$major" -ge 17 ]
+}
+has_maven() { mvn --version >/dev/null 2>&1; }
+# The Kafka broker the tests run: the jars of dev/kafka/pom.xml, copied by Maven into
+# $KAFKA_LIBS, count only at the versions it names — the broker, its KRaft and group
+# coordinator modules, and the log4j2 binding that makes it log.
+KAFKA_VERSION=4.4.0
+export SLUICE_KAFKA_LIBS="$TOOLS/kafka-$KAFKA_VERSION/libs"
+KAFKA_JARS=(kafka_2.13-$KAFKA_VERSION kafka-server-$KAFKA_VERSION kafka-clients-$KAFKA_VERSION
+    kafka-raft-$KAFKA_VERSION kafka-metadata-$KAFKA_VERSION kafka-storage-$KAFKA_VERSION
+    kafka-group-coordinator-$KAFKA_VERSION kafka-transaction-coordinator-$KAFKA_VERSION
+    scala-library-2.13.18 slf4j-api-1.7.36 log4j-api-2.25.5 log4j-core-2.25.5 log4j-slf4j-impl-2.25.5)
+has_kafka() {
+    local jar
+    for jar in "${KAFKA_JARS[@]}"; do
+        [ -f "$SLUICE_KAFKA_LIBS/$jar.jar" ] || return 1
+    done
 }
 # The status page's test renders it in headless Chromium (Debian's chromium), as root
 # without Chromium's own sandbox: the check renders a page exactly so.
@@ -91,7 +111,8 @@ has_chromium() {
         grep '<p>rendered</p>' >/dev/null
 }
 
-# name | check | what set-up does when it fails | needed for (build: demo and tests; test: tests)
+# name | check | what set-up does when it fails | needed for (build: demo and tests; test:
+# tests; kafka: tests and `./dev.sh kafka`)
 PREREQUISITES=(
     "libclang|has_libclang|apt-get install libclang-dev|build"
     "c++|has_cxx|apt-get install g++|build"
@@ -100,20 +121,21 @@ PREREQUISITES=(
     "wasm32-wasip2|has_wasm_target|rustup target add wasm32-wasip2|build"
     "rustfmt|has_rustfmt|rustup component add rustfmt|test"
     "clippy|has_clippy|rustup component add clippy|test"
-    "tansu|has_tansu|cargo install tansu 0.6.0 --features $TANSU_FEATURES into $TOOLS (~30 min)|test"
     "s3s-fs|has_s3s_fs|cargo install s3s-fs 0.14.1 --features binary into $TOOLS (~2 min)|test"
-    "noida-db|has_noida_db|pip install noida-db $NOIDA_VERSION into a virtual environment in $TOOLS|test"
+    "java|has_java|apt-get install openjdk-17-jre-headless|kafka"
+    "maven|has_maven|apt-get install maven|kafka"
+    "kafka|has_kafka|mvn dependency:copy-dependencies of dev/kafka/pom.xml (Apache Kafka $KAFKA_VERSION) into $SLUICE_KAFKA_LIBS|kafka"
     "chromium|has_chromium|apt-get install chromium|test"
 )
 
-# Prints each prerequisite needed for $1 (build or test), whether it is present, and what
-# set-up would do; sets MISSING to the actions of those absent.
+# Prints each prerequisite needed for $1 (build, test: everything, or kafka), whether it
+# is present, and what set-up would do; sets MISSING to the actions of those absent.
 doctor() {
     local scope=$1 entry name check action need
     MISSING=()
     for entry in "${PREREQUISITES[@]}"; do
         IFS='|' read -r name check action need <<<"$entry"
-        [ "$need" = build ] || [ "$scope" = test ] || continue
+        [ "$need" = "$scope" ] || [ "$scope" = test ] || continue
         if "$check"; then
             printf 'doctor: %-14s ok\n' "$name" >&2
         else
@@ -136,25 +158,26 @@ install_missing() {
         $sudo apt-get update -qq
         DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${packages[@]}" >/dev/null
     fi
-    has_wasm_target || rustup target add wasm32-wasip2
+    [ "$SCOPE" = kafka ] || has_wasm_target || rustup target add wasm32-wasip2
     if [ "$SCOPE" = test ]; then
         has_rustfmt || rustup component add rustfmt
         has_clippy || rustup component add clippy
-        # The servers the tests run on loopback ports: an S3-compatible store and two
-        # Kafka-protocol brokers.
+        # The servers the tests run on loopback ports: an S3-compatible store, and (below)
+        # Apache Kafka.
         has_s3s_fs || CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --force --root "$TOOLS" s3s-fs --version 0.14.1 --features binary
-        has_tansu || CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --force --root "$TOOLS" tansu --version 0.6.0 --features "$TANSU_FEATURES"
-        if ! has_noida_db; then
-            python3 -m venv "$TOOLS/noida-db"
-            "$TOOLS/noida-db/bin/python" -m pip install --quiet "noida-db==$NOIDA_VERSION"
-            mkdir -p "$TOOLS/bin"
-            # The package's binary itself, not its Python wrapper, which runs it as a
-            # child: a test that stops the broker must stop the process that listens.
-            ln -sf "$("$TOOLS/noida-db/bin/python" -c \
-                'from importlib.resources import files; print(files("noida_db").joinpath("noida-db"))')" \
-                "$TOOLS/bin/noida-db"
-        fi
     fi
+    [ "$SCOPE" = build ] || has_kafka || install_kafka
+}
+
+# Maven copies the broker's jars and their dependencies (dev/kafka/pom.xml) from Maven
+# Central, through its local repository (~/.m2), into a new directory renamed into place.
+install_kafka() {
+    local part="$SLUICE_KAFKA_LIBS.part"
+    rm -rf "$part"
+    mvn --batch-mode --quiet -Dstyle.color=never -f dev/kafka/pom.xml dependency:copy-dependencies \
+        -DoutputDirectory="$part"
+    rm -rf "$SLUICE_KAFKA_LIBS"
+    mv "$part" "$SLUICE_KAFKA_LIBS"
 }
 
 # Checks, installs what is missing, then checks again: set-up proves itself or stops.
@@ -303,15 +326,6 @@ FLINK_VENV="$TOOLS/flink-venv"
 # PyFlink starts its JVM as $JAVA_HOME/bin/java, else the `java` on PATH: the one checked.
 FLINK_JAVA="${JAVA_HOME:+$JAVA_HOME/bin/}java"
 
-# The major version of $1 ("17.0.15" → 17; Java 8 and older print "1.8.0" → 8); empty
-# when it does not run.
-java_major() {
-    local version
-    version=$("$1" -version 2>&1 | sed -n 's/.* version "\([0-9][0-9.]*\).*/\1/p' | head -n 1)
-    version=${version#1.}
-    echo "${version%%.*}"
-}
-
 # The environment counts only as what the script imports, pyflink's Table API, at that version.
 has_flink() {
     "$FLINK_VENV/bin/python" -c "import sys, pyflink.version; from pyflink.table import TableEnvironment; \
@@ -392,7 +406,68 @@ install_binary() {
         "its debug info in $prefix/bin/.debug/sluice.debug"
 }
 
+# --- A local broker ------------------------------------------------------------------
+# The one-node Apache Kafka the tests run (dev/kafka/broker.sh), kept running in the
+# background for a user's own `sluice run`: its data, log and pid in $KAFKA_HOME, so a
+# restart keeps the topics. Topics a producer names are created with 4 partitions.
+KAFKA_HOME="${SLUICE_KAFKA_HOME:-$HOME/.cache/sluice/kafka}"
+KAFKA_PORT="${SLUICE_KAFKA_PORT:-9092}"
+
+kafka_running() { [ -f "$KAFKA_HOME/pid" ] && kill -0 "$(cat "$KAFKA_HOME/pid")" 2>/dev/null; }
+
+kafka_start() {
+    if kafka_running; then
+        echo "kafka: already running (pid $(cat "$KAFKA_HOME/pid")) at 127.0.0.1:$KAFKA_PORT"
+        return 0
+    fi
+    mkdir -p "$KAFKA_HOME"
+    # A cluster id as Kafka writes them: 16 random bytes, URL-safe base64, not starting with '-'.
+    [ -f "$KAFKA_HOME/cluster-id" ] ||
+        head -c 16 /dev/urandom | base64 | tr '+/' '-_' | cut -c 1-22 | sed 's/^-/A/' >"$KAFKA_HOME/cluster-id"
+    nohup dev/kafka/broker.sh "$KAFKA_HOME/node" 1 "$KAFKA_PORT" "$((KAFKA_PORT + 1))" \
+        "$(cat "$KAFKA_HOME/cluster-id")" standalone num.partitions=4 >"$KAFKA_HOME/stdout" 2>&1 &
+    echo $! >"$KAFKA_HOME/pid"
+    local waited=0
+    until (exec 3<>"/dev/tcp/127.0.0.1/$KAFKA_PORT") 2>/dev/null; do
+        if ! kafka_running || [ $waited -ge 600 ]; then
+            echo "kafka: the broker did not start; its output ($KAFKA_HOME/stdout) and log ($KAFKA_HOME/node/server.log):" >&2
+            tail -n 20 "$KAFKA_HOME/stdout" "$KAFKA_HOME/node/server.log" >&2 2>/dev/null || true
+            kafka_stop >/dev/null
+            return 1
+        fi
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    echo "kafka: Apache Kafka $KAFKA_VERSION at 127.0.0.1:$KAFKA_PORT (log: $KAFKA_HOME/node/server.log; stop: ./dev.sh kafka stop)"
+}
+
+kafka_stop() {
+    if kafka_running; then
+        local pid
+        pid=$(cat "$KAFKA_HOME/pid")
+        kill "$pid"
+        while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+        echo "kafka: stopped"
+    else
+        echo "kafka: not running"
+    fi
+    rm -f "$KAFKA_HOME/pid"
+}
+
 case "${1:-}" in
+kafka)
+    case "${2:-}" in
+    start)
+        setup kafka
+        kafka_start
+        ;;
+    stop) kafka_stop ;;
+    *)
+        echo "usage: $0 kafka start|stop" >&2
+        exit 2
+        ;;
+    esac
+    ;;
 install)
     install_binary "${2:-}"
     ;;
@@ -476,7 +551,7 @@ bench)
     bench_trial 10000 "$WASM_DIR/vehicle_stats_0_1_2.wasm" "--canary 50%"
     ;;
 *)
-    echo "usage: $0 demo|test|bench|install [PREFIX]|doctor" >&2
+    echo "usage: $0 demo|test|bench|install [PREFIX]|kafka start|stop|doctor" >&2
     exit 2
     ;;
 esac

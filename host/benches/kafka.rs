@@ -2,30 +2,22 @@
 //! its outputs to another topic (consume-process-produce), next to a bare rdkafka
 //! consumer reading the same topic in the same run.
 //!
-//! Needs `noida-db` and `tansu` on the PATH (`./dev.sh bench` installs them, as for the
-//! tests); the benchmark starts them through the tests' `KafkaBroker` on free loopback
-//! ports. The rates are measured on noida-db: tansu's in-memory storage mis-serves
-//! fetches inside multi-record batches, and its SQLite storage serves about 12,000
-//! records/s. It produces `SLUICE_BENCH_KAFKA_RECORDS` (default 200,000) generator
+//! Runs on Apache Kafka (`./dev.sh bench` installs it, as for the tests), one node
+//! started through the tests' `KafkaBroker` on free loopback ports. It produces
+//! `SLUICE_BENCH_KAFKA_RECORDS` (default 200,000) generator
 //! records to a topic of four partitions in batches as librdkafka makes them (hundreds
 //! of records per produce request), then times, each in a consumer group of its own, a
 //! bare rdkafka consumer and sluice jobs: one with the default `[state]`, one with
 //! batches of 20,000 records, two sharing the group (two hosts, each with its own state,
-//! one checkpoint store; their aggregate rate), and one with exactly-once outputs. The
+//! one checkpoint store; their aggregate rate), one with exactly-once outputs, and one
+//! with its outputs to a file (what consuming alone costs). The
 //! jobs' times exclude their idle stop. Then the same job without Kafka — the same
 //! records from the generator, outputs to a file — gives sluice's own rate on this
 //! machine, the ceiling the Kafka rows can approach.
 //!
 //! Each row also gives the CPU time per record of the whole process (every thread), and
-//! the bare consumer's CPU per record divided by the row's: the rate per core. noida-db
-//! answers a fetch at the end of a partition at once, where Kafka holds it for
-//! `fetch.wait.max.ms`, so a consumer that has read all there is spins, fetching
-//! thousands of times a second; a sluice job reaches the end while its workers are
-//! still busy with what it read, and pays for that spin. The last row runs the default
-//! job, its outputs to a file, on tansu's SQLite storage, which holds an empty fetch as
-//! Kafka does: its CPU per record is what consuming costs sluice on a broker that
-//! behaves. (Its outputs do not go to tansu: SQLite serves the fetches and the produce
-//! requests of one job too slowly for the sink's delivery timeout.)
+//! the bare consumer's CPU per record divided by the row's: the rate per core. The
+//! broker's own CPU is not counted.
 
 use anyhow::{Result, bail};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -40,11 +32,8 @@ use std::time::{Duration, Instant};
 mod common;
 
 const PARTITIONS: i32 = 4;
-/// How long a job on noida-db waits for more records before it stops.
+/// How long a job waits for more records before it stops.
 const IDLE_STOP: Duration = Duration::from_secs(5);
-/// The same on tansu, whose answer to a new consumer group's first fetches can take
-/// longer than [`IDLE_STOP`].
-const TANSU_IDLE_STOP: Duration = Duration::from_secs(20);
 
 /// One sluice row: records per batch (and the most per commit; `None`: the defaults),
 /// hosts sharing the group, and where the outputs go.
@@ -78,8 +67,9 @@ fn main() -> Result<()> {
         Setting { label: "one host, batches of 20,000 records", batch: Some(20_000), ..default },
         Setting { label: "two hosts, defaults (aggregate)", hosts: 2, ..default },
         Setting { label: "one host, exactly once", outputs: Outputs::Kafka(Guarantee::ExactlyOnce), ..default },
+        Setting { label: "one host, outputs to a file", outputs: Outputs::File, ..default },
     ];
-    let broker = KafkaBroker::start_transactional()?;
+    let broker = KafkaBroker::start()?;
     fill(&broker, records)?;
     let (bare, bare_cpu) = bare_consumer(&broker, records)?;
     println!("bare rdkafka consumer                             {bare:>10.0} records/s  {bare_cpu:>6.2} µs CPU/record");
@@ -93,17 +83,7 @@ fn main() -> Result<()> {
     for setting in &settings {
         row(setting.label, through_sluice(&broker, IDLE_STOP, records, setting)?);
     }
-    let no_kafka = without_kafka(records)?;
-    row("one host, generator to a file (no Kafka)", no_kafka);
-    drop(broker);
-    let tansu = KafkaBroker::start()?;
-    fill(&tansu, records)?;
-    let consumer_only = Setting { label: "one host, outputs to a file", outputs: Outputs::File, ..default };
-    let (_, cpu) = through_sluice(&tansu, TANSU_IDLE_STOP, records, &consumer_only)?;
-    println!(
-        "sluice, one host, Kafka to a file, on tansu      {cpu:>6.2} µs CPU/record ({:.2} of the no-Kafka job's; its rate is the broker's)",
-        cpu / no_kafka.1
-    );
+    row("one host, generator to a file (no Kafka)", without_kafka(records)?);
     Ok(())
 }
 
@@ -181,6 +161,7 @@ fn job(broker: &KafkaBroker, idle: Duration, dir: &Path, group: &str, setting: &
         topic: "positions".into(),
         group: group.into(),
         instance_id: None,
+        group_protocol: Default::default(),
         properties: Default::default(),
         stop_when_idle: Some(idle),
         offset_out_of_range: Default::default(),

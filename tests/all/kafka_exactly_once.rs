@@ -1,11 +1,11 @@
-//! Exactly-once outputs (`[sink] guarantee = "exactly-once"`) on noida-db, which has
-//! Kafka transactions (tansu 0.6 has none), the broker itself checked first (it hides
-//! aborted records and fences zombies): outputs survive `kill -9` at every step of a
-//! commit; a silent replay runs the version whose outputs it does not send again; a
-//! fenced partition stops alone and takes its transactions back; one that stops alone
-//! aborts its open transaction; two jobs whose earlier transactional ids were one keep
-//! their own; a host of an earlier version is fenced; dead letters are in the
-//! transactions.
+//! Exactly-once outputs (`[sink] guarantee = "exactly-once"`) on Apache Kafka, what
+//! they rely on of Kafka's transactions checked first (a `read_committed` consumer skips
+//! aborted records; a zombie is fenced): outputs survive `kill -9` at every step of a
+//! commit, and the death of the partitions' leader in a three-node cluster; a silent
+//! replay runs the version whose outputs it does not send again; a fenced partition
+//! stops alone and takes its transactions back; one that stops alone aborts its open
+//! transaction; two jobs whose earlier transactional ids were one keep their own; a host
+//! of an earlier version is fenced; dead letters are in the transactions.
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
@@ -19,15 +19,15 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-/// The broker the exactly-once tests run on does what they rely on (checked with plain
-/// librdkafka clients, no sluice involved): a `read_committed` consumer sees the records
+/// Kafka does what the exactly-once tests rely on (checked with plain librdkafka
+/// clients, no sluice involved): a `read_committed` consumer sees the records
 /// of committed transactions only, with gaps in their offsets where markers and aborted
 /// records are, and a producer whose `transactional.id` another producer took over can
 /// no longer commit.
 #[test]
-fn the_transactional_test_broker_hides_aborted_records_and_fences_zombies() -> Result<()> {
+fn kafka_hides_aborted_records_from_read_committed_consumers_and_fences_zombies() -> Result<()> {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let broker = KafkaBroker::start_transactional()?;
+    let broker = KafkaBroker::start()?;
     broker.create_topic("transactions", 1)?;
     let timeout = Duration::from_secs(30);
     let producer = || -> Result<BaseProducer> {
@@ -60,8 +60,7 @@ fn the_transactional_test_broker_hides_aborted_records_and_fences_zombies() -> R
     Ok(())
 }
 
-/// Exactly-once outputs (`[sink] guarantee = "exactly-once"`), on a broker with
-/// transactions (noida-db: tansu 0.6 has none): the host is killed with `kill -9` at each
+/// Exactly-once outputs (`[sink] guarantee = "exactly-once"`): the host is killed with `kill -9` at each
 /// step of a commit — a batch processed but not sent; sent but not committed; its
 /// transaction committed but not its state; its state committed — then restarted. A
 /// `read_committed` consumer sees exactly one output per input, each vehicle's last
@@ -69,7 +68,7 @@ fn the_transactional_test_broker_hides_aborted_records_and_fences_zombies() -> R
 #[test]
 fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() -> Result<()> {
     use std::os::unix::process::ExitStatusExt;
-    let kafka = KafkaJob::on(KafkaBroker::start_transactional()?).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (100, 3_000);
     let input = kafka.generate("input.jsonl", vehicles, count)?;
@@ -80,9 +79,8 @@ fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() ->
         broker.create_topic(&positions, 2)?;
         broker.create_topic(&summaries, 2)?;
         broker.produce_lines(&positions, &input)?;
-        // A static member: noida-db never expires the session of a member killed
-        // without leaving, so a new member would wait for it forever; the same
-        // `instance_id` replaces it at once (as on real Kafka).
+        // A static member: the same `instance_id` replaces the killed one at once,
+        // where a new member would wait for the killed one's session to time out.
         let settings = "stop_when_idle = \"2s\"\ninstance_id = \"eos-host\"";
         let job = exactly_once_job(&home, broker, &format!("eos-{positions}"), &positions, &summaries, settings)?;
         // The third pass: records and commits came before it, more come after.
@@ -104,6 +102,54 @@ fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() ->
     Ok(())
 }
 
+/// A three-node cluster loses the leader of the job's input partitions mid-run (`kill
+/// -9` of that node, while records are produced): the job goes on once leadership moves
+/// to a surviving node, and a `read_committed` consumer sees exactly one output per
+/// input; the state is the reference fold. Every topic is replicated to the three nodes
+/// and written to two at least (`min.insync.replicas`), so nothing acknowledged is lost.
+#[test]
+fn exactly_once_outputs_stay_exactly_once_when_the_partitions_leader_dies() -> Result<()> {
+    let broker = KafkaBroker::start_cluster(3)?;
+    println!("{broker} started in {:?}", broker.start_time);
+    broker.create_topic("positions", 2)?;
+    broker.create_topic("summaries", 2)?;
+    let dir = tempfile::tempdir()?;
+    let (vehicles, count) = (200, 20_000);
+    let input = dir.path().join("input.jsonl");
+    generate(&input, vehicles, count, KAFKA_SEED)?;
+    let halves = split_lines(&input, 2)?;
+    broker.produce_lines("positions", &halves[0])?;
+    let home = dir.path().join("host");
+    let leader = broker.leader("positions", 0)?;
+    let mut host = {
+        let job = exactly_once_job(&home, &broker, "eos-failover", "positions", "summaries", "")?;
+        Host::spawn("host", &mut job(), &home.join("log"))?
+    };
+    let minute = Duration::from_secs(60);
+    let started = std::time::Instant::now();
+    while broker.committed("eos-failover", "positions")?.values().all(|&offset| offset <= 0) {
+        assert!(started.elapsed() < minute, "the job committed nothing:\n{}", host.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let killed_at = std::time::Instant::now();
+    std::thread::scope(|scope| -> Result<()> {
+        let loader = scope.spawn(|| broker.produce_lines("positions", &halves[1]));
+        std::thread::sleep(Duration::from_millis(300));
+        broker.kill_node(leader)?;
+        loader.join().expect("the producer thread").map(drop)
+    })?;
+    let moved_to = broker.leader("positions", 0)?;
+    assert_ne!(moved_to, leader, "partition 0's leadership moved");
+    broker.wait_committed("eos-failover", "positions", count as i64, Duration::from_secs(180))?;
+    println!("node {} killed: every record committed {:?} later", leader + 1, killed_at.elapsed());
+    host.terminate()?;
+    let reference = Reference::fold(&input)?;
+    let context = format!("the leader (node {}) killed", leader + 1);
+    assert_each_input_has_one_output(&broker.read_topic("summaries")?, count, &reference, &context);
+    assert_state_matches(&dump_state(&home.join("state"))?, &reference, &context);
+    Ok(())
+}
+
 /// A silent replay runs the version whose outputs it does not send again: a host
 /// running version 1 with exactly-once outputs is killed between a transaction's commit
 /// and its state's, and version 2 is deployed while no host runs. The restart processes
@@ -113,8 +159,7 @@ fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() ->
 #[test]
 fn a_silent_replay_runs_the_version_whose_outputs_it_does_not_send_again() -> Result<()> {
     use sluice::events::REPLAYED_WITH;
-    let kafka =
-        KafkaJob::on(KafkaBroker::start_transactional()?).topic("positions", 2).topic("summaries", 2).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).topic("summaries", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (100, 3_000);
     let input = kafka.generate("input.jsonl", vehicles, count)?;
@@ -202,8 +247,7 @@ fn a_silent_replay_runs_the_version_whose_outputs_it_does_not_send_again() -> Re
 #[test]
 fn a_fenced_partition_stops_alone_and_takes_its_transactions_back() -> Result<()> {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let kafka =
-        KafkaJob::on(KafkaBroker::start_transactional()?).topic("positions", 2).topic("summaries", 2).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).topic("summaries", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count, last) = (50, 1_010, 10);
     let all = kafka.generate("all.jsonl", vehicles, count)?;
@@ -248,8 +292,7 @@ fn a_fenced_partition_stops_alone_and_takes_its_transactions_back() -> Result<()
 /// open, reads all of partition 1's outputs at once, and none of partition 0's.
 #[test]
 fn a_partition_that_stops_alone_aborts_its_open_transaction() -> Result<()> {
-    let kafka =
-        KafkaJob::on(KafkaBroker::start_transactional()?).topic("positions", 2).topic("summaries", 1).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).topic("summaries", 1).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (stopping, going) = (key_in_partition(0, 2), key_in_partition(1, 2));
     let record =
@@ -293,7 +336,7 @@ fn a_partition_that_stops_alone_aborts_its_open_transaction() -> Result<()> {
 /// one output.
 #[test]
 fn exactly_once_jobs_whose_group_and_topic_names_run_together_keep_their_own_transactions() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start_transactional()?).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (50, 2_000);
     let input = kafka.generate("input.jsonl", vehicles, count)?;
@@ -333,8 +376,7 @@ fn exactly_once_jobs_whose_group_and_topic_names_run_together_keep_their_own_tra
 #[test]
 fn an_older_sluice_still_running_a_partition_is_fenced_when_this_version_takes_it() -> Result<()> {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let kafka =
-        KafkaJob::on(KafkaBroker::start_transactional()?).topic("positions", 2).topic("summaries", 2).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).topic("summaries", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (50, 1_000);
     let input = kafka.generate("input.jsonl", vehicles, count)?;
@@ -368,11 +410,8 @@ fn an_older_sluice_still_running_a_partition_is_fenced_when_this_version_takes_i
 /// transaction holds their outputs and dead letters).
 #[test]
 fn exactly_once_dead_letters_are_in_the_transactions() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start_transactional()?)
-        .topic("positions", 1)
-        .topic("summaries", 1)
-        .topic("dead", 1)
-        .start()?;
+    let kafka =
+        KafkaJob::on(KafkaBroker::start()?).topic("positions", 1).topic("summaries", 1).topic("dead", 1).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let record = |action: &str| Ok(("k", json!({"vehicle_id": "k", "action": action}).to_string()));
     broker.produce("positions", ["count", "put-then-fail", "count"].map(record))?;

@@ -1,27 +1,29 @@
-//! What a rebalance may cost (tansu): a checkpoint store that fails at an assignment
-//! keeps the partition paused and the host in its group until the store answers; a
-//! revocation neither waits for a restore from a frozen store nor hands its partitions
-//! over one after another; a broker failing a partition's resume costs that partition a
-//! pause.
+//! What a rebalance may cost, on Apache Kafka under both group protocols: a checkpoint
+//! store that fails at an assignment keeps the partition paused and the host in its
+//! group until the store answers; a revocation neither waits for a restore under way
+//! nor hands its partitions over one after another; a broker failing a partition's
+//! resume costs that partition a pause.
 
 use anyhow::{Context, Result};
-use sluice::events::{ASSIGNED, JOB_STARTED, RESUME_RETRY, RESUMED, REVOKED, STORE_RETRY};
+use sluice::events::{ASSIGNED, RESUME_RETRY, RESUMED, REVOKED, STORE_RETRY};
 use sluice_e2e::*;
 use std::time::Duration;
 
-/// The checkpoint store fails (its directory replaced by a file) just as host `b` joins
-/// `a`'s group: `b` keeps the partition it is given paused, stays in the group and says
-/// so, trying the store again with backoff, while `a` hands the partition over without
-/// its last checkpoint and goes on with the other. Once the store answers, `b` restores
-/// the partition and processes on, and the store ends up with every record's state.
-#[test]
-fn a_store_outage_at_an_assignment_keeps_the_host_in_its_group_until_the_store_answers() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start_in_memory()?).topic("positions", 2).start()?;
+/// The checkpoint store fails for both partitions (their folders replaced by files)
+/// before host `b` joins `a`'s group: `b` keeps the partition it is given paused, stays
+/// in the group and says so, trying the store again with backoff, while `a` hands the
+/// partition over without its last checkpoint and goes on with the other. Once the
+/// store answers, `b` restores the partition and processes on, and the store ends up
+/// with every record's state.
+fn a_store_outage_at_an_assignment_keeps_the_host_in_its_group_until_the_store_answers(
+    protocol: GroupProtocol,
+) -> Result<()> {
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let all = kafka.generate("all.jsonl", 100, 4_000)?;
     let chunks = split_lines(&all, 2)?;
-    let (store, away) = (dir.join("store"), dir.join("store.away"));
-    let config = kafka.source("group = \"outage\"\n")?;
+    let store = dir.join("store");
+    let config = kafka.source(&group_settings(protocol, "outage", ""))?;
     let host = |name: &str| kafka.host(name, 2, &config, Some(&store), &["--checkpoint-interval", "1"]);
     let minute = Duration::from_secs(60);
     broker.produce_lines("positions", &chunks[0])?;
@@ -29,15 +31,19 @@ fn a_store_outage_at_an_assignment_keeps_the_host_in_its_group_until_the_store_a
     a.wait_for(RESUMED, 2, minute)?;
     broker.wait_committed("outage", "positions", 2_000, minute)?;
 
-    // b has checked the store at its start; its assignment comes seconds later.
+    // The store's root still answers b's start; each partition's folder does not.
+    let folders: Vec<_> = (0..2).map(|p| store.join(format!("partition-{p:04}"))).collect();
+    for folder in &folders {
+        std::fs::rename(folder, folder.with_extension("away"))?;
+        std::fs::write(folder, "not a directory")?;
+    }
     let mut b = host("b")?;
-    b.wait_for(JOB_STARTED, 1, minute)?;
-    std::fs::rename(&store, &away)?;
-    std::fs::write(&store, "not a directory")?;
     b.wait_for(STORE_RETRY, 2, minute)?;
     assert!(!b.log().contains(RESUMED), "b resumed a partition without its state:\n{}", b.log());
-    std::fs::remove_file(&store)?;
-    std::fs::rename(&away, &store)?;
+    for folder in &folders {
+        std::fs::remove_file(folder)?;
+        std::fs::rename(folder.with_extension("away"), folder)?;
+    }
     b.wait_for(RESUMED, 1, minute)?;
     broker.produce_lines("positions", &chunks[1])?;
     let caught_up = broker.wait_committed("outage", "positions", 4_000, minute);
@@ -46,93 +52,82 @@ fn a_store_outage_at_an_assignment_keeps_the_host_in_its_group_until_the_store_a
     a.terminate()?;
 
     let check = dir.join("check");
-    let config = kafka.source("group = \"outage-check\"\nstop_when_idle_s = 2\n")?;
+    let config = kafka.source(&format!("stop_when_idle_s = 2\n{}", group_settings(protocol, "outage-check", "")))?;
     let mut command = run_job(&operator_wasm("vehicle_stats"), &check, 2);
     run_ok(command.arg("--config").arg(&config).arg("--checkpoint-store").arg(&store))?;
     assert_state_matches(&dump_state(&check.join("state"))?, &Reference::fold(&all)?, "restored after the outage");
     Ok(())
 }
 
-/// A revocation does not wait for a restore: host b restores both partitions from an S3
-/// store that stopped answering (frozen) when host c joins the group, and hands one of
-/// them over at once, giving its restore up, rather than hold its poll loop until the
-/// store answers — longer than `max.poll.interval.ms` (10 s here), after which b would
-/// be evicted and the group would rebalance again, restoring again. c, which keeps its
-/// state apart, runs its partition while the store is still frozen; once the store
-/// answers, b resumes the one it kept, and the group reads the topic to its end.
-#[test]
-fn a_revocation_does_not_wait_for_a_restore_from_a_store_that_stopped_answering() -> Result<()> {
+for_each_group_protocol!(a_store_outage_at_an_assignment_keeps_the_host_in_its_group_until_the_store_answers);
+
+/// A revocation does not wait for a restore: host b (keeping no standby copies)
+/// restores both partitions from a store it may read only slowly (`download_bytes_per_s`: tens of seconds for their
+/// checkpoints) when host c joins the group, and hands one of them over at once, giving
+/// its restore up, rather than hold its poll loop until the restore ends — longer than
+/// `max.poll.interval.ms` would allow, after which b would be evicted and the group
+/// would rebalance again, restoring again. c, which keeps its state apart, runs its
+/// partition while b still restores the other; b then resumes the one it kept, and the
+/// group reads the topic to its end.
+fn a_revocation_does_not_wait_for_a_restore_under_way(protocol: GroupProtocol) -> Result<()> {
     let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
-    let s3 = S3Server::start()?;
-    let all = kafka.generate("all.jsonl", 100, 2_000)?;
+    let all = kafka.generate("all.jsonl", 2_000, 4_000)?;
     broker.produce_lines("positions", &all)?;
-    let properties = "[source.properties]\n\"max.poll.interval.ms\" = \"10000\"\n\"session.timeout.ms\" = \"6000\"\n\
-                      \"heartbeat.interval.ms\" = \"500\"\n";
+    let store = dir.join("store");
     let minute = Duration::from_secs(60);
-    // b must be assigned its partitions after the store froze. Its assignment mostly
-    // comes seconds after its start, but the broker may answer its join at once, before
-    // the test can freeze the store (in one full run, all of three tries): such a try
-    // tested nothing, and the next one runs in a group, state directories and store
-    // prefix of its own.
-    const TRIES: usize = 8;
-    for attempt in 1..=TRIES {
-        let group = format!("restoring-{attempt}");
-        let config = kafka.source(&format!("group = \"{group}\"\n{properties}"))?;
-        let mut command = run_job(&operator_wasm("vehicle_stats"), &dir.join(format!("b{attempt}")), 2);
-        let store = format!("s3://sluice/checkpoints-{attempt}");
-        command.arg("--config").arg(&config).args(["--checkpoint-store", &store]);
-        let mut b = Host::spawn("b", s3.configure(&mut command), &dir.join(format!("b{attempt}.log")))?;
-        // b has checked the store at its start.
-        b.wait_for(JOB_STARTED, 1, minute)?;
-        let frozen_at = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
-        s3.freeze(true)?;
-        b.wait_for(ASSIGNED, 1, minute)?;
-        // Log lines start with their time, in the same format: as text, earlier is less.
-        let log = b.log();
-        let assigned_at = log.lines().find(|line| line.contains(ASSIGNED)).and_then(|l| l.split_whitespace().next());
-        if assigned_at.is_none_or(|at| at < frozen_at.as_str()) {
-            let early = format!("b was assigned ({assigned_at:?}) before the store froze ({frozen_at})");
-            anyhow::ensure!(attempt < TRIES, "{early} in each of {TRIES} tries");
-            println!("try {attempt}: {early}; again");
-            s3.freeze(false)?;
-            b.terminate()?;
-            continue;
-        }
-        let mut command = run_job(&operator_wasm("vehicle_stats"), &dir.join(format!("c{attempt}")), 2);
-        let c_log = dir.join(format!("c{attempt}.log"));
-        let mut c = Host::spawn("c", command.arg("--config").arg(&config).arg("--no-checkpoints"), &c_log)?;
-        let revoked = b.wait_for(REVOKED, 1, Duration::from_secs(30));
-        let resumed = c.wait_for(RESUMED, 1, Duration::from_secs(30));
-        let b_resumed_frozen = b.log().contains(RESUMED);
-        s3.freeze(false)?;
-        revoked.context("b's revocation waited for the frozen store")?;
-        resumed?;
-        assert!(!b_resumed_frozen, "b resumed a partition its store never restored:\n{}", b.log());
-        b.wait_for(RESUMED, 1, minute)?;
-        broker.wait_committed(&group, "positions", 2_000, minute)?;
-        b.terminate()?;
-        c.terminate()?;
-        assert!(!b.log().contains("lost ("), "b was never evicted:\n{}", b.log());
-        return Ok(());
-    }
-    unreachable!("the last try ends in an error or runs to the end")
+    // a leaves a checkpoint of each partition in the store.
+    let config = kafka.source(&format!("stop_when_idle_s = 2\n{}", group_settings(protocol, "seed", "")))?;
+    let mut seed = run_job(&operator_wasm("vehicle_stats"), &dir.join("a"), 2);
+    run_ok(seed.arg("--config").arg(&config).arg("--checkpoint-store").arg(&store))?;
+    // What restoring each partition's newest checkpoint downloads: its files.
+    let newest_bytes = |p: u32| -> Result<u64> {
+        let newest = checkpoint_manifests(&store, p)?.pop().context("a checkpoint of each partition")?;
+        let files = newest["files"].as_array().context("a manifest lists its files")?;
+        Ok(files.iter().map(|f| f["size"].as_u64().unwrap_or(0)).sum())
+    };
+    let checkpoint_bytes = newest_bytes(0)? + newest_bytes(1)?;
+    // Both restores together take about 20 s at this cap.
+    let cap = (checkpoint_bytes / 20).max(1);
+    let config = kafka.source(&group_settings(
+        protocol,
+        "restoring",
+        &format!(
+            "\"max.poll.interval.ms\" = \"10000\"\n[checkpoint]\ndownload_bytes_per_s = {cap}\nstandby = \"none\"\n"
+        ),
+    ))?;
+    let mut b = kafka.host("b", 2, &config, Some(&store), &[])?;
+    b.wait_for(ASSIGNED, 1, minute)?;
+    let mut c = kafka.host("c", 2, &config, None, &["--no-checkpoints"])?;
+    let revoked = b.wait_for(REVOKED, 1, Duration::from_secs(15));
+    let resumed = c.wait_for(RESUMED, 1, Duration::from_secs(15));
+    let b_resumed_early = b.log().contains(RESUMED);
+    revoked.with_context(|| format!("b's revocation waited for its restore:\n{}", b.log()))?;
+    resumed?;
+    assert!(!b_resumed_early, "b's restores of {checkpoint_bytes} bytes at {cap} bytes/s ended early:\n{}", b.log());
+    b.wait_for(RESUMED, 1, minute)?;
+    broker.wait_committed("restoring", "positions", 4_000, minute)?;
+    b.terminate()?;
+    c.terminate()?;
+    assert!(!b.log().contains("lost ("), "b was never evicted:\n{}", b.log());
+    Ok(())
 }
+
+for_each_group_protocol!(a_revocation_does_not_wait_for_a_restore_under_way);
 
 /// A revocation hands its partitions over all at once, so it takes as long as its
 /// slowest handover, not their sum: host a owns six partitions, each of whose last
 /// checkpoint takes about a second to upload (`upload_bytes_per_s`), when host b joins
 /// and takes three; a's revocation takes well under the sum of the three handovers it
 /// logs.
-#[test]
-fn a_revocation_hands_its_partitions_over_at_once() -> Result<()> {
+fn a_revocation_hands_its_partitions_over_at_once(protocol: GroupProtocol) -> Result<()> {
     let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 6).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let all = kafka.generate("all.jsonl", 300, 3_000)?;
     broker.produce_lines("positions", &all)?;
     // No checkpoint until the handover's last one, each tens of KiB at 16 KiB/s.
-    let more = "group = \"together\"\n[checkpoint]\ninterval = \"1h\"\nupload_bytes_per_s = 16384\n";
-    let config = kafka.source(more)?;
+    let more = "[checkpoint]\ninterval = \"1h\"\nupload_bytes_per_s = 16384\n";
+    let config = kafka.source(&group_settings(protocol, "together", more))?;
     let store = dir.join("store");
     let host = |name: &str| kafka.host(name, 6, &config, Some(&store), &[]);
     let minute = Duration::from_secs(60);
@@ -159,6 +154,8 @@ fn a_revocation_hands_its_partitions_over_at_once() -> Result<()> {
     a.terminate()?;
     Ok(())
 }
+
+for_each_group_protocol!(a_revocation_hands_its_partitions_over_at_once);
 
 /// A broker that cannot tell where a partition's log is when it resumes costs that
 /// partition a pause, not the host: the partition's folder in the store is a file, so

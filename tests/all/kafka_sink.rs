@@ -1,4 +1,4 @@
-//! Outputs to Kafka (tansu): every output on a topic, keyed by vehicle and traced to its
+//! Outputs to Apache Kafka: every output on a topic, keyed by vehicle and traced to its
 //! input by headers; pipelined batches lose no output through `kill -9`, a frozen
 //! broker or a deleted topic, and a producer queue that stays full fails the job after
 //! the delivery timeout; an output Kafka refuses is dead-lettered, and dead letters go
@@ -97,7 +97,7 @@ fn a_failed_delivery_commits_nothing_after_the_failed_batch() -> Result<()> {
     let state = dump_state(&dir.join("state"))?;
     assert!(!state.is_empty(), "state was committed before the broker froze:\n{}", host.log());
     assert_outputs_cover_state(&state, &broker.read_topic("summaries")?, "after the failed delivery");
-    // The restart is there to complete: tansu, loaded by the tests beside it, can hold a
+    // The restart is there to complete: a broker loaded by the tests beside it can hold a
     // produce request past the 5 s that made the failure above come quickly.
     set_delivery_timeout(&kafka, "60000")?;
     assert_a_restart_completes(&kafka, job)

@@ -1,5 +1,5 @@
-//! A Kafka source against a real Kafka-protocol broker (tansu), the broker itself
-//! checked first (it serves a fetch from inside a batch, as every resume asks): each
+//! A Kafka source against Apache Kafka, what it relies on of the broker checked first
+//! (a fetch from inside a batch, as every resume asks, yields every record from there): each
 //! partition starts at the offset stored with its state, not at the group's committed
 //! offset; an unreachable broker or a missing topic is named at the start; headers,
 //! tombstones and null keys reach the operator, headers forging the source's marks
@@ -14,13 +14,13 @@ use sluice::record::{DeadLetterKind, NULL_KEY_HEADER, TOMBSTONE_HEADER};
 use sluice_e2e::*;
 use std::time::Duration;
 
-/// The test broker serves a fetch from the offset asked for, also inside a multi-record
-/// batch, as every resume after a restore, a pause or a handover asks: a plain consumer
-/// (no sluice involved) assigned inside and at the edges of batches of 100 gets every
-/// record from there on. tansu's in-memory storage fails this check (at 37 it answers from
-/// 100 on, at 999 with nothing), which is why the tests run tansu on SQLite.
+/// A fetch from an offset inside a multi-record batch, as every resume after a
+/// restore, a pause or a handover asks, yields every record from that offset on: a
+/// plain consumer (no sluice involved) assigned inside and at the edges of batches of
+/// 100 gets exactly those records. (Kafka answers with the whole batch; the client
+/// drops what comes before the offset.)
 #[test]
-fn the_test_broker_serves_a_fetch_from_inside_a_batch() -> Result<()> {
+fn a_fetch_from_inside_a_batch_yields_every_record_from_its_offset() -> Result<()> {
     let broker = KafkaBroker::start()?;
     broker.create_topic("batched", 1)?;
     let mut producer = broker.client_config();
@@ -177,7 +177,7 @@ fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
 /// partition 0 (longer for partition 1), partition 0 stops alone, naming its state's
 /// offset and the log's end, whatever `offset_out_of_range` says, its state untouched;
 /// partition 1 goes on with its new records. (A log whose head retention deleted is the
-/// unit tests' `resume_offset`: the test broker cannot delete records.)
+/// unit tests' `resume_offset`.)
 #[test]
 fn a_state_past_the_end_of_a_recreated_topic_stops_its_partition_alone_untouched() -> Result<()> {
     let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;

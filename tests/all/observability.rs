@@ -147,7 +147,7 @@ fn warnings_name_skew_failing_records_and_checkpoints_behind_with_their_settings
 #[test]
 fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     use sluice::metrics::families::*;
-    let kafka = KafkaJob::on(KafkaBroker::start_in_memory()?).topic("positions", 4).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 4).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (100, 4_000);
     let all = kafka.generate("all.jsonl", vehicles, count)?;

@@ -91,7 +91,7 @@ fn libclang_dev_layout_is_present() -> Result<()> {
 }
 
 /// Lays out `tools` as `cargo install --root tools` would after installing `crate_id`
-/// (e.g. `tansu 0.6.0`) with `features`.
+/// (e.g. `s3s-fs 0.14.1`) with `features`.
 fn fake_install(tools: &Path, bin: &str, crate_id: &str, features: &str) -> Result<()> {
     let path = tools.join("bin").join(bin);
     touch(&path)?;
@@ -103,58 +103,55 @@ fn fake_install(tools: &Path, bin: &str, crate_id: &str, features: &str) -> Resu
     Ok(())
 }
 
+/// The S3 test server counts only as cargo recorded installing it: that version, with
+/// the feature that builds its binary.
 #[test]
-fn the_broker_counts_only_in_the_version_and_features_the_tests_need() -> Result<()> {
-    let install = "missing: set-up will cargo install tansu 0.6.0 --features dynostore,libsql";
+fn the_s3_server_counts_only_in_the_version_and_features_the_tests_need() -> Result<()> {
+    let install = "missing: set-up will cargo install s3s-fs 0.14.1 --features binary";
     let root = tempfile::tempdir()?;
     let tools = root.path().join("tools");
-    assert!(doctor_line("tansu", root.path(), &tools)?.contains(install));
-
-    fake_install(&tools, "tansu", "tansu 0.6.0", "")?;
-    assert!(doctor_line("tansu", root.path(), &tools)?.contains(install), "without features");
-    fake_install(&tools, "tansu", "tansu 0.6.0", r#""dynostore""#)?;
-    assert!(doctor_line("tansu", root.path(), &tools)?.contains(install), "without libsql (SQLite storage)");
-    fake_install(&tools, "tansu", "tansu 0.5.9", r#""dynostore","libsql""#)?;
-    assert!(doctor_line("tansu", root.path(), &tools)?.contains(install), "another version");
-    fake_install(&tools, "tansu", "tansu 0.6.0", r#""libsql","dynostore""#)?;
-    let line = doctor_line("tansu", root.path(), &tools)?;
+    assert!(doctor_line("s3s-fs", root.path(), &tools)?.contains(install));
+    fake_install(&tools, "s3s-fs", "s3s-fs 0.14.1", "")?;
+    assert!(doctor_line("s3s-fs", root.path(), &tools)?.contains(install), "without the binary feature");
+    fake_install(&tools, "s3s-fs", "s3s-fs 0.14.0", r#""binary""#)?;
+    assert!(doctor_line("s3s-fs", root.path(), &tools)?.contains(install), "another version");
+    fake_install(&tools, "s3s-fs", "s3s-fs 0.14.1", r#""binary""#)?;
+    let line = doctor_line("s3s-fs", root.path(), &tools)?;
     assert!(line.ends_with(" ok"), "{line}");
     Ok(())
 }
 
-/// noida-db (the exactly-once tests' broker) counts only as pip recorded it in the
-/// tools' virtual environment, in the version the tests need, with its command linked
-/// where the tests look for it.
+/// Apache Kafka counts only as the jars Maven copies from dev/kafka/pom.xml, at the
+/// versions it names: the broker's own, and the log4j2 binding without which it does
+/// not log.
 #[test]
-fn the_transactional_broker_counts_only_in_the_version_the_tests_need() -> Result<()> {
-    let install = "missing: set-up will pip install noida-db 0.2.3";
+fn the_kafka_broker_counts_only_as_its_jars_at_the_versions_the_tests_run() -> Result<()> {
+    let install = "missing: set-up will mvn dependency:copy-dependencies of dev/kafka/pom.xml (Apache Kafka 4.4.0)";
     let root = tempfile::tempdir()?;
     let tools = root.path().join("tools");
-    let executable = |path: &Path, text: &str| -> Result<()> {
-        touch(path)?;
-        std::fs::write(path, text)?;
-        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let lay_out = |kafka: &str, binding: bool| -> Result<()> {
+        let libs = tools.join("kafka-4.4.0/libs");
+        let modules = ["kafka_2.13", "kafka-server", "kafka-clients", "kafka-raft", "kafka-metadata", "kafka-storage"];
+        let coordinators = ["kafka-group-coordinator", "kafka-transaction-coordinator"];
+        for module in modules.iter().chain(&coordinators) {
+            touch(&libs.join(format!("{module}-{kafka}.jar")))?;
+        }
+        for jar in ["scala-library-2.13.18", "slf4j-api-1.7.36", "log4j-api-2.25.5", "log4j-core-2.25.5"] {
+            touch(&libs.join(format!("{jar}.jar")))?;
+        }
+        if binding {
+            touch(&libs.join("log4j-slf4j-impl-2.25.5.jar"))?;
+        }
         Ok(())
     };
-    // What `python -m pip show noida-db` prints in a virtual environment holding it.
-    let pip_records = |version: &str| {
-        executable(
-            &tools.join("noida-db/bin/python"),
-            &format!(
-                "#!/bin/sh\n[ \"$*\" = \"-m pip show noida-db\" ] && printf 'Name: noida-db\\nVersion: {version}\\n'\n"
-            ),
-        )
-    };
-    assert!(doctor_line("noida-db", root.path(), &tools)?.contains(install));
-    pip_records("0.2.3")?;
-    assert!(doctor_line("noida-db", root.path(), &tools)?.contains(install), "installed but not linked");
-    executable(&tools.join("noida-db/bin/noida-db"), "")?;
-    std::fs::create_dir_all(tools.join("bin"))?;
-    symlink("../noida-db/bin/noida-db", tools.join("bin/noida-db"))?;
-    pip_records("0.2.2")?;
-    assert!(doctor_line("noida-db", root.path(), &tools)?.contains(install), "another version");
-    pip_records("0.2.3")?;
-    let line = doctor_line("noida-db", root.path(), &tools)?;
+    assert!(doctor_line("kafka", root.path(), &tools)?.contains(install));
+    lay_out("4.3.0", true)?;
+    assert!(doctor_line("kafka", root.path(), &tools)?.contains(install), "another version's jars");
+    std::fs::remove_dir_all(&tools)?;
+    lay_out("4.4.0", false)?;
+    assert!(doctor_line("kafka", root.path(), &tools)?.contains(install), "without the log4j2 binding");
+    lay_out("4.4.0", true)?;
+    let line = doctor_line("kafka", root.path(), &tools)?;
     assert!(line.ends_with(" ok"), "{line}");
     Ok(())
 }

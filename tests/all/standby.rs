@@ -1,8 +1,9 @@
-//! Standby copies through the real binary, a real broker (tansu) and a shared store: a
-//! host that joins a group brings its copies up to date before it joins and resumes what
-//! it is given from them; when it is killed, the other host takes its partition over
-//! from its own copy, fetching at most a checkpoint's new files, and ends with state
-//! equal to the fold and an output for every input.
+//! Standby copies through the real binary, Apache Kafka and a shared store, under both
+//! group protocols: a host that joins a group brings its copies up to date before it
+//! joins and resumes what it is given from them; when it is killed, the other host
+//! takes its partition over from its own copy, fetching at most a checkpoint's new
+//! files, and ends with state equal to the fold and an output for every input —
+//! exactly one under exactly-once outputs, as a `read_committed` consumer reads them.
 
 use anyhow::{Context, Result};
 use sluice::events::{ASSIGNED, RESUMED, WARMED_UP};
@@ -17,14 +18,6 @@ fn standby_copy(admin: &str, partition: u32) -> Result<Option<u64>> {
     Ok(answer.host.standby.get(&partition).and_then(|copy| copy.checkpoint))
 }
 
-/// The offset of the first line of `log` with `phrase` about `partition`: the number
-/// after its `at offset`.
-fn offset_logged(log: &str, phrase: &str, partition: u32) -> Option<u64> {
-    let about = format!("partition={partition}");
-    let line = log.lines().find(|l| l.contains(phrase) && l.ends_with(&about))?;
-    line.split("at offset ").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
-}
-
 /// Waits up to a minute for `done`, naming `what` and showing `logs` if it never is.
 fn wait_until(what: &str, mut done: impl FnMut() -> Result<bool>, logs: impl Fn() -> String) -> Result<()> {
     let started = Instant::now();
@@ -35,20 +28,23 @@ fn wait_until(what: &str, mut done: impl FnMut() -> Result<bool>, logs: impl Fn(
     Ok(())
 }
 
-#[test]
-fn a_standby_takes_over_a_killed_owner_fetching_at_most_a_checkpoint() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start_in_memory()?).topic("positions", 2).topic("summaries", 1).start()?;
+/// The takeover, its outputs written `guarantee` (`at-least-once`, `exactly-once`).
+fn a_standby_takes_over_a_killed_owner(protocol: GroupProtocol, guarantee: &str) -> Result<()> {
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).topic("summaries", 1).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, total) = (3_000, 12_000usize);
     let all = kafka.generate("all.jsonl", vehicles, total as u64)?;
     let chunks = split_lines(&all, 3)?;
     let store = dir.join("store");
-    let config = kafka.source(
-        "group = \"warm\"\n[source.properties]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \
-         \"500\"\n[checkpoint]\nstandby_poll = \"300ms\"\n",
-    )?;
+    let sink = format!(
+        "[checkpoint]\nstandby_poll = \"300ms\"\n[sink]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"summaries\"\n\
+         guarantee = \"{guarantee}\"\n",
+        broker.bootstrap
+    );
+    let config = kafka.source(&group_settings(protocol, "warm", &sink))?;
     let output = format!("kafka://{}/summaries", broker.bootstrap);
     let host = |name: &str| -> Result<Host> {
+        // The flag names where outputs go; the config, how (`guarantee`).
         let flags =
             ["--checkpoint-interval", "1", "--report-interval", "1", "--output", &output, "--admin", "127.0.0.1:0"];
         kafka.host(name, 2, &config, Some(&store), &flags)
@@ -85,13 +81,15 @@ fn a_standby_takes_over_a_killed_owner_fetching_at_most_a_checkpoint() -> Result
     assert_eq!(on_b.len(), 1, "b runs one partition: {on_b:?}\n{log_b}");
     let moved = *on_b.keys().next().expect("one");
     wait_until("a handing b's partition over", || Ok(!running_partitions(&admin_a)?.contains_key(&moved)), || a.log())?;
-    let handed = offset_logged(&a.log(), &handed_over(), moved);
+    let handed = offsets_logged(&a.log(), &handed_over(), moved).first().copied();
     assert!(handed.is_some(), "a handed partition {moved} over:\n{}", a.log());
-    assert_eq!(offset_logged(&log_b, RESUMED, moved), handed, "b resumed where a handed over, replaying nothing");
+    assert_eq!(
+        offsets_logged(&log_b, RESUMED, moved).first().copied(),
+        handed,
+        "b resumed where a handed over, replaying nothing"
+    );
 
-    // More records; b checkpoints them and a's copy follows. Then b dies. (b, not a:
-    // tansu's group does not survive the death of its leader, the member that joined
-    // first; see docs/development.md.)
+    // More records; b checkpoints them and a's copy follows. Then b dies.
     broker.produce_lines("positions", &chunks[1])?;
     let ends = broker.ends("positions")?;
     wait_until(
@@ -128,10 +126,40 @@ fn a_standby_takes_over_a_killed_owner_fetching_at_most_a_checkpoint() -> Result
 
     let reference = Reference::fold(&all)?;
     let outputs = broker.read_topic("summaries")?;
-    let inputs: std::collections::BTreeSet<(String, String)> =
-        outputs.iter().map(|r| (r.headers["sluice-partition"].clone(), r.headers["sluice-offset"].clone())).collect();
-    assert_eq!(inputs.len(), total, "every input has an output ({} outputs, duplicates allowed)", outputs.len());
+    let mut per_input: std::collections::BTreeMap<(&str, &str), usize> = std::collections::BTreeMap::new();
+    for r in &outputs {
+        *per_input.entry((&r.headers["sluice-partition"], &r.headers["sluice-offset"])).or_default() += 1;
+    }
+    assert_eq!(per_input.len(), total, "every input has an output ({} outputs)", outputs.len());
+    if guarantee == "exactly-once" {
+        let repeated: Vec<_> = per_input.iter().filter(|(_, n)| **n > 1).take(5).collect();
+        assert!(repeated.is_empty(), "inputs with more than one committed output, e.g. {repeated:?}");
+    }
     assert_last_outputs(outputs.iter().map(|r| (r.key.as_str(), &r.value)), &reference, "last outputs");
     assert_state_matches(&dump_state(&dir.join("a/state"))?, &reference, "a's state after the takeover");
     Ok(())
+}
+
+mod a_standby_takes_over_a_killed_owner_fetching_at_most_a_checkpoint {
+    use super::*;
+
+    #[test]
+    fn classic() -> Result<()> {
+        a_standby_takes_over_a_killed_owner(GroupProtocol::Classic, "at-least-once")
+    }
+
+    #[test]
+    fn consumer() -> Result<()> {
+        a_standby_takes_over_a_killed_owner(GroupProtocol::Consumer, "at-least-once")
+    }
+
+    #[test]
+    fn classic_exactly_once() -> Result<()> {
+        a_standby_takes_over_a_killed_owner(GroupProtocol::Classic, "exactly-once")
+    }
+
+    #[test]
+    fn consumer_exactly_once() -> Result<()> {
+        a_standby_takes_over_a_killed_owner(GroupProtocol::Consumer, "exactly-once")
+    }
 }

@@ -4,9 +4,10 @@
 //! Jobs of another shape (exactly-once, a sink alone) are their module's.
 
 use crate::binary::{Host, operator_wasm, run_job};
+use crate::kafka_broker::{KafkaBroker, SESSION_TIMEOUT};
 use crate::reference::generate;
-use crate::servers::KafkaBroker;
 use anyhow::Result;
+pub use sluice::config::GroupProtocol;
 use sluice::events::STOPPED;
 use sluice::record::Stop;
 use std::path::{Path, PathBuf};
@@ -31,7 +32,7 @@ pub struct KafkaJobBuilder {
 }
 
 impl KafkaJob {
-    /// A job on `broker` (tansu on SQLite, in memory, or noida-db with transactions).
+    /// A job on `broker`.
     pub fn on(broker: KafkaBroker) -> KafkaJobBuilder {
         KafkaJobBuilder { broker, topics: Vec::new() }
     }
@@ -123,4 +124,51 @@ pub fn positions_source(dir: &Path, brokers: &str, more: &str) -> Result<PathBuf
 /// What a host logs when a partition of it hands over in a graceful stop.
 pub fn handed_over() -> String {
     format!("{STOPPED} ({:?})", Stop::Handover)
+}
+
+/// `[source]` settings of a member of consumer group `group` under `protocol`, then
+/// `properties` (lines of `[source.properties]`, and any tables after). A member is
+/// dropped [`SESSION_TIMEOUT`] after its last heartbeat: a classic member sets it
+/// (heartbeats every 0.5 s); a KIP-848 member takes the test broker's (heartbeats
+/// every second), which librdkafka refuses to let it set.
+pub fn group_settings(protocol: GroupProtocol, group: &str, properties: &str) -> String {
+    let session = SESSION_TIMEOUT.as_millis();
+    match protocol {
+        GroupProtocol::Classic => format!(
+            "group = \"{group}\"\ngroup_protocol = \"classic\"\n[source.properties]\n\"session.timeout.ms\" = \
+             \"{session}\"\n\"heartbeat.interval.ms\" = \"500\"\n{properties}"
+        ),
+        GroupProtocol::Consumer => {
+            format!("group = \"{group}\"\ngroup_protocol = \"consumer\"\n[source.properties]\n{properties}")
+        }
+    }
+}
+
+/// Runs the test function `name(protocol: GroupProtocol) -> Result<()>` once per
+/// consumer group protocol, as the tests `name::classic` and `name::consumer`.
+#[macro_export]
+macro_rules! for_each_group_protocol {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            fn classic() -> anyhow::Result<()> {
+                super::$name($crate::GroupProtocol::Classic)
+            }
+
+            #[test]
+            fn consumer() -> anyhow::Result<()> {
+                super::$name($crate::GroupProtocol::Consumer)
+            }
+        }
+    };
+}
+
+/// The offsets in the lines of `log` with `phrase` about `partition`, in order: the
+/// number after each one's `at offset`.
+pub fn offsets_logged(log: &str, phrase: &str, partition: u32) -> Vec<u64> {
+    let about = format!("partition={partition}");
+    log.lines()
+        .filter(|l| l.contains(phrase) && l.ends_with(&about))
+        .filter_map(|l| l.split("at offset ").nth(1)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .collect()
 }

@@ -2,7 +2,9 @@
 //!
 //! - [`binary`]: locating the built `sluice` binary and operators, and running them;
 //! - [`browser`]: pages as headless Chromium renders them;
-//! - [`servers`]: the S3 store and the Kafka broker started on loopback ports;
+//! - [`servers`]: the S3 store started on a loopback port;
+//! - [`kafka_broker`]: Apache Kafka started on loopback ports, and the client calls
+//!   the tests make against it;
 //! - [`kafka_job`]: the jobs and hosts the Kafka tests run over such a broker;
 //! - [`stores`]: reading checkpoint stores and state directories;
 //! - [`reference`]: generating and reading JSONL, and the reference fold of
@@ -14,6 +16,7 @@
 
 pub mod binary;
 pub mod browser;
+pub mod kafka_broker;
 pub mod kafka_job;
 pub mod measure;
 pub mod reference;
@@ -23,6 +26,7 @@ pub mod stores;
 
 pub use binary::*;
 pub use browser::*;
+pub use kafka_broker::*;
 pub use kafka_job::*;
 pub use measure::*;
 pub use reference::*;

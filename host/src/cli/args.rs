@@ -35,8 +35,9 @@ pub enum LogFormat {
 pub enum Command {
     /// Run a job: source -> operator (with keyed state) -> sink.
     Run(Box<RunArgs>),
-    /// Write the fleet generator's records as JSONL to stdout.
-    Generate(FleetArgs),
+    /// Write the fleet generator's records as JSONL to stdout, or produce them to a Kafka
+    /// topic.
+    Generate(GenerateArgs),
     /// Run an operator component over the records of a JSONL file in the host's sandbox,
     /// over fresh (or given) state, one record at a time, and compare what it emits with
     /// what is expected: a readable difference and exit code 1 when they differ.
@@ -421,6 +422,18 @@ impl FleetOverrides {
 
 /// `sluice generate`
 #[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    /// Produce the records to this Kafka topic (`kafka://host:port[,host:port]/topic`),
+    /// keyed by vehicle and timestamped with their `ts`, instead of writing them to
+    /// stdout.
+    #[arg(long, value_name = "URL")]
+    pub to: Option<String>,
+}
+
+/// The embedded fleet generator's settings.
+#[derive(Args)]
 pub struct FleetArgs {
     /// Vehicles in the fleet.
     #[arg(long, default_value_t = 100)]
@@ -434,4 +447,12 @@ pub struct FleetArgs {
     /// Every this many records a vehicle leaves for good and a new one joins.
     #[arg(long)]
     pub churn: Option<u64>,
+}
+
+/// The brokers and topic of a `kafka://host:port[,host:port]/topic` URL given to `flag`.
+pub fn kafka_topic<'a>(flag: &str, url: &'a str) -> anyhow::Result<(&'a str, &'a str)> {
+    url.strip_prefix("kafka://")
+        .and_then(|rest| rest.split_once('/'))
+        .filter(|(brokers, topic)| !brokers.is_empty() && !topic.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("{flag} {url:?}: expected kafka://host:port[,host:port]/topic"))
 }

@@ -59,12 +59,9 @@ impl RunArgs {
             }
         }
         if let Some(output) = self.output {
-            config.sink = match output.to_str().and_then(|o| o.strip_prefix("kafka://")) {
-                Some(kafka) => {
-                    let Some((brokers, topic)) = kafka.split_once('/').filter(|(b, t)| !b.is_empty() && !t.is_empty())
-                    else {
-                        bail!("--output {kafka:?}: expected kafka://host:port[,host:port]/topic");
-                    };
+            config.sink = match output.to_str().filter(|o| o.starts_with("kafka://")) {
+                Some(url) => {
+                    let (brokers, topic) = super::args::kafka_topic("--output", url)?;
                     // The config's producer properties and guarantee stay: the flag names
                     // where, not how.
                     let (properties, guarantee) = match &mut config.sink {

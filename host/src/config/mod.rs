@@ -174,6 +174,38 @@ fn check_mib(sizes: &[(&str, u64)]) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// Under KIP-848's consumer protocol the broker owns the session timeout, the
+    /// heartbeat and the assignment: librdkafka refuses those properties, so the config
+    /// does first, naming the property and where its setting lives.
+    #[test]
+    fn the_consumer_group_protocol_refuses_what_the_broker_sets() {
+        let kafka = |settings: &str| -> Config {
+            toml::from_str(&format!(
+                "[operator]\npath = \"op.wasm\"\n[source]\nkind = \"kafka\"\nbrokers = \"b:9092\"\ntopic = \"t\"\n{settings}"
+            ))
+            .unwrap()
+        };
+        let classic = kafka("[source.properties]\n\"session.timeout.ms\" = \"6000\"\n");
+        assert!(matches!(classic.source, SourceConfig::Kafka { group_protocol: GroupProtocol::Classic, .. }));
+        classic.validate().unwrap();
+        kafka("group_protocol = \"consumer\"\n").validate().unwrap();
+        for (name, instead) in [
+            ("session.timeout.ms", "group.consumer.session.timeout.ms"),
+            ("heartbeat.interval.ms", "group.consumer.heartbeat.interval.ms"),
+            ("partition.assignment.strategy", "the broker assigns"),
+        ] {
+            let config = kafka(&format!("group_protocol = \"consumer\"\n[source.properties]\n{name:?} = \"1\"\n"));
+            let err = config.validate().unwrap_err().to_string();
+            assert!(err.contains(name) && err.contains(instead), "{err}");
+        }
+        let err = kafka("[source.properties]\n\"group.protocol\" = \"consumer\"\n").validate().unwrap_err().to_string();
+        assert!(err.contains("set [source] group_protocol"), "{err}");
+        let misspelt = "[operator]\npath = \"op.wasm\"\n[source]\nkind = \"kafka\"\nbrokers = \"b\"\ntopic = \"t\"\n\
+                        group_protocol = \"kip848\"\n";
+        let err = toml::from_str::<Config>(misspelt).unwrap_err().to_string();
+        assert!(err.contains("classic") && err.contains("consumer"), "the choices are named: {err}");
+    }
+
     #[test]
     fn a_minimal_config_takes_defaults() {
         let config: Config = toml::from_str("[operator]\npath = \"op.wasm\"\n").unwrap();

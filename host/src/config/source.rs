@@ -53,6 +53,9 @@ pub enum SourceConfig {
         group: String,
         /// Static membership (`group.instance.id`).
         instance_id: Option<String>,
+        /// The consumer group protocol: classic or KIP-848's.
+        #[serde(default)]
+        group_protocol: GroupProtocol,
         /// librdkafka consumer properties, passed through (they win over sluice's).
         #[serde(default)]
         properties: BTreeMap<String, String>,
@@ -67,6 +70,37 @@ pub enum SourceConfig {
         #[serde(default)]
         null_keys: NullKeys,
     },
+}
+
+/// `[source] group_protocol`: how the members of a Kafka source's group are assigned
+/// partitions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupProtocol {
+    /// The classic protocol: the members agree on an assignment (cooperative-sticky)
+    /// through the group coordinator; the session timeout is the member's
+    /// `session.timeout.ms`.
+    #[default]
+    Classic,
+    /// KIP-848's (Kafka 4.0 and later): the broker assigns, and owns the session
+    /// timeout (`group.consumer.session.timeout.ms`) and heartbeat interval.
+    Consumer,
+}
+
+impl GroupProtocol {
+    /// The librdkafka consumer properties the broker sets under this protocol, which
+    /// librdkafka refuses in `[source] properties`, each with what to do instead.
+    pub fn refused_properties(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            GroupProtocol::Classic => &[],
+            GroupProtocol::Consumer => &[
+                ("session.timeout.ms", "the broker's group.consumer.session.timeout.ms sets it"),
+                ("heartbeat.interval.ms", "the broker's group.consumer.heartbeat.interval.ms sets it"),
+                ("partition.assignment.strategy", "the broker assigns (group.consumer.assignors)"),
+                ("group.protocol.type", "it is the classic protocol's"),
+            ],
+        }
+    }
 }
 
 /// `[source] null_keys`: what becomes of a Kafka record without a key. Keyed state is
@@ -126,6 +160,19 @@ impl SourceConfig {
         };
         if let Some((setting, duration)) = duration {
             check_duration(setting, duration)?;
+        }
+        if let SourceConfig::Kafka { group_protocol, properties, .. } = self {
+            if properties.contains_key("group.protocol") {
+                bail!(
+                    "[source.properties] \"group.protocol\": set [source] group_protocol (\"classic\" or \"consumer\") instead"
+                );
+            }
+            let refused = group_protocol.refused_properties().iter().find(|(name, _)| properties.contains_key(*name));
+            if let Some((name, instead)) = refused {
+                bail!(
+                    "[source.properties] {name:?} does not apply with [source] group_protocol = \"consumer\": {instead}"
+                );
+            }
         }
         if let SourceConfig::Generator { vehicles, .. } = self {
             check_vehicles("[source] vehicles", *vehicles)?;

@@ -39,7 +39,7 @@ use super::events::{
 };
 use super::{Partitions, Started};
 use crate::backoff::Backoff;
-use crate::config::OutOfRange;
+use crate::config::{GroupProtocol, OutOfRange};
 use crate::kafka::client_config;
 use crate::lock;
 use crate::record::{NULL_KEY_HEADER, SourceRecord, Stop, TOMBSTONE_HEADER};
@@ -80,6 +80,9 @@ pub struct KafkaOptions {
     /// Static membership (`group.instance.id`): a restart within the session timeout
     /// moves no partitions.
     pub instance_id: Option<String>,
+    /// Who assigns partitions and owns the session timeout: the members (classic) or
+    /// the broker (KIP-848's consumer protocol).
+    pub group_protocol: GroupProtocol,
     /// librdkafka consumer properties, passed through (they win over sluice's).
     pub properties: BTreeMap<String, String>,
     /// Stop once partitions were assigned, every worker processed all it was handed,
@@ -98,9 +101,14 @@ pub struct KafkaOptions {
 
 impl KafkaOptions {
     fn client_config(&self) -> ClientConfig {
-        let mut defaults = vec![
-            ("group.id", self.group.as_str()),
-            ("partition.assignment.strategy", "cooperative-sticky"),
+        let mut defaults = vec![("group.id", self.group.as_str())];
+        match self.group_protocol {
+            GroupProtocol::Classic => defaults
+                .extend([("group.protocol", "classic"), ("partition.assignment.strategy", "cooperative-sticky")]),
+            // The broker assigns, incrementally: librdkafka refuses an assignment strategy.
+            GroupProtocol::Consumer => defaults.push(("group.protocol", "consumer")),
+        }
+        defaults.extend([
             ("enable.auto.commit", "false"),
             ("enable.partition.eof", "false"),
             // Never jump to the log's end (librdkafka's default) or start: the checks at
@@ -108,7 +116,7 @@ impl KafkaOptions {
             ("auto.offset.reset", "error"),
             // Statistics every second carry the high watermarks the lag is measured from.
             ("statistics.interval.ms", "1000"),
-        ];
+        ]);
         if let Some(instance) = &self.instance_id {
             defaults.push(("group.instance.id", instance));
         }
@@ -121,10 +129,44 @@ impl KafkaOptions {
         self.milliseconds("max.poll.interval.ms", Duration::from_secs(300))
     }
 
-    /// `session.timeout.ms` as configured, or librdkafka's default (45 s): by then a
-    /// member the group dropped has heard of it (its heartbeats are refused).
+    /// How long the group waits for a silent member before it drops it: by then a
+    /// member the group dropped has heard of it (its heartbeats are refused). Classic:
+    /// `session.timeout.ms` as configured, or librdkafka's default (45 s). Consumer:
+    /// the broker's `group.consumer.session.timeout.ms`, as the brokers describe it
+    /// (Kafka's default, 45 s, if they do not).
     pub fn session_timeout(&self) -> Result<Duration> {
-        self.milliseconds("session.timeout.ms", Duration::from_secs(45))
+        const DEFAULT: Duration = Duration::from_secs(45);
+        match self.group_protocol {
+            GroupProtocol::Classic => self.milliseconds("session.timeout.ms", DEFAULT),
+            GroupProtocol::Consumer => Ok(self.broker_session_timeout().unwrap_or_else(|e| {
+                tracing::warn!(
+                    "reading group.consumer.session.timeout.ms from {}: {e:#}; taking Kafka's default, {}s",
+                    self.brokers,
+                    DEFAULT.as_secs()
+                );
+                DEFAULT
+            })),
+        }
+    }
+
+    /// The broker's `group.consumer.session.timeout.ms`: of a broker the metadata
+    /// names, as all brokers of a cluster are set alike.
+    fn broker_session_timeout(&self) -> Result<Duration> {
+        use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+        let consumer: BaseConsumer = self.client_config().create()?;
+        let metadata = consumer.fetch_metadata(Some(&self.topic), METADATA_TIMEOUT)?;
+        let broker = metadata.brokers().first().context("the metadata names no broker")?.id();
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+            client_config(&self.brokers, &[], &BTreeMap::new()).create()?;
+        let options = AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT));
+        let described =
+            futures::executor::block_on(admin.describe_configs(&[ResourceSpecifier::Broker(broker)], &options))?;
+        let resource = described.into_iter().next().context("no answer")?.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let value = resource
+            .get("group.consumer.session.timeout.ms")
+            .and_then(|entry| entry.value.clone())
+            .with_context(|| format!("broker {broker} does not name it"))?;
+        Ok(Duration::from_millis(value.parse().with_context(|| format!("{value:?} is not milliseconds"))?))
     }
 
     /// The property `name`, a number of milliseconds, or `default` if it is not set.
@@ -224,14 +266,16 @@ impl<P: Partitions + Send> ConsumerContext for Membership<P> {
             _ if consumer.assignment_lost() => RebalanceChange::Lost,
             _ => RebalanceChange::Revoked,
         };
+        let generation = generation(consumer);
         let mut owner = lock(&self.partitions);
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 self.assign(consumer, owner.as_mut(), &partitions, tpl, cooperative).map(|()| {
                     tracing::info!(
                         rebalance,
-                        "rebalance {rebalance}: {ASSIGNED} {partitions:?} of {} in {:.0} ms; paused until their state \
-                         is restored",
+                        generation,
+                        "rebalance {rebalance} (generation {generation}): {ASSIGNED} {partitions:?} of {} in {:.0} ms; \
+                         paused until their state is restored",
                         self.topic,
                         began.elapsed().as_secs_f64() * 1e3
                     )
@@ -254,7 +298,9 @@ impl<P: Partitions + Send> ConsumerContext for Membership<P> {
                     let stopped: Vec<u32> = offsets.iter().map(|(p, _)| *p).collect();
                     tracing::info!(
                         rebalance,
-                        "rebalance {rebalance}: {REVOKED} {partitions:?} of {}: {how} {stopped:?} in {:.0} ms",
+                        generation,
+                        "rebalance {rebalance} (generation {generation}): {REVOKED} {partitions:?} of {}: {how} \
+                         {stopped:?} in {:.0} ms",
                         self.topic,
                         began.elapsed().as_secs_f64() * 1e3
                     );
@@ -304,6 +350,28 @@ impl<P: Partitions + Send> Membership<P> {
             *lock(&self.assigned_at) = Some(now);
         }
         Ok(())
+    }
+}
+
+/// This member's generation in its group as librdkafka knows it: the classic
+/// protocol's generation id, the consumer protocol's member epoch (each new assignment
+/// of the group raises it); -1 outside a group. A member evicted and joining again
+/// comes back in a new one.
+fn generation<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> i32 {
+    use rdkafka::bindings::{
+        rd_kafka_consumer_group_metadata, rd_kafka_consumer_group_metadata_destroy,
+        rd_kafka_consumer_group_metadata_generation_id,
+    };
+    // SAFETY: the client pointer lives as long as `consumer`; the metadata is a copy
+    // this function owns (null when the consumer has no group) and destroys once read.
+    unsafe {
+        let metadata = rd_kafka_consumer_group_metadata(consumer.client().native_ptr());
+        if metadata.is_null() {
+            return -1;
+        }
+        let generation = rd_kafka_consumer_group_metadata_generation_id(metadata);
+        rd_kafka_consumer_group_metadata_destroy(metadata);
+        generation
     }
 }
 
@@ -796,9 +864,15 @@ struct MemberFailed(String);
 /// what librdkafka says, and for a static member fenced by another what to do.
 fn member_failed(options: &KafkaOptions, (code, reason): (RDKafkaErrorCode, String)) -> anyhow::Error {
     let advice = match (code, &options.instance_id) {
+        // Classic groups fence the member already there; KIP-848's refuse the newcomer.
         (RDKafkaErrorCode::FencedInstanceId, Some(id)) => format!(
             ": another consumer joined group {} with this one's [source] instance_id = {id:?} (each host needs \
              its own; a restarted host's old process must have ended)",
+            options.group
+        ),
+        (RDKafkaErrorCode::UnreleasedInstanceId, Some(id)) => format!(
+            ": another consumer of group {} holds this one's [source] instance_id = {id:?} (each host needs \
+             its own; a restarted host's old process must have ended, or its session timed out)",
             options.group
         ),
         _ => String::new(),
@@ -910,6 +984,7 @@ mod tests {
             topic: "positions".into(),
             group: "sluice-test".into(),
             instance_id: None,
+            group_protocol: GroupProtocol::Classic,
             properties: BTreeMap::new(),
             stop_when_idle: None,
             commits_group_offsets: true,
