@@ -409,9 +409,12 @@ install_binary() {
 # --- A local broker ------------------------------------------------------------------
 # The one-node Apache Kafka the tests run (dev/kafka/broker.sh), kept running in the
 # background for a user's own `sluice run`: its data, log and pid in $KAFKA_HOME, so a
-# restart keeps the topics. Topics a producer names are created with 4 partitions.
+# restart keeps the topics. Topics a producer names are created with 4 partitions. Its
+# ports: SLUICE_KAFKA_PORT (9092) for clients, SLUICE_KAFKA_CONTROLLER_PORT (the next) for
+# the controller.
 KAFKA_HOME="${SLUICE_KAFKA_HOME:-$HOME/.cache/sluice/kafka}"
 KAFKA_PORT="${SLUICE_KAFKA_PORT:-9092}"
+KAFKA_CONTROLLER_PORT="${SLUICE_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}"
 
 kafka_running() { [ -f "$KAFKA_HOME/pid" ] && kill -0 "$(cat "$KAFKA_HOME/pid")" 2>/dev/null; }
 
@@ -424,7 +427,7 @@ kafka_start() {
     # A cluster id as Kafka writes them: 16 random bytes, URL-safe base64, not starting with '-'.
     [ -f "$KAFKA_HOME/cluster-id" ] ||
         head -c 16 /dev/urandom | base64 | tr '+/' '-_' | cut -c 1-22 | sed 's/^-/A/' >"$KAFKA_HOME/cluster-id"
-    nohup dev/kafka/broker.sh "$KAFKA_HOME/node" 1 "$KAFKA_PORT" "$((KAFKA_PORT + 1))" \
+    nohup dev/kafka/broker.sh "$KAFKA_HOME/node" 1 "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" \
         "$(cat "$KAFKA_HOME/cluster-id")" standalone num.partitions=4 >"$KAFKA_HOME/stdout" 2>&1 &
     echo $! >"$KAFKA_HOME/pid"
     local waited=0

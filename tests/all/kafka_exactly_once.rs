@@ -127,7 +127,8 @@ fn exactly_once_outputs_stay_exactly_once_when_the_partitions_leader_dies() -> R
     };
     let minute = Duration::from_secs(60);
     let started = std::time::Instant::now();
-    while broker.committed("eos-failover", "positions")?.values().all(|&offset| offset <= 0) {
+    // A lookup the group coordinator is not ready to answer counts as nothing committed.
+    while !broker.committed("eos-failover", "positions").is_ok_and(|c| c.values().any(|&offset| offset > 0)) {
         assert!(started.elapsed() < minute, "the job committed nothing:\n{}", host.log());
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -138,8 +139,9 @@ fn exactly_once_outputs_stay_exactly_once_when_the_partitions_leader_dies() -> R
         broker.kill_node(leader)?;
         loader.join().expect("the producer thread").map(drop)
     })?;
-    let moved_to = broker.leader("positions", 0)?;
-    assert_ne!(moved_to, leader, "partition 0's leadership moved");
+    // Every record was acknowledged by the surviving replicas, so a new leader was elected.
+    let moved = broker.leader("positions", 0).is_ok_and(|now| now != leader);
+    assert!(moved, "partition 0's leadership moved off node {}", leader + 1);
     broker.wait_committed("eos-failover", "positions", count as i64, Duration::from_secs(180))?;
     println!("node {} killed: every record committed {:?} later", leader + 1, killed_at.elapsed());
     host.terminate()?;

@@ -1,7 +1,8 @@
 //! `./dev.sh doctor` against scratch trees: set-up installs a prerequisite exactly when
 //! what the build loads is absent, whatever look-alikes are present. And `./dev.sh
-//! install`, which ships the binary without its debug info; and the README and `docs/`,
-//! whose links all reach a file and a heading.
+//! install`, which ships the binary without its debug info; `./dev.sh kafka`, a local
+//! broker that `sluice generate --to` fills; and the README and `docs/`, whose links all
+//! reach a file and a heading.
 //!
 //! The file checks are rooted at `SLUICE_SETUP_ROOT` and the test servers looked up in
 //! `SLUICE_TOOLS`, so each case lays out a fake `/usr/lib/llvm-*` or tools directory.
@@ -11,6 +12,7 @@ use std::collections::HashSet;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 /// The doctor's line for prerequisite `name` with the file checks rooted at `root` and
 /// the test servers looked up in `tools`.
@@ -176,6 +178,95 @@ fn install_splits_the_debug_info_off_the_binary() -> Result<()> {
     assert!(sections.contains(".gnu_debuglink") && !sections.contains(".debug_info"), "{sections}");
     let help = Command::new(&installed).arg("--help").output()?;
     assert!(help.status.success() && String::from_utf8_lossy(&help.stdout).contains("run"));
+    Ok(())
+}
+
+/// `./dev.sh kafka start` starts the tests' one-node broker in the background and prints
+/// its address (a second start says it runs already); `sluice generate --to` produces
+/// the generator's records to a topic there, which the broker creates with 4
+/// partitions: exactly the records `sluice generate` prints, each keyed by its vehicle
+/// and timestamped with its `ts`; `./dev.sh kafka stop` stops the broker.
+#[test]
+fn the_local_broker_takes_the_generators_records_and_stops() -> Result<()> {
+    use rdkafka::Message;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let home = tempfile::tempdir()?;
+    let (port, controller) = (sluice_e2e::free_port()?, sluice_e2e::free_port()?);
+    let dev_sh = repository_root()?.join("dev.sh");
+    let kafka = |command: &str| -> Result<String> {
+        let output = Command::new("bash")
+            .arg(&dev_sh)
+            .args(["kafka", command])
+            .env("SLUICE_KAFKA_HOME", home.path())
+            .env("SLUICE_KAFKA_PORT", port.to_string())
+            .env("SLUICE_KAFKA_CONTROLLER_PORT", controller.to_string())
+            .output()?;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        anyhow::ensure!(
+            output.status.success(),
+            "kafka {command}: {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(stdout)
+    };
+    let bootstrap = format!("127.0.0.1:{port}");
+    let started = kafka("start")?;
+    // Stopped however the test ends.
+    struct Stop<F: Fn(&str) -> Result<String>>(F);
+    impl<F: Fn(&str) -> Result<String>> Drop for Stop<F> {
+        fn drop(&mut self) {
+            (self.0)("stop").ok();
+        }
+    }
+    let stop = Stop(kafka);
+    assert!(started.contains(&format!("Apache Kafka 4.4.0 at {bootstrap}")), "{started}");
+    assert!((stop.0)("start")?.contains("already running"));
+
+    let fleet = ["--vehicles", "20", "--count", "500", "--seed", "3"];
+    let produced = sluice_e2e::sluice()
+        .arg("generate")
+        .args(fleet)
+        .args(["--to", &format!("kafka://{bootstrap}/positions")])
+        .output()?;
+    let stderr = String::from_utf8_lossy(&produced.stderr);
+    assert!(produced.status.success() && stderr.contains("produced 500 records to topic positions"), "{stderr}");
+    let printed = sluice_e2e::sluice().arg("generate").args(fleet).output()?;
+    let mut expected: Vec<(String, String, i64)> = String::from_utf8(printed.stdout)?
+        .lines()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line)?;
+            let key = value["vehicle_id"].as_str().context("vehicle_id")?.to_string();
+            Ok((key, line.to_string(), value["ts"].as_i64().context("ts")?))
+        })
+        .collect::<Result<_>>()?;
+
+    let consumer: BaseConsumer =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", &bootstrap).set("group.id", "setup-check").create()?;
+    let metadata = consumer.fetch_metadata(Some("positions"), Duration::from_secs(10))?;
+    let partitions = metadata.topics()[0].partitions().len();
+    assert_eq!(partitions, 4, "the local broker creates topics with 4 partitions");
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions as i32 {
+        assignment.add_partition_offset("positions", p, rdkafka::Offset::Beginning)?;
+    }
+    consumer.assign(&assignment)?;
+    let mut read = Vec::new();
+    let started = std::time::Instant::now();
+    while read.len() < expected.len() && started.elapsed() < Duration::from_secs(60) {
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else { continue };
+        let message = message?;
+        let text = |bytes: Option<&[u8]>| String::from_utf8_lossy(bytes.unwrap_or_default()).into_owned();
+        let timestamp = message.timestamp().to_millis().context("a timestamp")?;
+        read.push((text(message.key()), text(message.payload()), timestamp));
+    }
+    expected.sort();
+    read.sort();
+    assert_eq!(read, expected, "the topic holds the records the generator prints, keyed and timestamped");
+
+    let stopped = (stop.0)("stop")?;
+    assert!(stopped.contains("stopped"), "{stopped}");
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err(), "nothing listens once stopped");
+    assert!((stop.0)("stop")?.contains("not running"));
     Ok(())
 }
 

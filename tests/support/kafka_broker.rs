@@ -347,7 +347,7 @@ impl KafkaBroker {
         let mut by_partition: BTreeMap<i32, Vec<KafkaRecord>> = BTreeMap::new();
         loop {
             if let Some(message) = consumer.poll(std::time::Duration::from_millis(100)) {
-                let message = message?;
+                let Some(message) = delivered(message)? else { continue };
                 let headers = message
                     .headers()
                     .map(|h| {
@@ -397,7 +397,7 @@ impl KafkaBroker {
         let mut last = std::time::Instant::now();
         while read.len() < count && last.elapsed() < std::time::Duration::from_secs(5) {
             let Some(message) = consumer.poll(std::time::Duration::from_millis(100)) else { continue };
-            let message = message?;
+            let Some(message) = delivered(message)? else { continue };
             last = std::time::Instant::now();
             read.push((message.offset(), String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned()));
         }
@@ -499,6 +499,19 @@ pub struct KafkaRecord {
     pub value: Value,
     /// The headers, as text.
     pub headers: BTreeMap<String, String>,
+}
+
+/// The message a poll gave, `None` for the broken connection to a node that died
+/// (librdkafka reports it, and reconnects or fetches from the partition's new leader by
+/// itself), or the error.
+fn delivered<M>(polled: rdkafka::error::KafkaResult<M>) -> Result<Option<M>> {
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+    match polled {
+        Ok(message) => Ok(Some(message)),
+        Err(KafkaError::MessageConsumption(RDKafkaErrorCode::BrokerTransportFailure)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A new random cluster id, as Kafka writes them: 16 bytes in URL-safe base64 without

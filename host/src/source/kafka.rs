@@ -7,8 +7,9 @@
 //! only advanced after state commits, for lag tooling.
 //!
 //! Several hosts share a group (and a checkpoint store): Kafka decides which host owns
-//! which partition. With cooperative-sticky assignment a rebalance moves only the
-//! partitions that change owner; the old owner hands each over (last batch finished,
+//! which partition, under the classic group protocol (cooperative-sticky assignment) or
+//! KIP-848's consumer protocol (the broker assigns), as `[source] group_protocol` says.
+//! Either way a rebalance moves only the partitions that change owner; the old owner hands each over (last batch finished,
 //! last checkpoint uploaded) inside the revocation callback, before the group lets the
 //! new owner have it, and the new owner keeps it paused until its state is restored.
 //!
