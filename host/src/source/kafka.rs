@@ -58,6 +58,11 @@ use std::time::{Duration, Instant};
 
 /// How often the group's committed offsets follow the state's.
 const GROUP_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+/// How often every partition's offset goes to the group again, moved or not: a commit
+/// may fail (one sent as a rebalance begins carries a generation that is over), and
+/// librdkafka tells a manual asynchronous commit's failure only to its log, so a
+/// partition without new records would keep a stale offset — a false lag — for good.
+const GROUP_RECOMMIT_INTERVAL: Duration = Duration::from_secs(10);
 /// How long a start waits for the topic's metadata before it says the brokers are
 /// unreachable.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -442,6 +447,8 @@ struct PollState {
     /// The last moment there was work: a record arrived, or a worker had some left.
     last_busy: Instant,
     last_commit: Instant,
+    /// When every partition's offset last went to the group.
+    last_recommit: Instant,
     last_flush: Instant,
     /// The offsets last committed to the group, by partition.
     group_offsets: BTreeMap<u32, u64>,
@@ -465,6 +472,7 @@ fn poll<P: Partitions + Send>(
     let mut state = PollState {
         last_busy: now,
         last_commit: now,
+        last_recommit: now,
         last_flush: now,
         group_offsets: BTreeMap::new(),
         backed_up: BTreeSet::new(),
@@ -579,7 +587,8 @@ impl PollState {
     }
 
     /// Commits to the group the offsets the partitions' states reached since the last
-    /// time, without waiting for the answer.
+    /// time, without waiting for the answer; all of them every
+    /// [`GROUP_RECOMMIT_INTERVAL`].
     fn commit_group_offsets<C: ConsumerContext>(
         &mut self,
         consumer: &BaseConsumer<C>,
@@ -587,12 +596,21 @@ impl PollState {
         partitions: &impl Partitions,
     ) {
         self.last_commit = Instant::now();
-        let changed: Vec<(u32, u64)> = partitions
-            .committed_offsets()
-            .into_iter()
-            .filter(|&(p, offset)| self.group_offsets.insert(p, offset) != Some(offset))
-            .collect();
-        commit(consumer, topic, &changed, CommitMode::Async);
+        let all = self.last_recommit.elapsed() >= GROUP_RECOMMIT_INTERVAL;
+        if all {
+            self.last_recommit = self.last_commit;
+        }
+        let due = self.offsets_to_commit(partitions.committed_offsets(), all);
+        commit(consumer, topic, &due, CommitMode::Async);
+    }
+
+    /// Of the offsets the partitions' states `reached`, those to commit: the ones that
+    /// moved since the last commit, or `all`.
+    fn offsets_to_commit(&mut self, reached: Vec<(u32, u64)>, all: bool) -> Vec<(u32, u64)> {
+        if all {
+            self.group_offsets.clear();
+        }
+        reached.into_iter().filter(|&(p, offset)| self.group_offsets.insert(p, offset) != Some(offset)).collect()
     }
 }
 
@@ -1050,6 +1068,28 @@ mod tests {
         let owner = lock(&context.partitions);
         assert_eq!(owner.as_ref().unwrap().revoked, [(0, Stop::Handover), (1, Stop::Handover)], "in one call");
         assert_eq!(lock(&context.resuming).keys().collect::<Vec<_>>(), [&2], "a revoked partition never resumes");
+    }
+
+    /// Group offsets go to the group once each as they move, and all of them again now
+    /// and then: a commit that failed (one sent as a rebalance began, say) is not
+    /// reported, and an offset that no longer moves would otherwise stay stale for good.
+    #[test]
+    fn group_offsets_are_committed_as_they_move_and_all_again_now_and_then() {
+        let now = Instant::now();
+        let mut state = PollState {
+            last_busy: now,
+            last_commit: now,
+            last_recommit: now,
+            last_flush: now,
+            group_offsets: BTreeMap::new(),
+            backed_up: BTreeSet::new(),
+            starting: false,
+            reserved_warned: false,
+        };
+        assert_eq!(state.offsets_to_commit(vec![(2, 1148), (3, 847)], false), [(2, 1148), (3, 847)]);
+        assert_eq!(state.offsets_to_commit(vec![(2, 1148), (3, 900)], false), [(3, 900)], "only what moved");
+        assert_eq!(state.offsets_to_commit(vec![(2, 1148), (3, 900)], false), [], "nothing moved");
+        assert_eq!(state.offsets_to_commit(vec![(2, 1148), (3, 900)], true), [(2, 1148), (3, 900)], "all again");
     }
 
     #[test]
