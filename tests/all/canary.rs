@@ -156,8 +156,10 @@ fn records_processed_again_after_a_kill_9_go_where_the_first_run_sent_them() -> 
 fn a_deploy_ends_the_canary() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
+    // 10 s of records: both deploys land while it runs, however slow a loaded machine
+    // makes the `sluice deploy` commands.
     let PacedJob { config, mut host, .. } =
-        PacedJob::start(dir, (100, 30_000), 6_000, &operator_wasm("vehicle_stats"), "")?;
+        PacedJob::start(dir, (100, 60_000), 6_000, &operator_wasm("vehicle_stats"), "")?;
     let deploy = |file: &str, canary: &[&str]| -> Result<String> {
         let mut command = sluice();
         command.args(["deploy", "vehicle_stats"]).arg(operator_wasm(file)).args(canary).arg("--config").arg(&config);

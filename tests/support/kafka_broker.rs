@@ -36,15 +36,23 @@ pub const SESSION_TIMEOUT: Duration = Duration::from_secs(6);
 /// timeouts short enough for a test to wait out. Classic groups take session timeouts
 /// from 1 s on (Kafka's floor is 6 s); KIP-848 (`consumer`) groups time a member out
 /// after [`SESSION_TIMEOUT`] with heartbeats every second (Kafka's defaults are 45 s
-/// and 5 s, and their floors as long).
-fn test_settings() -> Vec<String> {
-    vec![
+/// and 5 s, and their floors as long). A node alone never fences itself: frozen
+/// (SIGSTOP) past `broker.session.timeout.ms` (9 s by default), a one-node cluster's
+/// controller would fence its own broker on thawing, and its partitions would stay
+/// offline until it registered again — tens of seconds under load. A node of a larger
+/// cluster keeps Kafka's 9 s, the time a dead node's partitions wait for new leaders.
+fn test_settings(nodes: usize) -> Vec<String> {
+    let mut settings = vec![
         "group.min.session.timeout.ms=1000".into(),
         "group.consumer.min.session.timeout.ms=1000".into(),
         format!("group.consumer.session.timeout.ms={}", SESSION_TIMEOUT.as_millis()),
         "group.consumer.min.heartbeat.interval.ms=500".into(),
         "group.consumer.heartbeat.interval.ms=1000".into(),
-    ]
+    ];
+    if nodes == 1 {
+        settings.push("broker.session.timeout.ms=600000".into());
+    }
+    settings
 }
 
 /// An Apache Kafka cluster (KRaft) on loopback; stopped when dropped, its logs kept.
@@ -128,7 +136,7 @@ impl KafkaBroker {
             .arg(self.node_dir(i))
             .args([node.id.to_string(), node.port.to_string(), node.controller_port.to_string()])
             .args([self.cluster_id.clone(), voters])
-            .args(test_settings())
+            .args(test_settings(self.nodes.len()))
             .stdin(Stdio::null())
             .stdout(output.try_clone()?)
             .stderr(output);
