@@ -424,9 +424,9 @@ kafka_start() {
         return 0
     fi
     mkdir -p "$KAFKA_HOME"
-    # A cluster id as Kafka writes them: 16 random bytes, URL-safe base64, not starting with '-'.
+    # A cluster id as Kafka writes them: 16 random bytes in URL-safe base64, unpadded.
     [ -f "$KAFKA_HOME/cluster-id" ] ||
-        head -c 16 /dev/urandom | base64 | tr '+/' '-_' | cut -c 1-22 | sed 's/^-/A/' >"$KAFKA_HOME/cluster-id"
+        head -c 16 /dev/urandom | base64 | tr '+/' '-_' | cut -c 1-22 >"$KAFKA_HOME/cluster-id"
     nohup dev/kafka/broker.sh "$KAFKA_HOME/node" 1 "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" \
         "$(cat "$KAFKA_HOME/cluster-id")" standalone num.partitions=4 >"$KAFKA_HOME/stdout" 2>&1 &
     echo $! >"$KAFKA_HOME/pid"

@@ -10,8 +10,8 @@
 # cluster whose nodes share CLUSTER_ID. The internal topics (group offsets, transaction
 # state, share groups) and new topics are replicated to every node, three at most, and
 # stay writable with one node down where there are three. KEY=VALUE settings are
-# appended to the properties (later ones win). The data is formatted on the first start only, so a
-# node stopped or killed starts again with its log. The jars come from
+# appended to the properties (later ones win). The data is formatted on the first start
+# only, so a node stopped or killed starts again with its log. The jars come from
 # $SLUICE_KAFKA_LIBS (./dev.sh set-up installs them; see dev/kafka/pom.xml).
 set -euo pipefail
 [ $# -ge 6 ] || {

@@ -110,7 +110,6 @@ fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() ->
 #[test]
 fn exactly_once_outputs_stay_exactly_once_when_the_partitions_leader_dies() -> Result<()> {
     let broker = KafkaBroker::start_cluster(3)?;
-    println!("{broker} started in {:?}", broker.start_time);
     broker.create_topic("positions", 2)?;
     broker.create_topic("summaries", 2)?;
     let dir = tempfile::tempdir()?;

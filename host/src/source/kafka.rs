@@ -9,9 +9,10 @@
 //! Several hosts share a group (and a checkpoint store): Kafka decides which host owns
 //! which partition, under the classic group protocol (cooperative-sticky assignment) or
 //! KIP-848's consumer protocol (the broker assigns), as `[source] group_protocol` says.
-//! Either way a rebalance moves only the partitions that change owner; the old owner hands each over (last batch finished,
-//! last checkpoint uploaded) inside the revocation callback, before the group lets the
-//! new owner have it, and the new owner keeps it paused until its state is restored.
+//! Either way a rebalance moves only the partitions that change owner; the old owner
+//! hands each over (last batch finished, last checkpoint uploaded) inside the revocation
+//! callback, before the group lets the new owner have it, and the new owner keeps it
+//! paused until its state is restored.
 //!
 //! Before a partition resumes, its state's offset is checked against the log's range
 //! ([`resume_offset`]): records retention deleted before the job read them, or a log
@@ -159,11 +160,10 @@ impl KafkaOptions {
     /// names, as all brokers of a cluster are set alike.
     fn broker_session_timeout(&self) -> Result<Duration> {
         use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-        let consumer: BaseConsumer = self.client_config().create()?;
-        let metadata = consumer.fetch_metadata(Some(&self.topic), METADATA_TIMEOUT)?;
-        let broker = metadata.brokers().first().context("the metadata names no broker")?.id();
         let admin: AdminClient<rdkafka::client::DefaultClientContext> =
             client_config(&self.brokers, &[], &BTreeMap::new()).create()?;
+        let metadata = admin.inner().fetch_metadata(Some(&self.topic), METADATA_TIMEOUT)?;
+        let broker = metadata.brokers().first().context("the metadata names no broker")?.id();
         let options = AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT));
         let described =
             futures::executor::block_on(admin.describe_configs(&[ResourceSpecifier::Broker(broker)], &options))?;
@@ -468,17 +468,7 @@ fn poll<P: Partitions + Send>(
     stopping: &AtomicBool,
 ) -> Result<Stop> {
     let context = consumer.context();
-    let now = Instant::now();
-    let mut state = PollState {
-        last_busy: now,
-        last_commit: now,
-        last_recommit: now,
-        last_flush: now,
-        group_offsets: BTreeMap::new(),
-        backed_up: BTreeSet::new(),
-        starting: false,
-        reserved_warned: false,
-    };
+    let mut state = PollState::new(Instant::now());
     loop {
         if stopping.load(Ordering::Relaxed) {
             return Ok(Stop::Handover);
@@ -535,6 +525,20 @@ fn poll<P: Partitions + Send>(
 }
 
 impl PollState {
+    /// A poll loop's state as it starts, at `now`: nothing committed, nothing backed up.
+    fn new(now: Instant) -> Self {
+        PollState {
+            last_busy: now,
+            last_commit: now,
+            last_recommit: now,
+            last_flush: now,
+            group_offsets: BTreeMap::new(),
+            backed_up: BTreeSet::new(),
+            starting: false,
+            reserved_warned: false,
+        }
+    }
+
     /// Resumes the partitions whose start completed (once the broker's offsets agree)
     /// and pauses those whose worker stopped alone; returns whether any partition still
     /// waits to resume, and whether some stopped and none is left here.
@@ -1075,17 +1079,7 @@ mod tests {
     /// reported, and an offset that no longer moves would otherwise stay stale for good.
     #[test]
     fn group_offsets_are_committed_as_they_move_and_all_again_now_and_then() {
-        let now = Instant::now();
-        let mut state = PollState {
-            last_busy: now,
-            last_commit: now,
-            last_recommit: now,
-            last_flush: now,
-            group_offsets: BTreeMap::new(),
-            backed_up: BTreeSet::new(),
-            starting: false,
-            reserved_warned: false,
-        };
+        let mut state = PollState::new(Instant::now());
         assert_eq!(state.offsets_to_commit(vec![(2, 1148), (3, 847)], false), [(2, 1148), (3, 847)]);
         assert_eq!(state.offsets_to_commit(vec![(2, 1148), (3, 900)], false), [(3, 900)], "only what moved");
         assert_eq!(state.offsets_to_commit(vec![(2, 1148), (3, 900)], false), [], "nothing moved");
