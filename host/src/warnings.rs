@@ -28,6 +28,9 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 const SKEW_LEAST_ENTRIES: u64 = 1000;
 /// A batch p99 shorter than this is not called skewed: fast is fast.
 const SKEW_LEAST_BATCH_P99: Duration = Duration::from_millis(10);
+/// A partition whose p99 is taken over fewer batches than this is not called skewed in
+/// time: its p99 is its slowest batch, which one stall of a loaded machine sets.
+const SKEW_LEAST_BATCHES: u64 = 100;
 
 /// Watches a running job's numbers against `[report]`'s thresholds.
 pub struct Watch {
@@ -93,9 +96,6 @@ impl Watch {
 
     fn skew(&self, partitions: &[(u32, Arc<PartitionStats>)]) -> Vec<(&'static str, String)> {
         let ratio = self.thresholds.skew_ratio;
-        let largest = |value: fn(&PartitionStats) -> u64| {
-            partitions.iter().max_by_key(|(_, s)| value(s)).map(|(p, _)| *p).unwrap_or_default()
-        };
         let mut found = Vec::new();
         let entries = |s: &PartitionStats| s.entries.load(Ordering::Relaxed);
         if let Some(skew) = Skew::of(partitions.iter().map(|(_, s)| entries(s)))
@@ -108,7 +108,7 @@ impl Watch {
                     "{SKEWED_STATE}: partition {} holds {} state entries, {:.1} times the median partition's {} \
                      ([report] skew_ratio = {ratio}): it sets how long its restore and every rebalance that moves it \
                      take. A key that spreads better, or more partitions, evens it out",
-                    largest(entries),
+                    partitions.iter().max_by_key(|(_, s)| entries(s)).map(|(p, _)| *p).unwrap_or_default(),
                     skew.largest,
                     skew.ratio,
                     skew.median
@@ -116,18 +116,21 @@ impl Watch {
             ));
         }
         let p99 = |s: &PartitionStats| s.batch_p99_us.load(Ordering::Relaxed);
-        if let Some(skew) = Skew::of(partitions.iter().map(|(_, s)| p99(s)))
-            && skew.ratio >= ratio
-            && Duration::from_micros(skew.largest) >= SKEW_LEAST_BATCH_P99
+        // The median over every partition; the slowest among those whose p99 is a tail.
+        let tails =
+            partitions.iter().filter(|(_, s)| s.batch_times_counted.load(Ordering::Relaxed) >= SKEW_LEAST_BATCHES);
+        if let Some(median) = Skew::of(partitions.iter().map(|(_, s)| p99(s))).map(|skew| skew.median)
+            && let Some((slowest, stats)) = tails.max_by_key(|(_, s)| p99(s))
+            && p99(stats) as f64 >= ratio * median as f64
+            && Duration::from_micros(p99(stats)) >= SKEW_LEAST_BATCH_P99
         {
             found.push((
                 SKEWED_TIME,
                 format!(
-                    "{SKEWED_TIME}: partition {}'s batches take {:.1} ms at p99, {:.1} times the median partition's \
+                    "{SKEWED_TIME}: partition {slowest}'s batches take {:.1} ms at p99, {:.1} times the median partition's \
                      ([report] skew_ratio = {ratio}): the slowest partition sets the job's pace. Look for a hot key",
-                    largest(p99),
-                    skew.largest as f64 / 1e3,
-                    skew.ratio
+                    p99(stats) as f64 / 1e3,
+                    p99(stats) as f64 / median as f64
                 ),
             ));
         }
@@ -262,5 +265,35 @@ mod tests {
         let (kind, text) = watch.standby_behind().expect("two copies behind");
         assert_eq!(kind, STANDBY_BEHIND);
         assert!(text.contains("partitions 2 (9 checkpoints), 3 (not followed)"), "{text}");
+    }
+
+    /// The slowest partition by batch p99 is named only where its p99 is taken over 100
+    /// batches or more: a quiet partition's one stalled batch is not a skew.
+    #[test]
+    fn time_skew_names_a_slow_tail_not_one_stalled_batch() {
+        let partition = |p99_ms: u64, batches: u64| {
+            let stats = Arc::new(PartitionStats::new(0, 0, "v"));
+            stats.batch_p99_us.store(p99_ms * 1000, Ordering::Relaxed);
+            stats.batch_times_counted.store(batches, Ordering::Relaxed);
+            stats
+        };
+        let watch = Watch::new(ReportConfig::default(), None, LiveStats::default(), Arc::default());
+        let skewed = |partitions: &[(u32, Arc<PartitionStats>)]| {
+            watch
+                .skew(partitions)
+                .into_iter()
+                .filter(|(kind, _)| *kind == SKEWED_TIME)
+                .map(|(_, text)| text)
+                .collect::<Vec<_>>()
+        };
+        let mut partitions =
+            vec![(0, partition(40, 1000)), (1, partition(115, 40)), (2, partition(1, 40)), (3, partition(1, 40))];
+        let found = skewed(&partitions);
+        assert!(
+            found.len() == 1 && found[0].starts_with("processing-time skew: partition 0's batches take 40.0 ms"),
+            "{found:?}"
+        );
+        partitions[0] = (0, partition(2, 1000));
+        assert_eq!(skewed(&partitions), Vec::<String>::new(), "partition 1's p99 is one batch of 40");
     }
 }

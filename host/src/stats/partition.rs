@@ -62,6 +62,9 @@ pub struct PartitionStats {
     pub batch_p99_us: AtomicU64,
     /// The longest of the worker's recent batches' processing time, µs.
     pub batch_max_us: AtomicU64,
+    /// How many recent batches `batch_p99_us` is taken over; under 100 it is their
+    /// maximum, which one stall of the machine sets.
+    pub batch_times_counted: AtomicU64,
     /// Every batch's processing time, s.
     pub batch_seconds: Histogram,
     /// When the newest checkpoint last held the partition's state (it completed, or a
@@ -108,6 +111,7 @@ impl PartitionStats {
             checkpoint_failures: AtomicU64::new(0),
             batch_p99_us: AtomicU64::new(0),
             batch_max_us: AtomicU64::new(0),
+            batch_times_counted: AtomicU64::new(0),
             batch_seconds: Histogram::of_durations(),
             checkpoint_at_ms: AtomicU64::new(now_ms()),
             lag: AtomicI64::new(-1),

@@ -50,6 +50,7 @@ impl BatchTimes {
         let (p99, max) = (sorted[sorted.len() * 99 / 100], sorted[sorted.len() - 1]);
         stats.batch_p99_us.store(crate::micros(p99), Ordering::Relaxed);
         stats.batch_max_us.store(crate::micros(max), Ordering::Relaxed);
+        stats.batch_times_counted.store(sorted.len() as u64, Ordering::Relaxed);
         if let Some(limit) = self.warn_at
             && (p99 >= limit || max >= limit)
             && self.warned.is_none_or(|at| at.elapsed() >= Self::WARN_EVERY)
