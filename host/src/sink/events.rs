@@ -23,6 +23,9 @@ pub const COVERED: &str = "outputs committed up to offset";
 /// to rebuild state whose commit a crash prevented.
 pub const REPLAYED_SILENTLY: &str = "processed again without outputs";
 
+/// Why a partition whose transaction failed to commit, unfenced, starts again.
+pub const COMMIT_FAILED: &str = "the transaction did not commit: nothing since the partition's last commit counts";
+
 /// Why a fenced producer stops: `fenced: another owner of this partition took over its
 /// transactions`.
 pub const FENCED: &str = "fenced: another owner of this partition took over its transactions";

@@ -26,7 +26,7 @@
 //!
 //! This module does not decide when to commit, and does not consume.
 
-use super::events::{ABORTED, COVERED, FENCED, REPLAYED_SILENTLY};
+use super::events::{ABORTED, COMMIT_FAILED, COVERED, FENCED, REPLAYED_SILENTLY};
 use super::kafka::{check_topic, headers, producer_config, refuses_the_record, send_dead_letter, send_waiting};
 use crate::kafka::client_config;
 use crate::record::{DeadLetter, Origin, Output};
@@ -229,7 +229,8 @@ impl PartitionTransaction {
     /// group has that offset already. A failure (this producer fenced by a newer owner
     /// above all) is the error; the transaction is aborted where it still can be, and
     /// where a commit timed out without an answer it may have committed: the next start
-    /// reads which.
+    /// reads which. A failure other than fencing (the broker unreachable, the
+    /// transaction coordinator moving to another broker) is a [`CommitFailed`].
     pub fn commit(&mut self, next_offset: u64) -> Result<()> {
         if !self.open && next_offset <= self.covered {
             return Ok(());
@@ -248,7 +249,10 @@ impl PartitionTransaction {
             // Open with the offsets if not with outputs.
             self.open = true;
             self.abort();
-            return Err(failure);
+            return Err(match failure.downcast::<Fenced>() {
+                Ok(fenced) => fenced.into(),
+                Err(failure) => CommitFailed(format!("{failure:#}")).into(),
+            });
         }
         self.covered = next_offset;
         self.open = false;
@@ -305,6 +309,15 @@ impl Drop for PartitionTransaction {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}: {FENCED}")]
 pub struct Fenced(String);
+
+/// A partition's transaction did not commit for a reason other than fencing — a broker
+/// lost, the transaction coordinator moving — so nothing since the partition's last
+/// commit committed, and a new producer may well succeed. Its partition starts again
+/// from its last commit, like a [`Fenced`] one (see [`Workers`](crate::worker::Workers)),
+/// rather than stopping the host.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}: {COMMIT_FAILED}")]
+pub struct CommitFailed(String);
 
 /// Logs the transactional producer's client errors; deliveries are settled by the
 /// transaction's commit.

@@ -43,7 +43,7 @@ use crate::lock;
 use crate::operator::replay::SwitchLog;
 use crate::operator::{Instantiate, OperatorStopped};
 use crate::record::{RestoredFrom, SourceRecord, Stop};
-use crate::sink::transaction::Fenced;
+use crate::sink::transaction::{CommitFailed, Fenced};
 use crate::source::Started;
 use crate::state::StateDir;
 use crate::stats::{DeadLetters, HostStats, LiveStats, ShadowReport, Totals};
@@ -279,7 +279,8 @@ impl Workers {
     /// nothing since its last commit committed, and starts again after a backoff (1, 2,
     /// 4… s; [`started`](Workers::started) returns it once it runs), for up to
     /// `[checkpoint] restore_retry_timeout` of runs that committed nothing, then stays
-    /// stopped as one the operator stopped. If another host claimed it in the checkpoint
+    /// stopped as one the operator stopped; so does one whose transaction failed to
+    /// commit otherwise ([`CommitFailed`]: a broker lost, the coordinator moving). If another host claimed it in the checkpoint
     /// store ([`ClaimedElsewhere`]), it was lost without a rebalance saying so: it stops,
     /// nothing since its last commit committed, counted as lost and no failure of this
     /// host, and is claimed back and started again after
@@ -298,7 +299,7 @@ impl Workers {
                 Err(_) => anyhow!("its worker panicked"),
             };
             let error = error.context(format!("partition {partition} stopped"));
-            if error.is::<Fenced>() {
+            if error.is::<Fenced>() || error.is::<CommitFailed>() {
                 self.restart(partition, error, progressed)?;
             } else if error.is::<ClaimedElsewhere>() {
                 self.host.lost.fetch_add(1, Ordering::Relaxed);
@@ -328,7 +329,7 @@ impl Workers {
         Ok(std::mem::take(&mut self.newly_failed))
     }
 
-    /// Starts fenced `partition` again after the next wait of its backoff — a new one
+    /// Starts fenced (or failed to commit) `partition` again after the next wait of its backoff — a new one
     /// if the run that failed had committed since it started — or, past its timeout,
     /// keeps it stopped alone with `error`.
     fn restart(&mut self, partition: u32, error: anyhow::Error, progressed: bool) -> Result<()> {
@@ -351,7 +352,7 @@ impl Workers {
             }
             None => {
                 let error = error.context(format!(
-                    "fenced for {:.0}s of tries ([checkpoint] restore_retry_timeout)",
+                    "failing for {:.0}s of tries ([checkpoint] restore_retry_timeout)",
                     backoff.elapsed().as_secs_f64()
                 ));
                 tracing::error!(partition, "{error:#}; {STOPPED_ALONE}");
