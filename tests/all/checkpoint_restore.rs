@@ -439,6 +439,10 @@ fn retention_keeps_the_newest_checkpoints_and_exactly_their_files() -> Result<()
     let list = String::from_utf8(list.stdout)?;
     assert_eq!(list.lines().count(), 1 + 4, "a header and two checkpoints per partition:\n{list}");
     assert!(list.contains("vehicle_stats@"), "{list}");
+    // `sluice checkpoints list | head -1`: the reader gone, the command ends quietly.
+    for command in [&["list"][..], &["verify", "--partition", "0"], &["estimate"]] {
+        run_into_closed_pipe(sluice().arg("checkpoints").args(command).arg("--store").arg(&store))?;
+    }
     Ok(())
 }
 

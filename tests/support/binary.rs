@@ -94,6 +94,24 @@ pub fn run_ok(command: &mut Command) -> Result<Output> {
     Ok(output)
 }
 
+/// Runs `command` with its stdout a pipe whose reader has gone (as `| head -0` leaves
+/// it), expecting it to end quietly and successfully, as Unix tools do; returns its
+/// stderr.
+pub fn run_into_closed_pipe(command: &mut Command) -> Result<String> {
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {command:?}"))?;
+    drop(child.stdout.take());
+    let output = child.wait_with_output()?;
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    if !output.status.success() || !stderr.is_empty() {
+        bail!("{command:?} into a closed pipe ended with {}:\n{stderr}", output.status);
+    }
+    Ok(stderr)
+}
+
 /// Runs `command`, expecting it to fail; returns its stderr.
 pub fn run_err(command: &mut Command) -> Result<String> {
     let output = command.output().with_context(|| format!("running {command:?}"))?;

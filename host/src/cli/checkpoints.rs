@@ -11,6 +11,7 @@ use super::args::{CheckpointsCommand, StoreArgs};
 use anyhow::{Result, anyhow, bail};
 use sluice::checkpoint::{self, CheckpointStore, bytes};
 use sluice::state::StateDir;
+use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, UNIX_EPOCH};
 use tokio::runtime::Runtime;
@@ -42,13 +43,16 @@ impl StoreArgs {
 
 /// `sluice checkpoints list`
 fn list_checkpoints(runtime: &Runtime, (store, partitions): &(CheckpointStore, u32), only: Option<u32>) -> Result<()> {
-    println!(
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
         "partition  checkpoint      offset    entries  files        size    uploaded  created                 operator"
-    );
+    )?;
     for partition in (0..*partitions).filter(|p| only.is_none_or(|only| only == *p)) {
         for id in runtime.block_on(store.checkpoint_ids(partition))? {
             match runtime.block_on(store.manifest(partition, id)) {
-                Ok(m) => println!(
+                Ok(m) => writeln!(
+                    out,
                     "{partition:>9}  {id:>10}  {:>10}  {:>9}  {:>5}  {:>10}  {:>10}  {}  {}",
                     m.offset,
                     m.entries,
@@ -57,8 +61,8 @@ fn list_checkpoints(runtime: &Runtime, (store, partitions): &(CheckpointStore, u
                     bytes(m.uploaded_bytes),
                     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(m.created_at_ms)),
                     m.operator
-                ),
-                Err(e) => println!("{partition:>9}  {id:>10}  unreadable: {e:#}"),
+                )?,
+                Err(e) => writeln!(out, "{partition:>9}  {id:>10}  unreadable: {e:#}")?,
             }
         }
     }
@@ -67,6 +71,7 @@ fn list_checkpoints(runtime: &Runtime, (store, partitions): &(CheckpointStore, u
 
 /// `sluice checkpoints verify`
 fn verify_checkpoint(runtime: &Runtime, store: &CheckpointStore, partition: u32, id: Option<u64>) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     let id = match id {
         Some(id) => id,
         None => *runtime
@@ -78,10 +83,10 @@ fn verify_checkpoint(runtime: &Runtime, store: &CheckpointStore, partition: u32,
     let mut bad = 0;
     for file in &manifest.files {
         match runtime.block_on(store.verify(partition, file)) {
-            Ok(()) => println!("ok   {} ({})", file.name, bytes(file.size)),
+            Ok(()) => writeln!(out, "ok   {} ({})", file.name, bytes(file.size))?,
             Err(e) => {
                 bad += 1;
-                println!("BAD  {e:#}");
+                writeln!(out, "BAD  {e:#}")?;
             }
         }
     }
@@ -91,11 +96,12 @@ fn verify_checkpoint(runtime: &Runtime, store: &CheckpointStore, partition: u32,
             manifest.files.len()
         );
     }
-    println!(
+    writeln!(
+        out,
         "checkpoint {id} of partition {partition} (offset {}): all {} files verified",
         manifest.offset,
         manifest.files.len()
-    );
+    )?;
     Ok(())
 }
 
@@ -105,6 +111,7 @@ fn estimate_restore(
     (store, partitions): &(CheckpointStore, u32),
     state_dir: Option<&Path>,
 ) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     // A directory a job has yet to write (missing or empty) holds no local state.
     let written = |dir: &&Path| std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some());
     let state = match state_dir.filter(written) {
@@ -121,6 +128,6 @@ fn estimate_restore(
         );
     }
     let all: Vec<u32> = (0..*partitions).collect();
-    println!("{}", runtime.block_on(checkpoint::restore::plan(state.as_ref(), &all, Some(store)))?);
+    writeln!(out, "{}", runtime.block_on(checkpoint::restore::plan(state.as_ref(), &all, Some(store)))?)?;
     Ok(())
 }

@@ -15,6 +15,7 @@ use std::io::Write;
 
 /// `sluice replay`
 pub fn replay(args: &ReplayArgs) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     let job = Config::load(&args.config)?;
     let store = match (&args.store, job.checkpoint.enabled) {
         (Some(store), _) => store.clone(),
@@ -51,7 +52,8 @@ pub fn replay(args: &ReplayArgs) -> Result<()> {
     };
     let replayed = replay::replay(&replay)?;
     let checkpoint = &replayed.checkpoint;
-    println!(
+    writeln!(
+        out,
         "replayed partition {} from checkpoint {} (offset {}) to offset {} with {}: {} records in {:.2}s into {}",
         checkpoint.partition,
         checkpoint.id,
@@ -61,14 +63,15 @@ pub fn replay(args: &ReplayArgs) -> Result<()> {
         replayed.records,
         replayed.took.as_secs_f64(),
         args.out.display()
-    );
+    )?;
     for caveat in &replayed.caveats {
-        println!("note: {caveat}");
+        writeln!(out, "note: {caveat}")?;
     }
     let Some(live) = &args.compare else { return Ok(()) };
     let diff = replayed.compare(live)?;
     write_differences(&args.out.join("differences.jsonl"), &diff)?;
-    println!(
+    writeln!(
+        out,
         "compared with {}: {} records and expiry groups, {} equal, {} different, {} only in the live outputs, {} only in \
          the replay's",
         live.display(),
@@ -77,7 +80,7 @@ pub fn replay(args: &ReplayArgs) -> Result<()> {
         diff.different,
         diff.only_left,
         diff.only_right
-    );
+    )?;
     for difference in diff.differences.iter().take(args.show) {
         let cause = difference.origin.cause.as_deref().map_or(String::new(), |cause| format!(" ({cause})"));
         let fields: Vec<String> = difference
@@ -85,10 +88,10 @@ pub fn replay(args: &ReplayArgs) -> Result<()> {
             .iter()
             .map(|f| format!("{} (live {}, replay {})", f.path, shown(&f.left), shown(&f.right)))
             .collect();
-        println!("  offset {}{cause}, key {}: {}", difference.origin.offset, difference.key, fields.join(", "));
+        writeln!(out, "  offset {}{cause}, key {}: {}", difference.origin.offset, difference.key, fields.join(", "))?;
     }
     if diff.differences.len() > args.show {
-        println!("  … {} more in differences.jsonl", diff.differences.len() - args.show);
+        writeln!(out, "  … {} more in differences.jsonl", diff.differences.len() - args.show)?;
     }
     if !diff.differences.is_empty() {
         bail!("the replay's outputs differ from {} for {} records", live.display(), diff.differences.len());

@@ -14,11 +14,13 @@ use sluice::checkpoint::{CheckpointStore, bytes};
 use sluice::metrics::partitions::{HostStatus, PartitionStatus, PartitionsAnswer};
 use sluice::state::StateDir;
 use sluice::stats;
+use std::io::Write;
 use std::path::Path;
 
 /// `sluice status`
 pub fn status(hosts: &[String]) -> Result<()> {
-    println!("{}", header());
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", header())?;
     let (mut footers, mut unreachable) = (Vec::new(), 0);
     for host in hosts {
         let answer = admin::call(host, Method::GET, admin::PARTITIONS_PATH, Vec::new()).and_then(|text| {
@@ -27,7 +29,7 @@ pub fn status(hosts: &[String]) -> Result<()> {
         match answer {
             Ok(answer) => {
                 for partition in &answer.partitions {
-                    println!("{}", row(host, partition));
+                    writeln!(out, "{}", row(host, partition))?;
                 }
                 footers.push(footer(host, &answer.host));
             }
@@ -39,7 +41,7 @@ pub fn status(hosts: &[String]) -> Result<()> {
         }
     }
     for footer in footers {
-        println!("{footer}");
+        writeln!(out, "{footer}")?;
     }
     if unreachable > 0 {
         bail!("{unreachable} of {} hosts did not answer", hosts.len());
@@ -79,10 +81,11 @@ fn footer(host: &str, status: &HostStatus) -> String {
 /// `sluice status --state-dir`: each partition's offset and entries as its state holds
 /// them, and its newest checkpoint in `store`.
 pub fn stored_status(state_dir: &Path, store: Option<&str>) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     let dir = StateDir::open_read_only(state_dir)?;
     let store = store.map(CheckpointStore::open_existing).transpose()?;
     let runtime = sluice::objects::runtime()?;
-    println!("{:>9}  {:>10}  {:>9}  newest checkpoint", "partition", "offset", "entries");
+    writeln!(out, "{:>9}  {:>10}  {:>9}  newest checkpoint", "partition", "offset", "entries")?;
     for p in 0..dir.partitions() {
         // A partition never started here has no database.
         let local = match dir.partition_path(p).exists() {
@@ -104,7 +107,7 @@ pub fn stored_status(state_dir: &Path, store: Option<&str>) -> Result<()> {
             },
             None => "- (no --store)".to_string(),
         };
-        println!("{p:>9}  {offset:>10}  {entries:>9}  {newest}");
+        writeln!(out, "{p:>9}  {offset:>10}  {entries:>9}  {newest}")?;
     }
     Ok(())
 }

@@ -21,11 +21,13 @@ use sluice::operator::deploy::{self, Sandbox};
 use sluice::operator::parse_share;
 use sluice::operator::registry::{self, Deployment, Registry, Trial, TrialRecord};
 use sluice::stats::ShadowReport;
+use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
 /// `sluice deploy`
 pub fn deploy_version(name: &str, file: &Path, job: JobTarget) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     let component = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let summary = match job.open(name)? {
         Job::Admin(admin) => {
@@ -41,13 +43,14 @@ pub fn deploy_version(name: &str, file: &Path, job: JobTarget) -> Result<()> {
             recorded(&deployment, poll_versions)
         }
     };
-    println!("deployed {summary}");
+    writeln!(out, "deployed {summary}")?;
     Ok(())
 }
 
 /// `sluice deploy --shadow` and `--canary SHARE`: `file` run as the operator's `trial`
 /// (a canary taking `share` of the keys).
 pub fn start_trial(name: &str, file: &Path, job: JobTarget, trial: Trial, share: Option<&str>) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     let component = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let share = share.map(parse_share).transpose()?;
     let (record, note) = match job.open(name)? {
@@ -72,12 +75,13 @@ pub fn start_trial(name: &str, file: &Path, job: JobTarget, trial: Trial, share:
     };
     let share =
         record.share.map_or(String::new(), |share| format!(" for {:.2}% of the keys", f64::from(share) / 100.0));
-    println!("{} {}{share} recorded; {note}", trial.name(), record.version);
+    writeln!(out, "{} {}{share} recorded; {note}", trial.name(), record.version)?;
     Ok(())
 }
 
 /// `sluice shadow promote`
 pub fn promote_shadow(name: &str, job: JobTarget) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     let summary = match job.open(name)? {
         Job::Admin(admin) => {
             let path = format!("/operators/{name}/promote");
@@ -97,12 +101,13 @@ pub fn promote_shadow(name: &str, job: JobTarget) -> Result<()> {
             recorded(&deployed?, poll_versions)
         }
     };
-    println!("promoted the shadow: deployed {summary}");
+    writeln!(out, "promoted the shadow: deployed {summary}")?;
     Ok(())
 }
 
 /// `sluice shadow stop`
 pub fn stop_shadow(name: &str, job: JobTarget) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     let stopped = match job.open(name)? {
         Job::Admin(admin) => {
             let answer = admin::call(&admin, Method::DELETE, &format!("/operators/{name}/shadow"), Vec::new())?;
@@ -112,35 +117,37 @@ pub fn stop_shadow(name: &str, job: JobTarget) -> Result<()> {
             .block_on(registry.stop_trial(Trial::Shadow))?
             .with_context(|| format!("operator {name} runs no shadow"))?,
     };
-    println!("stopped the shadow {}", stopped.version);
+    writeln!(out, "stopped the shadow {}", stopped.version)?;
     Ok(())
 }
 
 /// `sluice shadow status`
 pub fn shadow_status(name: &str, admins: &[String]) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     let mut all = ShadowReport::default();
-    println!(
+    writeln!(
+        out,
         "host                  partition  compared      equal  different  only-live  only-shadow  shadow-failed  \
          writes-differ  cpu-ratio  version"
-    );
+    )?;
     for admin in admins {
         let answer = admin::call(admin, Method::GET, &format!("/operators/{name}/shadow"), Vec::new())?;
         let status: ShadowStatus = serde_json::from_str(&answer).with_context(|| format!("the answer of {admin}"))?;
         for (partition, report) in &status.partitions {
-            println!("{}", status_row(admin, &partition.to_string(), report));
+            writeln!(out, "{}", status_row(admin, &partition.to_string(), report))?;
         }
         all.version = all.version.or(status.totals.version.clone());
         all.add(&status.totals);
         for (partition, report) in &status.partitions {
             if let Some(stopped) = &report.stopped {
-                println!("  partition {partition}: the shadow stopped here: {stopped}");
+                writeln!(out, "  partition {partition}: the shadow stopped here: {stopped}")?;
             }
             for sample in &report.samples {
-                println!("  partition {partition} {}", sample.describe());
+                writeln!(out, "  partition {partition} {}", sample.describe())?;
             }
         }
     }
-    println!("{}", status_row("all", "", &all));
+    writeln!(out, "{}", status_row("all", "", &all))?;
     Ok(())
 }
 
@@ -162,6 +169,7 @@ fn status_row(host: &str, partition: &str, r: &ShadowReport) -> String {
 
 /// `sluice rollback`
 pub fn roll_back(name: &str, job: JobTarget) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     let summary = match job.open(name)? {
         Job::Admin(admin) => {
             let path = format!("/operators/{name}/rollback");
@@ -171,11 +179,12 @@ pub fn roll_back(name: &str, job: JobTarget) -> Result<()> {
             let runtime = objects::runtime()?;
             // While a canary runs, a rollback ends it: every key returns to the version in force.
             if let Some(canary) = runtime.block_on(registry.stop_trial(Trial::Canary))? {
-                println!(
+                writeln!(
+                    out,
                     "ended the canary {}; running hosts return its keys within {}",
                     canary.version,
                     humantime::format_duration(poll_versions)
-                );
+                )?;
                 return Ok(());
             }
             let target = runtime.block_on(registry.rollback_target())?;
@@ -185,12 +194,13 @@ pub fn roll_back(name: &str, job: JobTarget) -> Result<()> {
             recorded(&deployment, poll_versions)
         }
     };
-    println!("rolled back to {summary}");
+    writeln!(out, "rolled back to {summary}")?;
     Ok(())
 }
 
 /// `sluice versions`
 pub fn versions(name: &str, job: JobTarget) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     let (history, running) = match job.open(name)? {
         Job::Admin(admin) => {
             let path = format!("/operators/{name}/versions");
@@ -203,13 +213,13 @@ pub fn versions(name: &str, job: JobTarget) -> Result<()> {
         bail!("operator {name} has no deployed versions yet (a job records its first when it starts)");
     }
     let current = registry::in_force(&history).last().map(|d| d.seq);
-    println!("  entry  recorded at               action    version                         origin");
+    writeln!(out, "  entry  recorded at               action    version                         origin")?;
     for deployment in &history {
         let mark = if Some(deployment.seq) == current { '*' } else { ' ' };
-        println!("{mark} {deployment}");
+        writeln!(out, "{mark} {deployment}")?;
     }
     if let Some(running) = running {
-        println!("this host runs {running}");
+        writeln!(out, "this host runs {running}")?;
     }
     Ok(())
 }
