@@ -393,6 +393,36 @@ fn differing_below(
     }
 }
 
+/// Reads the next line of `reader` into `line` (its newline included), up to `max`
+/// bytes of it and its newline, never holding more; returns the bytes the line had,
+/// its newline not counted (more than `max`: it was too long, and `line` holds its
+/// start), and `None` at the end of the input.
+pub fn read_line_bounded(
+    reader: &mut impl std::io::BufRead,
+    line: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Option<usize>> {
+    let mut read = 0;
+    loop {
+        let buffer = reader.fill_buf()?;
+        if buffer.is_empty() {
+            return Ok((read > 0).then_some(read));
+        }
+        let (chunk, ends) = match buffer.iter().position(|&b| b == b'\n') {
+            Some(at) => (&buffer[..=at], true),
+            None => (buffer, false),
+        };
+        let room = (max + 1).saturating_sub(line.len());
+        line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        let taken = chunk.len();
+        reader.consume(taken);
+        read += taken;
+        if ends {
+            return Ok(Some(read - 1));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

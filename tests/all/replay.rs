@@ -162,6 +162,18 @@ fn a_kafka_partition_replays_from_its_topic_byte_for_byte() -> Result<()> {
             |line: &String| serde_json::from_str::<Value>(line).is_ok_and(|e| e["partition"] == partition);
         assert_eq!(state, live_state.iter().filter(|l| of_partition(l)).cloned().collect::<Vec<_>>());
     }
+    // A replay stopping half-way under properties that name the job's group and commit
+    // on their own: the group's offsets stay where the live job left them.
+    let committed = job.broker.committed("sluice", "positions")?;
+    let committing = dir.join("committing.toml");
+    let properties = "[source.properties]\n\"group.id\" = \"sluice\"\n\"enable.auto.commit\" = \"true\"\n\
+                      \"auto.commit.interval.ms\" = \"10\"\n";
+    std::fs::write(&committing, std::fs::read_to_string(&config)? + properties)?;
+    let first = &checkpoint_manifests(&dir.join("state.checkpoints"), 0)?[0];
+    let (id, offset) = (first["id"].as_u64().context("an id")?, first["offset"].as_u64().context("an offset")?);
+    let until = (offset + 50).to_string();
+    run_ok(&mut replay(&committing, 0, id, &dir.join("half-way"), &["--until", &until]))?;
+    assert_eq!(job.broker.committed("sluice", "positions")?, committed, "the replay committed to the job's group");
     Ok(())
 }
 
@@ -271,5 +283,49 @@ fn a_replay_refuses_bad_input_by_name_and_changes_no_store() -> Result<()> {
     assert!(corrupt.contains(&format!("file `{name}` is corrupt")), "{corrupt}");
     assert!(corrupt.contains(&format!("restoring checkpoint {checkpoint} of partition 0")), "{corrupt}");
     assert_eq!(std::fs::read(&object)?, bytes, "the replay leaves the store's file as it was");
+    Ok(())
+}
+
+/// The newest checkpoint of a finished file job leaves nothing to replay: the replay
+/// says so (0 records) and compares equal. A line in the live file longer than any
+/// output of the job can be is refused by its number, unread past the bound. A
+/// symbolic link planted in the output directory once the replay started is refused,
+/// its target left as it was.
+#[test]
+fn a_replay_with_nothing_to_replay_a_planted_link_or_an_overlong_line_answers_clearly() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    generate(&input, 20, 2000, 4)?;
+    let job = run_checkpointed_job(dir.path(), "vehicle_stats", "", &input)?;
+    let live = dir.path().join("out.jsonl");
+
+    let mut newest = sluice();
+    newest.arg("replay").arg("--config").arg(&job).args(["--partition", "0", "--out"]).arg(dir.path().join("newest"));
+    let replayed = String::from_utf8(run_ok(newest.arg("--compare").arg(&live))?.stdout)?;
+    assert!(replayed.contains(": 0 records in"), "{replayed}");
+    assert!(replayed.contains(" 0 records and expiry groups, 0 equal, 0 different"), "{replayed}");
+
+    let (checkpoint, offset) = middle_checkpoint(dir.path(), 0)?;
+    let overlong = dir.path().join("overlong.jsonl");
+    let padding = "x".repeat(7 << 20);
+    std::fs::write(&overlong, format!("{{\"partition\":0,\"offset\":{offset},\"value\":\"{padding}\"}}\n"))?;
+    let err = run_err(replay(&job, 0, checkpoint, &dir.path().join("overlong"), &["--compare"]).arg(&overlong))?;
+    assert!(err.contains(&format!("{} line 1: 7340", overlong.display())), "{err}");
+    assert!(err.contains("longer than any output line of this job can be"), "{err}");
+
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, "mine")?;
+    let out = dir.path().join("planted");
+    let replaying = replay(&job, 0, checkpoint, &out, &[]).stderr(std::process::Stdio::piped()).spawn()?;
+    while !out.join("state").exists() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    std::os::unix::fs::symlink(&victim, out.join("outputs.jsonl"))
+        .context("planting the link before the replay wrote its outputs (it was faster than the test)")?;
+    let ended = replaying.wait_with_output()?;
+    let err = String::from_utf8_lossy(&ended.stderr);
+    assert!(!ended.status.success(), "{err}");
+    assert!(err.contains(&format!("creating {} (it must not exist)", out.join("outputs.jsonl").display())), "{err}");
+    assert_eq!(std::fs::read_to_string(&victim)?, "mine");
     Ok(())
 }

@@ -106,7 +106,8 @@ fn shown(value: &Option<serde_json::Value>) -> String {
 
 /// Writes every difference of `diff` to `path`, one JSON line each.
 fn write_differences(path: &std::path::Path, diff: &OutputDiff) -> Result<()> {
-    let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let file =
+        std::fs::File::create_new(path).with_context(|| format!("creating {} (it must not exist)", path.display()))?;
     let mut out = std::io::BufWriter::new(file);
     for difference in &diff.differences {
         serde_json::to_writer(&mut out, difference)?;

@@ -248,6 +248,23 @@ impl LineSink {
             .read(true)
             .open(path)
             .with_context(|| format!("opening {} for appending", path.display()))?;
+        Self::of_file(file, path, sync)
+    }
+
+    /// Writes to a new file at `path`, unsynced: refused if anything is there already —
+    /// a file, or a symbolic link planted to make it write elsewhere.
+    pub fn new_file(path: &Path) -> Result<Self> {
+        let file = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .read(true)
+            .open(path)
+            .with_context(|| format!("creating {} (it must not exist)", path.display()))?;
+        Self::of_file(file, path, false)
+    }
+
+    /// Writes to `file`, opened at `path`.
+    fn of_file(file: File, path: &Path, sync: bool) -> Result<Self> {
         let regular = file.metadata().with_context(|| format!("reading the metadata of {}", path.display()))?.is_file();
         if regular {
             cut_torn_line(&file).with_context(|| format!("repairing the end of {}", path.display()))?;

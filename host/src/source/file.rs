@@ -1,12 +1,13 @@
 //! A JSONL file as a source: one record per non-empty line.
 
 use super::events::LINE_TOO_LONG;
+use crate::lines::read_line_bounded;
 use crate::record::RawRecord;
 use anyhow::{Context, Result};
 use serde_json::value::RawValue;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 /// Reads records from a JSONL file. The key is the string (or number, as written) in
@@ -41,31 +42,6 @@ impl JsonlFile {
         })
     }
 
-    /// Reads the next line into `line` (its newline included), up to `max_line_bytes`
-    /// of it and its newline; returns the bytes the line had, its newline not counted
-    /// (more than `max_line_bytes`: it was too long), and `None` at the end of the file.
-    fn read_line(&mut self, line: &mut Vec<u8>) -> std::io::Result<Option<usize>> {
-        let mut read = 0;
-        loop {
-            let buffer = self.reader.fill_buf()?;
-            if buffer.is_empty() {
-                return Ok((read > 0).then_some(read));
-            }
-            let (chunk, ends) = match buffer.iter().position(|&b| b == b'\n') {
-                Some(at) => (&buffer[..=at], true),
-                None => (buffer, false),
-            };
-            let room = (self.max_line_bytes + 1).saturating_sub(line.len());
-            line.extend_from_slice(&chunk[..chunk.len().min(room)]);
-            let taken = chunk.len();
-            self.reader.consume(taken);
-            read += taken;
-            if ends {
-                return Ok(Some(read - 1));
-            }
-        }
-    }
-
     /// The key in `line`'s `key_field`: a string's text, or a number as written (so two
     /// numbers beyond what a float holds exactly stay two keys); empty without one.
     fn key_and_timestamp(&self, line: &[u8]) -> (Vec<u8>, i64) {
@@ -91,7 +67,7 @@ impl Iterator for JsonlFile {
         loop {
             self.line += 1;
             let mut line = Vec::new();
-            let read = match self.read_line(&mut line) {
+            let read = match read_line_bounded(&mut self.reader, &mut line, self.max_line_bytes) {
                 Ok(None) => return None,
                 Ok(Some(read)) => read,
                 Err(e) => return Some(Err(e).context(format!("reading {} line {}", self.path.display(), self.line))),

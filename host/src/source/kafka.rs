@@ -669,21 +669,26 @@ const READ_TIMEOUT: Duration = Duration::from_secs(30);
 impl PartitionReader {
     /// Reads `partition` of `topic` at `brokers` (with the source's `properties`) from
     /// offset `from` up to `until` (exclusive), or to the partition's end now. Fails,
-    /// naming the partition, when the log no longer holds `from`.
+    /// naming the partition, when the log no longer holds `from`. It belongs to no
+    /// group and commits nothing, whatever the properties say: a replay runs beside
+    /// the live job and must not move its group's offsets.
     pub fn open(
         (brokers, topic, properties): (&str, &str, &BTreeMap<String, String>),
         partition: u32,
         from: u64,
         until: Option<u64>,
     ) -> Result<Self> {
-        let defaults = [
+        let mut config = client_config(brokers, &[], properties);
+        for (name, value) in [
             ("group.id", "sluice-replay"),
             ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
             ("enable.partition.eof", "false"),
             ("auto.offset.reset", "error"),
-        ];
-        let consumer: BaseConsumer =
-            client_config(brokers, &defaults, properties).create().context("creating a Kafka consumer")?;
+        ] {
+            config.set(name, value);
+        }
+        let consumer: BaseConsumer = config.create().context("creating a Kafka consumer")?;
         let (low, high) = consumer
             .fetch_watermarks(topic, partition as i32, METADATA_TIMEOUT)
             .with_context(|| format!("reading the offsets of {topic}/{partition} at {brokers}"))?;

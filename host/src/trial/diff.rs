@@ -8,12 +8,11 @@
 //! the build, which differs by design). This module owns that comparison and its
 //! report; it does not own where the outputs come from.
 
-use crate::lines::{Compare, FieldDifference, differing_fields};
+use crate::lines::{Compare, FieldDifference, differing_fields, read_line_bounded};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::io::BufRead;
 use std::path::Path;
 
 /// What emitted a group of outputs: the record at `offset`, or (`cause` set) the
@@ -71,8 +70,14 @@ impl OutputDiff {
         let mut origins: Vec<&OriginKey> = left.keys().chain(right.keys()).collect();
         origins.sort_unstable();
         origins.dedup();
-        let extra = origins.iter().filter(|origin| origin.cause.is_some()).count() as u64;
-        diff.compared = records + extra;
+        // Every record, whether or not either run emitted for it, and every origin
+        // either run emitted for that is not one of them: expiry and timer groups, and
+        // lines at offsets the records did not reach.
+        let (caused, recorded) = origins.iter().fold((0, 0), |(c, r), o| match o.cause {
+            Some(_) => (c + 1, r),
+            None => (c, r + 1),
+        });
+        diff.compared = records.max(recorded) + caused;
         for origin in origins {
             let empty = Vec::new();
             let (l, r) = (left.get(origin).unwrap_or(&empty), right.get(origin).unwrap_or(&empty));
@@ -96,17 +101,26 @@ impl OutputDiff {
 
 /// The output lines of `partition` from `from` up to `until` (exclusive) in the JSONL
 /// file at `path`, as the file sink writes them; blank lines skipped, anything else
-/// that is not such a line an error naming the line.
-pub fn read_outputs(path: &Path, partition: u32, from: u64, until: u64) -> Result<Vec<Value>> {
+/// that is not such a line an error naming the line — one longer than `max_line_bytes`
+/// too, read no further than that.
+pub fn read_outputs(path: &Path, partition: u32, from: u64, until: u64, max_line_bytes: usize) -> Result<Vec<Value>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut lines = Vec::new();
-    for (number, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let at = || format!("{} line {}", path.display(), number + 1);
-        let line = line.with_context(at)?;
-        if line.trim().is_empty() {
+    let mut reader = std::io::BufReader::new(file);
+    let (mut lines, mut line) = (Vec::new(), Vec::new());
+    for number in 1.. {
+        let at = || format!("{} line {number}", path.display());
+        line.clear();
+        let Some(read) = read_line_bounded(&mut reader, &mut line, max_line_bytes).with_context(at)? else { break };
+        if read > max_line_bytes {
+            return Err(anyhow::anyhow!(
+                "{read} bytes, longer than any output line of this job can be ({max_line_bytes})"
+            ))
+            .with_context(at);
+        }
+        if line.trim_ascii().is_empty() {
             continue;
         }
-        let value: Value = serde_json::from_str(&line).with_context(at)?;
+        let value: Value = serde_json::from_slice(&line).with_context(at)?;
         let (Some(p), Some(offset)) = (value["partition"].as_u64(), value["offset"].as_u64()) else {
             return Err(anyhow::anyhow!("not an output line: it has no \"partition\" and \"offset\"")).with_context(at);
         };
@@ -217,5 +231,7 @@ mod tests {
         assert_eq!(diff.differences[0].fields[0].right, Some(true.into()));
         assert_eq!(diff.differences[0].key, json!("k"));
         assert_eq!(OutputDiff::of(&left, &left, 6).differences, []);
+        let beyond = OutputDiff::of(&left, &right, 2);
+        assert_eq!((beyond.compared, beyond.equal), (6, 2), "lines beyond the records processed are compared too");
     }
 }

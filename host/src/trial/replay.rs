@@ -108,6 +108,9 @@ pub struct Replayed {
     pub caveats: Vec<String>,
     /// How long it took, the checkpoint's download included.
     pub took: Duration,
+    /// The longest line the job's file sink can write (its outputs' bound, escaped):
+    /// a longer line in a file compared is not one of its outputs.
+    pub max_line_bytes: usize,
 }
 
 impl Replayed {
@@ -115,8 +118,8 @@ impl Replayed {
     /// `live` for the same records (its other partitions' and offsets' lines ignored).
     pub fn compare(&self, live: &Path) -> Result<OutputDiff> {
         let (partition, from) = (self.checkpoint.partition, self.checkpoint.offset);
-        let live = read_outputs(live, partition, from, self.end)?;
-        let replayed = read_outputs(&self.outputs, partition, from, self.end)?;
+        let live = read_outputs(live, partition, from, self.end, self.max_line_bytes)?;
+        let replayed = read_outputs(&self.outputs, partition, from, self.end, self.max_line_bytes)?;
         Ok(OutputDiff::of(&live, &replayed, self.records))
     }
 }
@@ -151,7 +154,12 @@ pub fn replay(replay: &Replay) -> Result<Replayed> {
     if std::fs::read_dir(out).is_ok_and(|mut entries| entries.next().is_some()) {
         bail!("{} is not empty: a replay writes into a new or empty directory", out.display());
     }
-    let state = StateDir::open(&out.join("state"), partitions)?;
+    // Every path in it is made new, never opened if found: a symbolic link planted since
+    // the check would make the replay write elsewhere.
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let state_dir = out.join("state");
+    std::fs::create_dir(&state_dir).with_context(|| format!("creating {} (it must not exist)", state_dir.display()))?;
+    let state = StateDir::open(&state_dir, partitions)?;
     let db = state.partition_path(partition);
     runtime
         .block_on(restore::build(&store, &manifest, &db, &LocalFiles::default(), &Arc::new(AtomicU64::new(0))))
@@ -183,8 +191,8 @@ pub fn replay(replay: &Replay) -> Result<Replayed> {
 
     let (outputs, dead_letters) = (out.join("outputs.jsonl"), out.join("dead-letters.jsonl"));
     let to = Destinations {
-        sink: Sink::Lines(LineSink::file(&outputs, false)?),
-        dead_letters: DeadLetterSink::Lines(LineSink::file(&dead_letters, false)?),
+        sink: Sink::Lines(LineSink::new_file(&outputs)?),
+        dead_letters: DeadLetterSink::Lines(LineSink::new_file(&dead_letters)?),
     };
     let stats = PartitionStats::new(manifest.offset, instance.state().entries(), instance.version());
     let records: Box<dyn Iterator<Item = Result<SourceRecord>> + Send> = match &replay.input {
@@ -198,7 +206,8 @@ pub fn replay(replay: &Replay) -> Result<Replayed> {
 
     let state_lines = out.join("state.jsonl");
     let mut file = std::io::BufWriter::new(
-        std::fs::File::create(&state_lines).with_context(|| format!("creating {}", state_lines.display()))?,
+        std::fs::File::create_new(&state_lines)
+            .with_context(|| format!("creating {} (it must not exist)", state_lines.display()))?,
     );
     instance.state().store().dump(&mut file)?;
     std::io::Write::flush(&mut file)?;
@@ -214,6 +223,9 @@ pub fn replay(replay: &Replay) -> Result<Replayed> {
         state: state_lines,
         caveats,
         took: started.elapsed(),
+        // JSON escapes a byte in at most 6 (`\u0000`), base64 in 4/3; the rest of a
+        // line (partition, offset, cause, operator) is short.
+        max_line_bytes: job.operator.limits.output_bytes_per_record.saturating_mul(6).saturating_add(64 << 10),
     })
 }
 
@@ -321,8 +333,10 @@ impl Iterator for Records {
 /// live run even with the version that ran it, given the partition's recorded
 /// `switches` of versions.
 fn caveats(job: &Config, switches: BTreeMap<u64, Switched>, from: u64, end: u64) -> Vec<String> {
+    // The offsets after the checkpoint's, replayed (none where nothing was).
+    let after = from + 1..end.max(from + 1);
     let mut caveats: Vec<String> = switches
-        .range(from + 1..end)
+        .range(after.clone())
         .map(|(offset, switched)| {
             format!(
                 "the live partition switched to {} at offset {offset}: one version replays it all",
@@ -331,7 +345,7 @@ fn caveats(job: &Config, switches: BTreeMap<u64, Switched>, from: u64, end: u64)
         })
         .collect();
     // The routing in force at the checkpoint, and every one after it in the range.
-    let canaries = switches.range(..=from).next_back().into_iter().chain(switches.range(from + 1..end));
+    let canaries = switches.range(..=from).next_back().into_iter().chain(switches.range(after));
     for (offset, canary) in canaries.filter_map(|(offset, switched)| Some((offset, switched.canary.as_ref()?))) {
         caveats.push(format!(
             "from offset {offset} the live partition ran the canary {} for {:.2}% of the keys: one version replays them all",
