@@ -8,6 +8,13 @@
 //! This module is a leaf: it imports nothing of the host, and every layer may import
 //! it. It holds data only; what is done with a record belongs to the layer doing it.
 
+/// FNV-1a (64 bits) of a key's bytes: a hash that every host and every version of
+/// sluice computes alike, for what must be decided the same way wherever a key is
+/// processed (a canary's share of the keys, the keys that move an event clock).
+pub fn key_hash(key: &[u8]) -> u64 {
+    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3))
+}
+
 /// A record before it is placed in a partition.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RawRecord {

@@ -90,6 +90,52 @@ fn the_state_of_a_vehicle_that_stopped_reporting_expires_in_event_time() -> Resu
 /// larger than those of the first (their size swings as flushed files wait for
 /// compaction, so the largest of each half is compared); without one both grow with
 /// the vehicles seen. (`./dev.sh bench` runs the long version: host/benches/churn.rs.)
+/// One vehicle replaying a backlog with its clock a year ahead — 150 records in a row,
+/// past `[ttl] future_confirm` — does not move the partition's clock: nothing expires,
+/// every vehicle's state stays, the records are counted as not moving it. With
+/// `future_confirm_keys = 1` (any keys) the same run moves it a year on and expires
+/// every entry: the setting is what holds.
+#[test]
+fn one_vehicles_backlog_a_year_ahead_does_not_move_the_clock() -> Result<()> {
+    const T0: i64 = 1_700_000_000_000;
+    const YEAR: i64 = 365 * 86_400_000;
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    let line = |vehicle: &str, ts: i64| {
+        format!(r#"{{"vehicle_id":"{vehicle}","ts":{ts},"lat":52.5,"lon":13.4,"speed_kmh":50.0}}"#)
+    };
+    let fleet = |from: i64| (0..20).map(move |v| line(&format!("v{v}"), from + v * 1_000));
+    let mut lines: Vec<String> = fleet(T0).collect();
+    lines.extend((0..150).map(|i| line("drifting", T0 + YEAR + i * 1_000)));
+    lines.extend(fleet(T0 + 30_000));
+    std::fs::write(&input, lines.join("\n") + "\n")?;
+    for (keys, moved) in [(None, false), (Some(1), true)] {
+        let dir = dir.path().join(format!("keys-{keys:?}"));
+        std::fs::create_dir_all(&dir)?;
+        let mut job = run_file_job(&operator_wasm("vehicle_stats"), &input, &dir, 1);
+        if let Some(keys) = keys {
+            let config = dir.join("sluice.toml");
+            std::fs::write(
+                &config,
+                format!("[operator]\npath = \"unused.wasm\"\n[ttl]\nfuture_confirm_keys = {keys}\n"),
+            )?;
+            job.arg("--config").arg(config);
+        }
+        let report = stderr(&run_ok(job.args(["--ttl", "1h"]))?);
+        let entries = dump_state(&dir.join("state"))?.len();
+        if moved {
+            assert!(report.contains("21 expired state entries removed"), "{entries} entries:\n{report}");
+        } else {
+            assert!(
+                report.contains("0 expired state entries removed") && entries == 21,
+                "{entries} entries:\n{report}"
+            );
+            assert!(report.contains("150 records without a usable timestamp"), "{report}");
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn state_plateaus_under_churn_with_a_ttl_and_grows_with_the_vehicles_seen_without() -> Result<()> {
     // 60 s of event time at 10 ms per record: one TTL is 6,000 records; the 200

@@ -159,11 +159,19 @@ pub struct TtlConfig {
     /// (to the nearest of them): a gap in the data is crossed, a lone far-future
     /// timestamp is not. Decided by the records alone, so a replay decides the same.
     pub future_confirm: u64,
+    /// Distinct keys among those records, at least: one device replaying a backlog
+    /// with a wrong clock — a few keys — cannot move the clock past everyone else's.
+    /// At most [`FUTURE_CONFIRM_KEYS_MAX`].
+    pub future_confirm_keys: u32,
     /// The most entries one batch expires: every entry due before a record expires
     /// before it, earliest first, and a batch past this (or past a per-batch bound of
     /// `[operator.limits]`) ends there, the rest expiring in the next batches.
     pub sweep_limit: usize,
 }
+
+/// The most distinct keys `[ttl] future_confirm_keys` may ask for: the clock tells
+/// keys apart by a 64-slot sketch it commits with its time.
+pub const FUTURE_CONFIRM_KEYS_MAX: u32 = 32;
 
 /// The clock a partition's TTLs count in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -240,6 +248,12 @@ impl TtlConfig {
         if self.future_confirm == 0 {
             bail!("[ttl] future_confirm must be at least 1 (1: every timestamp moves the clock, however far ahead)");
         }
+        if !(1..=FUTURE_CONFIRM_KEYS_MAX).contains(&self.future_confirm_keys) {
+            bail!(
+                "[ttl] future_confirm_keys must be 1 to {FUTURE_CONFIRM_KEYS_MAX} (1: the keys do not matter), not {}",
+                self.future_confirm_keys
+            );
+        }
         Ok(())
     }
 }
@@ -254,6 +268,7 @@ impl Default for TtlConfig {
             idle_timeout: None,
             future_skew: Duration::from_secs(24 * 3600),
             future_confirm: 100,
+            future_confirm_keys: 5,
             sweep_limit: 50_000,
         }
     }

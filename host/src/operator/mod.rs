@@ -218,9 +218,7 @@ pub type BasisPoints = u32;
 /// key's bytes, modulo 10,000, is below the share. The same key always lands in the same
 /// place, so raising a canary's share only adds keys to it, and every host agrees.
 pub fn in_canary(key: &[u8], share: BasisPoints) -> bool {
-    let hash =
-        key.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3));
-    hash % 10_000 < u64::from(share)
+    crate::record::key_hash(key) % 10_000 < u64::from(share)
 }
 
 /// A canary's share as people write it — `5%`, `0.5%`, `25` (percent) — in basis

@@ -12,6 +12,7 @@
 
 use crate::config::{TimeDomain, TtlConfig};
 use crate::millis;
+use crate::record::key_hash;
 use crate::stats::now_ms;
 use anyhow::{Result, bail};
 use std::time::Duration;
@@ -27,8 +28,11 @@ use std::time::Duration;
 /// did. A timestamp more than `[ttl] future_skew` ahead of the clock (a device whose
 /// clock is years off, say) does not move it; a run of `[ttl] future_confirm` such
 /// records in a row does, to the nearest of them, so a gap in the data (a partition
-/// idle for days) is crossed while a lone far-future timestamp is not. Each record is
-/// observed once, by its offset, however often a batch boundary hands it over again.
+/// idle for days) is crossed while a lone far-future timestamp is not — nor a few keys'
+/// run: the run must hold `[ttl] future_confirm_keys` distinct keys, told apart by a
+/// 64-slot sketch of their hashes (two keys sharing a slot count once, so a run may
+/// need a key or two more). Each record is observed once, by its offset, however often
+/// a batch boundary hands it over again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Clock {
     /// The time; 0 until a record with a usable timestamp was seen.
@@ -37,8 +41,10 @@ pub struct Clock {
     next_offset: u64,
     /// The records in a row, up to now, too far ahead to move the clock...
     ahead: u64,
-    /// ... and the nearest time (less the lateness) among them.
+    /// ... the nearest time (less the lateness) among them...
     ahead_nearest_ms: u64,
+    /// ... and their keys: bit `hash % 64` of each key's [`key_hash`].
+    ahead_keys: u64,
     /// Records whose timestamp did not move the clock: none (0), negative, or too
     /// far ahead of it. Counted since this process opened the partition.
     pub ignored: u64,
@@ -55,8 +61,9 @@ pub struct CommittedClock {
     pub now_ms: u64,
     /// The offset after the last record observed.
     pub next_offset: u64,
-    /// The records in a row too far ahead, and the nearest of their times.
-    pub ahead: (u64, u64),
+    /// The records in a row too far ahead, the nearest of their times, and the
+    /// sketch of their keys.
+    pub ahead: (u64, u64, u64),
 }
 
 impl Clock {
@@ -67,8 +74,8 @@ impl Clock {
 
     /// The clock as committed.
     pub fn resume(committed: CommittedClock) -> Self {
-        let CommittedClock { now_ms, next_offset, ahead: (ahead, ahead_nearest_ms) } = committed;
-        Clock { now_ms, next_offset, ahead, ahead_nearest_ms, ignored: 0, idle_advanced_ms: 0 }
+        let CommittedClock { now_ms, next_offset, ahead: (ahead, ahead_nearest_ms, ahead_keys) } = committed;
+        Clock { now_ms, next_offset, ahead, ahead_nearest_ms, ahead_keys, ignored: 0, idle_advanced_ms: 0 }
     }
 
     /// What of it is committed with the state.
@@ -76,7 +83,7 @@ impl Clock {
         CommittedClock {
             now_ms: self.now_ms,
             next_offset: self.next_offset,
-            ahead: (self.ahead, self.ahead_nearest_ms),
+            ahead: (self.ahead, self.ahead_nearest_ms, self.ahead_keys),
         }
     }
 
@@ -85,20 +92,21 @@ impl Clock {
         self.now_ms
     }
 
-    /// Moves the clock for the record at `offset` with `timestamp_ms` (0 means the
-    /// source had none) as the type's docs say, unless a record at or after `offset`
-    /// was observed already. A processing-time clock moves only by
+    /// Moves the clock for the record of `key` at `offset` with `timestamp_ms` (0
+    /// means the source had none) as the type's docs say, unless a record at or after
+    /// `offset` was observed already. A processing-time clock moves only by
     /// [`tick`](Clock::tick).
-    pub fn observe(&mut self, offset: u64, timestamp_ms: i64, policy: &TtlConfig) {
+    pub fn observe(&mut self, offset: u64, key: &[u8], timestamp_ms: i64, policy: &TtlConfig) {
         if offset < self.next_offset {
             return;
         }
         self.next_offset = offset.saturating_add(1);
-        self.advance(timestamp_ms, policy);
+        self.advance(key, timestamp_ms, policy);
     }
 
-    /// Moves the clock as a record with `timestamp_ms` would, whatever was observed.
-    pub fn advance(&mut self, timestamp_ms: i64, policy: &TtlConfig) {
+    /// Moves the clock as a record of `key` with `timestamp_ms` would, whatever was
+    /// observed.
+    pub fn advance(&mut self, key: &[u8], timestamp_ms: i64, policy: &TtlConfig) {
         if policy.time == TimeDomain::Processing {
             return;
         }
@@ -115,9 +123,13 @@ impl Clock {
             self.ahead = 0;
             return;
         }
-        self.ahead_nearest_ms = if self.ahead == 0 { at } else { self.ahead_nearest_ms.min(at) };
+        (self.ahead_nearest_ms, self.ahead_keys) = match self.ahead {
+            0 => (at, 0),
+            _ => (self.ahead_nearest_ms.min(at), self.ahead_keys),
+        };
         self.ahead += 1;
-        if self.ahead >= policy.future_confirm {
+        self.ahead_keys |= 1 << (key_hash(key) % 64);
+        if self.ahead >= policy.future_confirm && self.ahead_keys.count_ones() >= policy.future_confirm_keys {
             self.now_ms = self.ahead_nearest_ms;
             self.ahead = 0;
         } else {
@@ -277,16 +289,16 @@ mod tests {
     fn timestamps_that_are_missing_negative_or_far_ahead_do_not_move_the_clock() {
         let policy = TtlConfig { lateness: Duration::from_secs(1), ..TtlConfig::default() };
         let mut clock = Clock::default();
-        clock.observe(0, 1_700_000_005_000, &policy);
+        clock.observe(0, b"k", 1_700_000_005_000, &policy);
         assert_eq!(clock.now_ms(), 1_700_000_004_000, "the lateness is taken off");
-        clock.observe(1, 1_700_000_001_000, &policy);
+        clock.observe(1, b"k", 1_700_000_001_000, &policy);
         assert_eq!(clock.now_ms(), 1_700_000_004_000, "never back");
         let next_year = 1_700_000_005_000 + 365 * 86_400_000;
         for (offset, ignored) in (2..).zip([0, -5, next_year]) {
-            clock.observe(offset, ignored, &policy);
+            clock.observe(offset, b"k", ignored, &policy);
         }
         assert_eq!((clock.now_ms(), clock.ignored), (1_700_000_004_000, 3));
-        clock.observe(2, 1_700_000_009_000, &policy);
+        clock.observe(2, b"k", 1_700_000_009_000, &policy);
         assert_eq!(clock.now_ms(), 1_700_000_004_000, "a record observed already is not observed again");
     }
 
@@ -295,13 +307,13 @@ mod tests {
     /// the wall clock: the same records move it the same way whenever they are replayed.
     #[test]
     fn a_run_of_far_ahead_records_moves_the_clock_and_a_lone_one_does_not() {
-        let policy = TtlConfig { future_confirm: 3, ..TtlConfig::default() };
+        let policy = TtlConfig { future_confirm: 3, future_confirm_keys: 1, ..TtlConfig::default() };
         let day = 86_400_000;
         let start = 1_000 * day;
         let mut clock = Clock::default();
         let mut offset = 0..;
         let mut observe =
-            |clock: &mut Clock, timestamp: u64| clock.observe(offset.next().unwrap(), timestamp as i64, &policy);
+            |clock: &mut Clock, timestamp: u64| clock.observe(offset.next().unwrap(), b"k", timestamp as i64, &policy);
         observe(&mut clock, start);
         for far in [start + 400 * day, start + 1, start + 300 * day, start + 2, start + 3] {
             observe(&mut clock, far);
@@ -314,8 +326,31 @@ mod tests {
         observe(&mut clock, start + 4 * day);
         assert_eq!(clock.now_ms(), start + 3 * day, "the third moves it to the nearest");
         let mut resumed = Clock::resume(before_third.committed());
-        resumed.observe(9, (start + 4 * day) as i64, &policy);
+        resumed.observe(9, b"k", (start + 4 * day) as i64, &policy);
         assert_eq!(resumed.now_ms(), start + 3 * day, "the run is committed with the clock");
+    }
+
+    /// A run far ahead moves the clock only once it holds `future_confirm_keys`
+    /// distinct keys: one key's backlog of any length does not, and the run's keys are
+    /// committed with it.
+    #[test]
+    fn a_run_far_ahead_moves_the_clock_only_across_enough_keys() {
+        let policy = TtlConfig { future_confirm: 3, future_confirm_keys: 3, ..TtlConfig::default() };
+        let day = 86_400_000;
+        let mut clock = Clock::default();
+        clock.observe(0, b"a", day, &policy);
+        for offset in 1..1_000 {
+            clock.observe(offset, b"wrong-clock", 400 * day, &policy);
+        }
+        assert_eq!(clock.now_ms(), day as u64, "one key's backlog far ahead");
+        clock.observe(1_000, b"b", 0, &policy);
+        let (b, c) = (b"b".as_slice(), b"c".as_slice());
+        assert_ne!(key_hash(b) % 64, key_hash(c) % 64, "keys in different slots of the sketch");
+        clock.observe(1_001, b"b", 3 * day, &policy);
+        let mut resumed = Clock::resume(clock.committed());
+        assert_eq!(resumed.now_ms(), day as u64, "two keys are not yet three");
+        resumed.observe(1_002, b"c", 2 * day, &policy);
+        assert_eq!(resumed.now_ms(), 2 * day as u64, "the third key moves it to the nearest");
     }
 
     #[test]
@@ -327,8 +362,8 @@ mod tests {
         assert!(clock.now_ms() >= before);
         std::thread::sleep(Duration::from_millis(5));
         let ticked = clock.now_ms();
-        clock.observe(0, 0, &policy);
-        clock.observe(1, 1_700_000_000_000, &policy);
+        clock.observe(0, b"k", 0, &policy);
+        clock.observe(1, b"k", 1_700_000_000_000, &policy);
         assert_eq!((clock.now_ms(), clock.ignored), (ticked, 0), "records do not move it, nor count as ignored");
         clock.tick(&policy, Duration::ZERO);
         assert!(clock.now_ms() > ticked, "ticks move it");
@@ -352,7 +387,7 @@ mod tests {
         assert_eq!(clock.now_ms(), 1_005_000, "5 s past the timeout: 5 s on, each second once");
         // A record comes (the worker ticks with no idle time first), then a new spell.
         clock.tick(&policy, Duration::ZERO);
-        clock.observe(0, 1_005_500, &policy);
+        clock.observe(0, b"k", 1_005_500, &policy);
         clock.tick(&policy, secs(11));
         assert_eq!(clock.now_ms(), 1_006_500, "the new spell counts from its own start");
         let mut unstarted = Clock::default();

@@ -18,7 +18,9 @@ const META_OFFSET: &[u8] = b"offset";
 const META_ENTRIES: &[u8] = b"entries";
 const META_CLOCK: &[u8] = b"clock";
 /// What else the clock committed: the offset after the last record it observed, and
-/// its run of records too far ahead (count, nearest time); three big-endian u64s.
+/// its run of records too far ahead (count, nearest time, keys' sketch); big-endian
+/// u64s, three where sluice before the sketch wrote them (its run's keys then unknown:
+/// none).
 const META_CLOCK_SEEN: &[u8] = b"clock-seen";
 /// The clock TTLs count in, once a job configured one: `event` or `processing`.
 const META_TIME: &[u8] = b"time";
@@ -314,10 +316,13 @@ impl PartitionStore {
             seen.chunks_exact(8).map(|word| u64::from_be_bytes(word.try_into().expect("8 bytes"))).collect();
         match words[..] {
             [next_offset, ahead, nearest] if seen.len() == 24 => {
-                Ok(CommittedClock { now_ms, next_offset, ahead: (ahead, nearest) })
+                Ok(CommittedClock { now_ms, next_offset, ahead: (ahead, nearest, 0) })
+            }
+            [next_offset, ahead, nearest, keys] if seen.len() == 32 => {
+                Ok(CommittedClock { now_ms, next_offset, ahead: (ahead, nearest, keys) })
             }
             _ => bail!(
-                "corrupt `{}` in state of partition {} at {}: {} bytes, not 24",
+                "corrupt `{}` in state of partition {} at {}: {} bytes, not 24 or 32",
                 String::from_utf8_lossy(META_CLOCK_SEEN),
                 self.partition,
                 self.path.display(),
@@ -361,8 +366,10 @@ impl PartitionStore {
         batch.put_cf(self.meta(), META_OFFSET, offset.to_be_bytes());
         batch.put_cf(self.meta(), META_ENTRIES, entries.to_be_bytes());
         batch.put_cf(self.meta(), META_CLOCK, clock.now_ms.to_be_bytes());
-        let seen: Vec<u8> =
-            [clock.next_offset, clock.ahead.0, clock.ahead.1].iter().flat_map(|word| word.to_be_bytes()).collect();
+        let seen: Vec<u8> = [clock.next_offset, clock.ahead.0, clock.ahead.1, clock.ahead.2]
+            .iter()
+            .flat_map(|w| w.to_be_bytes())
+            .collect();
         batch.put_cf(self.meta(), META_CLOCK_SEEN, seen);
         self.db.write(batch).with_context(|| format!("committing state of partition {}", self.partition))
     }

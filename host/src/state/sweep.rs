@@ -132,7 +132,7 @@ impl Sweep {
         let next_due = self.next_due();
         let mut before = 0;
         for record in records {
-            clock.observe(record.offset, record.timestamp_ms, ttl);
+            clock.observe(record.offset, &record.key, record.timestamp_ms, ttl);
             if clock.now_ms() >= next_due {
                 break;
             }
@@ -296,7 +296,7 @@ mod tests {
     /// Moves the clock as a next record at `timestamp_ms` would; whether entries may be due.
     fn observe(txn: &mut Transaction, timestamp_ms: i64) -> bool {
         let record = record(b"", timestamp_ms);
-        txn.observe(record.offset, timestamp_ms)
+        txn.observe(record.offset, &record.key, timestamp_ms)
     }
 
     /// Expires every entry due at the clock, earliest first.
@@ -514,7 +514,7 @@ mod tests {
                 }
             };
             let keep = !(seed >> 50).is_multiple_of(8);
-            if txn.observe(step, timestamp) {
+            if txn.observe(step, b"k", timestamp) {
                 let now = txn.clock().now_ms();
                 let mut taken = 0;
                 while let Some(expired) = txn.expire_next().unwrap() {

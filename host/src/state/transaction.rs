@@ -246,7 +246,7 @@ impl Transaction {
     /// the sandbox calls [`observe`](Self::observe), [`expire_next`](Self::expire_next)
     /// and [`scope`](Self::scope) itself.
     pub fn begin_record(&mut self, record: &SourceRecord) -> Result<()> {
-        self.observe(record.offset, record.timestamp_ms);
+        self.observe(record.offset, &record.key, record.timestamp_ms);
         while self.expire_next()?.is_some() {}
         self.scope(&record.key);
         Ok(())
@@ -255,15 +255,16 @@ impl Transaction {
     /// Moves the clock for the record at `offset` with event time `timestamp_ms` (0:
     /// none; in processing time nothing moves it but [`tick`](Self::tick)), once per
     /// record; returns whether entries may now be [due](Self::due).
-    pub fn observe(&mut self, offset: u64, timestamp_ms: i64) -> bool {
-        self.clock.observe(offset, timestamp_ms, &self.ttl);
+    pub fn observe(&mut self, offset: u64, key: &[u8], timestamp_ms: i64) -> bool {
+        self.clock.observe(offset, key, timestamp_ms, &self.ttl);
         self.due()
     }
 
     /// Moves the clock as a record with event time `timestamp_ms` would, without one
     /// (`sluice test --advance-to`); returns whether entries may now be due.
     pub fn advance_clock(&mut self, timestamp_ms: i64) -> bool {
-        self.clock.advance(timestamp_ms, &self.ttl);
+        // As a keyless record would.
+        self.clock.advance(b"", timestamp_ms, &self.ttl);
         self.due()
     }
 

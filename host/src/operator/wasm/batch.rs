@@ -91,7 +91,7 @@ impl WasmInstance {
         if ctx.budget.started() && ctx.budget.is_spent(limits, &ctx.txn) {
             return Ok(false);
         }
-        ctx.txn.observe(record.offset, record.timestamp_ms);
+        ctx.txn.observe(record.offset, &record.key, record.timestamp_ms);
         if !self.expire_before(record.offset, expirations)? {
             return Ok(false);
         }

@@ -28,7 +28,7 @@ pub(super) fn finish(mut store: StoreContextMut<'_, HostCtx>, (result,): (GuestR
     if ctx.budget.is_spent(&ctx.per_call, &ctx.txn) {
         return Err(ctx.cut("the batch reached a per-batch bound"));
     }
-    if ctx.txn.observe(offset, timestamp_ms) {
+    if ctx.txn.observe(offset, key, timestamp_ms) {
         if ctx.batch.told {
             // An operator told of expiries is told before the record that makes them
             // due, which a call cannot be interrupted for. Calls are cut ahead where
