@@ -86,7 +86,7 @@ fn handmade_operator(dir: &Path, name: &str, memories: usize, pages: u32, grow_s
 /// record, the reply returned) or, with `batched`, the `batched-operator` world (a
 /// `process-batch` that reports each reply through the `batch.finish` import).
 /// Written to `dir/<name>.wasm`.
-fn aliasing_operator(dir: &Path, name: &str, batched: bool) -> Result<PathBuf> {
+pub(crate) fn aliasing_operator(dir: &Path, name: &str, batched: bool) -> Result<PathBuf> {
     // Layout: the reply at 16, the echo's output record at 64, the 1,000 aliased
     // records at 1024, inputs bump-allocated from 64 KiB, the region at 1 MiB.
     const REGION: u32 = 1 << 20;

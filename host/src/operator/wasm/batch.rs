@@ -103,14 +103,14 @@ impl WasmInstance {
     /// The records of `rest` the next `process-batch` call takes, its first reached:
     /// that one `alone`, or as many as an eighth of the memory cap holds (the inputs of
     /// a call are copied into the guest's memory at once, however large a batch's
-    /// records are) — for an operator told of expiries, up to the record that makes
-    /// entries due, which starts the next run.
+    /// records are) — where either version is told of expiries, up to the record that
+    /// makes entries due, which starts the next run.
     fn next_run<'r>(&mut self, rest: &'r [SourceRecord], alone: bool) -> &'r [SourceRecord] {
         if alone {
             return &rest[..1];
         }
         let mut len = run_length(rest, self.operator.limits.memory_bytes / 8);
-        if self.live().exports.told() {
+        if self.told_any() {
             len = 1 + self.state().records_before_due(&rest[1..len]);
         }
         // A run goes to one version: it ends before a key the other one takes.
@@ -141,7 +141,7 @@ impl WasmInstance {
     /// The `process-batch` call of `run` itself: the inputs handed over, the outcomes
     /// of those it finished appended to `outcomes`. An `Err` is a host failure.
     fn call_run(&mut self, run: &[SourceRecord], outcomes: &mut Vec<Outcome>) -> Result<RunEnd> {
-        let told = self.live().exports.told();
+        let told = self.told_any();
         let live = self.live();
         let process_batch = live.exports.process_batch.expect("called only when the component exports it");
         live.store.data_mut().batch.start(run, told);

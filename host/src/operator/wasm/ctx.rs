@@ -110,8 +110,9 @@ pub(super) struct Batch {
     pub(super) times: Vec<(u64, i64)>,
     /// The outcomes of the inputs finished so far, in order.
     pub(super) outcomes: Vec<Outcome>,
-    /// Whether the operator is told of expiries: a call is then cut before an input
-    /// that makes entries due.
+    /// Whether an operator is told of expiries — this version, or the canary paired
+    /// with it, whose keys' entries are its to hear of: a call is then cut before an
+    /// input that makes entries due, so each goes to the version its key routes to.
     pub(super) told: bool,
     /// Whether `finish` cut the call short, before an input that makes expiries due
     /// (the call's own writes brought them) or at the batch's bounds: the host goes on

@@ -30,9 +30,10 @@ pub(super) fn finish(mut store: StoreContextMut<'_, HostCtx>, (result,): (GuestR
     }
     if ctx.txn.observe(offset, key, timestamp_ms) {
         if ctx.batch.told {
-            // An operator told of expiries is told before the record that makes them
-            // due, which a call cannot be interrupted for. Calls are cut ahead where
-            // stored entries come due; this is for the call's own writes.
+            // An operator told of expiries (this version or its canary pair) is told
+            // before the record that makes them due, which a call cannot be
+            // interrupted for. Calls are cut ahead where stored entries come due; this
+            // is for the call's own writes.
             return Err(ctx.cut("a record makes state entries expire"));
         }
         // Nobody is told: they expire here, as many as the batch's bounds allow.

@@ -277,6 +277,16 @@ impl WasmInstance {
         self.live.as_mut().expect("instance is live between calls")
     }
 
+    /// Whether either version this partition runs is told of expiries or timers. Then
+    /// every batched call, of either version, ends before a record that makes entries
+    /// due, and each due entry expires between calls, routed to the version its key
+    /// goes to ([`expire_before`](Self::expire_before)): a version told of none must
+    /// not expire the other's entries unseen inside its own call.
+    pub(super) fn told_any(&self) -> bool {
+        let told = |live: &Option<Live>| live.as_ref().is_some_and(|live| live.exports.told());
+        told(&self.live) || self.canary.as_ref().is_some_and(|canary| told(&canary.live))
+    }
+
     pub(super) fn ctx(&mut self) -> &mut HostCtx {
         self.live().store.data_mut()
     }
