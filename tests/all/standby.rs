@@ -102,6 +102,8 @@ fn a_standby_takes_over_a_killed_owner(protocol: GroupProtocol, guarantee: &str)
         || format!("{}\n{}", a.log(), b.log()),
     )?;
     assert!(a.log().contains("1 standby copies, ≤ 0 behind"), "a's running summary shows its copy:\n{}", a.log());
+    let former = dir.join(format!("a/state/partition-{moved:04}"));
+    assert!(!former.exists(), "a's database of the partition it handed over went once its copy was current");
     b.kill_9()?;
     broker.produce_lines("positions", &chunks[2])?;
     a.wait_for(RESUMED, 3, minute)?;
@@ -137,6 +139,50 @@ fn a_standby_takes_over_a_killed_owner(protocol: GroupProtocol, guarantee: &str)
     }
     assert_last_outputs(outputs.iter().map(|r| (r.key.as_str(), &r.value)), &reference, "last outputs");
     assert_state_matches(&dump_state(&dir.join("a/state"))?, &reference, "a's state after the takeover");
+    Ok(())
+}
+
+/// What a host keeps of the partitions it does not run stays within `[checkpoint]
+/// standby_max_bytes`, at its size on disk: with a budget of one byte, the database of
+/// the partition it handed over and a copy left half-built (planted) are removed, not
+/// kept beside the partitions it runs.
+#[test]
+fn a_former_database_and_a_half_built_copy_stay_within_the_standby_budget() -> Result<()> {
+    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let all = kafka.generate("all.jsonl", 500, 4_000)?;
+    let store = dir.join("store");
+    let budget = "[checkpoint]\nstandby_poll = \"300ms\"\nstandby_max_bytes = 1\n";
+    let config = kafka.source(&group_settings(GroupProtocol::Classic, "budget", budget))?;
+    let host = |name: &str| -> Result<Host> {
+        kafka.host(name, 2, &config, Some(&store), &["--checkpoint-interval", "1", "--admin", "127.0.0.1:0"])
+    };
+    broker.produce_lines("positions", &all)?;
+    let mut a = host("a")?;
+    a.wait_for(RESUMED, 2, Duration::from_secs(60))?;
+    let half_built = dir.join("a/state/standby/partition-0000.next");
+    std::fs::create_dir_all(&half_built)?;
+    std::fs::write(half_built.join("000777.sst"), vec![7u8; 1 << 20])?;
+    let mut b = host("b")?;
+    b.wait_for(RESUMED, 1, Duration::from_secs(60))?;
+    let admin_a = a.admin_url()?;
+    let not_run_here = || -> Result<Vec<std::path::PathBuf>> {
+        let running = running_partitions(&admin_a)?;
+        let mut kept: Vec<_> = (0..2u32)
+            .filter(|p| !running.contains_key(p))
+            .map(|p| dir.join(format!("a/state/partition-{p:04}")))
+            .filter(|path| path.exists())
+            .collect();
+        kept.extend(std::fs::read_dir(dir.join("a/state/standby"))?.flatten().map(|entry| entry.path()));
+        Ok(kept)
+    };
+    wait_until(
+        "a keeping nothing of the partition it handed over",
+        || Ok(running_partitions(&admin_a)?.len() == 1 && not_run_here()?.is_empty()),
+        || format!("{:?}\n{}", not_run_here(), a.log()),
+    )?;
+    b.terminate()?;
+    a.terminate()?;
     Ok(())
 }
 

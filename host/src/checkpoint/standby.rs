@@ -14,7 +14,11 @@
 //!
 //! A restore of a partition this host takes over reuses its copy's files (see
 //! [`restore`](super::restore)) and discards the copy once the partition runs here: its
-//! files are the database's from then on. This module owns the copies and one update of
+//! files are the database's from then on. The other way round, the database of a
+//! partition this host ran and no longer does is kept only while it serves: until the
+//! copy holds the newest checkpoint (whose files it hard-links) or while it fits the
+//! disk budget ([`drop_former`]); what a partition keeps here — copy, next copy and
+//! former database — counts against the budget at its size on disk ([`kept_bytes`]). This module owns the copies and one update of
 //! one copy; which partitions are followed, when, and never while one runs or starts
 //! here, is the worker's (`worker::standby`).
 
@@ -93,10 +97,49 @@ pub fn discard_all(state: &StateDir) -> Result<()> {
     (0..state.partitions()).try_for_each(|partition| discard(state, partition))
 }
 
-/// The disk the complete standby copies in `state` take, by their records (a file
-/// shared with a database by a hard link counts).
-pub fn disk_bytes(state: &StateDir) -> u64 {
-    (0..state.partitions()).filter_map(|p| recorded(state, p)).map(|m| m.bytes()).sum()
+/// The disk what this host keeps of `partition` while it does not run it takes: its
+/// copy, a next copy half-built, and the database it ran it with, each file counted
+/// once however many of them hard-link it. The caller holds the partition.
+pub fn kept_bytes(state: &StateDir, partition: u32) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = std::collections::HashSet::new();
+    let mut dirs =
+        vec![state.standby_path(partition), state.standby_next_path(partition), state.partition_path(partition)];
+    let mut bytes = 0;
+    while let Some(dir) = dirs.pop() {
+        // A directory that is not there, or a file gone meanwhile, holds nothing.
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                dirs.push(entry.path());
+            } else if seen.insert((meta.dev(), meta.ino())) {
+                bytes += meta.len();
+            }
+        }
+    }
+    bytes
+}
+
+/// Removes the database of `partition`, which this host ran and no longer does, moved
+/// aside first so that a crash halfway leaves a leftover the next start removes, never
+/// a half-deleted database it would open. The caller holds the partition.
+pub fn drop_former(state: &StateDir, partition: u32) -> Result<()> {
+    let (live, aside) = (state.partition_path(partition), state.replaced_path(partition));
+    if !live.exists() {
+        return Ok(());
+    }
+    std::fs::rename(&live, &aside).with_context(|| format!("moving {} aside", live.display()))?;
+    std::fs::remove_dir_all(&aside).with_context(|| format!("removing {}", aside.display()))
+}
+
+/// Removes the next copy of `partition`, when none is being built.
+fn drop_next(state: &StateDir, partition: u32) -> Result<()> {
+    let next = state.standby_next_path(partition);
+    if next.exists() {
+        std::fs::remove_dir_all(&next).with_context(|| format!("removing {}", next.display()))?;
+    }
+    Ok(())
 }
 
 /// Where one partition's standby copy stands after an [`update`].
@@ -128,8 +171,10 @@ impl Followed {
 }
 
 /// Brings the standby copy of `partition` to the newest checkpoint in `store`, unless
-/// that checkpoint is larger than `budget` bytes. The caller holds the partition: no
-/// start or worker uses it meanwhile. `stop` is asked between files (see
+/// that checkpoint is larger than `budget` bytes. A next copy left half-built (a crash,
+/// an update that failed) is reused by the build, and removed where no build comes:
+/// the copy is current, or the checkpoint does not fit. The caller holds the
+/// partition: no start or worker uses it meanwhile. `stop` is asked between files (see
 /// [`assemble::assemble`]); downloads add to `progress`.
 pub async fn update(
     state: &StateDir,
@@ -146,10 +191,14 @@ pub async fn update(
         bytes: copy.as_ref().map_or(0, Manifest::bytes),
         ..Followed::default()
     };
-    let Some(newest) = followed.newest.filter(|&newest| followed.copy != Some(newest)) else { return Ok(followed) };
+    let Some(newest) = followed.newest.filter(|&newest| followed.copy != Some(newest)) else {
+        drop_next(state, partition)?;
+        return Ok(followed);
+    };
     let manifest = store.manifest(partition, newest).await?;
     if manifest.bytes() > budget {
         followed.over_budget = true;
+        drop_next(state, partition)?;
         return Ok(followed);
     }
     let next = state.standby_next_path(partition);

@@ -8,7 +8,10 @@
 //! or worker uses the partition's directories meanwhile, and a start that wants the
 //! partition makes the update give way between two files. A checkpoint that does not fit
 //! in the disk budget left (`[checkpoint] standby_max_bytes`) is not followed; downloads
-//! share the store's cap (`download_bytes_per_s`) with restores.
+//! share the store's cap (`download_bytes_per_s`) with restores. The budget holds what
+//! this host keeps of every partition it does not run, on disk: copies, next copies,
+//! and the databases of partitions it ran before, which go once the copy holds the
+//! newest checkpoint or where they do not fit.
 //!
 //! This module owns which copies are followed and when; a copy and its update are
 //! [`checkpoint::standby`]'s.
@@ -128,11 +131,14 @@ impl Follower {
     }
 
     /// Updates the copy of each partition nothing holds (and, if `skip_local`, whose
-    /// database is not on this disk), until `stop` says so.
+    /// database is not on this disk), until `stop` says so; drops the database of one
+    /// this host ran before once its copy is current or where it does not fit.
     fn round(&mut self, stop: &(dyn Fn() -> bool + Sync), skip_local: bool) -> Round {
         let Some(checkpoints) = &self.setup.checkpoints else { return Round::default() };
         let state = &self.setup.state;
-        let mut used = standby::disk_bytes(state);
+        let kept =
+            |partition| self.occupancy.try_hold(partition).map_or(0, |_held| standby::kept_bytes(state, partition));
+        let mut used: u64 = (0..state.partitions()).map(kept).sum();
         let mut round = Round::default();
         let progress = Arc::new(AtomicU64::new(0));
         let mut failed = Vec::new();
@@ -144,13 +150,23 @@ impl Follower {
                 continue;
             }
             let Some(_held) = self.occupancy.try_hold(partition) else { continue };
-            let own = standby::recorded(state, partition).map_or(0, |m| m.bytes());
+            let own = standby::kept_bytes(state, partition);
             let budget = self.settings.max_bytes.saturating_sub(used.saturating_sub(own));
             let give_way = || stop() || self.occupancy.is_wanted(partition);
             let update = standby::update(state, &checkpoints.store, partition, budget, &progress, &give_way);
-            match self.setup.runtime.block_on(update) {
+            let updated = self.setup.runtime.block_on(update).and_then(|followed| {
+                // A database this host ran the partition with serves as long as the
+                // copy is behind (its files are reused), and may stay only within the
+                // budget; a copy at the newest checkpoint holds what the database would.
+                let current = followed.copy.is_some() && followed.lag() == Some(0);
+                if current || followed.over_budget || standby::kept_bytes(state, partition) > budget {
+                    standby::drop_former(state, partition)?;
+                }
+                Ok(followed)
+            });
+            match updated {
                 Ok(followed) => {
-                    used = used.saturating_sub(own) + followed.bytes;
+                    used = used.saturating_sub(own) + standby::kept_bytes(state, partition);
                     round.fetched += followed.fetched;
                     round.current += usize::from(followed.copy.is_some() && followed.lag() == Some(0));
                     // A copy over the budget is not followed, however close it still is.
@@ -180,7 +196,8 @@ impl Follower {
                 // next round starts from the newest checkpoint.
                 Err(e) => {
                     let checkpoint = standby::recorded(state, partition).map(|m| m.id);
-                    self.host.record_standby(partition, StandbyCopy { checkpoint, lag: None, bytes: own }, 0);
+                    let bytes = standby::recorded(state, partition).map_or(0, |m| m.bytes());
+                    self.host.record_standby(partition, StandbyCopy { checkpoint, lag: None, bytes }, 0);
                     failed.push((partition, e));
                 }
             }
