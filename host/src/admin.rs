@@ -454,7 +454,9 @@ async fn answer(
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (method, path) = (request.method().clone(), request.uri().path().to_string());
-    let changes_state = method != Method::GET;
+    // A shadow's samples are records' keys and values: like a change, they are the
+    // token's to see.
+    let needs_token = method != Method::GET || path.ends_with("/shadow");
     // The page's HTML holds no data: it is served to anyone, and asks for the token itself.
     let page = method == Method::GET && path == STATUS_PAGE_PATH;
     let answer_type = match path.as_str() {
@@ -463,7 +465,7 @@ async fn answer(
         _ => "application/json",
     };
     let vouched = served.access.vouches(&request);
-    let refusal = if page { None } else { served.access.refusal(&request, changes_state, vouched) };
+    let refusal = if page { None } else { served.access.refusal(&request, needs_token, vouched) };
     let (status, body) = match refusal {
         Some(refusal) => refusal,
         None => {
@@ -479,7 +481,7 @@ async fn answer(
                 // Deploys compile and wait for partitions: off the runtime's threads.
                 Ok(body) => {
                     let (routed, method, path) = (served.clone(), method.clone(), path.clone());
-                    tokio::task::spawn_blocking(move || route(&routed, &method, &path, &body))
+                    tokio::task::spawn_blocking(move || route(&routed, &method, &path, &body, vouched))
                         .await
                         .unwrap_or_else(|e| (StatusCode::INTERNAL_SERVER_ERROR, format!("the request panicked: {e}")))
                 }
@@ -537,17 +539,19 @@ pub const EVENTS_PATH: &str = "/events";
 /// The status page (`admin/status.html`, in the binary).
 const STATUS_PAGE: &str = include_str!("admin/status.html");
 
-fn route(served: &Served, method: &Method, path: &str, body: &[u8]) -> (StatusCode, String) {
-    let read_only: Option<fn(&Served) -> String> = match path {
-        STATUS_PAGE_PATH => Some(|_| STATUS_PAGE.to_string()),
-        METRICS_PATH => Some(|served| metrics::encode(&served.registry)),
-        PARTITIONS_PATH => Some(|served| json(&served.metrics.partitions())),
-        EVENTS_PATH => Some(|served| json(&EventsAnswer { now_ms: now_ms(), events: served.host.events() })),
+/// Answers `method` on `path` with `body`, for a request that presented the token if
+/// `vouched` (the partitions' shadow samples are shown only then).
+fn route(served: &Served, method: &Method, path: &str, body: &[u8], vouched: bool) -> (StatusCode, String) {
+    let read_only: Option<fn(&Served, bool) -> String> = match path {
+        STATUS_PAGE_PATH => Some(|_, _| STATUS_PAGE.to_string()),
+        METRICS_PATH => Some(|served, _| metrics::encode(&served.registry)),
+        PARTITIONS_PATH => Some(|served, vouched| json(&served.metrics.partitions(vouched))),
+        EVENTS_PATH => Some(|served, _| json(&EventsAnswer { now_ms: now_ms(), events: served.host.events() })),
         _ => None,
     };
     if let Some(read) = read_only {
         return match *method {
-            Method::GET => (StatusCode::OK, read(served)),
+            Method::GET => (StatusCode::OK, read(served, vouched)),
             _ => (StatusCode::METHOD_NOT_ALLOWED, format!("{method} {path} is not part of the admin API")),
         };
     }

@@ -20,7 +20,7 @@ use crate::checkpoint::{self, CheckpointSettings, CheckpointStore, JobIdentity};
 use crate::config::{Config, Guarantee, SinkConfig, SourceConfig, Standby};
 use crate::metrics::Metrics;
 use crate::operator::deploy::{Deployer, Sandbox};
-use crate::operator::replay::SwitchLog;
+use crate::operator::replay::{Claims, SwitchLog};
 use crate::operator::wasm::{ActiveVersion, ShadowVersion};
 use crate::record::RawRecord;
 use crate::sink::{DeadLetterSink, Sink};
@@ -70,8 +70,14 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let version = operator.version().to_string();
     let active = ActiveVersion::new(operator);
     let shadow = Arc::new(ShadowVersion::default());
-    let switches =
-        SwitchLog::new(registry.clone(), sandbox.limits.clone(), sandbox.config.clone(), runtime.handle().clone());
+    let claims = checkpoints.as_ref().map(|c| Claims { store: c.store.clone(), host: c.settings.host.clone() });
+    let switches = SwitchLog::new(
+        registry.clone(),
+        (sandbox.limits.clone(), sandbox.config.clone()),
+        runtime.handle().clone(),
+        claims,
+        config.checkpoint.restore_retry_timeout,
+    );
     // After the operator loaded, so a component that cannot run is the error a start
     // names first.
     if let Some(checkpoints) = &checkpoints {

@@ -60,6 +60,26 @@ fn the_admin_api_lets_in_only_who_it_must() -> Result<()> {
     // 100 MB announced, none sent: the refusal comes without waiting for them.
     let answer = ask("POST /operators/vehicle_stats/versions HTTP/1.1\r\nContent-Length: 100000000\r\n")?;
     assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    // A shadow's samples show records' keys and values: the token's to see.
+    let v2 = operator_wasm("vehicle_stats_v2");
+    run_ok(sluice().args(["deploy", "vehicle_stats"]).arg(&v2).args(["--shadow", "--admin", &admin]))?;
+    let shadow = "GET /operators/vehicle_stats/shadow HTTP/1.1\r\n";
+    let vouched = |head: &str| ask(&format!("{head}Authorization: Bearer {ADMIN_TOKEN}\r\n"));
+    let started = std::time::Instant::now();
+    while !vouched(shadow)?.contains("idle_count") {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no sample of the shadow's difference: {}",
+            vouched(shadow)?
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let answer = ask(shadow)?;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    let partitions = "GET /partitions HTTP/1.1\r\n";
+    assert!(vouched(partitions)?.contains("idle_count"), "with the token, the samples");
+    let answer = ask(partitions)?;
+    assert!(answer.starts_with("HTTP/1.1 200") && !answer.contains("idle_count"), "{answer}");
 
     let mut idle: Vec<TcpStream> =
         (0..MAX_CONNECTIONS).map(|_| TcpStream::connect(&address)).collect::<std::io::Result<_>>()?;

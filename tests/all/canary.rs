@@ -152,6 +152,7 @@ fn records_processed_again_after_a_kill_9_go_where_the_first_run_sent_them() -> 
 
 /// A full deploy ends a canary on every host: after it, every key runs the deployed
 /// version, and the canary's record is gone.
+/// A deploy ends the canary, and one refused leaves it running.
 #[test]
 fn a_deploy_ends_the_canary() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -170,6 +171,12 @@ fn a_deploy_ends_the_canary() -> Result<()> {
     let canary = deploy("vehicle_stats_0_1_2", &["--canary", "50%"])?;
     let record = dir.join("state.checkpoints/operators/vehicle_stats/canary.json");
     assert!(record.exists(), "the canary is recorded in the job's registry");
+    // A deploy refused (of the version in force) leaves the canary as it was.
+    let mut again = sluice();
+    again.args(["deploy", "vehicle_stats"]).arg(operator_wasm("vehicle_stats")).arg("--config").arg(&config);
+    let refused = run_err(&mut again)?;
+    assert!(refused.contains("is already the version in force"), "{refused}");
+    assert!(record.exists(), "a refused deploy keeps the canary");
     std::thread::sleep(Duration::from_millis(1500));
     let v2 = deploy("vehicle_stats_v2", &[])?;
     host.wait_exit(Duration::from_secs(60))?;

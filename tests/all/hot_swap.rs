@@ -867,3 +867,50 @@ fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result
     }
     Ok(())
 }
+
+/// A switch is made whatever the store does and recorded once it can be: with
+/// partition 0's switch log unwritable for a while (its folder a file), every partition
+/// still goes from v1 to v2 — none is pinned to v1 — and partition 0's log names v2
+/// once the folder is back. A partition whose claim another host took records nothing:
+/// a host that lost a partition writes no switch of it.
+#[test]
+fn a_switch_is_recorded_once_the_store_lets_it_and_never_by_a_host_that_lost_its_partition() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let PacedJob { mut host, admin, .. } =
+        PacedJob::start(dir, (100, 24_000), 3_000, &operator_wasm("vehicle_stats"), "")?;
+    std::thread::sleep(Duration::from_millis(1500));
+    let switches = dir.join("state.checkpoints/operators/vehicle_stats/switches");
+    let (broken, aside) = (switches.join("partition-0000"), dir.join("partition-0000.aside"));
+    std::fs::rename(&broken, &aside)?;
+    std::fs::write(&broken, b"")?;
+    let claim = dir.join("state.checkpoints/partition-0001/claim.json");
+    std::fs::write(&claim, r#"{"host": "intruder", "claimed_at_ms": 1}"#)?;
+    let deployed = sluice()
+        .args(["deploy", "vehicle_stats"])
+        .arg(operator_wasm("vehicle_stats_v2"))
+        .args(["--admin", &admin])
+        .output()?;
+    let v2 = named_version(&String::from_utf8_lossy(&deployed.stdout));
+    std::thread::sleep(Duration::from_secs(1));
+    std::fs::remove_file(&broken)?;
+    std::fs::rename(&aside, &broken)?;
+    host.wait_exit(Duration::from_secs(60))?;
+    let log = host.log();
+    let names = |partition: u32| -> Result<Vec<String>> {
+        let folder = switches.join(format!("partition-{partition:04}"));
+        let records = std::fs::read_dir(&folder).with_context(|| format!("listing {}", folder.display()))?;
+        records.flatten().map(|r| Ok(std::fs::read_to_string(r.path())?)).collect()
+    };
+    let runs = version_runs(&read_jsonl(&dir.join("out.jsonl"))?);
+    for partition in [0, 2, 3] {
+        assert_eq!(runs[&partition].len(), 2, "partition {partition} went from v1 to v2: {runs:?}\n{log}");
+        assert_eq!(runs[&partition][1], v2, "{runs:?}");
+        assert!(
+            names(partition as u32)?.iter().any(|r| r.contains(&v2)),
+            "partition {partition}'s log names v2\n{log}"
+        );
+    }
+    assert!(!names(1)?.iter().any(|r| r.contains(&v2)), "the lost partition recorded no switch:\n{log}");
+    Ok(())
+}

@@ -54,6 +54,12 @@ struct RememberedFile {
     checksum: String,
 }
 
+/// Whether the file named `name` is a table file (`*.sst`, `*.blob`), which RocksDB
+/// never changes once written.
+fn is_table(name: &str) -> bool {
+    name.ends_with(".sst") || name.ends_with(".blob")
+}
+
 /// What identifies a file's bytes on this host without reading them.
 fn identity(name: &str, meta: &std::fs::Metadata) -> (String, u64, u64, i64) {
     let modified_ns = meta.mtime().saturating_mul(1_000_000_000).saturating_add(meta.mtime_nsec());
@@ -147,8 +153,7 @@ impl LocalFiles {
             if !local.holds(file)? {
                 continue;
             }
-            let table = file.name.ends_with(".sst") || file.name.ends_with(".blob");
-            if !(table && std::fs::hard_link(&local.path, dest).is_ok()) {
+            if !(is_table(&file.name) && std::fs::hard_link(&local.path, dest).is_ok()) {
                 std::fs::copy(&local.path, dest)
                     .with_context(|| format!("copying {} to {}", local.path.display(), dest.display()))?;
                 std::fs::File::open(dest)?.sync_all()?;
@@ -183,14 +188,18 @@ impl LocalFile {
     }
 }
 
-/// Records in database directory `db` the checksums of `files`, which this host computed
-/// or verified, for the files of the same names in `links` — `db` itself, or a
-/// checkpoint's snapshot of hard links into it — so that a later build reuses them
-/// without reading them while they are the same files, untouched ([`LocalFiles::add_dir`]).
-/// Files missing from `links` are left out.
+/// Records in database directory `db` the checksums of the table files of `files`,
+/// which this host computed or verified, for the files of the same names in `links` —
+/// `db` itself, or a checkpoint's snapshot of hard links into it — so that a later build
+/// reuses them without reading them while they are the same files, untouched
+/// ([`LocalFiles::add_dir`]). Files missing from `links` are left out, and so are the
+/// others (`CURRENT`, `MANIFEST-*`, `OPTIONS-*`): RocksDB rewrites them in place when it
+/// opens the database (a restore's verifying open among them), keeping their name and
+/// even their size, so a checksum recorded for one may not be its bytes by then.
 pub fn remember(db: &Path, links: &Path, files: &[ManifestFile]) -> Result<()> {
     let remembered: Vec<RememberedFile> = files
         .iter()
+        .filter(|f| is_table(&f.name))
         .filter_map(|f| {
             let meta = std::fs::metadata(links.join(&f.name)).ok()?;
             let (name, size, inode, modified_ns) = identity(&f.name, &meta);

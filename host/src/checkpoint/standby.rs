@@ -399,6 +399,22 @@ mod tests {
         Ok(())
     }
 
+    /// `CURRENT`, which RocksDB rewrites when it opens a database (a restore's verifying
+    /// open too), is never trusted by a remembered checksum: a same-sized `CURRENT` of
+    /// other bytes is read, and fetched.
+    #[test]
+    fn a_database_file_rocksdb_rewrites_is_read_not_trusted() -> Result<()> {
+        let f = Fixture::new()?;
+        let current = f.upload("CURRENT", 16, 1)?;
+        f.checkpoint(1, &[&current])?;
+        let db = f.state.partition_path(0);
+        std::fs::create_dir_all(&db)?;
+        std::fs::write(db.join("CURRENT"), vec![9; 16])?;
+        assemble::remember(&db, &db, std::slice::from_ref(&current))?;
+        assert_eq!(f.update(u64::MAX)?.fetched, 16, "another CURRENT of the same size: read, and fetched");
+        Ok(())
+    }
+
     /// A copy whose file was damaged after it was fetched is not trusted for that file,
     /// a record that cannot be read is no copy, and a checkpoint larger than the budget
     /// is not followed.

@@ -148,8 +148,9 @@ impl<'de> Deserialize<'de> for UpperBound {
 }
 
 impl Metrics {
-    /// The answer to `GET /partitions`, as of now.
-    pub fn partitions(&self) -> PartitionsAnswer {
+    /// The answer to `GET /partitions`, as of now; each shadow's samples (records' keys
+    /// and values) only `with_samples`.
+    pub fn partitions(&self, with_samples: bool) -> PartitionsAnswer {
         let running = self.running();
         let now = now_ms();
         let (mut partitions, mut batch_seconds) = (Vec::new(), Vec::<(f64, u64)>::new());
@@ -170,7 +171,9 @@ impl Metrics {
                 due: load(&stats.backlog),
                 batch_p99_s: p99(&batches),
                 checkpoint_age_s: self.checkpoint_age_s(stats, now),
-                shadow: Some(stats.shadow.report()).filter(|shadow| shadow.version.is_some()),
+                shadow: Some(stats.shadow.report()).filter(|shadow| shadow.version.is_some()).map(|shadow| {
+                    ShadowReport { samples: if with_samples { shadow.samples } else { Vec::new() }, ..shadow }
+                }),
             });
             // Every partition's histogram has the same buckets.
             match batch_seconds.is_empty() {
@@ -223,7 +226,7 @@ mod tests {
     fn the_answer_agrees_with_a_scrape() {
         let metrics = fixture();
         let samples = parse(&encode(&metrics.clone().registry()));
-        let answer = metrics.partitions();
+        let answer = metrics.partitions(true);
         let of = |family: &str, partition: u32| {
             let partition = partition.to_string();
             let mut found = samples.iter().filter(|s| s.name == family && s.label("partition") == Some(&partition));
@@ -299,7 +302,7 @@ mod tests {
     /// bucket's bound is `"+Inf"`, and it reads back as it was.
     #[test]
     fn the_answer_in_json() {
-        let answer = fixture().partitions();
+        let answer = fixture().partitions(true);
         let json = serde_json::to_value(&answer).expect("serializing");
         let partitions = json["partitions"].as_array().expect("the partitions");
         assert_eq!(partitions[0]["lag"], 0);
@@ -315,7 +318,7 @@ mod tests {
         assert_eq!(json["host"]["max_poll_interval_s"], 300.0);
         assert_eq!(serde_json::from_value::<PartitionsAnswer>(json).expect("reading it back"), answer);
 
-        let idle = Metrics::new(Default::default(), Default::default(), None, false).partitions();
+        let idle = Metrics::new(Default::default(), Default::default(), None, false).partitions(true);
         let json = serde_json::to_value(&idle).expect("serializing");
         assert_eq!(json["partitions"], serde_json::json!([]));
         assert_eq!(json["host"]["batch_seconds"], serde_json::json!([]), "no buckets while no partition runs");

@@ -167,6 +167,15 @@ pub trait Operator: Send {
     /// each record is processed by exactly one version.
     fn follow_deploys(&mut self, offset: u64) -> Result<Option<Switch>>;
 
+    /// Waits until every switch of versions made below `next_offset` is recorded in the
+    /// switch log: the worker commits up to `next_offset` only then. Fails when one
+    /// could not be ([`replay::SwitchUnrecorded`]); an operator that runs one version
+    /// only has none.
+    fn switches_recorded(&mut self, next_offset: u64) -> Result<()> {
+        let _ = next_offset;
+        Ok(())
+    }
+
     /// The first offset after `offset` whose record a replay may process with another
     /// version than the record at `offset`'s: a batch starting at `offset` ends before
     /// it. `None` when the partition does not replay.

@@ -307,25 +307,38 @@ impl Registry {
         Ok(super::version_of(&self.name, component))
     }
 
-    /// Records `component` as the running version. The caller has validated it.
+    /// Records `component` as the running version. The caller has validated it. A
+    /// canary running ends with it; a deploy that fails leaves the canary as it was.
     pub async fn deploy(&self, component: &[u8], origin: &str) -> Result<Deployment, DeployError> {
         let version = self.version_of(component).await?;
+        let already = |history: &[Deployment]| match in_force(history).pop() {
+            Some(current) if current.version == version => {
+                Err(DeployError::AlreadyInForce { version: version.clone(), seq: current.seq })
+            }
+            _ => Ok(Some((Action::Deploy, version.clone()))),
+        };
+        // Refused before the canary is touched: the version in force stays, and so does
+        // the canary beside it.
+        already(&self.history().await?)?;
         self.put_component(&version, component).await.map_err(DeployError::StoreUnavailable)?;
         // A deploy is of every key: a canary ends first, so no host runs it beside the
         // version it deploys.
-        self.stop_trial(Trial::Canary).await?;
-        let deployed = self
-            .append(
-                |history| match in_force(history).pop() {
-                    Some(current) if current.version == version => {
-                        Err(DeployError::AlreadyInForce { version: version.clone(), seq: current.seq })
-                    }
-                    _ => Ok(Some((Action::Deploy, version.clone()))),
-                },
-                origin,
-            )
-            .await?;
-        Ok(deployed.expect("always appends or fails"))
+        let canary = self.stop_trial(Trial::Canary).await?;
+        match self.append(already, origin).await {
+            Ok(deployed) => Ok(deployed.expect("always appends or fails")),
+            Err(error) => {
+                if let Some(canary) = canary
+                    && let Err(put_back) = self.put_trial(Trial::Canary, &canary).await
+                {
+                    tracing::error!(
+                        "the deploy of {version} failed and the canary {} it ended could not be recorded again: \
+                         {put_back}; deploy it again with sluice deploy --canary",
+                        canary.version
+                    );
+                }
+                Err(error)
+            }
+        }
     }
 
     /// Records `component` as the running version unless it was ever deployed before;
@@ -454,9 +467,14 @@ impl Registry {
         let version = self.version_of(component).await?;
         self.put_component(&version, component).await.map_err(DeployError::StoreUnavailable)?;
         let record = TrialRecord { version, share, at_ms: crate::stats::now_ms(), origin: origin.to_string() };
-        let json = serde_json::to_vec_pretty(&record).expect("a trial record serializes");
-        self.store.put_bytes(&self.trial_path(trial), json).await.map_err(DeployError::StoreUnavailable)?;
+        self.put_trial(trial, &record).await?;
         Ok(record)
+    }
+
+    /// Writes `record` as the operator's `trial`.
+    async fn put_trial(&self, trial: Trial, record: &TrialRecord) -> Result<(), DeployError> {
+        let json = serde_json::to_vec_pretty(record).expect("a trial record serializes");
+        self.store.put_bytes(&self.trial_path(trial), json).await.map_err(DeployError::StoreUnavailable)
     }
 
     /// The operator's `trial`, if one runs.
@@ -596,7 +614,10 @@ mod tests {
             let first = registry.rollback_target().await.unwrap_err();
             assert!(matches!(first, DeployError::NothingToRollBack(_)) && first.to_string().contains("first version"));
             let v2 = registry.deploy(b"two", "t").await?;
+            let canary = registry.start_trial(Trial::Canary, b"canary", Some(500), "t").await?;
             let again = registry.deploy(b"two", "t").await.unwrap_err();
+            assert_eq!(registry.trial(Trial::Canary).await?, Some(canary), "a refused deploy keeps the canary");
+            registry.stop_trial(Trial::Canary).await?;
             assert!(matches!(again, DeployError::AlreadyInForce { seq: 2, .. }), "{again:?}");
             assert!(again.to_string().contains("already the version in force (entry 2)"), "{again}");
             let v3 = registry.deploy(b"three", "t").await?;

@@ -5,8 +5,13 @@
 //! second run is silent, so a state that decided otherwise would no longer be the fold
 //! of the outputs already committed. Which version processes a record is one of those
 //! decisions. So a partition records in the [registry](super::registry) the offset of
-//! each switch of versions before the new version processes anything, and a partition
-//! that starts reads its switches back: its records below the offset its outputs are
+//! each switch of versions it made — the routing that runs, not the one asked for —
+//! and commits nothing past a switch until its record is in the store: the record is
+//! written off the record path, retried for `[checkpoint] restore_retry_timeout` (the
+//! claim on the partition checked first, so a host that lost it writes nothing), and a
+//! switch that cannot be recorded costs its partition a restart from its last commit
+//! ([`SwitchUnrecorded`]), never a run nobody could repeat. A partition that starts
+//! reads its switches back: its records below the offset its outputs are
 //! committed up to, or below its last recorded switch, are processed with the version
 //! that first processed them, switching where the first run switched; from there on it
 //! follows the host's [active version](super::wasm::ActiveVersion) again, recording
@@ -19,11 +24,46 @@
 use super::BasisPoints;
 use super::registry::{CanaryShare, Registry, Switched};
 use super::wasm::{Limits, WasmOperator};
+use crate::backoff::Backoff;
+use crate::checkpoint::store::{CheckpointStore, ClaimedElsewhere};
 use crate::lock;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+
+/// Where a partition's claims are checked before its switches are recorded: the job's
+/// checkpoint store and this host's name in it.
+pub struct Claims {
+    /// The checkpoint store.
+    pub store: CheckpointStore,
+    /// The name this host claims partitions under.
+    pub host: String,
+}
+
+/// A switch a partition made could not be recorded within `[checkpoint]
+/// restore_retry_timeout`: a replay could not repeat what it processes from there, so
+/// nothing since its last commit may count. Its partition starts again from there
+/// (see [`Workers`](crate::worker::Workers)).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "recording partition {partition}'s switch to {version} at offset {offset} failed for {tried:.0?} of tries \
+     ([checkpoint] restore_retry_timeout): {reason}; nothing since its last commit counts"
+)]
+pub struct SwitchUnrecorded {
+    /// The partition.
+    pub partition: u32,
+    /// Where it switched.
+    pub offset: u64,
+    /// The version it switched to.
+    pub version: String,
+    /// How long it tried.
+    pub tried: Duration,
+    /// The last failure.
+    pub reason: String,
+}
 
 /// The switches of every partition of a job, kept in its registry, and the versions
 /// replays need, compiled once for all partitions.
@@ -32,15 +72,59 @@ pub struct SwitchLog {
     limits: Limits,
     config: Vec<(String, String)>,
     runtime: Handle,
+    /// Checked before a switch is recorded; `None` without checkpoints (nobody claims).
+    claims: Option<Claims>,
+    /// How long a switch's record is retried.
+    retry_timeout: Duration,
     /// Versions compiled for replays, by name.
     compiled: Mutex<BTreeMap<String, Arc<WasmOperator>>>,
 }
 
 impl SwitchLog {
     /// The log in `registry`; versions a replay needs are compiled with `limits` and
-    /// `config` (the job's sandbox), and the store is called on `runtime`.
-    pub fn new(registry: Registry, limits: Limits, config: Vec<(String, String)>, runtime: Handle) -> Arc<Self> {
-        Arc::new(SwitchLog { registry, limits, config, runtime, compiled: Mutex::default() })
+    /// `config` (the job's sandbox), and the store is called on `runtime`. A switch is
+    /// recorded only while `claims` say the partition is this host's, retried for
+    /// `retry_timeout`.
+    pub fn new(
+        registry: Registry,
+        (limits, config): (Limits, Vec<(String, String)>),
+        runtime: Handle,
+        claims: Option<Claims>,
+        retry_timeout: Duration,
+    ) -> Arc<Self> {
+        Arc::new(SwitchLog { registry, limits, config, runtime, claims, retry_timeout, compiled: Mutex::default() })
+    }
+
+    /// Records that `partition` runs `switched` from `offset` on, once its claim says
+    /// it is this host's; retried while the store fails, for the retry timeout.
+    async fn write(&self, partition: u32, offset: u64, switched: &Switched) -> Result<()> {
+        let mut backoff = Backoff::new(self.retry_timeout);
+        loop {
+            let claimed = match &self.claims {
+                Some(claims) => claims.store.check_claim(partition, &claims.host).await,
+                None => Ok(()),
+            };
+            let failure = match claimed {
+                Ok(()) => match self.registry.record_switch(partition, offset, switched).await {
+                    Ok(()) => return Ok(()),
+                    Err(e) => e,
+                },
+                Err(e) if e.is::<ClaimedElsewhere>() => return Err(e),
+                Err(e) => e,
+            };
+            let Some(wait) = backoff.next_wait() else {
+                return Err(SwitchUnrecorded {
+                    partition,
+                    offset,
+                    version: switched.version.clone(),
+                    tried: backoff.elapsed(),
+                    reason: format!("{failure:#}"),
+                }
+                .into());
+            };
+            tracing::debug!(partition, "recording the switch at offset {offset}: {failure:#}; trying again");
+            tokio::time::sleep(wait).await;
+        }
     }
 
     /// The switches of `partition`, whose state resumes at offset `resume_at` and whose
@@ -78,6 +162,8 @@ impl SwitchLog {
             versions,
             until,
             logged: recorded.into_values().next_back(),
+            writing: None,
+            unrecorded_from: None,
         })
     }
 
@@ -136,8 +222,14 @@ pub struct PartitionSwitches {
     versions: BTreeMap<u64, Routing>,
     /// Records below it are replayed with `versions`.
     until: u64,
-    /// What the log has from its last switch on, if it has any.
+    /// What the log has from its last switch on, if it has any (or will have, once
+    /// `writing` ends).
     logged: Option<Switched>,
+    /// The records of switches being written, in order (each task awaits the one
+    /// before).
+    writing: Option<JoinHandle<Result<()>>>,
+    /// The offset of the first switch not known to be recorded yet.
+    unrecorded_from: Option<u64>,
 }
 
 impl PartitionSwitches {
@@ -160,13 +252,35 @@ impl PartitionSwitches {
     }
 
     /// Records that the partition runs `switched` from `offset` on, unless the log says
-    /// so already. Called before it processes anything there.
-    pub fn record(&mut self, offset: u64, switched: Switched) -> Result<()> {
+    /// so already: called once it does, before it processes anything there. The record
+    /// is written off the record path; [`recorded_before`](Self::recorded_before) says
+    /// when it is in the store.
+    pub fn record(&mut self, offset: u64, switched: Switched) {
         if self.logged.as_ref() == Some(&switched) {
+            return;
+        }
+        let (log, partition, previous, write) =
+            (self.log.clone(), self.partition, self.writing.take(), switched.clone());
+        self.writing = Some(self.log.runtime.spawn(async move {
+            if let Some(previous) = previous {
+                previous.await.map_err(|e| anyhow!("recording an earlier switch panicked: {e}"))??;
+            }
+            log.write(partition, offset, &write).await
+        }));
+        self.unrecorded_from.get_or_insert(offset);
+        self.logged = Some(switched);
+    }
+
+    /// Waits until every switch made below `next_offset` is recorded: a commit up to
+    /// `next_offset` must not count records a replay could not route as this run did.
+    /// Fails with [`SwitchUnrecorded`] (or [`ClaimedElsewhere`]) when one could not be.
+    pub fn recorded_before(&mut self, next_offset: u64) -> Result<()> {
+        if self.unrecorded_from.is_none_or(|from| from >= next_offset) {
             return Ok(());
         }
-        self.log.runtime.block_on(self.log.registry.record_switch(self.partition, offset, &switched))?;
-        self.logged = Some(switched);
+        let writing = self.writing.take().expect("a switch unrecorded is being written");
+        self.log.runtime.block_on(writing).map_err(|e| anyhow!("recording a switch panicked: {e}"))??;
+        self.unrecorded_from = None;
         Ok(())
     }
 }
@@ -189,7 +303,13 @@ mod tests {
         let v2_bytes = bytes("vehicle_stats_v2")?;
         let v2 = runtime.block_on(registry.deploy(&v2_bytes, "test"))?.version;
         let running = Arc::new(WasmOperator::compile(&v2, &v2_bytes, "test", Limits::default(), Vec::new())?);
-        let log = SwitchLog::new(registry, Limits::default(), Vec::new(), runtime.handle().clone());
+        let log = SwitchLog::new(
+            registry,
+            (Limits::default(), Vec::new()),
+            runtime.handle().clone(),
+            None,
+            Duration::from_secs(5),
+        );
         Ok((log, v1, running))
     }
 
@@ -214,9 +334,10 @@ mod tests {
         let v2 = running.version().to_string();
         let mut start = log.partition(0, 0, 0, &running)?;
         assert_eq!(version(&start, 0), None, "an empty log replays nothing");
-        start.record(0, only(&v1))?;
-        start.record(100, only(&v2))?;
-        start.record(100, only(&v2))?;
+        start.record(0, only(&v1));
+        start.record(100, only(&v2));
+        start.record(100, only(&v2));
+        start.recorded_before(u64::MAX)?;
         assert_eq!(runtime.block_on(log.registry.switches(0))?, BTreeMap::from([(0, only(&v1)), (100, only(&v2))]));
 
         let before_switch = log.partition(0, 50, 0, &running)?;
@@ -236,7 +357,8 @@ mod tests {
 
         // A partition whose log began after the checkpoint it resumes from.
         let mut late = log.partition(1, 0, 0, &running)?;
-        late.record(100, only(&v1))?;
+        late.record(100, only(&v1));
+        late.recorded_before(u64::MAX)?;
         let late = log.partition(1, 10, 0, &running)?;
         assert_eq!((version(&late, 10), version(&late, 100)), (Some(v2.as_str()), None));
         Ok(())
@@ -252,10 +374,11 @@ mod tests {
         let v2 = running.version().to_string();
         let canary = |share| Switched { version: v1.clone(), canary: Some(CanaryShare { version: v2.clone(), share }) };
         let mut start = log.partition(0, 0, 0, &running)?;
-        start.record(0, only(&v1))?;
-        start.record(50, canary(1000))?;
-        start.record(80, canary(5000))?;
-        start.record(90, canary(5000))?;
+        start.record(0, only(&v1));
+        start.record(50, canary(1000));
+        start.record(80, canary(5000));
+        start.record(90, canary(5000));
+        start.recorded_before(91)?;
         assert_eq!(runtime.block_on(log.registry.switches(0))?.len(), 3, "the same routing is not written again");
         let replay = log.partition(0, 60, 100, &running)?;
         let routing = |offset| replay.replayed(offset).map(Routing::switched);
@@ -269,7 +392,9 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let runtime = crate::objects::runtime()?;
         let (log, v1, running) = log_with_two_versions(dir.path(), &runtime)?;
-        log.partition(0, 0, 0, &running)?.record(100, only(&v1))?;
+        let mut switches = log.partition(0, 0, 0, &running)?;
+        switches.record(100, only(&v1));
+        switches.recorded_before(101)?;
         let path = dir.path().join("operators/vehicle_stats/switches/partition-0000/00000000000000000100.json");
         std::fs::write(&path, std::fs::read_to_string(&path)?.replace("\"offset\": 100", "\"offset\": 7"))?;
         let err = format!("{:#}", log.partition(0, 0, 0, &running).err().context("a corrupt record is refused")?);

@@ -8,6 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The differences a partition keeps as samples: the first ones of each shadow run.
 pub const SHADOW_SAMPLES: usize = 10;
+/// The most bytes of a sample's key, and of each output or field value it shows: a
+/// sample tells what differs, it does not hold the records (a status page polls it).
+const SAMPLE_TEXT_BYTES: usize = 1024;
+/// The most outputs of each side, and fields, a sample shows.
+const SAMPLE_ITEMS: usize = 8;
 
 /// A partition's shadow counters, counted by its worker while a shadow runs; reset
 /// when another shadow starts.
@@ -69,6 +74,42 @@ pub struct ShadowSample {
 }
 
 impl ShadowSample {
+    /// This sample cut to what it takes to tell the difference: its key and each value
+    /// to [`SAMPLE_TEXT_BYTES`], each side's outputs and the fields to [`SAMPLE_ITEMS`],
+    /// each cut saying how much it left out. However large the records, ten samples of
+    /// every partition stay a few hundred KiB.
+    pub fn bounded(mut self) -> Self {
+        fn cut(text: &mut String) {
+            if text.len() > SAMPLE_TEXT_BYTES {
+                let left_out = text.len() - text.floor_char_boundary(SAMPLE_TEXT_BYTES);
+                text.truncate(text.floor_char_boundary(SAMPLE_TEXT_BYTES));
+                text.push_str(&format!("… ({left_out} bytes more)"));
+            }
+        }
+        fn few(items: &mut Vec<String>) {
+            if items.len() > SAMPLE_ITEMS {
+                let more = items.len() - SAMPLE_ITEMS;
+                items.truncate(SAMPLE_ITEMS);
+                items.push(format!("… ({more} more)"));
+            }
+            items.iter_mut().for_each(cut);
+        }
+        cut(&mut self.key);
+        few(&mut self.live);
+        few(&mut self.shadow);
+        if let Some(fields) = self.fields.as_array_mut() {
+            fields.truncate(SAMPLE_ITEMS);
+            for value in fields.iter_mut().filter_map(|f| f.as_object_mut()).flat_map(|f| f.values_mut()) {
+                let mut text = value.to_string();
+                if text.len() > SAMPLE_TEXT_BYTES {
+                    cut(&mut text);
+                    *value = text.into();
+                }
+            }
+        }
+        self
+    }
+
     /// One line for people: `offset 12 (expiry), key "veh-1": value.idle_count (live
     /// absent, shadow 0)`, or both sides' outputs where no field can be named.
     pub fn describe(&self) -> String {
@@ -134,12 +175,12 @@ impl ShadowStats {
         lock(&self.samples).clear();
     }
 
-    /// Keeps `sample` if fewer than [`SHADOW_SAMPLES`] are kept; `sample` is called
-    /// only then.
+    /// Keeps `sample`, [bounded](ShadowSample::bounded), if fewer than
+    /// [`SHADOW_SAMPLES`] are kept; `sample` is called only then.
     pub fn sample(&self, sample: impl FnOnce() -> ShadowSample) {
         let mut samples = lock(&self.samples);
         if samples.len() < SHADOW_SAMPLES {
-            samples.push(sample());
+            samples.push(sample().bounded());
         }
     }
 
@@ -201,5 +242,30 @@ impl ShadowReport {
     /// The shadow's CPU per record over the live version's; `None` before a record.
     pub fn cpu_ratio(&self) -> Option<f64> {
         (self.live_cpu_ns > 0).then(|| self.shadow_cpu_ns as f64 / self.live_cpu_ns as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sample of huge records keeps a bounded part of each, saying what it left out.
+    #[test]
+    fn a_sample_of_huge_records_is_bounded() {
+        let huge = "x".repeat(1 << 20);
+        let field = serde_json::json!({"path": "value", "left": huge, "right": 1});
+        let sample = ShadowSample {
+            offset: 1,
+            cause: None,
+            key: huge.clone(),
+            live: vec![huge.clone(); 100],
+            shadow: vec![],
+            fields: serde_json::Value::Array(vec![field; 100]),
+        }
+        .bounded();
+        let size = serde_json::to_string(&sample).expect("serializes").len();
+        assert!(size < 64 << 10, "{size} bytes");
+        assert!(sample.key.ends_with(&format!("… ({} bytes more)", (1 << 20) - SAMPLE_TEXT_BYTES)));
+        assert_eq!(sample.live.last().map(String::as_str), Some("… (92 more)"));
     }
 }

@@ -121,6 +121,9 @@ impl Uncommitted {
             None if state.has_writes() => stats.committed_offset.load(Ordering::Relaxed),
             None => return Ok(false),
         };
+        // A replay must route what this commit counts as this run did.
+        operator.switches_recorded(next_offset)?;
+        let state = operator.state();
         self.outputs.commit(next_offset).with_context(|| format!("sending outputs to {}", to.sink.name()))?;
         // Lines written to files reach the disk before the state that covers them: after
         // a power loss, state is never ahead of its outputs.

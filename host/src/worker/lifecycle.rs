@@ -41,6 +41,7 @@ use crate::checkpoint::{CheckpointSettings, CheckpointStore};
 use crate::config::{NullKeys, TtlConfig};
 use crate::lock;
 use crate::operator::replay::SwitchLog;
+use crate::operator::replay::SwitchUnrecorded;
 use crate::operator::{Instantiate, OperatorStopped};
 use crate::record::{RestoredFrom, SourceRecord, Stop};
 use crate::sink::transaction::{CommitFailed, Fenced};
@@ -280,7 +281,8 @@ impl Workers {
     /// 4… s; [`started`](Workers::started) returns it once it runs), for up to
     /// `[checkpoint] restore_retry_timeout` of runs that committed nothing, then stays
     /// stopped as one the operator stopped; so does one whose transaction failed to
-    /// commit otherwise ([`CommitFailed`]: a broker lost, the coordinator moving). If another host claimed it in the checkpoint
+    /// commit otherwise ([`CommitFailed`]: a broker lost, the coordinator moving) and
+    /// one whose switch of versions could not be recorded ([`SwitchUnrecorded`]). If another host claimed it in the checkpoint
     /// store ([`ClaimedElsewhere`]), it was lost without a rebalance saying so: it stops,
     /// nothing since its last commit committed, counted as lost and no failure of this
     /// host, and is claimed back and started again after
@@ -299,7 +301,7 @@ impl Workers {
                 Err(_) => anyhow!("its worker panicked"),
             };
             let error = error.context(format!("partition {partition} stopped"));
-            if error.is::<Fenced>() || error.is::<CommitFailed>() {
+            if error.is::<Fenced>() || error.is::<CommitFailed>() || error.is::<SwitchUnrecorded>() {
                 self.restart(partition, error, progressed)?;
             } else if error.is::<ClaimedElsewhere>() {
                 self.host.lost.fetch_add(1, Ordering::Relaxed);

@@ -322,7 +322,13 @@ mod tests {
         Ok(WorkerSetup {
             state: StateDir::open(&dir.join("state"), partitions)?,
             operator: Box::new(ActiveVersion::new(Arc::new(operator))),
-            switches: SwitchLog::new(registry, limits, config, runtime.handle().clone()),
+            switches: SwitchLog::new(
+                registry,
+                (limits, config),
+                runtime.handle().clone(),
+                None,
+                std::time::Duration::from_secs(5),
+            ),
             shadows: None,
             checkpoints: None,
             destinations: Destinations {

@@ -277,7 +277,13 @@ fn workers_run_the_operator_their_setup_instantiates() -> anyhow::Result<()> {
     let mut workers = Workers::new(WorkerSetup {
         state: StateDir::open(&dir.path().join("state"), 1)?,
         operator: Box::new(FakeVersions),
-        switches: SwitchLog::new(registry, Limits::default(), Vec::new(), runtime.handle().clone()),
+        switches: SwitchLog::new(
+            registry,
+            (Limits::default(), Vec::new()),
+            runtime.handle().clone(),
+            None,
+            std::time::Duration::from_secs(5),
+        ),
         checkpoints: None,
         destinations: destinations(dir.path())?,
         runtime: runtime.handle().clone(),

@@ -474,25 +474,25 @@ impl Operator for WasmInstance {
         if self.generation == Some(self.active.generation()) {
             return Ok(None);
         }
-        let began = Instant::now();
         let (generation, next) = self.active.get();
         self.generation = Some(generation);
-        let canary = self.active.canary();
-        let routing = Routing { version: next.clone(), canary: canary.clone() };
-        if let Some(switches) = &mut self.switches
-            && let Err(e) = switches.record(offset, routing.switched())
-        {
-            // Unrecorded, a replay of what it would process could not repeat it.
-            let reason = format!("recording the switch at offset {offset} failed: {e:#}");
-            let (from, to) = (self.operator.version.clone(), next.version.clone());
-            return Ok(Some(Switch { from, to, stall: began.elapsed(), refused: Some(reason), replayed: false }));
+        self.use_canary(self.active.canary());
+        // Deployed and rolled back again before this partition looked, or not.
+        let switched = (next.version != self.operator.version).then(|| self.switch_to(next, false)).transpose()?;
+        // What runs now (a version that failed to start left the old one running, a
+        // canary that failed to start none), recorded before it processes anything.
+        if let Some(switches) = &mut self.switches {
+            let canary = self.canary.as_ref().map(|canary| (canary.operator.clone(), canary.share));
+            switches.record(offset, Routing { version: self.operator.clone(), canary }.switched());
         }
-        self.use_canary(canary);
-        // Deployed and rolled back again before this partition looked.
-        if next.version == self.operator.version {
-            return Ok(None);
+        Ok(switched)
+    }
+
+    fn switches_recorded(&mut self, next_offset: u64) -> Result<()> {
+        match &mut self.switches {
+            Some(switches) => switches.recorded_before(next_offset),
+            None => Ok(()),
         }
-        self.switch_to(next, false).map(Some)
     }
 
     fn next_switch(&self, offset: u64) -> Option<u64> {
