@@ -914,3 +914,46 @@ fn a_switch_is_recorded_once_the_store_lets_it_and_never_by_a_host_that_lost_its
     assert!(!names(1)?.iter().any(|r| r.contains(&v2)), "the lost partition recorded no switch:\n{log}");
     Ok(())
 }
+
+/// Switch records do not pile up: with two checkpoints retained, a deploy, a rollback
+/// and a deploy again leave each partition at most the records its oldest retained
+/// checkpoint needs — never the first one, at offset 0. And one record that is not one
+/// costs its partition only: a host started over it stops that partition, named, and
+/// runs the others.
+#[test]
+fn switch_records_are_pruned_to_what_checkpoints_need_and_a_bad_one_costs_its_partition_only() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let more = "[checkpoint]\ninterval = \"300ms\"\nretain = 2\n";
+    let PacedJob { config, mut host, admin, .. } =
+        PacedJob::start(dir, (100, 24_000), 3_000, &operator_wasm("vehicle_stats"), more)?;
+    let v2 = operator_wasm("vehicle_stats_v2");
+    let deploy = || run_ok(sluice().args(["deploy", "vehicle_stats"]).arg(&v2).args(["--admin", &admin]));
+    std::thread::sleep(Duration::from_secs(1));
+    deploy()?;
+    std::thread::sleep(Duration::from_millis(1500));
+    run_ok(sluice().args(["rollback", "vehicle_stats", "--admin", &admin]))?;
+    std::thread::sleep(Duration::from_millis(1500));
+    deploy()?;
+    host.wait_exit(Duration::from_secs(60))?;
+    let switches = dir.join("state.checkpoints/operators/vehicle_stats/switches");
+    let records = |partition: u32| -> Result<Vec<PathBuf>> {
+        let folder = switches.join(format!("partition-{partition:04}"));
+        let mut records: Vec<PathBuf> = std::fs::read_dir(folder)?.flatten().map(|r| r.path()).collect();
+        records.sort();
+        Ok(records)
+    };
+    for partition in 0..4 {
+        let kept = records(partition)?;
+        let first = switches.join(format!("partition-{partition:04}/00000000000000000000.json"));
+        assert!(kept.len() <= 2 && !kept.contains(&first), "partition {partition} keeps {kept:?}");
+    }
+
+    let newest = records(1)?.pop().context("partition 1 has a switch record")?;
+    std::fs::write(&newest, "{")?;
+    let again = run_err(sluice().arg("run").arg("--config").arg(&config))?;
+    assert!(again.contains("partition 1's switch log cannot be used"), "{again}");
+    assert!(again.contains(&newest.file_name().unwrap().to_string_lossy().to_string()), "{again}");
+    assert!(again.contains("stopped alone") || again.contains("stops here"), "{again}");
+    Ok(())
+}

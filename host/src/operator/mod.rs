@@ -25,7 +25,7 @@ pub use crate::record::Output;
 use crate::record::{Cause, Origin, SourceRecord};
 use crate::state::{Expired, Transaction};
 use anyhow::Result;
-use replay::SwitchLog;
+use replay::{RecordedSwitches, SwitchLog};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,12 +184,18 @@ pub trait Operator: Send {
         None
     }
 
-    /// Follows `partition`'s switches in `log` from now on, its state resuming at offset
-    /// `resume_at` and its outputs committed up to `covered`: replays the records before
-    /// both with the versions that first processed them, then records each switch. An
-    /// operator that runs one version only has none to follow.
-    fn follow_switches(&mut self, log: &Arc<SwitchLog>, partition: u32, resume_at: u64, covered: u64) -> Result<()> {
-        let _ = (log, partition, resume_at, covered);
+    /// Follows `partition`'s switches in `log` from now on — `recorded`, as
+    /// [`SwitchLog::read`] read them before the partition started — its state resuming
+    /// at offset `resume_at` and its outputs committed up to `covered`: replays the
+    /// records before both with the versions that first processed them, then records
+    /// each switch. An operator that runs one version only has none to follow.
+    fn follow_switches(
+        &mut self,
+        (log, recorded): (&Arc<SwitchLog>, RecordedSwitches),
+        partition: u32,
+        (resume_at, covered): (u64, u64),
+    ) -> Result<()> {
+        let _ = (log, recorded, partition, resume_at, covered);
         Ok(())
     }
 }

@@ -175,6 +175,16 @@ struct SwitchRecord {
     at_ms: u64,
 }
 
+/// Switch records read at once.
+const PARALLEL_READS: usize = 8;
+
+/// Of the switches recorded at `offsets`, those a partition from offset `from` on needs:
+/// the last at or before `from`, and every one after.
+fn needed(offsets: std::collections::BTreeSet<u64>, from: u64) -> std::collections::BTreeSet<u64> {
+    let last_before = offsets.range(..=from).next_back().copied();
+    offsets.into_iter().filter(|&offset| offset > from || Some(offset) == last_before).collect()
+}
+
 /// A canary as a partition ran it: its version and the share of the keys it took.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CanaryShare {
@@ -522,13 +532,14 @@ impl Registry {
         self.store.put_bytes(&self.switch_path(partition, offset), json).await
     }
 
-    /// The versions `partition` switched to, by the offset each switch took effect at.
-    pub async fn switches(&self, partition: u32) -> Result<BTreeMap<u64, Switched>> {
-        let folder = self.switch_folder(partition);
-        let mut switches = BTreeMap::new();
-        for name in self.store.object_names(&folder).await? {
-            let path = format!("{folder}/{name}");
-            let Some(offset) = name.strip_suffix(".json").and_then(|n| n.parse::<u64>().ok()) else { continue };
+    /// The versions `partition` switched to from offset `from` on, by the offset each
+    /// switch took effect at: the last switch at or before `from` (what ran there) and
+    /// every one after. One listing, then those records read at once.
+    pub async fn switches(&self, partition: u32, from: u64) -> Result<BTreeMap<u64, Switched>> {
+        use futures::StreamExt;
+        let offsets = needed(self.switch_offsets(partition).await?, from);
+        let reads = offsets.into_iter().map(|offset| async move {
+            let path = self.switch_path(partition, offset);
             let switch: SwitchRecord = self.read_record(&path, "switch").await?;
             if switch.offset != offset || !switch.version.starts_with(&format!("{}@", self.name)) {
                 bail!(
@@ -540,9 +551,28 @@ impl Registry {
                     self.name
                 );
             }
-            switches.insert(offset, Switched { version: switch.version, canary: switch.canary });
+            Ok((offset, Switched { version: switch.version, canary: switch.canary }))
+        });
+        futures::stream::iter(reads).buffered(PARALLEL_READS).collect::<Vec<_>>().await.into_iter().collect()
+    }
+
+    /// Deletes the switches of `partition` no state from offset `floor` on needs: all
+    /// before the last one at or before it (which says what ran there). Returns how
+    /// many it deleted.
+    pub async fn prune_switches(&self, partition: u32, floor: u64) -> Result<usize> {
+        let offsets = self.switch_offsets(partition).await?;
+        let kept = needed(offsets.clone(), floor);
+        let pruned: Vec<u64> = offsets.into_iter().filter(|offset| !kept.contains(offset)).collect();
+        for offset in &pruned {
+            self.store.delete(&self.switch_path(partition, *offset)).await?;
         }
-        Ok(switches)
+        Ok(pruned.len())
+    }
+
+    /// The offsets of `partition`'s recorded switches, by their names: one listing.
+    async fn switch_offsets(&self, partition: u32) -> Result<std::collections::BTreeSet<u64>> {
+        let names = self.store.object_names(&self.switch_folder(partition)).await?;
+        Ok(names.iter().filter_map(|name| name.strip_suffix(".json")?.parse::<u64>().ok()).collect())
     }
 
     /// Reads the JSON record at `path`, listed a moment ago, as a sluice `what` record.

@@ -27,12 +27,16 @@ use super::wasm::{Limits, WasmOperator};
 use crate::backoff::Backoff;
 use crate::checkpoint::store::{CheckpointStore, ClaimedElsewhere};
 use crate::lock;
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Result, anyhow};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
+
+/// A partition's switches as [`SwitchLog::read`] read them, by the offset each took
+/// effect at.
+pub type RecordedSwitches = BTreeMap<u64, Switched>;
 
 /// Where a partition's claims are checked before its switches are recorded: the job's
 /// checkpoint store and this host's name in it.
@@ -41,6 +45,21 @@ pub struct Claims {
     pub store: CheckpointStore,
     /// The name this host claims partitions under.
     pub host: String,
+}
+
+/// A partition's switch log cannot be used: a record that is not one, a version it
+/// names that cannot be loaded. The partition stops alone, its state as its last commit
+/// left it (see [`Workers`](crate::worker::Workers)); the host goes on.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "partition {partition}'s switch log cannot be used ({reason}); it stops here, its state as its last commit left \
+     it: repair or remove the record named, then start the host again"
+)]
+pub struct SwitchLogUnreadable {
+    /// The partition.
+    pub partition: u32,
+    /// Why.
+    pub reason: String,
 }
 
 /// A switch a partition made could not be recorded within `[checkpoint]
@@ -96,7 +115,8 @@ impl SwitchLog {
     }
 
     /// Records that `partition` runs `switched` from `offset` on, once its claim says
-    /// it is this host's; retried while the store fails, for the retry timeout.
+    /// it is this host's; retried while the store fails, for the retry timeout. Then
+    /// prunes the switches no retained checkpoint needs.
     async fn write(&self, partition: u32, offset: u64, switched: &Switched) -> Result<()> {
         let mut backoff = Backoff::new(self.retry_timeout);
         loop {
@@ -106,7 +126,13 @@ impl SwitchLog {
             };
             let failure = match claimed {
                 Ok(()) => match self.registry.record_switch(partition, offset, switched).await {
-                    Ok(()) => return Ok(()),
+                    Ok(()) => {
+                        // Best effort: what is not pruned now is at the next switch.
+                        if let Err(e) = self.prune(partition).await {
+                            tracing::debug!(partition, "pruning the switch log: {e:#}");
+                        }
+                        return Ok(());
+                    }
                     Err(e) => e,
                 },
                 Err(e) if e.is::<ClaimedElsewhere>() => return Err(e),
@@ -127,20 +153,45 @@ impl SwitchLog {
         }
     }
 
-    /// The switches of `partition`, whose state resumes at offset `resume_at` and whose
-    /// outputs are committed up to offset `covered`, its instance running `running`.
-    /// Fails when the log cannot be read or a recorded version cannot be loaded.
+    /// Deletes the switches of `partition` older than its oldest retained checkpoint
+    /// needs (the last one at or before its offset says what ran there): every state a
+    /// restore, a takeover or `sluice replay` may start from is at or after that offset.
+    /// Without checkpoints, nothing is pruned.
+    async fn prune(&self, partition: u32) -> Result<()> {
+        let Some(claims) = &self.claims else { return Ok(()) };
+        let Some(&oldest) = claims.store.checkpoint_ids(partition).await?.first() else { return Ok(()) };
+        let floor = claims.store.manifest(partition, oldest).await?.offset;
+        let pruned = self.registry.prune_switches(partition, floor).await?;
+        if pruned > 0 {
+            tracing::debug!(partition, "pruned {pruned} switch records before offset {floor}");
+        }
+        Ok(())
+    }
+
+    /// The switches of `partition` its state from offset `resume_at` on needs: read
+    /// before the partition takes over its outputs, so a log that cannot be used stops
+    /// it ([`SwitchLogUnreadable`]) before it fences anyone.
+    pub fn read(&self, partition: u32, resume_at: u64) -> Result<RecordedSwitches> {
+        self.runtime.block_on(self.registry.switches(partition, resume_at)).map_err(|e| {
+            SwitchLogUnreadable { partition, reason: format!("reading its version switches: {e:#}") }.into()
+        })
+    }
+
+    /// The switches `recorded` of `partition` ([`read`](Self::read)), whose state
+    /// resumes at offset `resume_at` and whose outputs are committed up to offset
+    /// `covered`, its instance running `running`. Fails with [`SwitchLogUnreadable`]
+    /// when a recorded version cannot be loaded.
     pub fn partition(
         self: &Arc<Self>,
+        recorded: RecordedSwitches,
         partition: u32,
-        resume_at: u64,
-        covered: u64,
+        (resume_at, covered): (u64, u64),
         running: &Arc<WasmOperator>,
     ) -> Result<PartitionSwitches> {
-        let recorded = self
-            .runtime
-            .block_on(self.registry.switches(partition))
-            .with_context(|| format!("reading partition {partition}'s version switches"))?;
+        let routing = |switched: &Switched| {
+            self.routing(switched, running)
+                .map_err(|e| SwitchLogUnreadable { partition, reason: format!("loading a version it ran: {e:#}") })
+        };
         let until = covered.max(recorded.keys().next_back().copied().unwrap_or(0));
         let mut versions = BTreeMap::new();
         if resume_at < until {
@@ -148,12 +199,12 @@ impl SwitchLog {
             // force there: those recorded at or before it, or, with none recorded (a
             // store older than this log), the one running now.
             let first = match recorded.range(..=resume_at).next_back() {
-                Some((_, switched)) => self.routing(switched, running)?,
+                Some((_, switched)) => routing(switched)?,
                 None => Routing { version: running.clone(), canary: None },
             };
             versions.insert(resume_at, first);
             for (&offset, switched) in recorded.range(resume_at + 1..until) {
-                versions.insert(offset, self.routing(switched, running)?);
+                versions.insert(offset, routing(switched)?);
             }
         }
         Ok(PartitionSwitches {
@@ -289,6 +340,7 @@ impl PartitionSwitches {
 mod tests {
     use super::*;
     use crate::objects::Objects;
+    use anyhow::Context;
 
     /// Versions 1 and 2 of vehicle_stats deployed in a registry in `dir`: the log over
     /// that registry (calling it on `runtime`), version 1, and version 2 compiled as the
@@ -313,6 +365,18 @@ mod tests {
         Ok((log, v1, running))
     }
 
+    /// `partition`'s switches in `log` for a start at `resume_at` with outputs
+    /// committed up to `covered`.
+    fn started(
+        log: &Arc<SwitchLog>,
+        partition: u32,
+        resume_at: u64,
+        covered: u64,
+        running: &Arc<WasmOperator>,
+    ) -> Result<PartitionSwitches> {
+        log.partition(log.read(partition, resume_at)?, partition, (resume_at, covered), running)
+    }
+
     fn version(switches: &PartitionSwitches, offset: u64) -> Option<&str> {
         switches.replayed(offset).map(|routing| routing.version.version())
     }
@@ -332,34 +396,34 @@ mod tests {
         let runtime = crate::objects::runtime()?;
         let (log, v1, running) = log_with_two_versions(dir.path(), &runtime)?;
         let v2 = running.version().to_string();
-        let mut start = log.partition(0, 0, 0, &running)?;
+        let mut start = started(&log, 0, 0, 0, &running)?;
         assert_eq!(version(&start, 0), None, "an empty log replays nothing");
         start.record(0, only(&v1));
         start.record(100, only(&v2));
         start.record(100, only(&v2));
         start.recorded_before(u64::MAX)?;
-        assert_eq!(runtime.block_on(log.registry.switches(0))?, BTreeMap::from([(0, only(&v1)), (100, only(&v2))]));
+        assert_eq!(runtime.block_on(log.registry.switches(0, 0))?, BTreeMap::from([(0, only(&v1)), (100, only(&v2))]));
 
-        let before_switch = log.partition(0, 50, 0, &running)?;
+        let before_switch = started(&log, 0, 50, 0, &running)?;
         assert_eq!((version(&before_switch, 50), version(&before_switch, 99)), (Some(v1.as_str()), Some(v1.as_str())));
         assert_eq!(version(&before_switch, 100), None, "from the last switch on, the active version");
         assert_eq!((before_switch.next_change(50), before_switch.next_change(100)), (Some(100), None));
 
-        let covered = log.partition(0, 50, 150, &running)?;
+        let covered = started(&log, 0, 50, 150, &running)?;
         assert_eq!((version(&covered, 99), version(&covered, 149)), (Some(v1.as_str()), Some(v2.as_str())));
         assert_eq!(
             (covered.next_change(50), covered.next_change(100), covered.next_change(150)),
             (Some(100), Some(150), None)
         );
 
-        let after = log.partition(0, 200, 150, &running)?;
+        let after = started(&log, 0, 200, 150, &running)?;
         assert_eq!((version(&after, 200), after.next_change(200)), (None, None));
 
         // A partition whose log began after the checkpoint it resumes from.
-        let mut late = log.partition(1, 0, 0, &running)?;
+        let mut late = started(&log, 1, 0, 0, &running)?;
         late.record(100, only(&v1));
         late.recorded_before(u64::MAX)?;
-        let late = log.partition(1, 10, 0, &running)?;
+        let late = started(&log, 1, 10, 0, &running)?;
         assert_eq!((version(&late, 10), version(&late, 100)), (Some(v2.as_str()), None));
         Ok(())
     }
@@ -373,17 +437,37 @@ mod tests {
         let (log, v1, running) = log_with_two_versions(dir.path(), &runtime)?;
         let v2 = running.version().to_string();
         let canary = |share| Switched { version: v1.clone(), canary: Some(CanaryShare { version: v2.clone(), share }) };
-        let mut start = log.partition(0, 0, 0, &running)?;
+        let mut start = started(&log, 0, 0, 0, &running)?;
         start.record(0, only(&v1));
         start.record(50, canary(1000));
         start.record(80, canary(5000));
         start.record(90, canary(5000));
         start.recorded_before(91)?;
-        assert_eq!(runtime.block_on(log.registry.switches(0))?.len(), 3, "the same routing is not written again");
-        let replay = log.partition(0, 60, 100, &running)?;
+        assert_eq!(runtime.block_on(log.registry.switches(0, 0))?.len(), 3, "the same routing is not written again");
+        let replay = started(&log, 0, 60, 100, &running)?;
         let routing = |offset| replay.replayed(offset).map(Routing::switched);
         assert_eq!((routing(60), routing(85), routing(100)), (Some(canary(1000)), Some(canary(5000)), None));
         assert_eq!(replay.next_change(60), Some(80));
+        Ok(())
+    }
+
+    /// Pruning keeps the last switch at or before the floor and every one after; a
+    /// read from an offset reads the last one at or before it and every one after.
+    #[test]
+    fn pruning_and_reading_keep_what_ran_at_the_offset_and_after() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::objects::runtime()?;
+        let (log, v1, running) = log_with_two_versions(dir.path(), &runtime)?;
+        let mut start = started(&log, 0, 0, 0, &running)?;
+        for (offset, version) in [(0, v1.as_str()), (10, running.version()), (20, &v1), (30, running.version())] {
+            start.record(offset, only(version));
+        }
+        start.recorded_before(u64::MAX)?;
+        let offsets =
+            |from| -> Result<Vec<u64>> { Ok(runtime.block_on(log.registry.switches(0, from))?.into_keys().collect()) };
+        assert_eq!(offsets(25)?, [20, 30]);
+        assert_eq!(runtime.block_on(log.registry.prune_switches(0, 25))?, 2);
+        assert_eq!(offsets(0)?, [20, 30], "0 and 10 pruned");
         Ok(())
     }
 
@@ -392,12 +476,12 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let runtime = crate::objects::runtime()?;
         let (log, v1, running) = log_with_two_versions(dir.path(), &runtime)?;
-        let mut switches = log.partition(0, 0, 0, &running)?;
+        let mut switches = started(&log, 0, 0, 0, &running)?;
         switches.record(100, only(&v1));
         switches.recorded_before(101)?;
         let path = dir.path().join("operators/vehicle_stats/switches/partition-0000/00000000000000000100.json");
         std::fs::write(&path, std::fs::read_to_string(&path)?.replace("\"offset\": 100", "\"offset\": 7"))?;
-        let err = format!("{:#}", log.partition(0, 0, 0, &running).err().context("a corrupt record is refused")?);
+        let err = format!("{:#}", started(&log, 0, 0, 0, &running).err().context("a corrupt record is refused")?);
         assert!(err.contains("00000000000000000100.json") && err.contains("is corrupt"), "{err}");
         Ok(())
     }

@@ -166,7 +166,7 @@ pub fn replay(replay: &Replay) -> Result<Replayed> {
         .with_context(|| format!("restoring checkpoint {id} of partition {partition} from {}", replay.store))?;
 
     let registry = Registry::new(Objects::open(&replay.store)?, crate::operator::name_of(&manifest.operator))?;
-    let switches = runtime.block_on(registry.switches(partition))?;
+    let switches = runtime.block_on(registry.switches(partition, manifest.offset))?;
     let (component, origin) = match &replay.operator {
         Some(path) => {
             let bytes = std::fs::read(path).with_context(|| format!("reading operator {}", path.display()))?;

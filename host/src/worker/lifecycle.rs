@@ -41,7 +41,7 @@ use crate::checkpoint::{CheckpointSettings, CheckpointStore};
 use crate::config::{NullKeys, TtlConfig};
 use crate::lock;
 use crate::operator::replay::SwitchLog;
-use crate::operator::replay::SwitchUnrecorded;
+use crate::operator::replay::{SwitchLogUnreadable, SwitchUnrecorded};
 use crate::operator::{Instantiate, OperatorStopped};
 use crate::record::{RestoredFrom, SourceRecord, Stop};
 use crate::sink::transaction::{CommitFailed, Fenced};
@@ -416,6 +416,13 @@ impl Workers {
                 self.running.insert(partition, running);
             }
             Err(e) if e.is::<StartGivenUp>() => {}
+            // Its own records only: the partition stops alone, the others go on.
+            Err(e) if e.is::<SwitchLogUnreadable>() => {
+                let e = e.context(format!("starting partition {partition}"));
+                tracing::error!(partition, "{e:#}; {STOPPED_ALONE}");
+                self.failed.insert(partition, e);
+                self.newly_failed.push(partition);
+            }
             Err(e) => {
                 let e = e.context(format!("starting partition {partition}"));
                 tracing::error!("{e:#}");

@@ -349,9 +349,12 @@ fn spawn_worker(
             instance.version().to_string(),
         )
     });
+    // Before the take-over: a log that cannot be used stops the partition before it
+    // fences anyone.
+    let recorded = setup.switches.read(partition, offset)?;
     let outputs =
         start.take_over(|| setup.destinations.sink.partition(&setup.destinations.dead_letters, partition, offset))?;
-    instance.follow_switches(&setup.switches, partition, offset, outputs.covered())?;
+    instance.follow_switches((&setup.switches, recorded), partition, (offset, outputs.covered()))?;
     let stats = Arc::new(PartitionStats::new(offset, instance.state().entries(), instance.version()));
     super::commit::count_state_bytes(instance.state().store(), &stats);
     let (sender, batches) = queue::bounded(setup.queued_batches, setup.queued_bytes);

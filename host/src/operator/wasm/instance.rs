@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::operator::Instantiate;
+use crate::operator::replay::RecordedSwitches;
 
 /// The version every partition of this host runs: set by a deploy, followed by each
 /// partition's [`WasmInstance`] at its next batch boundary.
@@ -501,8 +502,13 @@ impl Operator for WasmInstance {
 
     /// Replays, then records each switch beginning with the version it runs then. Fails
     /// when the log cannot be read or a version it names cannot be loaded.
-    fn follow_switches(&mut self, log: &Arc<SwitchLog>, partition: u32, resume_at: u64, covered: u64) -> Result<()> {
-        self.switches = Some(log.partition(partition, resume_at, covered, &self.operator)?);
+    fn follow_switches(
+        &mut self,
+        (log, recorded): (&Arc<SwitchLog>, RecordedSwitches),
+        partition: u32,
+        offsets: (u64, u64),
+    ) -> Result<()> {
+        self.switches = Some(log.partition(recorded, partition, offsets, &self.operator)?);
         self.generation = None;
         Ok(())
     }
