@@ -291,9 +291,10 @@ fn the_status_page_shows_the_partitions_live_and_a_deploy_on_its_timeline() -> R
     let shadowed = rendered_dom(&admin, &profile)?;
     let shadow_rows = shadowed.matches("<tr data-shadow-partition=\"").count();
     assert!(shadow_rows == 4 && !shadowed.contains("<div id=\"shadow\" hidden"), "{shadowed}");
+    // Samples are records' keys and values: a page without the token says where they are.
     let samples = shadowed.split("<ul id=\"shadow-samples\"><li>").nth(1).unwrap_or_default();
     let sample = samples.split("</li>").next().unwrap_or_default();
-    assert!(sample.contains("value.idle_count (live ") && sample.ends_with(", shadow absent)"), "{shadowed}");
+    assert!(sample.contains("show with the admin token"), "{shadowed}");
 
     let png = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
     screenshot(&admin, &profile, (1400, 1200), &png)?;

@@ -128,7 +128,7 @@ pub fn shadow_status(name: &str, admins: &[String]) -> Result<()> {
     writeln!(
         out,
         "host                  partition  compared      equal  different  only-live  only-shadow  shadow-failed  \
-         writes-differ  cpu-ratio  version"
+         writes-differ  skipped  cpu-ratio  version"
     )?;
     for admin in admins {
         let answer = admin::call(admin, Method::GET, &format!("/operators/{name}/shadow"), Vec::new())?;
@@ -155,7 +155,7 @@ pub fn shadow_status(name: &str, admins: &[String]) -> Result<()> {
 fn status_row(host: &str, partition: &str, r: &ShadowReport) -> String {
     let ratio = r.cpu_ratio().map_or("-".to_string(), |ratio| format!("{ratio:.2}"));
     format!(
-        "{host:<20}  {partition:>9}  {:>8}  {:>9}  {:>9}  {:>9}  {:>11}  {:>13}  {:>13}  {ratio:>9}  {}",
+        "{host:<20}  {partition:>9}  {:>8}  {:>9}  {:>9}  {:>9}  {:>11}  {:>13}  {:>13}  {:>7}  {ratio:>9}  {}",
         r.compared,
         r.equal,
         r.different,
@@ -163,6 +163,7 @@ fn status_row(host: &str, partition: &str, r: &ShadowReport) -> String {
         r.only_shadow,
         r.shadow_failed,
         r.differing_writes,
+        r.skipped,
         r.version.as_deref().unwrap_or("none")
     )
 }

@@ -142,7 +142,8 @@ impl JobReport {
         writeln!(
             f,
             "{SHADOW_COMPARED} {version}: {} compared, {} equal, {} different, {} only live, {} only shadow; {} records \
-             the shadow failed on; {} state writes differ; shadow CPU per record {} of the live version's",
+             the shadow failed on; {} state writes differ; shadow CPU per record {} of the live version's; {} records \
+             skipped (out of the shadow's time)",
             all.compared,
             all.equal,
             all.different,
@@ -150,7 +151,8 @@ impl JobReport {
             all.only_shadow,
             all.shadow_failed,
             all.differing_writes,
-            all.cpu_ratio().map_or("-".to_string(), |ratio| format!("{ratio:.2}x"))
+            all.cpu_ratio().map_or("-".to_string(), |ratio| format!("{ratio:.2}x")),
+            all.skipped
         )?;
         for p in &self.partitions {
             if let Some(stopped) = &p.shadow.stopped {

@@ -128,6 +128,11 @@ pub const SHADOW_FAILED: Family = Family::counter(
     "sluice_shadow_failed",
     "Records the shadow failed on (trapped, past a limit) and the live did not",
 );
+/// Records the shadow skipped (out of its share of time), per partition.
+pub const SHADOW_SKIPPED: Family = Family::counter(
+    "sluice_shadow_skipped",
+    "Records the shadow had no time for (its share of the live version's time spent) and did not compare",
+);
 /// State entries the shadow staged otherwise than the live version, per partition.
 pub const SHADOW_DIFFERING_WRITES: Family = Family::counter(
     "sluice_shadow_differing_writes",
@@ -236,6 +241,7 @@ pub const ALL: &[Family] = &[
     PARTITION_OPERATOR_INFO,
     SHADOW_COMPARED,
     SHADOW_FAILED,
+    SHADOW_SKIPPED,
     SHADOW_DIFFERING_WRITES,
     SHADOW_CPU,
     SHADOW_INFO,

@@ -319,6 +319,10 @@ fn shadows(e: &mut DescriptorEncoder, partitions: &Partitions) -> fmt::Result {
     for (p, r) in &reports {
         ConstCounter::new(r.shadow_failed).encode(metric.encode_family(&[("partition", p.to_string())])?)?;
     }
+    let mut metric = descriptor(e, SHADOW_SKIPPED)?;
+    for (p, r) in &reports {
+        ConstCounter::new(r.skipped).encode(metric.encode_family(&[("partition", p.to_string())])?)?;
+    }
     let mut metric = descriptor(e, SHADOW_DIFFERING_WRITES)?;
     for (p, r) in &reports {
         ConstCounter::new(r.differing_writes).encode(metric.encode_family(&[("partition", p.to_string())])?)?;

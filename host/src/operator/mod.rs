@@ -144,6 +144,14 @@ pub trait Operator: Send {
         Ok(Vec::new())
     }
 
+    /// Ends the next [`process_batch`](Operator::process_batch) or
+    /// [`expire`](Operator::expire) call by `until` too (between two records or
+    /// expiries; a call in progress finishes), even before it did anything: for a
+    /// shadow, which must not cost the live partition more than a share of its time.
+    fn bound_next_batch(&mut self, until: std::time::Instant) {
+        let _ = until;
+    }
+
     /// The partition state this operator reads and writes.
     fn state(&mut self) -> &mut Transaction;
 

@@ -41,6 +41,9 @@ pub struct ShadowStats {
     /// Times the shadow's writes since the last commit passed `[state]
     /// commit_dirty_mib` and it started over from the committed state before the commit.
     pub early_resets: AtomicU64,
+    /// Records the shadow had no time for (its share of the live version's time spent),
+    /// or skipped until the next commit after that: not compared.
+    pub skipped: AtomicU64,
     /// Records both processed, for the CPU times below.
     pub records: AtomicU64,
     /// The live version's CPU time on those records' batches, ns.
@@ -152,6 +155,9 @@ pub struct ShadowReport {
     /// See [`ShadowStats::early_resets`].
     #[serde(default)]
     pub early_resets: u64,
+    /// See [`ShadowStats::skipped`].
+    #[serde(default)]
+    pub skipped: u64,
     /// See [`ShadowStats::records`].
     pub records: u64,
     /// See [`ShadowStats::live_cpu_ns`].
@@ -197,6 +203,7 @@ impl ShadowStats {
             shadow_failed: load(&self.shadow_failed),
             differing_writes: load(&self.differing_writes),
             early_resets: load(&self.early_resets),
+            skipped: load(&self.skipped),
             records: load(&self.records),
             live_cpu_ns: load(&self.live_cpu_ns),
             shadow_cpu_ns: load(&self.shadow_cpu_ns),
@@ -205,9 +212,10 @@ impl ShadowStats {
         }
     }
 
-    fn counters(&self) -> [&AtomicU64; 11] {
+    fn counters(&self) -> [&AtomicU64; 12] {
         [
             &self.early_resets,
+            &self.skipped,
             &self.compared,
             &self.equal,
             &self.different,
@@ -234,6 +242,7 @@ impl ShadowReport {
         self.shadow_failed += other.shadow_failed;
         self.differing_writes += other.differing_writes;
         self.early_resets += other.early_resets;
+        self.skipped += other.skipped;
         self.records += other.records;
         self.live_cpu_ns += other.live_cpu_ns;
         self.shadow_cpu_ns += other.shadow_cpu_ns;

@@ -213,9 +213,9 @@ impl<'a> PartitionWorker<'a> {
         let idle_for = self.last_batch.elapsed();
         if p.operator.state().tick(idle_for) {
             let next = self.uncommitted.next_offset.unwrap_or(p.stats.committed_offset.load(Ordering::Relaxed));
-            let clock = p.operator.state().clock();
+            let (clock, began) = (p.operator.state().clock(), Instant::now());
             let expirations = p.operator.expire(next)?;
-            self.shadow.expire(next, clock, &expirations, &p.stats.shadow);
+            self.shadow.expire(next, (clock, began.elapsed()), &expirations, &p.stats.shadow);
             let partition = p.operator.state().store().partition();
             for expiration in expirations {
                 self.gather(expiration.origin(partition), expiration)?;
@@ -282,7 +282,8 @@ impl<'a> PartitionWorker<'a> {
             let live_cpu = crate::stats::thread_cpu().saturating_sub(cpu);
             let done = &batch[..processed.outcomes.len()];
             let stats = &self.p.stats.shadow;
-            self.shadow.process(self.p.operator, (done, &processed, clock), live_cpu, self.p.null_keys, stats);
+            let took = (started.elapsed(), live_cpu);
+            self.shadow.process(self.p.operator, (done, &processed, clock), took, self.p.null_keys, stats);
         }
         let Processed { outcomes, expirations } = processed;
         // The offset the next commit stores: past the last record processed, or, when

@@ -9,9 +9,15 @@
 //! live version's per record — and per group of expiries or timers before a record — and
 //! never sent; before each commit the entries the two staged differently are counted.
 //! Whatever the shadow does — trap, spin, pass a limit, fail to start — costs the live
-//! path only the shadow's own time: its errors stop the shadow on this partition, never
-//! the worker, and a shadow that fails on [`FAILURES_IN_A_ROW`] records in a row is
-//! stopped so it cannot keep spending the partition's time.
+//! path at most a share of its time: each batch the shadow gets [`TIME_SHARE_PERCENT`]
+//! of the time the live version took on it (time it did not use carried over, up to
+//! [`TIME_CARRIED`]), in one call under the live batch's bounds (a call in progress
+//! finishes: at most one `call_timeout_ms` more). The records it had no time for are
+//! skipped and counted, and so is every record until the live version's next commit,
+//! after which it starts over in step. Its errors stop the shadow on this partition,
+//! never the worker, and a shadow that fails on [`FAILURES_IN_A_ROW`] records — or
+//! groups of expiries or timers — in a row is stopped so it cannot keep spending the
+//! partition's time.
 //!
 //! This module owns running and comparing; what it found goes to the partition's
 //! [`ShadowStats`], and where the shadow comes from is the host's [`Shadows`].
@@ -26,11 +32,19 @@ use crate::state::Clock;
 use crate::stats::{ShadowSample, ShadowStats, thread_cpu};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Records in a row the shadow may fail on (where the live version did not) before it
-/// is stopped on the partition.
+/// is stopped on the partition; groups of expiries or timers likewise.
 pub const FAILURES_IN_A_ROW: u32 = 10;
+/// The shadow's time on a batch, at most, as a share of the live version's time on it.
+pub const TIME_SHARE_PERCENT: u32 = 400;
+/// The most time the shadow did not use that it may spend on later batches.
+pub const TIME_CARRIED: Duration = Duration::from_millis(100);
+
+/// [`Shadow::tally`]'s kinds: records, and groups of expiries or timers.
+const RECORDS: usize = 0;
+const GROUPS: usize = 1;
 
 /// One partition's shadow, as its worker runs it.
 #[derive(Default)]
@@ -43,8 +57,14 @@ pub(super) struct Shadow {
     /// of the first entry), by the offset of the record they came before and their
     /// cause: compared once both sides processed that record.
     pending: BTreeMap<(u64, Cause), PendingGroup>,
-    /// Records in a row it failed on where the live version did not.
-    failures_in_a_row: u32,
+    /// Records, and groups of expiries or timers, in a row it failed on where the live
+    /// version did not.
+    failures_in_a_row: [u32; 2],
+    /// The time it may spend on the next batch, before the live version's share.
+    credit: Duration,
+    /// Whether it ran out of time since the last commit: it skips every record until
+    /// the next, when it starts over in step.
+    skipping: bool,
     /// Whether it started over before the live version's commit (its writes passed the
     /// commit's bound): the writes it staged since are not comparable at that commit.
     reset_early: bool,
@@ -101,7 +121,7 @@ impl Shadow {
         self.generation = Some(shadows.generation());
         let had = self.instance.take().is_some();
         self.pending.clear();
-        (self.failures_in_a_row, self.reset_early) = (0, false);
+        (self.failures_in_a_row, self.reset_early, self.skipping) = ([0; 2], false, false);
         let partition = live.state().store().partition();
         match live.state().shadow().and_then(|txn| shadows.instantiate(partition, txn)) {
             Ok(Some(instance)) => {
@@ -125,61 +145,49 @@ impl Shadow {
     }
 
     /// Runs the shadow over `records`, the records the live version (`operator`) just
-    /// processed from `clock` with `live`'s outcomes and expirations in `live_cpu` of
-    /// CPU time, and compares what each gave. A failure of the shadow stops it here.
+    /// processed from `clock` with `live`'s outcomes and expirations in `live_took` (of
+    /// which `live_cpu` CPU time), and compares what each gave, for the share of that
+    /// time the shadow has; the records past it are skipped. A failure of the shadow
+    /// stops it here.
     pub(super) fn process(
         &mut self,
         operator: &mut dyn Operator,
         (records, live, clock): (&[SourceRecord], &Processed, Clock),
-        live_cpu: Duration,
+        (live_took, live_cpu): (Duration, Duration),
         null_keys: NullKeys,
         stats: &ShadowStats,
     ) {
+        let Some(until) = self.allowance(live_took, records.len(), stats) else { return };
         let Some(instance) = self.instance.as_mut() else { return };
-        let started = thread_cpu();
+        let (started, began) = (thread_cpu(), Instant::now());
         instance.state().follow_clock(clock);
-        let mut processed = Processed::default();
-        // The shadow may end a batch earlier (its own bounds): it goes on until it
-        // processed what the live version did.
-        while processed.outcomes.len() < records.len() {
-            match super::process_batch(&mut **instance, &records[processed.outcomes.len()..], null_keys) {
-                Ok(more) => {
-                    processed.outcomes.extend(more.outcomes);
-                    processed.expirations.extend(more.expirations);
-                }
-                Err(e) => {
-                    let record = &records[processed.outcomes.len()];
-                    let reason = format!("failed at offset {}: {e:#}", record.offset);
-                    return self.stop(record.partition, reason, stats);
-                }
+        instance.bound_next_batch(until);
+        let processed = match super::process_batch(&mut **instance, records, null_keys) {
+            Ok(processed) => processed,
+            Err(e) => {
+                let reason = format!("failed at offset {}: {e:#}", records[0].offset);
+                return self.stop(records[0].partition, reason, stats);
             }
-        }
-        stats.records.fetch_add(records.len() as u64, Ordering::Relaxed);
+        };
+        self.credit = self.credit.saturating_sub(began.elapsed());
+        let done = processed.outcomes.len();
+        stats.records.fetch_add(done as u64, Ordering::Relaxed);
         stats.live_cpu_ns.fetch_add(crate::micros(live_cpu) * 1000, Ordering::Relaxed);
         stats.shadow_cpu_ns.fetch_add(crate::micros(thread_cpu().saturating_sub(started)) * 1000, Ordering::Relaxed);
         self.add_expirations(&live.expirations, &processed.expirations);
         for ((record, live), shadow) in records.iter().zip(&live.outcomes).zip(&processed.outcomes) {
-            self.settle_before(record.offset, stats);
-            let fails = matches!(shadow, Outcome::Trapped { .. }) && !matches!(live, Outcome::Trapped { .. });
-            if fails {
-                stats.shadow_failed.fetch_add(1, Ordering::Relaxed);
+            if let Some(reason) = self.settle_before(record.offset, stats) {
+                return self.stop(record.partition, reason, stats);
             }
-            let live_emitted = Emitted::of(live);
+            let fails = matches!(shadow, Outcome::Trapped { .. }) && !matches!(live, Outcome::Trapped { .. });
             let (offset, key) = (record.offset, &record.key);
-            compare(offset, None, key, &live_emitted, &Emitted::of(shadow), stats);
-            self.failures_in_a_row = if fails { self.failures_in_a_row + 1 } else { 0 };
-            let failed = stats.shadow_failed.load(Ordering::Relaxed);
-            let reason = if self.failures_in_a_row >= FAILURES_IN_A_ROW {
-                format!("it failed on {FAILURES_IN_A_ROW} records in a row where the live version did not")
-            } else if failed >= u64::from(FAILURES_IN_A_ROW) && 2 * failed > stats.compared.load(Ordering::Relaxed) {
-                // Failing every other record never makes a row, but spends as much.
-                format!(
-                    "it failed on {failed} records, more than half of those compared, where the live version did not"
-                )
-            } else {
-                continue;
-            };
-            return self.stop(record.partition, format!("{reason} (the last at offset {offset})"), stats);
+            compare(offset, None, key, &Emitted::of(live), &Emitted::of(shadow), stats);
+            if let Some(reason) = self.tally(RECORDS, fails, stats) {
+                return self.stop(record.partition, format!("{reason} (the last at offset {offset})"), stats);
+            }
+        }
+        if done < records.len() {
+            self.skip(records.len() - done, stats);
         }
         // Its writes since the last commit take at most what a commit's may (`[state]
         // commit_dirty_mib`): past that it starts over from the committed state at once.
@@ -190,17 +198,71 @@ impl Shadow {
         }
     }
 
+    /// When the shadow's call on a batch of `records` the live version took `live_took`
+    /// on must end; `None` (the records counted as skipped) while it skips.
+    fn allowance(&mut self, live_took: Duration, records: usize, stats: &ShadowStats) -> Option<Instant> {
+        if self.skipping {
+            stats.skipped.fetch_add(records as u64, Ordering::Relaxed);
+            return None;
+        }
+        let share = live_took.saturating_mul(TIME_SHARE_PERCENT) / 100;
+        self.credit = (self.credit + share).min(TIME_CARRIED.max(share));
+        Some(Instant::now() + self.credit)
+    }
+
+    /// The shadow ran out of time with `records` left: they and every record until the
+    /// next commit are skipped, counted; what it staged is not comparable at that commit.
+    fn skip(&mut self, records: usize, stats: &ShadowStats) {
+        stats.skipped.fetch_add(records as u64, Ordering::Relaxed);
+        (self.skipping, self.reset_early) = (true, true);
+    }
+
+    /// Counts a record (`RECORDS`) or a group of expiries or timers (`GROUPS`) the shadow
+    /// failed on (`fails`) or not; why it must stop, if it must.
+    fn tally(&mut self, kind: usize, fails: bool, stats: &ShadowStats) -> Option<String> {
+        if fails {
+            stats.shadow_failed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.failures_in_a_row[kind] = if fails { self.failures_in_a_row[kind] + 1 } else { 0 };
+        let failed = stats.shadow_failed.load(Ordering::Relaxed);
+        let what = ["records", "groups of expiries or timers"][kind];
+        if self.failures_in_a_row[kind] >= FAILURES_IN_A_ROW {
+            Some(format!("it failed on {FAILURES_IN_A_ROW} {what} in a row where the live version did not"))
+        } else if failed >= u64::from(FAILURES_IN_A_ROW) && 2 * failed > stats.compared.load(Ordering::Relaxed) {
+            // Failing every other record never makes a row, but spends as much.
+            Some(format!(
+                "it failed on {failed} records and groups, more than half of those compared, where the live version \
+                 did not"
+            ))
+        } else {
+            None
+        }
+    }
+
     /// Expires what the live version's `clock` made due while the partition is idle,
     /// beside the live version's `live` expirations (before the record at `offset`), and
     /// compares them: both sides have expired what was due.
-    pub(super) fn expire(&mut self, offset: u64, clock: Clock, live: &[Expiration], stats: &ShadowStats) {
+    pub(super) fn expire(
+        &mut self,
+        offset: u64,
+        (clock, live_took): (Clock, Duration),
+        live: &[Expiration],
+        stats: &ShadowStats,
+    ) {
+        let Some(until) = self.allowance(live_took, 0, stats) else { return };
         let Some(instance) = self.instance.as_mut() else { return };
         let partition = instance.state().store().partition();
         instance.state().follow_clock(clock);
-        match instance.expire(offset) {
+        instance.bound_next_batch(until);
+        let began = Instant::now();
+        let expired = instance.expire(offset);
+        self.credit = self.credit.saturating_sub(began.elapsed());
+        match expired {
             Ok(expirations) => {
                 self.add_expirations(live, &expirations);
-                self.settle_before(offset, stats);
+                if let Some(reason) = self.settle_before(offset, stats) {
+                    self.stop(partition, reason, stats);
+                }
             }
             Err(e) => self.stop(partition, format!("expiring before offset {offset}: {e:#}"), stats),
         }
@@ -219,7 +281,7 @@ impl Shadow {
     /// uncounted: the commit took what the live version expired of them.
     pub(super) fn after_commit(&mut self, live: &mut dyn Operator, differing: Option<u64>, stats: &ShadowStats) {
         stats.differing_writes.fetch_add(differing.unwrap_or(0), Ordering::Relaxed);
-        self.reset_early = false;
+        (self.reset_early, self.skipping) = (false, false);
         self.pending.clear();
         self.start_over(live, stats);
     }
@@ -252,12 +314,19 @@ impl Shadow {
     }
 
     /// Compares the expiry and timer groups before the record at `offset`: both sides
-    /// have processed them.
-    fn settle_before(&mut self, offset: u64, stats: &ShadowStats) {
+    /// have processed them. Returns why the shadow must stop, if its failures there say
+    /// it must.
+    fn settle_before(&mut self, offset: u64, stats: &ShadowStats) -> Option<String> {
         while let Some(entry) = self.pending.first_entry().filter(|entry| entry.key().0 <= offset) {
             let ((at, cause), (key, [live, shadow])) = entry.remove_entry();
+            let trapped = |emitted: &[Emitted]| emitted.iter().any(|e| matches!(e, Emitted::DeadLetter("trapped", _)));
+            let fails = trapped(&shadow) && !trapped(&live);
             compare(at, cause.name(), &key, &live, &shadow, stats);
+            if let Some(reason) = self.tally(GROUPS, fails, stats) {
+                return Some(format!("{reason} (the last before offset {at})"));
+            }
         }
+        None
     }
 
     /// Stops the shadow on this partition for `reason`; the live version goes on.

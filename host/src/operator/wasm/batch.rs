@@ -16,7 +16,7 @@ impl WasmInstance {
     /// and calls it: in a run of records per `process-batch` call, or alone in a
     /// `process` call.
     pub(super) fn run_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
-        self.ctx().budget = BatchBudget::new(&self.operator.limits.per_call);
+        self.ctx().budget = self.budget();
         let mut processed = Processed::default();
         let mut next = NextCall { alone: false, attempt: 1 };
         // One call per run of records: a trap ends a run at the record it hit, and the

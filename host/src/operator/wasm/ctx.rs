@@ -68,19 +68,29 @@ pub(super) struct BatchBudget {
     pub(super) expiries: usize,
     /// Records it finished.
     pub(super) records: usize,
+    /// Whether it goes on to its first record or expiry whatever its bounds (a live
+    /// batch must make progress; a shadow's need not).
+    progress: bool,
 }
 
 impl BatchBudget {
     /// A batch starting now under `limits`.
     pub(super) fn new(limits: &OperatorLimits) -> Self {
         let time = Duration::from_millis(limits.time_per_batch_ms.min(u32::MAX.into()));
-        BatchBudget { ends_at: Instant::now() + time, bytes: 0, expiries: 0, records: 0 }
+        BatchBudget { ends_at: Instant::now() + time, bytes: 0, expiries: 0, records: 0, progress: true }
     }
 
-    /// Whether the batch has done anything: a batch ends at its bounds only after
-    /// that, so each makes progress.
+    /// A batch starting now under `limits` that ends by `until` too, and may end before
+    /// it did anything.
+    pub(super) fn bounded(limits: &OperatorLimits, until: Instant) -> Self {
+        let budget = BatchBudget::new(limits);
+        BatchBudget { ends_at: budget.ends_at.min(until), progress: false, ..budget }
+    }
+
+    /// Whether the batch is held to its bounds: once it has done anything, or from the
+    /// start where it need not make progress.
     pub(super) fn started(&self) -> bool {
-        self.records + self.expiries > 0
+        !self.progress || self.records + self.expiries > 0
     }
 
     /// Whether the batch should end before its next record or expiry.

@@ -73,6 +73,7 @@ impl ActiveVersion {
             replaced: 0,
             canary: None,
             on_canary: false,
+            next_bound: None,
         };
         instance.use_canary(self.canary());
         Ok(instance)
@@ -146,6 +147,9 @@ pub struct WasmInstance {
     /// Whether `operator` and `live` are the canary's now, swapped in for a key it takes
     /// ([`route`](WasmInstance::route)); never between batches.
     on_canary: bool,
+    /// When the next batch must end, if sooner than its own bounds say
+    /// ([`Operator::bound_next_batch`]).
+    next_bound: Option<Instant>,
 }
 
 /// A partition's instance of the canary: the version, its live instance (the one not
@@ -271,6 +275,16 @@ impl WasmInstance {
         match started {
             Ok(live) => self.canary = Some(Canary { operator, live: Some(live), share }),
             Err(e) => tracing::error!(partition, "canary {} could not start: {e:#}", operator.version),
+        }
+    }
+
+    /// The budget of a batch starting now: its own bounds, and the one
+    /// [`bound_next_batch`](Operator::bound_next_batch) set, if any, taken.
+    pub(super) fn budget(&mut self) -> BatchBudget {
+        let limits = &self.operator.limits.per_call;
+        match self.next_bound.take() {
+            Some(until) => BatchBudget::bounded(limits, until),
+            None => BatchBudget::new(limits),
         }
     }
 
@@ -440,11 +454,15 @@ impl Operator for WasmInstance {
     }
 
     fn expire(&mut self, offset: u64) -> Result<Vec<Expiration>> {
-        self.ctx().budget = BatchBudget::new(&self.operator.limits.per_call);
+        self.ctx().budget = self.budget();
         let mut expirations = Vec::new();
         let expired = self.expire_before(offset, &mut expirations);
         self.route_to_active();
         expired.map(|_| expirations)
+    }
+
+    fn bound_next_batch(&mut self, until: Instant) {
+        self.next_bound = Some(until);
     }
 
     fn state(&mut self) -> &mut Transaction {
