@@ -6,7 +6,8 @@
 //!
 //! A copy is updated only while its partition is held for it ([`Occupancy`]): no start
 //! or worker uses the partition's directories meanwhile, and a start that wants the
-//! partition makes the update give way between two files. A checkpoint that does not fit
+//! partition — or any start restoring, whose downloads go first — makes the update
+//! give way between two files. A checkpoint that does not fit
 //! in the disk budget left (`[checkpoint] standby_max_bytes`) is not followed; downloads
 //! share the store's cap (`download_bytes_per_s`) with restores. The budget holds what
 //! this host keeps of every partition it does not run, on disk: copies, next copies,
@@ -152,7 +153,9 @@ impl Follower {
             let Some(_held) = self.occupancy.try_hold(partition) else { continue };
             let own = standby::kept_bytes(state, partition);
             let budget = self.settings.max_bytes.saturating_sub(used.saturating_sub(own));
-            let give_way = || stop() || self.occupancy.is_wanted(partition);
+            // A start that wants the partition, or any start restoring: a takeover's
+            // downloads go first.
+            let give_way = || stop() || self.occupancy.is_wanted(partition) || self.occupancy.is_restoring();
             let update = standby::update(state, &checkpoints.store, partition, budget, &progress, &give_way);
             let updated = self.setup.runtime.block_on(update).and_then(|followed| {
                 // A database this host ran the partition with serves as long as the

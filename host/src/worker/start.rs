@@ -25,6 +25,7 @@ use crate::state::Transaction;
 use crate::stats::{HostStats, PartitionStats};
 use anyhow::{Result, anyhow};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -65,13 +66,26 @@ impl Start {
 /// partition started again before an earlier start or worker of it ended (a start given
 /// up still restoring, say) waits for that one to end. A standby update only takes a
 /// partition no one holds ([`Occupancy::try_hold`]) and gives way to a start that wants
-/// it ([`Occupancy::is_wanted`]).
+/// it ([`Occupancy::is_wanted`]), and to any start restoring
+/// ([`Occupancy::is_restoring`]): a takeover's downloads go before a copy's, under the
+/// download cap they share.
 #[derive(Debug, Default)]
 pub(super) struct Occupancy {
     held: Mutex<BTreeSet<u32>>,
     /// Partitions a start waits to hold.
     wanted: Mutex<BTreeSet<u32>>,
     released: Condvar,
+    /// Starts restoring now.
+    restoring: AtomicUsize,
+}
+
+/// A start restoring, counted in its [`Occupancy`] until dropped.
+struct Restoring<'a>(&'a Occupancy);
+
+impl Drop for Restoring<'_> {
+    fn drop(&mut self) {
+        self.0.restoring.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A partition held in its [`Occupancy`] until dropped.
@@ -107,6 +121,17 @@ impl Occupancy {
     /// Whether a start waits to hold `partition`.
     pub(super) fn is_wanted(&self, partition: u32) -> bool {
         lock(&self.wanted).contains(&partition)
+    }
+
+    /// Counts a start restoring until the returned guard drops.
+    fn restoring(&self) -> Restoring<'_> {
+        self.restoring.fetch_add(1, Ordering::Relaxed);
+        Restoring(self)
+    }
+
+    /// Whether a start is restoring.
+    pub(super) fn is_restoring(&self) -> bool {
+        self.restoring.load(Ordering::Relaxed) > 0
     }
 }
 
@@ -173,7 +198,10 @@ impl Begun<'_> {
         if partitions.is_empty() {
             return;
         }
-        match restore_retrying(self.setup, self.host, &mut partitions, &given_up, self.claim, report) {
+        let restoring = self.occupancy.restoring();
+        let restored = restore_retrying(self.setup, self.host, &mut partitions, &given_up, self.claim, report);
+        drop(restoring);
+        match restored {
             Ok((plans, restored)) => {
                 for (plan, restored) in plans.iter().zip(restored) {
                     let (p, held) = (plan.partition, held.remove(&plan.partition).expect("restored only held ones"));
