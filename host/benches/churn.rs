@@ -107,7 +107,7 @@ fn main() -> Result<()> {
 
 /// The process's CPU time so far, every thread.
 fn process_cpu() -> Result<Duration> {
-    sluice::stats::process_cpu().ok_or_else(|| anyhow::anyhow!("/proc/self/stat is unreadable"))
+    sluice::probes::process_cpu().ok_or_else(|| anyhow::anyhow!("/proc/self/stat is unreadable"))
 }
 
 /// [`common::job_config`] over the first `count` records of the churning fleet, under

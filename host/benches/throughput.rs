@@ -36,7 +36,8 @@ mod worker_path;
 
 use anyhow::Result;
 use sluice::config::{OperatorLimits, StateConfig, TtlConfig};
-use sluice::operator::wasm::{ActiveVersion, Limits, WasmOperator};
+use sluice::operator::versions::ActiveVersion;
+use sluice::operator::wasm::{Limits, WasmOperator};
 use sluice::operator::{Operator, Outcome, Output, Switch};
 use sluice::record::SourceRecord;
 use sluice::source::generator::{Fleet, FleetOptions};

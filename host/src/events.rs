@@ -3,7 +3,7 @@
 //! catalogue, an `events` module beside the code that writes its lines — the
 //! [`checkpoint`](crate::checkpoint)'s restore, the [`operator`](crate::operator), the
 //! [`sink`](crate::sink)s, the [`source`](crate::source)s, the [`worker`](crate::worker)s,
-//! the [`warnings`](crate::warnings), the [`admin`](crate::admin) API and the
+//! the [`partitions`](crate::partitions), the [`warnings`](crate::warnings), the [`admin`](crate::admin) API and the
 //! [`job`](crate::job) — and this module re-exports them all, so a test imports
 //! `sluice::events::*` and a reworded phrase fails the tests' build, not a test at run
 //! time. It owns no phrase itself, and nothing in the library imports it (it is last in
@@ -13,6 +13,7 @@ pub use crate::admin::events::*;
 pub use crate::checkpoint::events::*;
 pub use crate::job::events::*;
 pub use crate::operator::events::*;
+pub use crate::partitions::events::*;
 pub use crate::sink::events::*;
 pub use crate::source::events::*;
 pub use crate::warnings::events::*;

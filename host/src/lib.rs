@@ -1,15 +1,15 @@
 //! Sluice runs stateful stream operators as sandboxed WebAssembly components.
 //!
 //! The modules follow a record's path: a [`source`] produces it at its partition and
-//! offset; the [`worker`] module routes it to that partition's worker, which runs the
-//! [`operator`] on it against the partition's keyed [`state`]; outputs go to the
+//! offset; the [`partitions`] this host runs route it to that partition's [`worker`],
+//! which runs the [`operator`] on it against the partition's keyed [`state`]; outputs go to the
 //! [`sink`]; then state and offset commit together. Every so often the worker
 //! [`checkpoint`]s its state to a checkpoint store, from which a job restores when its
 //! local state is gone. A [`job`] wires these from a [`config`]; new operator versions
 //! arrive through the [`admin`] API or the registry in the store (see
 //! [`operator::deploy`]); the admin API also serves the host's [`metrics`]. The
 //! [`test_driver`] runs one operator outside a job, record by record, for `sluice test`;
-//! [`trial`] replays a partition from a checkpoint through any version (`sluice replay`)
+//! [`replay`] replays a partition from a checkpoint through any version (`sluice replay`)
 //! and compares two runs' outputs;
 //! [`scaffold`] writes a new operator crate. The phrases the host logs that tests look for
 //! are each component's `events`, all re-exported by [`events`].
@@ -17,16 +17,18 @@
 //! The layers point one way: each module imports only modules before it in
 //!
 //! ```text
-//! record, backoff, bandwidth, log_rate, objects, kafka → stats, config, checksum, lines → state
-//!     → checkpoint → operator → sink → source → worker → metrics, warnings, test_driver, trial
+//! record, backoff, bandwidth, log_rate, objects, kafka, probes → stats, config, checksum, lines → state
+//!     → checkpoint → operator → sink → source → worker → partitions
+//!     → metrics, warnings, test_driver, replay
 //!     → admin → job, scaffold → events
 //! ```
 //!
 //! [`record`] (the data every layer shares), [`backoff`] (the schedule of retries after
 //! transient failures), [`bandwidth`] (a cap on bytes per second), [`log_rate`] (log
 //! lines within a rate), [`objects`] (the object store at a URL, under checkpoints and
-//! the operator registry) and [`kafka`] (the
-//! settings every Kafka client starts from) are the leaves;
+//! the operator registry), [`kafka`] (the
+//! settings every Kafka client starts from) and [`probes`] (the clocks, CPU time and
+//! memory of the process) are the leaves;
 //! [`stats`] holds live counters; [`lines`] writes the JSON lines of the sinks and of a
 //! state dump. [`events`] is last because it re-exports every component's phrases: nothing
 //! in the library imports it.
@@ -46,14 +48,16 @@ pub mod log_rate;
 pub mod metrics;
 pub mod objects;
 pub mod operator;
+pub mod partitions;
+pub mod probes;
 pub mod record;
+pub mod replay;
 pub mod scaffold;
 pub mod sink;
 pub mod source;
 pub mod state;
 pub mod stats;
 pub mod test_driver;
-pub mod trial;
 pub mod warnings;
 pub mod worker;
 

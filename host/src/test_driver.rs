@@ -26,7 +26,7 @@
 
 use crate::config::{self, TtlConfig};
 use crate::lines;
-use crate::operator::wasm::{ActiveVersion, Limits, WasmInstance, WasmOperator};
+use crate::operator::wasm::{Limits, WasmInstance, WasmOperator};
 use crate::operator::{Expiration, Operator, Outcome, Processed};
 use crate::record::{Origin, SourceRecord};
 use crate::source::file::JsonlFile;
@@ -97,7 +97,7 @@ impl TestDriverBuilder {
         let transaction =
             Transaction::new(state.open_partition(0)?, CACHE_BYTES)?.with_ttl(Arc::new(self.ttl.clone()))?;
         let operator = WasmOperator::load(&self.component, self.limits, self.config)?;
-        let instance = ActiveVersion::new(Arc::new(operator)).instantiate(0, transaction)?;
+        let instance = WasmInstance::new(Arc::new(operator), 0, transaction)?;
         Ok(TestDriver { instance, next_offset: 0, _scratch: scratch })
     }
 }

@@ -46,7 +46,8 @@ fn the_admin_api_lets_in_only_who_it_must() -> Result<()> {
     assert!(answer.starts_with("HTTP/1.1 403") && answer.contains(CROSS_ORIGIN), "{answer}");
     // What a page of rebound.example sends once its name points at 127.0.0.1.
     let rebound = format!("Host: rebound.example:{port}\r\n");
-    for question in [versions, "GET /metrics HTTP/1.1\r\n", "GET /partitions HTTP/1.1\r\n", "GET /events HTTP/1.1\r\n"]
+    for question in
+        [versions, "GET /metrics HTTP/1.1\r\n", "GET /partitions HTTP/1.1\r\n", "GET /timeline HTTP/1.1\r\n"]
     {
         let answer = ask_as(&address, &rebound, question)?;
         assert!(answer.starts_with("HTTP/1.1 403") && answer.contains(FOREIGN_HOST), "{answer}");

@@ -1,7 +1,7 @@
 //! Clocks for the benchmarks: wall time and the CPU time of the whole process.
 
 use anyhow::{Context, Result};
-use sluice::stats::process_cpu;
+use sluice::probes::process_cpu;
 use std::time::{Duration, Instant};
 
 /// Wall time and the CPU time of every thread of this process (RocksDB's background

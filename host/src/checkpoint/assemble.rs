@@ -315,3 +315,112 @@ fn place_local(
     }
     Ok((assembled, missing))
 }
+
+#[cfg(test)]
+mod tests {
+    //! What a build takes from local files, without a store: a build that downloads is
+    //! `restore`'s tests' and `tests/all/checkpoint_restore.rs`'s.
+
+    use super::*;
+
+    /// `name` holding `bytes` in `dir`, and the manifest's entry for it.
+    fn file(dir: &Path, name: &str, bytes: &[u8]) -> Result<ManifestFile> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join(name), bytes)?;
+        Ok(ManifestFile { name: name.to_string(), size: bytes.len() as u64, checksum: checksum::of_bytes(bytes) })
+    }
+
+    /// Overwrites `path` in place with as many other bytes, its modification time kept:
+    /// damage its size and time do not show.
+    fn damage(path: &Path) -> Result<()> {
+        let file = std::fs::OpenOptions::new().write(true).open(path)?;
+        let modified = file.metadata()?.modified()?;
+        std::io::Write::write_all(&mut &file, &vec![0xff; file.metadata()?.len() as usize])?;
+        file.set_modified(modified)?;
+        Ok(())
+    }
+
+    fn never() -> bool {
+        false
+    }
+
+    /// A standby copy's file is trusted by its recorded checksum and its size — a table
+    /// file linked, not copied — one whose size changed is not.
+    #[test]
+    fn a_recorded_file_is_trusted_by_its_size() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let copy = dir.path().join("copy");
+        let table = file(&copy, "000009.sst", b"table bytes")?;
+        let shrunk = file(&copy, "000010.sst", b"more table bytes")?;
+        let options = file(&copy, "OPTIONS-000007", b"options")?;
+        let files = [table.clone(), shrunk.clone(), options.clone()];
+        let mut local = LocalFiles::default();
+        local.add_recorded(&copy, &files, Origin::Standby);
+        std::fs::write(copy.join("000010.sst"), b"short")?;
+        damage(&copy.join("000009.sst"))?;
+
+        let built = dir.path().join("built");
+        let (assembled, missing) = place_local(&files, &built, &local, &never)?;
+        assert_eq!(missing, std::slice::from_ref(&shrunk), "a size that changed is fetched again");
+        assert_eq!(assembled.from_standby, table.size + options.size);
+        let linked =
+            std::fs::metadata(built.join("000009.sst"))?.ino() == std::fs::metadata(copy.join("000009.sst"))?.ino();
+        assert!(linked, "a table file is linked");
+        let copied = std::fs::metadata(built.join("OPTIONS-000007"))?.ino()
+            != std::fs::metadata(copy.join("OPTIONS-000007"))?.ino();
+        assert!(copied, "RocksDB rewrites the others: copied");
+
+        Ok(())
+    }
+
+    /// A database's table file whose checksum this host [`remember`]ed is trusted while
+    /// it is the same file, untouched; once written to, it is read (and refused when it
+    /// no longer holds the checkpoint's bytes). Files without a record are read.
+    #[test]
+    fn a_remembered_file_is_trusted_while_untouched() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let db = dir.path().join("db");
+        let table = file(&db, "000012.sst", b"a table")?;
+        let current = file(&db, "CURRENT", b"MANIFEST-000005\n")?;
+        remember(&db, &db, &[table.clone(), current.clone()])?;
+        let record: serde_json::Value = serde_json::from_slice(&std::fs::read(db.join(REMEMBERED))?)?;
+        assert_eq!(record.as_array().map(Vec::len), Some(1), "only table files are remembered: {record}");
+
+        let mut local = LocalFiles::default();
+        local.add_dir(&db, Origin::Local)?;
+        let trusted = local.by_name["000012.sst"][0].checksum.clone();
+        assert_eq!(trusted, Some(table.checksum.clone()), "remembered, trusted without a read");
+        assert_eq!(local.by_name["CURRENT"][0].checksum, None, "read when wanted");
+        let (assembled, missing) =
+            place_local(&[table.clone(), current.clone()], &dir.path().join("a"), &local, &never)?;
+        assert!(missing.is_empty() && assembled.from_local == table.size + current.size);
+
+        // Written to since (a new modification time): no longer the remembered file.
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::fs::write(db.join("000012.sst"), b"b table")?;
+        let mut local = LocalFiles::default();
+        local.add_dir(&db, Origin::Local)?;
+        assert_eq!(local.by_name["000012.sst"][0].checksum, None);
+        let (_, missing) = place_local(std::slice::from_ref(&table), &dir.path().join("b"), &local, &never)?;
+        assert_eq!(missing, [table], "read, it no longer holds the checkpoint's bytes");
+        Ok(())
+    }
+
+    /// A directory built before keeps the files that match, drops the others, and a
+    /// build asked to stop ends between two files.
+    #[test]
+    fn a_half_built_directory_keeps_what_matches_and_a_build_stops_when_told() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let built = dir.path().join("built");
+        let kept = file(&built, "000001.sst", b"kept")?;
+        file(&built, "000002.sst", b"stale")?;
+        let wanted = ManifestFile { name: "000003.sst".into(), size: 3, checksum: checksum::of_bytes(b"new") };
+        let (assembled, missing) =
+            place_local(&[kept.clone(), wanted.clone()], &built, &LocalFiles::default(), &never)?;
+        assert_eq!((assembled.from_local, missing), (kept.size, vec![wanted.clone()]));
+        assert!(!built.join("000002.sst").exists(), "a file no longer wanted is removed");
+        let stopped = place_local(&[kept, wanted], &built, &LocalFiles::default(), &|| true);
+        assert!(stopped.expect_err("told to stop").is::<Interrupted>());
+        Ok(())
+    }
+}

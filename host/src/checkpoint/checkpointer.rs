@@ -157,7 +157,7 @@ impl Checkpointer {
         self.started = Instant::now();
         let offset = state.committed_offset()?;
         if self.checkpointed_offset == Some(offset) {
-            stats.checkpoint_at_ms.store(crate::stats::now_ms(), Ordering::Relaxed);
+            stats.checkpoint_at_ms.store(crate::probes::now_ms(), Ordering::Relaxed);
             return Ok(());
         }
         let id = self.next_id;
@@ -178,7 +178,7 @@ impl Checkpointer {
                 offset,
                 entries: state.committed_entries()?,
                 operator: self.operator.clone(),
-                created_at_ms: crate::stats::now_ms(),
+                created_at_ms: crate::probes::now_ms(),
                 uploaded_bytes: 0,
                 files: Vec::new(),
             },
@@ -201,7 +201,7 @@ impl Checkpointer {
                 stats.checkpoints.fetch_add(1, Ordering::Relaxed);
                 stats.checkpoint_seconds.observe(took.as_secs_f64());
                 stats.checkpoint_offset.store(manifest.offset, Ordering::Relaxed);
-                stats.checkpoint_at_ms.store(crate::stats::now_ms(), Ordering::Relaxed);
+                stats.checkpoint_at_ms.store(crate::probes::now_ms(), Ordering::Relaxed);
                 stats.uploaded_bytes.fetch_add(manifest.uploaded_bytes, Ordering::Relaxed);
                 Ok(())
             }

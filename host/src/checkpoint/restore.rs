@@ -523,3 +523,78 @@ fn spawn_progress(total: u64, progress: Arc<AtomicU64>, done: Arc<AtomicBool>) -
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    //! A restore's decisions without a store: what the local state offers, what counts
+    //! as corrupt, how a restored database takes the local one's place. Restores from a
+    //! store — incremental, capped, falling back past corrupt files — are
+    //! `tests/all/checkpoint_restore.rs`'s.
+
+    use super::*;
+    use crate::state::Transaction;
+
+    /// A database for partition 0 in `dir` that holds offset `offset`.
+    fn database(dir: &Path, offset: u64) -> Result<()> {
+        Transaction::new(PartitionStore::open(dir, 0)?, 1 << 20)?.commit(offset)
+    }
+
+    /// Without a store, the local database is all there is: its offset, or an error
+    /// naming why it cannot be opened, never an empty start in its place.
+    #[test]
+    fn without_a_store_the_plan_is_the_local_state_or_an_error() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let state = StateDir::open(dir.path(), 1)?;
+        let runtime = crate::objects::runtime()?;
+        let planned = runtime.block_on(plan(Some(&state), &[0], None))?;
+        assert_eq!((planned.partitions[0].local_offset, planned.bytes_to_fetch()), (None, 0), "no state yet");
+        database(&state.partition_path(0), 42)?;
+        let planned = runtime.block_on(plan(Some(&state), &[0], None))?;
+        assert_eq!(planned.partitions[0].local(), RestoredFrom::Local { offset: 42 });
+        std::fs::write(state.partition_path(0).join("CURRENT"), "garbage")?;
+        let refused = runtime.block_on(plan(Some(&state), &[0], None)).expect_err("corrupt, nothing to restore");
+        let said = format!("{refused:#}");
+        assert!(
+            said.contains("partition 0: the local state cannot be opened and there is no checkpoint store"),
+            "{said}"
+        );
+        Ok(())
+    }
+
+    /// Corruption is RocksDB finding a database damaged; a database locked by another
+    /// user is not, and is never replaced.
+    #[test]
+    fn only_a_damaged_database_counts_as_corrupt() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (damaged, locked) = (dir.path().join("damaged"), dir.path().join("locked"));
+        database(&damaged, 1)?;
+        std::fs::write(damaged.join("CURRENT"), "garbage")?;
+        let error = PartitionStore::open(&damaged, 0).err().expect("damaged");
+        assert!(is_corruption(&error), "{error:#}");
+        database(&locked, 1)?;
+        let _open = PartitionStore::open(&locked, 0)?;
+        let error = PartitionStore::open(&locked, 0).err().expect("locked by the first open");
+        assert!(!is_corruption(&error), "{error:#}");
+        Ok(())
+    }
+
+    /// The restored database takes the live one's place by renames, and the one it
+    /// replaced is gone; with no live database, it simply moves in.
+    #[test]
+    fn a_restored_database_takes_the_live_ones_place() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (side, live, old) = (dir.path().join("side"), dir.path().join("live"), dir.path().join("old"));
+        for (path, text) in [(&side, "restored"), (&live, "replaced")] {
+            std::fs::create_dir(path)?;
+            std::fs::write(path.join("CURRENT"), text)?;
+        }
+        replace_dir(&side, &live, &old)?;
+        assert_eq!(std::fs::read_to_string(live.join("CURRENT"))?, "restored");
+        assert!(!side.exists() && !old.exists());
+        std::fs::create_dir(&side)?;
+        std::fs::remove_dir_all(&live)?;
+        replace_dir(&side, &live, &old)?;
+        assert!(live.exists() && !side.exists());
+        Ok(())
+    }
+}

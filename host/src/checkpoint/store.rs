@@ -185,7 +185,7 @@ impl CheckpointStore {
     /// Records that `host` owns `partition` from now on: the host that took it before
     /// (if it still runs) stops checkpointing and collecting it.
     pub async fn claim_partition(&self, partition: u32, host: &str) -> Result<()> {
-        let claim = PartitionClaim { host: host.to_string(), claimed_at_ms: crate::stats::now_ms() };
+        let claim = PartitionClaim { host: host.to_string(), claimed_at_ms: crate::probes::now_ms() };
         self.objects.put_bytes(&claim_path(partition), serde_json::to_vec_pretty(&claim)?).await
     }
 

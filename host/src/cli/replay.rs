@@ -4,13 +4,13 @@
 //! This module owns the command's side: the job file and flags made into a
 //! [`Replay`], the summary and the differences printed, `differences.jsonl` written,
 //! and the error that makes the exit code 1 when outputs differ. The replay and the
-//! comparison are `sluice::trial`'s.
+//! comparison are `sluice::replay`'s.
 
 use super::args::ReplayArgs;
 use anyhow::{Context, Result, bail};
 use sluice::config::{Config, SourceConfig};
-use sluice::trial::diff::OutputDiff;
-use sluice::trial::replay::{self, Replay, ReplayInput};
+use sluice::replay::diff::OutputDiff;
+use sluice::replay::{Replay, ReplayInput};
 use std::io::Write;
 
 /// `sluice replay`
@@ -50,7 +50,7 @@ pub fn replay(args: &ReplayArgs) -> Result<()> {
         until: args.until,
         out: args.out.clone(),
     };
-    let replayed = replay::replay(&replay)?;
+    let replayed = sluice::replay::run(&replay)?;
     let checkpoint = &replayed.checkpoint;
     writeln!(
         out,

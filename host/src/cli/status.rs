@@ -13,7 +13,6 @@ use sluice::admin;
 use sluice::checkpoint::{CheckpointStore, bytes};
 use sluice::metrics::partitions::{HostStatus, PartitionStatus, PartitionsAnswer};
 use sluice::state::StateDir;
-use sluice::stats;
 use std::io::Write;
 use std::path::Path;
 
@@ -100,7 +99,7 @@ pub fn stored_status(state_dir: &Path, store: Option<&str>) -> Result<()> {
             Some(store) => match runtime.block_on(store.checkpoint_ids(p))?.last() {
                 Some(&id) => {
                     let m = runtime.block_on(store.manifest(p, id))?;
-                    let age = (stats::now_ms().saturating_sub(m.created_at_ms)) as f64 / 1e3;
+                    let age = (sluice::probes::now_ms().saturating_sub(m.created_at_ms)) as f64 / 1e3;
                     format!("{id} at offset {}, {age:.0}s old, {}, by {}", m.offset, bytes(m.bytes()), m.operator)
                 }
                 None => "none".to_string(),

@@ -1,7 +1,7 @@
 //! The phrases a job logs, and writes in its running summary and final report, that a
 //! reader or a test looks for: the job started, a partition's lag, expired entries removed,
 //! dead letters by kind. Each is written once, here, and used where its line is written (in
-//! `job.rs` and its `report` and `summary` rooms). [`crate::events`] re-exports them with
+//! `job/mod.rs` and its `report` and `summary` rooms). [`crate::events`] re-exports them with
 //! every other component's phrases.
 
 /// Logged once a job has checked its store and sinks, before its source starts.

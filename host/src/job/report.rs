@@ -3,8 +3,9 @@
 
 use super::events::{DEAD_LETTERS_BY_KIND, EXPIRED_REMOVED, SHADOW_COMPARED};
 use crate::checkpoint;
-use crate::stats::{DeadLetters, ShadowReport, peak_rss, process_cpu};
-use crate::worker::{DispatchReport, PartitionReport, Router};
+use crate::partitions::{DispatchReport, PartitionReport, Router};
+use crate::probes::{peak_rss, process_cpu};
+use crate::stats::{DeadLetters, ShadowReport};
 use std::fmt;
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,8 @@
 use super::events::LAG;
 use super::report::clock_time;
 use crate::lock;
-use crate::stats::{DeadLetters, HostStats, LiveStats, PartitionStats, process_cpu};
+use crate::probes::process_cpu;
+use crate::stats::{DeadLetters, HostStats, LiveStats, PartitionStats};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

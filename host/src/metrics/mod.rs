@@ -15,8 +15,9 @@ pub mod families;
 pub mod partitions;
 
 use crate::lock;
+use crate::probes::now_ms;
 use crate::record::RESUME_PATHS;
-use crate::stats::{Histogram, HistogramCounts, HostStats, LiveStats, PartitionStats, ShadowReport, Skew, now_ms};
+use crate::stats::{Histogram, HistogramCounts, HostStats, LiveStats, PartitionStats, ShadowReport, Skew};
 use families::*;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};

@@ -8,7 +8,8 @@
 
 use super::{Metrics, lag, load, seconds};
 use crate::lock;
-use crate::stats::{DeadLetters, ShadowReport, Skew, StandbyCopy, now_ms};
+use crate::probes::now_ms;
+use crate::stats::{DeadLetters, ShadowReport, Skew, StandbyCopy};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::BTreeMap;
 

@@ -24,7 +24,8 @@
 //! [registry]: super::registry
 
 use super::registry::{DeployError, Deployment, MAX_COMPONENT_BYTES, Registry, Trial, TrialRecord};
-use super::wasm::{ActiveVersion, Limits, ShadowVersion, WasmOperator};
+use super::versions::{ActiveVersion, ShadowVersion};
+use super::wasm::{Limits, WasmOperator};
 use super::{BasisPoints, Shadows};
 use crate::config::{OperatorConfig, RetryPolicy};
 use crate::lock;

@@ -6,28 +6,30 @@
 //! record or [`Expiration`] of one state entry, and the versions an operator goes
 //! through:
 //!
-//! - [`wasm`]: the sandboxed WebAssembly runtime, and the active version each
-//!   partition's instance follows.
+//! - [`wasm`]: the sandboxed WebAssembly runtime: one partition's instance of a
+//!   version (and of a canary beside it), which never chooses what runs.
+//! - [`versions`]: which version processes a record — the active version, its canary
+//!   and the shadow this host runs, and each partition's switches of versions, recorded
+//!   so that records processed again are processed with the version that first
+//!   processed them.
 //! - [`registry`]: the deployed versions and their history, kept in the job's store.
 //! - [`deploy`]: validating a new version, recording it and switching this host to it.
-//! - [`replay`]: each partition's switches of versions, recorded so that records
-//!   processed again are processed with the version that first processed them.
 //!
 //! It does not decide when state commits or where outputs go.
 
 pub mod deploy;
 pub(crate) mod events;
 pub mod registry;
-pub mod replay;
+pub mod versions;
 pub mod wasm;
 
 pub use crate::record::Output;
 use crate::record::{Cause, Origin, SourceRecord};
 use crate::state::{Expired, Transaction};
 use anyhow::Result;
-use replay::{RecordedSwitches, SwitchLog};
 use std::sync::Arc;
 use std::time::Duration;
+use versions::switches::{RecordedSwitches, SwitchLog};
 
 /// What became of one record.
 #[derive(Debug)]
@@ -170,14 +172,18 @@ pub trait Operator: Send {
 
     /// Switches to the version that processes the record at `offset` on, if it runs
     /// another, keeping the partition's state: while the partition replays records, the
-    /// version that first processed that one ([`replay`]), else the version deployed
-    /// since this operator last looked. The worker calls it only between batches, so
-    /// each record is processed by exactly one version.
-    fn follow_deploys(&mut self, offset: u64) -> Result<Option<Switch>>;
+    /// version that first processed that one ([`versions::switches`]), else the version
+    /// deployed since this operator last looked. The worker calls it only between
+    /// batches, so each record is processed by exactly one version. An operator that
+    /// runs one version only never switches.
+    fn follow_deploys(&mut self, offset: u64) -> Result<Option<Switch>> {
+        let _ = offset;
+        Ok(None)
+    }
 
     /// Waits until every switch of versions made below `next_offset` is recorded in the
     /// switch log: the worker commits up to `next_offset` only then. Fails when one
-    /// could not be ([`replay::SwitchUnrecorded`]); an operator that runs one version
+    /// could not be ([`versions::switches::SwitchUnrecorded`]); an operator that runs one version
     /// only has none.
     fn switches_recorded(&mut self, next_offset: u64) -> Result<()> {
         let _ = next_offset;
@@ -210,7 +216,7 @@ pub trait Operator: Send {
 
 /// Where each partition's [`Operator`] comes from: the one way a
 /// [worker](crate::worker) gets one, so it runs whatever stands behind this —
-/// [`wasm::ActiveVersion`] in a job, a fake in the worker's tests.
+/// [`versions::ActiveVersion`] in a job, a fake in the worker's tests.
 pub trait Instantiate: Send + Sync {
     /// An operator for `partition` over `txn`, running the active version, its `init`
     /// called.
@@ -220,7 +226,7 @@ pub trait Instantiate: Send + Sync {
 /// Where each partition's shadow comes from: the version a shadow deploy runs beside
 /// the live one on the same records, its outputs compared and never sent, its writes
 /// never committed ([`deploy`]). A worker looks at it between batches, as at the active
-/// version; [`wasm::ShadowVersion`] in a job.
+/// version; [`versions::ShadowVersion`] in a job.
 pub trait Shadows: Send + Sync {
     /// Changes with every start and stop of a shadow.
     fn generation(&self) -> u64;
@@ -229,7 +235,7 @@ pub trait Shadows: Send + Sync {
     fn version(&self) -> Option<String>;
 
     /// An instance of the shadow version for `partition` over `txn` (a
-    /// [shadow transaction](Transaction::shadow)), its `init` called; `None` when no
+    /// [detached transaction](Transaction::detached)), its `init` called; `None` when no
     /// shadow runs.
     fn instantiate(&self, partition: u32, txn: Transaction) -> Result<Option<Box<dyn Operator>>>;
 }

@@ -432,7 +432,7 @@ impl Registry {
                 seq: history.last().map_or(1, |d| d.seq + 1),
                 action,
                 version,
-                at_ms: crate::stats::now_ms(),
+                at_ms: crate::probes::now_ms(),
                 origin: origin.to_string(),
             };
             let json = serde_json::to_vec_pretty(&entry).expect("a deployment record serializes");
@@ -476,7 +476,7 @@ impl Registry {
     ) -> Result<TrialRecord, DeployError> {
         let version = self.version_of(component).await?;
         self.put_component(&version, component).await.map_err(DeployError::StoreUnavailable)?;
-        let record = TrialRecord { version, share, at_ms: crate::stats::now_ms(), origin: origin.to_string() };
+        let record = TrialRecord { version, share, at_ms: crate::probes::now_ms(), origin: origin.to_string() };
         self.put_trial(trial, &record).await?;
         Ok(record)
     }
@@ -527,7 +527,7 @@ impl Registry {
     /// undone by the next one.
     pub async fn record_switch(&self, partition: u32, offset: u64, switched: &Switched) -> Result<()> {
         let (version, canary) = (switched.version.clone(), switched.canary.clone());
-        let switch = SwitchRecord { offset, version, canary, at_ms: crate::stats::now_ms() };
+        let switch = SwitchRecord { offset, version, canary, at_ms: crate::probes::now_ms() };
         let json = serde_json::to_vec_pretty(&switch).expect("a switch record serializes");
         self.store.put_bytes(&self.switch_path(partition, offset), json).await
     }

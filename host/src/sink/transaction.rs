@@ -305,7 +305,7 @@ impl Drop for PartitionTransaction {
 
 /// A partition's producer was fenced: another producer took over its `transactional.id`
 /// — the partition's next owner's start, as a rule — and this one can never commit
-/// again. Its partition stops alone (see [`Workers`](crate::worker::Workers)).
+/// again. Its partition stops alone (see [`Workers`](crate::partitions::Workers)).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}: {FENCED}")]
 pub struct Fenced(String);
@@ -313,7 +313,7 @@ pub struct Fenced(String);
 /// A partition's transaction did not commit for a reason other than fencing — a broker
 /// lost, the transaction coordinator moving — so nothing since the partition's last
 /// commit committed, and a new producer may well succeed. Its partition starts again
-/// from its last commit, like a [`Fenced`] one (see [`Workers`](crate::worker::Workers)),
+/// from its last commit, like a [`Fenced`] one (see [`Workers`](crate::partitions::Workers)),
 /// rather than stopping the host.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}: {COMMIT_FAILED}")]

@@ -12,8 +12,8 @@
 
 use crate::config::{TimeDomain, TtlConfig};
 use crate::millis;
+use crate::probes::now_ms;
 use crate::record::key_hash;
-use crate::stats::now_ms;
 use anyhow::{Result, bail};
 use std::time::Duration;
 

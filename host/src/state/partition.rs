@@ -89,8 +89,8 @@ pub struct PartitionStore {
     db: Arc<DB>,
     path: PathBuf,
     partition: u32,
-    /// A [shadow](PartitionStore::shadow)'s handle: it reads, and refuses to write.
-    shadow: bool,
+    /// A [committed view](PartitionStore::committed_view): it reads, and refuses to write.
+    never_writes: bool,
 }
 
 impl PartitionStore {
@@ -106,7 +106,7 @@ impl PartitionStore {
         let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF, EXPIRY_CF].map(Self::family);
         let db = DB::open_cf_descriptors(&options, path, cfs)
             .with_context(|| format!("opening state of partition {partition} at {}", path.display()))?;
-        let store = PartitionStore { db: Arc::new(db), path: path.to_path_buf(), partition, shadow: false };
+        let store = PartitionStore { db: Arc::new(db), path: path.to_path_buf(), partition, never_writes: false };
         match store.get_meta(META_FORMAT)? {
             None => {
                 let mut batch = WriteBatch::default();
@@ -126,18 +126,18 @@ impl PartitionStore {
         Ok(store)
     }
 
-    /// A second handle on this database for a shadow version's
-    /// [`Transaction`](super::Transaction), which reads the committed state and stages
-    /// writes it never commits: every write through it fails. It keeps the database
-    /// open until it is dropped.
-    pub fn shadow(&self) -> PartitionStore {
-        PartitionStore { db: self.db.clone(), path: self.path.clone(), partition: self.partition, shadow: true }
+    /// A second handle on this database that reads the committed state and never
+    /// writes — under a [detached](super::Transaction::detached) transaction, which
+    /// stages writes it never commits: every write through it fails. It keeps the
+    /// database open until it is dropped.
+    pub fn committed_view(&self) -> PartitionStore {
+        PartitionStore { db: self.db.clone(), path: self.path.clone(), partition: self.partition, never_writes: true }
     }
 
-    /// Fails on a [shadow](PartitionStore::shadow)'s handle, which never writes.
+    /// Fails on a [committed view](PartitionStore::committed_view), which never writes.
     fn check_writable(&self) -> Result<()> {
-        if self.shadow {
-            bail!("a shadow version's handle on the state of partition {} never writes", self.partition);
+        if self.never_writes {
+            bail!("a committed view of the state of partition {} never writes", self.partition);
         }
         Ok(())
     }
@@ -160,7 +160,7 @@ impl PartitionStore {
         }
         let cfs = cfs.iter().map(|name| Self::family(name));
         let db = DB::open_cf_descriptors_read_only(&options, path, cfs, false).with_context(context)?;
-        let store = PartitionStore { db: Arc::new(db), path: path.to_path_buf(), partition, shadow: false };
+        let store = PartitionStore { db: Arc::new(db), path: path.to_path_buf(), partition, never_writes: false };
         match store.get_meta(META_FORMAT)? {
             Some(bytes) if bytes == STATE_FORMAT.to_be_bytes() => Ok(store),
             found => bail!(

@@ -15,11 +15,10 @@
 use super::PartitionStore;
 use super::expiry::{Clock, StoredValue, index_at, index_entry, index_key};
 use super::partition::decode_entry_key;
-use super::transaction::Dirty;
 use crate::config::TtlConfig;
 use crate::record::SourceRecord;
 use anyhow::{Context, Result};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 
 /// An entry that expired: its removal is staged in the batch, and an operator told of
 /// expiries gets this.
@@ -173,14 +172,14 @@ impl Sweep {
     }
 
     /// The earliest entry of the logical index due at `clock_ms`, if any, against the
-    /// `batch` of writes and the committed `store`: in the order of the logical index,
-    /// skipping the entries taken ahead that the batch has overridden since (an
-    /// `expired` call wrote or deleted them: the batch's value decides, as for any
-    /// write).
+    /// batch of writes (`written` says whether it holds an entry) and the committed
+    /// `store`: in the order of the logical index, skipping the entries taken ahead that
+    /// the batch has overridden since (an `expired` call wrote or deleted them: the
+    /// batch's value decides, as for any write).
     pub(super) fn next(
         &mut self,
         store: &PartitionStore,
-        batch: &HashMap<Vec<u8>, Dirty>,
+        written: &dyn Fn(&[u8]) -> bool,
         clock_ms: u64,
     ) -> Result<Option<Due>> {
         loop {
@@ -188,7 +187,7 @@ impl Sweep {
                 if clock_ms < self.next_due() {
                     return Ok(None);
                 }
-                self.take_due_ahead(store, batch, clock_ms)?;
+                self.take_due_ahead(store, written, clock_ms)?;
                 if self.due_ahead.is_empty() {
                     return Ok(None);
                 }
@@ -198,7 +197,7 @@ impl Sweep {
                 if self.batch_index.remove(&index_key) {
                     return Ok(Some(Due::Written(index_key)));
                 }
-            } else if !batch.contains_key(index_entry(&index_key)) {
+            } else if !written(index_entry(&index_key)) {
                 return Ok(Some(Due::Committed(index_key)));
             }
         }
@@ -206,11 +205,11 @@ impl Sweep {
 
     /// Takes ahead the first [`DUE_AHEAD`] entries of the logical index due at
     /// `clock`, in index order, and moves the committed index's cursor past them.
-    fn take_due_ahead(&mut self, store: &PartitionStore, batch: &HashMap<Vec<u8>, Dirty>, clock: u64) -> Result<()> {
+    fn take_due_ahead(&mut self, store: &PartitionStore, written: &dyn Fn(&[u8]) -> bool, clock: u64) -> Result<()> {
         // The committed index from the cursor, less the entries the batch overrides.
         let mut committed = store
             .expiry_index(self.index_cursor.as_deref())
-            .filter(|item| item.as_ref().map_or(true, |key| !batch.contains_key(index_entry(key))));
+            .filter(|item| item.as_ref().map_or(true, |key| !written(index_entry(key))));
         let mut next_committed = committed.next().transpose()?;
         let mut batch = self.batch_index.iter().peekable();
         while self.due_ahead.len() < DUE_AHEAD {
@@ -290,6 +289,7 @@ mod tests {
     use super::super::transaction::tests::{begin, open, record};
     use super::*;
     use crate::state::{StateEntry, Transaction};
+    use std::collections::HashMap;
     use std::sync::Arc;
     use std::time::Duration;
 

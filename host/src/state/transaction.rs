@@ -72,7 +72,7 @@ pub struct Transaction {
 }
 
 /// A write waiting for the next commit.
-pub(super) struct Dirty {
+struct Dirty {
     /// As stored, expiry header first; `None`: a delete.
     value: Option<Vec<u8>>,
     /// What the database held before this batch, when known without a read (the entry
@@ -105,26 +105,28 @@ impl Transaction {
         })
     }
 
-    /// A transaction for a shadow version beside this one, right after this one's
-    /// commit: over the committed state (a [`PartitionStore::shadow`] handle, which
-    /// never writes), with this one's TTL policy, clock and dirty limit and no cache
-    /// of its own, so every read sees this one's last commit. Its writes are staged
-    /// and never committed; a new one replaces it after each commit of this one.
-    pub fn shadow(&self) -> Result<Transaction> {
-        let mut shadow =
-            Transaction::new(self.store.shadow(), 0)?.with_ttl(self.ttl.clone())?.with_dirty_limit(self.dirty_limit);
-        shadow.clock = self.clock;
-        Ok(shadow)
+    /// A transaction detached from this one, right after this one's commit: over the
+    /// committed state (a [`PartitionStore::committed_view`] handle), with this one's TTL
+    /// policy, clock and dirty limit and no cache of its own, so every read sees this
+    /// one's last commit. Its writes are staged and never committed. A shadow version
+    /// runs over one, a new one replacing it after each commit of this one; a canary's
+    /// instance parks one while the active version's holds the live transaction.
+    pub fn detached(&self) -> Result<Transaction> {
+        let mut detached = Transaction::new(self.store.committed_view(), 0)?
+            .with_ttl(self.ttl.clone())?
+            .with_dirty_limit(self.dirty_limit);
+        detached.clock = self.clock;
+        Ok(detached)
     }
 
-    /// Sets a [shadow](Transaction::shadow)'s clock to `clock`, the live transaction's
+    /// Sets a [detached](Transaction::detached) transaction's clock to `clock`, the live transaction's
     /// before a batch or an idle partition's expiries: both decide what is due at the
     /// same time, whatever the wall clock read meanwhile.
     pub fn follow_clock(&mut self, clock: Clock) {
         self.clock = clock;
     }
 
-    /// How many entries `other`, a [shadow](Transaction::shadow) of this transaction
+    /// How many entries `other`, a [detached](Transaction::detached) one of this transaction
     /// made at its last commit, staged otherwise than this one since: another value, or
     /// a write only one of them made.
     pub fn differing_writes(&self, other: &Transaction) -> u64 {
@@ -285,7 +287,7 @@ impl Transaction {
     pub fn expire_next(&mut self) -> Result<Option<Expired>> {
         debug_assert!(self.record.is_empty(), "expire_next inside a record");
         let clock = self.clock.now_ms();
-        while let Some(due) = self.sweep.next(&self.store, &self.batch, clock)? {
+        while let Some(due) = self.sweep.next(&self.store, &|entry| self.batch.contains_key(entry), clock)? {
             let (index_key, value) = match due {
                 Due::Written(index_key) => {
                     let value = self.expire_written(&index_key)?;

@@ -1,9 +1,10 @@
 //! The host's counters beyond any one partition ([`HostStats`]): its rebalances and
-//! restores, the warnings that hold, and its latest [`HostEvent`]s for the status
+//! restores, the warnings that hold, and its latest [`TimelineEntry`]s for the status
 //! page's timeline.
 
-use super::{Histogram, now_ms};
+use super::Histogram;
 use crate::lock;
+use crate::probes::now_ms;
 use crate::record::RESUME_PATHS;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -57,8 +58,8 @@ pub struct HostStats {
     /// The kinds of warning that held at the latest check (see
     /// [`warnings`](crate::warnings)).
     pub warnings: Mutex<Vec<&'static str>>,
-    /// The latest [`EVENTS_KEPT`] events, oldest first.
-    events: Mutex<VecDeque<HostEvent>>,
+    /// The latest [`TIMELINE_KEPT`] entries of its timeline, oldest first.
+    timeline: Mutex<VecDeque<TimelineEntry>>,
 }
 
 /// A standby copy as its latest update left it.
@@ -73,24 +74,24 @@ pub struct StandbyCopy {
     pub bytes: u64,
 }
 
-/// How many of the host's latest events [`HostStats`] keeps.
-pub const EVENTS_KEPT: usize = 256;
+/// How many of the latest entries of the host's timeline [`HostStats`] keeps.
+pub const TIMELINE_KEPT: usize = 256;
 
 /// Something that happened to the host, when (ms since the epoch).
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct HostEvent {
+pub struct TimelineEntry {
     /// When it happened (for a switch: when its first partition switched).
     pub at_ms: u64,
     /// What happened.
     #[serde(flatten)]
-    pub what: HostEventKind,
+    pub what: TimelineKind,
 }
 
 /// What happened, as the status page's timeline shows it (JSON: `"kind"` names the
 /// variant, the other fields are its own).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum HostEventKind {
+pub enum TimelineKind {
     /// A rebalance callback moved `partitions` of this member's partitions.
     Rebalance {
         /// What it did to them.
@@ -155,7 +156,7 @@ impl Default for HostStats {
             standby: Mutex::default(),
             standby_fetched: AtomicU64::new(0),
             warnings: Mutex::default(),
-            events: Mutex::default(),
+            timeline: Mutex::default(),
         }
     }
 }
@@ -171,7 +172,7 @@ impl HostStats {
             RebalanceChange::Lost => &self.lost,
         };
         counter.fetch_add(partitions as u64, Ordering::Relaxed);
-        self.record(HostEventKind::Rebalance { change, partitions, took_s: took.as_secs_f64() });
+        self.record(TimelineKind::Rebalance { change, partitions, took_s: took.as_secs_f64() });
     }
 
     /// Counts a restore that fetched `bytes` in `took`, predicted to take `predicted`,
@@ -182,7 +183,7 @@ impl HostStats {
         self.restore_predicted_us.store(crate::micros(predicted), Ordering::Relaxed);
         self.restore_actual_us.store(crate::micros(took), Ordering::Relaxed);
         let (took_s, predicted_s) = (took.as_secs_f64(), predicted.as_secs_f64());
-        self.record(HostEventKind::Restore { bytes, took_s, predicted_s, paths });
+        self.record(TimelineKind::Restore { bytes, took_s, predicted_s, paths });
     }
 
     /// Counts a partition's resume along `path` (one of [`RESUME_PATHS`]) in `took`.
@@ -206,40 +207,41 @@ impl HostStats {
 
     /// Records the warm-up before joining the group.
     pub fn record_warm_up(&self, copies: usize, fetched: u64, took: Duration) {
-        self.record(HostEventKind::WarmUp { copies, fetched, took_s: took.as_secs_f64() });
+        self.record(TimelineKind::WarmUp { copies, fetched, took_s: took.as_secs_f64() });
     }
 
     /// Records that a partition switched from version `from` to `to`: one more partition
     /// of the latest event when that is the same switch (a deploy switches every
     /// partition within moments), else a new event.
     pub fn record_switch(&self, from: &str, to: &str) {
-        let mut events = lock(&self.events);
-        if let Some(HostEvent { what: HostEventKind::Switch { from: f, to: t, partitions }, .. }) = events.back_mut()
+        let mut timeline = lock(&self.timeline);
+        if let Some(TimelineEntry { what: TimelineKind::Switch { from: f, to: t, partitions }, .. }) =
+            timeline.back_mut()
             && (f.as_str(), t.as_str()) == (from, to)
         {
             *partitions += 1;
             return;
         }
-        drop(events);
-        self.record(HostEventKind::Switch { from: from.to_string(), to: to.to_string(), partitions: 1 });
+        drop(timeline);
+        self.record(TimelineKind::Switch { from: from.to_string(), to: to.to_string(), partitions: 1 });
     }
 
     /// Records that warning `warning` was logged saying `text`.
     pub fn record_warning(&self, warning: &'static str, text: String) {
-        self.record(HostEventKind::Warning { warning, text });
+        self.record(TimelineKind::Warning { warning, text });
     }
 
-    /// The latest events, oldest first.
-    pub fn events(&self) -> Vec<HostEvent> {
-        lock(&self.events).iter().cloned().collect()
+    /// The latest entries of its timeline, oldest first.
+    pub fn timeline(&self) -> Vec<TimelineEntry> {
+        lock(&self.timeline).iter().cloned().collect()
     }
 
-    fn record(&self, what: HostEventKind) {
-        let mut events = lock(&self.events);
-        if events.len() == EVENTS_KEPT {
-            events.pop_front();
+    fn record(&self, what: TimelineKind) {
+        let mut timeline = lock(&self.timeline);
+        if timeline.len() == TIMELINE_KEPT {
+            timeline.pop_front();
         }
-        events.push_back(HostEvent { at_ms: now_ms(), what });
+        timeline.push_back(TimelineEntry { at_ms: now_ms(), what });
     }
 }
 
@@ -247,26 +249,26 @@ impl HostStats {
 mod tests {
     use super::*;
 
-    /// The log keeps the latest events, and one deploy's switches are one event.
+    /// The timeline keeps the latest entries, and one deploy's switches are one entry.
     #[test]
-    fn events_keep_the_latest_and_a_deploy_is_one_event() {
+    fn the_timeline_keeps_the_latest_and_a_deploy_is_one_entry() {
         let host = HostStats::default();
         host.record_switch("v1", "v2");
         host.record_switch("v1", "v2");
         host.record_rebalance(RebalanceChange::Revoked, 2, Duration::from_millis(5));
         host.record_switch("v1", "v2");
-        let kinds: Vec<HostEventKind> = host.events().into_iter().map(|e| e.what).collect();
-        let switch = |partitions| HostEventKind::Switch { from: "v1".into(), to: "v2".into(), partitions };
+        let kinds: Vec<TimelineKind> = host.timeline().into_iter().map(|e| e.what).collect();
+        let switch = |partitions| TimelineKind::Switch { from: "v1".into(), to: "v2".into(), partitions };
         assert_eq!(kinds[0], switch(2), "two partitions in a row switching alike are one deploy");
         assert_eq!(kinds[2], switch(1), "a switch after another event is a new one");
-        let json = serde_json::to_value(host.events()).unwrap();
+        let json = serde_json::to_value(host.timeline()).unwrap();
         assert_eq!(json[1]["kind"], "rebalance");
         assert_eq!(json[1]["change"], "revoked");
-        for n in 0..EVENTS_KEPT {
+        for n in 0..TIMELINE_KEPT {
             host.record_warning("state skew", format!("warning {n}"));
         }
-        let events = host.events();
-        assert_eq!(events.len(), EVENTS_KEPT);
-        assert_eq!(events[0].what, HostEventKind::Warning { warning: "state skew", text: "warning 0".into() });
+        let timeline = host.timeline();
+        assert_eq!(timeline.len(), TIMELINE_KEPT);
+        assert_eq!(timeline[0].what, TimelineKind::Warning { warning: "state skew", text: "warning 0".into() });
     }
 }

@@ -1,10 +1,9 @@
-//! The live counters of each partition running on this host, and the process's CPU
-//! time.
+//! The live counters of each partition running on this host.
 //!
 //! A partition's worker counts into its [`PartitionStats`] as it goes (the
 //! checkpointer counts its checkpoints there too), and the host's rebalances and
 //! restores go into its [`HostStats`], which also keeps the latest of the host's
-//! [`HostEvent`]s for the status page's timeline; the running summary, the deployer
+//! [`TimelineEntry`]s for the status page's timeline; the running summary, the deployer
 //! (waiting for partitions to switch), the final report, the [metrics](crate::metrics)
 //! and the [admin API](crate::admin) read them. This module holds the counters only:
 //! it imports nothing of the host's layers but the shared record types, so that every
@@ -16,16 +15,9 @@ mod partition;
 mod shadow;
 
 pub use histogram::{Histogram, HistogramCounts};
-pub use host::{EVENTS_KEPT, HostEvent, HostEventKind, HostStats, RebalanceChange, StandbyCopy};
+pub use host::{HostStats, RebalanceChange, StandbyCopy, TIMELINE_KEPT, TimelineEntry, TimelineKind};
 pub use partition::{DeadLetters, LiveStats, PartitionStats, Totals};
 pub use shadow::{SHADOW_SAMPLES, ShadowReport, ShadowSample, ShadowStats};
-
-use std::time::Duration;
-
-/// The wall clock, ms since the Unix epoch.
-pub fn now_ms() -> u64 {
-    crate::millis(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default())
-}
 
 /// How unevenly a measure spreads over partitions: the largest value over the median.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -47,37 +39,6 @@ impl Skew {
         let (median, largest) = (*values.get(values.len().checked_sub(1)? / 2)?, *values.last()?);
         (median > 0).then(|| Skew { ratio: largest as f64 / median as f64, largest, median })
     }
-}
-
-/// The CPU time the calling thread has used (a system call: worth it per batch, not
-/// per record).
-pub fn thread_cpu() -> Duration {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `now` is a valid timespec for the call to write; the clock exists on
-    // every Linux.
-    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    assert_eq!(status, 0, "reading the thread's CPU clock");
-    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
-}
-
-/// User plus system CPU time of the whole process so far — every thread, RocksDB's
-/// background work included — from `/proc/self/stat`, in clock ticks of 10 ms (Linux's
-/// `USER_HZ`, 100 on every architecture it runs on); `None` where that is unreadable.
-pub fn process_cpu() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // The fields after the command name (which may hold spaces and parentheses) start
-    // with the state, field 3; utime and stime are fields 14 and 15.
-    let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace().skip(11);
-    let mut ticks = || fields.next()?.parse::<u64>().ok();
-    Some(Duration::from_millis((ticks()? + ticks()?) * 10))
-}
-
-/// The most memory the process has held resident so far (`VmHWM` in
-/// `/proc/self/status`); `None` where that is unreadable.
-pub fn peak_rss() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib = status.lines().find_map(|line| line.strip_prefix("VmHWM:"))?.trim().strip_suffix("kB")?;
-    Some(kib.trim().parse::<u64>().ok()? << 10)
 }
 
 #[cfg(test)]

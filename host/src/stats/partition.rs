@@ -1,8 +1,9 @@
 //! A partition's live counters ([`PartitionStats`]), what they reached at its stop
 //! ([`Totals`]), and its dead letters by operator version and kind ([`DeadLetters`]).
 
-use super::{Histogram, now_ms};
+use super::Histogram;
 use crate::lock;
+use crate::probes::now_ms;
 use crate::record::DeadLetterKind;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

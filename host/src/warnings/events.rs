@@ -1,7 +1,7 @@
 //! The phrases that start the [warnings](super) a running job logs: skew, checkpoints
 //! behind, standby copies behind, frequent rebalances, a rising dead-letter rate; each also names its kind in the
 //! host's events. Each is written once, here, and used where its warning is written (in
-//! `warnings.rs`). [`crate::events`] re-exports them with every other component's phrases.
+//! `warnings/mod.rs`). [`crate::events`] re-exports them with every other component's phrases.
 
 /// Starts the warning of a partition whose state is much larger than the others'.
 pub const SKEWED_STATE: &str = "state skew";

@@ -149,7 +149,7 @@ impl Uncommitted {
 
 /// Sets `stats`' state bytes to what `store` takes in RocksDB. A size for the metrics
 /// only: a failed read leaves the last one.
-pub(super) fn count_state_bytes(store: &PartitionStore, stats: &PartitionStats) {
+pub fn count_state_bytes(store: &PartitionStore, stats: &PartitionStats) {
     if let (Ok(tables), Ok(memtables)) = (store.live_data_bytes(), store.memtable_bytes()) {
         stats.state_bytes.store(tables + memtables, Ordering::Relaxed);
     }

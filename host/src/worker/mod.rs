@@ -27,32 +27,22 @@
 //! Checkpoints happen between batches, right after a commit, so a snapshot always
 //! holds whole batches and the offset committed with them.
 //!
-//! [`Workers`] owns the life of each partition on this host: started (restored,
-//! opened, instantiated) when the source assigns it, stopped when it is revoked or the
-//! source ends. The [`Router`] stands between a source and the workers: it implements
-//! the source's [`Partitions`](crate::source::Partitions), batching records for each
-//! partition. This module does not own where records come from (the
-//! [source](crate::source)) or how the operator runs (the [operator](crate::operator)).
+//! This module does not own where records come from (the [source](crate::source)),
+//! how the operator runs (the [operator](crate::operator)), or which partitions run on
+//! this host and when they start and stop ([`partitions`](crate::partitions)).
 
 mod batch_times;
 mod commit;
 mod emitted;
 pub(crate) mod events;
-mod lifecycle;
 pub mod queue;
-mod router;
 mod shadow;
-mod standby;
-mod start;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
-pub use commit::{AFTER_SEND, BEFORE_SEND, Cadence, OUTPUTS_COMMITTED, STATE_COMMITTED};
+pub use commit::{AFTER_SEND, BEFORE_SEND, Cadence, OUTPUTS_COMMITTED, STATE_COMMITTED, count_state_bytes};
 pub use emitted::Emission;
-pub use lifecycle::{Checkpointing, PartitionReport, WorkerSetup, Workers};
-pub use router::{DispatchReport, Router};
 pub use shadow::FAILURES_IN_A_ROW;
-pub use standby::StandbySettings;
 
 use crate::checkpoint::Checkpointer;
 use crate::config::NullKeys;
@@ -276,10 +266,10 @@ impl<'a> PartitionWorker<'a> {
         // are decided at one time, the shadow's at the same.
         self.p.operator.state().tick(Duration::ZERO);
         let clock = self.p.operator.state().clock();
-        let cpu = self.shadow.is_running().then(crate::stats::thread_cpu);
+        let cpu = self.shadow.is_running().then(crate::probes::thread_cpu);
         let processed = process_batch(self.p.operator, &batch, self.p.null_keys)?;
         if let Some(cpu) = cpu {
-            let live_cpu = crate::stats::thread_cpu().saturating_sub(cpu);
+            let live_cpu = crate::probes::thread_cpu().saturating_sub(cpu);
             let done = &batch[..processed.outcomes.len()];
             let stats = &self.p.stats.shadow;
             let took = (started.elapsed(), live_cpu);

@@ -2,7 +2,7 @@
 //! same records, in the same batch, under its own sandbox limits.
 //!
 //! The shadow reads the committed state plus its own writes, which its
-//! [shadow transaction](crate::state::Transaction::shadow) stages and never commits:
+//! [detached transaction](crate::state::Transaction::detached) stages and never commits:
 //! after each commit of the live version it starts over from the committed state, so it
 //! never drifts more than one commit from the live state, and its writes take at most
 //! what a commit's do (`[state] commit_dirty_mib`). Its outputs are compared with the
@@ -27,9 +27,10 @@ use crate::config::NullKeys;
 use crate::lines::{Compare, differing_fields};
 use crate::lock;
 use crate::operator::{Expiration, Operator, Outcome, Processed, Shadows};
+use crate::probes::thread_cpu;
 use crate::record::{Cause, Output, SourceRecord};
 use crate::state::Clock;
-use crate::stats::{ShadowSample, ShadowStats, thread_cpu};
+use crate::stats::{ShadowSample, ShadowStats};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -49,7 +50,7 @@ const GROUPS: usize = 1;
 /// One partition's shadow, as its worker runs it.
 #[derive(Default)]
 pub(super) struct Shadow {
-    /// Its instance over its shadow transaction; `None` while none runs here.
+    /// Its instance over its detached transaction; `None` while none runs here.
     instance: Option<Box<dyn Operator>>,
     /// The generation of the host's shadow this partition followed last.
     generation: Option<u64>,
@@ -123,7 +124,7 @@ impl Shadow {
         self.pending.clear();
         (self.failures_in_a_row, self.reset_early, self.skipping) = ([0; 2], false, false);
         let partition = live.state().store().partition();
-        match live.state().shadow().and_then(|txn| shadows.instantiate(partition, txn)) {
+        match live.state().detached().and_then(|txn| shadows.instantiate(partition, txn)) {
             Ok(Some(instance)) => {
                 tracing::info!(partition, "shadow {} runs beside {}", instance.version(), live.version());
                 stats.reset(Some(instance.version().to_string()));
@@ -289,7 +290,7 @@ impl Shadow {
     /// The shadow starts over from the state `live` committed.
     fn start_over(&mut self, live: &mut dyn Operator, stats: &ShadowStats) {
         let Some(instance) = self.instance.as_mut() else { return };
-        match live.state().shadow() {
+        match live.state().detached() {
             Ok(txn) => *instance.state() = txn,
             Err(e) => {
                 let partition = live.state().store().partition();
@@ -393,4 +394,87 @@ fn differing_values(live: &[Emitted], shadow: &[Emitted]) -> serde_json::Value {
         }
     }
     serde_json::to_value(fields).expect("field differences serialize")
+}
+
+#[cfg(test)]
+mod tests {
+    //! The shadow's decisions on their own: its share of the live time, when it stops,
+    //! how two versions' outcomes compare. A shadow through real workers and the binary
+    //! is `tests/all/shadow.rs`'s.
+
+    use super::*;
+
+    fn output(value: &str) -> Emitted {
+        Emitted::Output(Output { key: b"k".to_vec(), value: value.as_bytes().to_vec(), topic: None })
+    }
+
+    /// A batch gives the shadow four times the live version's time on it, and what it
+    /// did not use carries over up to [`TIME_CARRIED`] (or one batch's share, if more);
+    /// while it skips, it gets none and the records count as skipped.
+    #[test]
+    fn the_shadow_gets_a_share_of_the_live_time_and_carries_little_over() {
+        let (mut shadow, stats) = (Shadow::default(), ShadowStats::default());
+        let until = |shadow: &mut Shadow, live_ms| {
+            let now = Instant::now();
+            let until = shadow.allowance(Duration::from_millis(live_ms), 10, &stats).expect("not skipping");
+            until.saturating_duration_since(now)
+        };
+        let near = |got: Duration, ms: u64| got.abs_diff(Duration::from_millis(ms)) < Duration::from_millis(5);
+        assert!(near(until(&mut shadow, 10), 40), "four times the live 10 ms");
+        assert!(near(until(&mut shadow, 10), 80), "unused time carries over");
+        assert!(near(until(&mut shadow, 10), 100), "up to TIME_CARRIED");
+        assert!(near(until(&mut shadow, 50), 200), "a share above it is its own bound");
+        shadow.skip(7, &stats);
+        assert_eq!(shadow.allowance(Duration::from_millis(10), 3, &stats), None);
+        assert_eq!(stats.skipped.load(Ordering::Relaxed), 10, "the records left, and those after");
+    }
+
+    /// The shadow stops after [`FAILURES_IN_A_ROW`] failures of one kind in a row — a
+    /// success resets the row — or when it failed on more than half of what was
+    /// compared, which never makes a row.
+    #[test]
+    fn the_shadow_stops_on_failures_in_a_row_or_on_most_of_its_records() {
+        let stats = ShadowStats::default();
+        let mut shadow = Shadow::default();
+        for _ in 1..FAILURES_IN_A_ROW {
+            stats.compared.fetch_add(100, Ordering::Relaxed);
+            assert_eq!(shadow.tally(GROUPS, true, &stats), None);
+        }
+        assert_eq!(shadow.tally(RECORDS, true, &stats), None, "records keep their own row");
+        let stop = shadow.tally(GROUPS, true, &stats).expect("ten groups in a row");
+        assert!(stop.contains("groups of expiries or timers in a row"), "{stop}");
+
+        let stats = ShadowStats::default();
+        let mut shadow = Shadow::default();
+        let mut stopped = None;
+        for n in 0..40 {
+            stats.compared.fetch_add(1, Ordering::Relaxed);
+            stopped = stopped.or(shadow.tally(RECORDS, n % 3 != 0, &stats));
+        }
+        let stop = stopped.expect("two records in three failed");
+        assert!(stop.contains("more than half of those compared"), "{stop}");
+    }
+
+    /// Equal outcomes count as equal; one side alone, or values that differ, count apart,
+    /// with a sample naming the fields that differ.
+    #[test]
+    fn outcomes_compare_by_what_each_side_emitted() {
+        let stats = ShadowStats::default();
+        let live = [output(r#"{"count":2,"max":5}"#)];
+        compare(1, None, b"k", &live, &live, &stats);
+        compare(2, None, b"k", &live, &[], &stats);
+        compare(3, Some("timer"), b"k", &[], &live, &stats);
+        compare(4, None, b"k", &live, &[output(r#"{"count":3,"max":5}"#)], &stats);
+        let rejected = Emitted::DeadLetter("rejected", "no".to_string());
+        compare(5, None, b"k", &live, &[rejected], &stats);
+        let count = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
+        assert_eq!(count(&stats.compared), 5);
+        assert_eq!([&stats.equal, &stats.only_live, &stats.only_shadow, &stats.different].map(count), [1, 1, 1, 2]);
+        let samples = lock(&stats.samples);
+        let fields = &samples.iter().find(|s| s.offset == 4).expect("sampled").fields;
+        assert_eq!(fields[0]["path"], "value.count", "{fields}");
+        let dead = samples.iter().find(|s| s.offset == 5).expect("sampled");
+        assert_eq!(dead.shadow, ["dead letter (rejected): no"]);
+        assert_eq!(dead.fields, serde_json::json!([]), "no fields between an output and a dead letter");
+    }
 }

@@ -1,19 +1,15 @@
 //! The commit protocol through one [`PartitionWorker`], with a fake operator over real
 //! state and a temporary file sink: what an idle partition commits, what a deploy
 //! commits before the new version runs, and what a lost partition leaves uncommitted.
-//! Each runs in milliseconds; the router's tests run real components through
-//! [`Workers`].
+//! Each runs in milliseconds; the partitions' tests run this fake and real components
+//! through [`Workers`](crate::partitions::Workers).
 
 use super::*;
 use crate::config::{TimeDomain, TtlConfig};
-use crate::objects::Objects;
 use crate::operator::Output;
-use crate::operator::registry::Registry;
-use crate::operator::replay::SwitchLog;
-use crate::operator::wasm::Limits;
 use crate::operator::{Instantiate, Switch, process_each};
 use crate::sink::{LineSink, Sink};
-use crate::state::{PartitionStore, StateDir, Transaction};
+use crate::state::{PartitionStore, Transaction};
 use std::collections::VecDeque;
 use std::path::Path;
 
@@ -47,7 +43,7 @@ impl Fake {
 }
 
 /// Instantiates a [`Fake`] for every partition.
-struct FakeVersions;
+pub(crate) struct FakeVersions;
 
 impl Instantiate for FakeVersions {
     fn instantiate(&self, _partition: u32, txn: Transaction) -> Result<Box<dyn Operator>> {
@@ -98,7 +94,7 @@ impl Operator for Fake {
 }
 
 /// Commits only when the worker must: never by its cadence.
-const NEVER: Cadence = Cadence {
+pub(crate) const NEVER: Cadence = Cadence {
     commit_interval: Duration::from_secs(3600),
     commit_every: usize::MAX,
     commit_dirty_bytes: usize::MAX,
@@ -106,7 +102,7 @@ const NEVER: Cadence = Cadence {
 };
 
 /// Records `offsets` of partition 0, keyed `k`.
-fn records(offsets: std::ops::Range<u64>) -> Vec<SourceRecord> {
+pub(crate) fn records(offsets: std::ops::Range<u64>) -> Vec<SourceRecord> {
     let record = |offset| SourceRecord {
         partition: 0,
         offset,
@@ -119,7 +115,7 @@ fn records(offsets: std::ops::Range<u64>) -> Vec<SourceRecord> {
 }
 
 /// Outputs to `dir/out.jsonl`, dead letters to `dir/dead.jsonl`.
-fn destinations(dir: &Path) -> anyhow::Result<Destinations> {
+pub(crate) fn destinations(dir: &Path) -> anyhow::Result<Destinations> {
     Ok(Destinations {
         sink: Sink::Lines(LineSink::file(&dir.join("out.jsonl"), true)?),
         dead_letters: DeadLetterSink::Lines(LineSink::file(&dir.join("dead.jsonl"), true)?),
@@ -263,45 +259,5 @@ fn a_lost_partition_skips_its_last_commit() -> anyhow::Result<()> {
         assert_eq!(committed, if lost { (0, 0) } else { (3, 3) }, "lost: {lost}");
         assert_eq!(stats.processed.load(Ordering::Relaxed), 3, "lost: {lost}");
     }
-    Ok(())
-}
-
-/// A fake operator stands behind [`Workers`] as a component would: a partition
-/// started, fed and drained runs the version it instantiated and commits all it
-/// processed.
-#[test]
-fn workers_run_the_operator_their_setup_instantiates() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let runtime = crate::objects::runtime()?;
-    let registry = Registry::new(Objects::open(&dir.path().join("versions").to_string_lossy())?, "fake")?;
-    let mut workers = Workers::new(WorkerSetup {
-        state: StateDir::open(&dir.path().join("state"), 1)?,
-        operator: Box::new(FakeVersions),
-        switches: SwitchLog::new(
-            registry,
-            (Limits::default(), Vec::new()),
-            runtime.handle().clone(),
-            None,
-            std::time::Duration::from_secs(5),
-        ),
-        checkpoints: None,
-        destinations: destinations(dir.path())?,
-        runtime: runtime.handle().clone(),
-        queued_batches: 1,
-        queued_bytes: usize::MAX,
-        cadence: NEVER,
-        cache_bytes: 1 << 20,
-        ttl: Default::default(),
-        null_keys: NullKeys::default(),
-        shadows: None,
-        retry_timeout: Duration::from_secs(60),
-        take_back_after: None,
-        stopping: Arc::default(),
-    });
-    workers.start(&[0])?;
-    assert_eq!(workers.wait_started()?.len(), 1);
-    workers.send(0, records(0..3))?;
-    assert_eq!(workers.stop_all(Stop::Drain)?, [(0, 3)]);
-    assert_eq!((workers.reports()[0].version.as_str(), workers.reports()[0].totals.processed), ("v1", 3));
     Ok(())
 }

@@ -52,7 +52,7 @@ pub(super) fn ticks(time: Duration) -> u64 {
     time.as_micros().div_ceil(EPOCH_TICK.as_micros()) as u64 + 1
 }
 
-pub(super) use crate::stats::thread_cpu;
+pub(super) use crate::probes::thread_cpu;
 
 /// Called when a record's wall-clock deadline passes. Reading the thread's CPU clock
 /// for every record would cost it a system call, so the CPU time is counted from

@@ -1,143 +1,14 @@
-//! Running a version per partition: the [`ActiveVersion`] a host follows, and the
-//! [`WasmInstance`] that calls a partition's records into it, replaces it after a trap
-//! and switches versions between batches. How a batch runs through it is `batch`'s.
+//! Running a version per partition: the [`WasmInstance`] that calls a partition's
+//! records into it, replaces it after a trap, routes a canary's keys to the canary's
+//! instance and switches versions between batches when told to. Which version runs, and
+//! when it switches, is the [versions](crate::operator::versions)' to say. How a batch
+//! runs through it is `batch`'s.
 
 use super::*;
-use crate::operator::Instantiate;
-use crate::operator::replay::RecordedSwitches;
 
-/// The version every partition of this host runs: set by a deploy, followed by each
-/// partition's [`WasmInstance`] at its next batch boundary.
-pub struct ActiveVersion {
-    /// Increases with every activation, so an instance sees a change with one load.
-    generation: AtomicU64,
-    pub(super) current: Mutex<Arc<WasmOperator>>,
-    /// The canary beside it, and the share of the keys it takes.
-    canary: Mutex<Option<(Arc<WasmOperator>, BasisPoints)>>,
-}
-
-impl ActiveVersion {
-    /// `operator` is active.
-    pub fn new(operator: Arc<WasmOperator>) -> Arc<Self> {
-        Arc::new(ActiveVersion {
-            generation: AtomicU64::new(0),
-            current: Mutex::new(operator),
-            canary: Mutex::default(),
-        })
-    }
-
-    /// The active version and its generation.
-    pub fn get(&self) -> (u64, Arc<WasmOperator>) {
-        let current = crate::lock(&self.current);
-        (self.generation.load(Ordering::Acquire), current.clone())
-    }
-
-    /// The generation of the active version: it changes with every activation.
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-
-    /// Makes `operator` the active version for every key: a canary ends.
-    pub fn activate(&self, operator: Arc<WasmOperator>) {
-        let mut current = crate::lock(&self.current);
-        *current = operator;
-        *crate::lock(&self.canary) = None;
-        self.generation.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// The canary, if one runs, and the share of the keys it takes.
-    pub fn canary(&self) -> Option<(Arc<WasmOperator>, BasisPoints)> {
-        crate::lock(&self.canary).clone()
-    }
-
-    /// Runs `canary` (a version and the share of the keys it takes, [`in_canary`]) beside
-    /// the active version from each partition's next batch on, in place of any other;
-    /// `None` ends it.
-    ///
-    /// [`in_canary`]: crate::operator::in_canary
-    pub fn set_canary(&self, canary: Option<(Arc<WasmOperator>, BasisPoints)>) {
-        *crate::lock(&self.canary) = canary;
-        self.generation.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Instantiates the active version for `partition` over `txn` and calls its `init`.
-    pub fn instantiate(self: &Arc<Self>, partition: u32, txn: Transaction) -> Result<WasmInstance> {
-        let (generation, operator) = self.get();
-        let live = operator.start(operator.context(partition, txn)).map_err(|(e, _)| e)?;
-        let mut instance = WasmInstance {
-            operator,
-            active: self.clone(),
-            generation: Some(generation),
-            switches: None,
-            live: Some(live),
-            replaced: 0,
-            canary: None,
-            on_canary: false,
-            next_bound: None,
-        };
-        instance.use_canary(self.canary());
-        Ok(instance)
-    }
-}
-
-/// How a worker instantiates the active version, not knowing it is WebAssembly.
-impl Instantiate for Arc<ActiveVersion> {
-    fn instantiate(&self, partition: u32, txn: Transaction) -> Result<Box<dyn Operator>> {
-        Ok(Box::new(ActiveVersion::instantiate(self, partition, txn)?))
-    }
-}
-
-/// The version this host runs as a shadow beside the active one, if any: set and
-/// cleared by the [deployer](crate::operator::deploy), followed by each partition's
-/// worker between batches. Each start is a version of its own: its instances never
-/// switch.
-#[derive(Default)]
-pub struct ShadowVersion {
-    /// Increases with every start and stop.
-    generation: AtomicU64,
-    current: Mutex<Option<Arc<ActiveVersion>>>,
-}
-
-impl ShadowVersion {
-    /// Runs `operator` as the shadow from now on, in place of any other.
-    pub fn start(&self, operator: Arc<WasmOperator>) {
-        *crate::lock(&self.current) = Some(ActiveVersion::new(operator));
-        self.generation.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Stops the shadow, if one runs.
-    pub fn stop(&self) {
-        if crate::lock(&self.current).take().is_some() {
-            self.generation.fetch_add(1, Ordering::AcqRel);
-        }
-    }
-}
-
-impl crate::operator::Shadows for ShadowVersion {
-    fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-
-    fn version(&self) -> Option<String> {
-        crate::lock(&self.current).as_ref().map(|active| active.get().1.version().to_string())
-    }
-
-    fn instantiate(&self, partition: u32, txn: Transaction) -> Result<Option<Box<dyn Operator>>> {
-        let Some(active) = crate::lock(&self.current).clone() else { return Ok(None) };
-        Ok(Some(Box::new(active.instantiate(partition, txn)?)))
-    }
-}
-
-/// One partition's instance of the [active version](ActiveVersion).
+/// One partition's instance of a version, and of a canary beside it while one runs.
 pub struct WasmInstance {
     pub(super) operator: Arc<WasmOperator>,
-    pub(super) active: Arc<ActiveVersion>,
-    /// The generation of the active version this instance last followed; `None` once
-    /// it must look again whatever the generation (its replay ended, its switches are
-    /// to be recorded).
-    generation: Option<u64>,
-    /// Its partition's switches of versions: those it replays, those it records.
-    pub(super) switches: Option<PartitionSwitches>,
     /// Always `Some` between calls; taken only while the instance is replaced.
     pub(super) live: Option<Live>,
     /// How many times a trap replaced the instance.
@@ -153,7 +24,7 @@ pub struct WasmInstance {
 }
 
 /// A partition's instance of the canary: the version, its live instance (the one not
-/// swapped in holds a [shadow](Transaction::shadow) of the state, never used), and the
+/// swapped in holds a [detached](Transaction::detached) transaction, never used), and the
 /// share of the keys it takes.
 pub(super) struct Canary {
     pub(super) operator: Arc<WasmOperator>,
@@ -217,6 +88,22 @@ impl Live {
 }
 
 impl WasmInstance {
+    /// Instantiates `operator` for `partition` over `txn` and calls its `init`.
+    pub fn new(operator: Arc<WasmOperator>, partition: u32, txn: Transaction) -> Result<WasmInstance> {
+        let live = operator.start(operator.context(partition, txn)).map_err(|(e, _)| e)?;
+        Ok(WasmInstance { operator, live: Some(live), replaced: 0, canary: None, on_canary: false, next_bound: None })
+    }
+
+    /// The version it runs (between batches: the canary's keys aside).
+    pub fn operator(&self) -> &Arc<WasmOperator> {
+        &self.operator
+    }
+
+    /// The canary it runs beside, and the share of the keys it takes, if any.
+    pub fn canary(&self) -> Option<(Arc<WasmOperator>, BasisPoints)> {
+        self.canary.as_ref().map(|canary| (canary.operator.clone(), canary.share))
+    }
+
     /// Swaps in the version that processes `key`'s records, expiries and timers: the
     /// canary's instance for a key it takes, else the active version's. The state (and
     /// the batch's budget) moves with it.
@@ -256,7 +143,7 @@ impl WasmInstance {
     /// Runs `wanted` as the canary (a version and its share; `None`: no canary): started,
     /// its share changed, or ended. A canary that cannot start here is logged, and none
     /// runs.
-    fn use_canary(&mut self, wanted: Option<(Arc<WasmOperator>, BasisPoints)>) {
+    pub fn use_canary(&mut self, wanted: Option<(Arc<WasmOperator>, BasisPoints)>) {
         debug_assert!(!self.on_canary, "between batches");
         let Some((operator, share)) = wanted else {
             self.canary = None;
@@ -270,7 +157,7 @@ impl WasmInstance {
         let partition = self.ctx().partition;
         let started = self
             .state()
-            .shadow()
+            .detached()
             .and_then(|parked| operator.start(operator.context(partition, parked)).map_err(|(e, _)| e));
         match started {
             Ok(live) => self.canary = Some(Canary { operator, live: Some(live), share }),
@@ -479,63 +366,13 @@ impl Operator for WasmInstance {
             _ => self.operator.version(),
         }
     }
-
-    fn follow_deploys(&mut self, offset: u64) -> Result<Option<Switch>> {
-        if let Some(first) = self.switches.as_ref().and_then(|s| s.replayed(offset)).cloned() {
-            // After the replay, the active version is looked at whatever its generation.
-            self.generation = None;
-            self.use_canary(first.canary);
-            if first.version.version == self.operator.version {
-                return Ok(None);
-            }
-            return self.switch_to(first.version, true).map(Some);
-        }
-        if self.generation == Some(self.active.generation()) {
-            return Ok(None);
-        }
-        let (generation, next) = self.active.get();
-        self.generation = Some(generation);
-        self.use_canary(self.active.canary());
-        // Deployed and rolled back again before this partition looked, or not.
-        let switched = (next.version != self.operator.version).then(|| self.switch_to(next, false)).transpose()?;
-        // What runs now (a version that failed to start left the old one running, a
-        // canary that failed to start none), recorded before it processes anything.
-        if let Some(switches) = &mut self.switches {
-            let canary = self.canary.as_ref().map(|canary| (canary.operator.clone(), canary.share));
-            switches.record(offset, Routing { version: self.operator.clone(), canary }.switched());
-        }
-        Ok(switched)
-    }
-
-    fn switches_recorded(&mut self, next_offset: u64) -> Result<()> {
-        match &mut self.switches {
-            Some(switches) => switches.recorded_before(next_offset),
-            None => Ok(()),
-        }
-    }
-
-    fn next_switch(&self, offset: u64) -> Option<u64> {
-        self.switches.as_ref()?.next_change(offset)
-    }
-
-    /// Replays, then records each switch beginning with the version it runs then. Fails
-    /// when the log cannot be read or a version it names cannot be loaded.
-    fn follow_switches(
-        &mut self,
-        (log, recorded): (&Arc<SwitchLog>, RecordedSwitches),
-        partition: u32,
-        offsets: (u64, u64),
-    ) -> Result<()> {
-        self.switches = Some(log.partition(recorded, partition, offsets, &self.operator)?);
-        self.generation = None;
-        Ok(())
-    }
 }
 
 impl WasmInstance {
-    /// Switches to `next`, keeping the partition's state; a version that fails to start
-    /// leaves the old one running (`replayed`: a switch a replay repeats).
-    fn switch_to(&mut self, next: Arc<WasmOperator>, replayed: bool) -> Result<Switch> {
+    /// Switches to `next` between batches, keeping the partition's state; a version
+    /// that fails to start leaves the old one running (`replayed`: a switch a replay
+    /// repeats).
+    pub fn switch_to(&mut self, next: Arc<WasmOperator>, replayed: bool) -> Result<Switch> {
         let began = Instant::now();
         let from = self.operator.version.clone();
         let ctx = self.live.take().expect("instance is live between calls").store.into_data();

@@ -1,11 +1,11 @@
 //! The WebAssembly sandbox: loading, validating and running operator components.
 //!
 //! A [`WasmOperator`] is a validated, compiled component with its linker set up
-//! (pre-instantiated, so an instance costs microseconds, not a compile). The
-//! [`ActiveVersion`] says which one this host runs; it makes one [`WasmInstance`] per
-//! partition, and each instance switches to a newly activated version between two
-//! batches, keeping the partition's state — or, while its partition replays records, to
-//! the version that first processed them ([`replay`](super::replay)). Instances get only the `sluice:operator`
+//! (pre-instantiated, so an instance costs microseconds, not a compile). A
+//! [`WasmInstance`] runs one partition's records through a version (and through a
+//! canary beside it for the keys the canary takes), and switches to another between two
+//! batches, keeping the partition's state, when told to: which version runs is the
+//! [versions](super::versions)' to say, never the sandbox's. Instances get only the `sluice:operator`
 //! imports (keyed state and logging). WASI imports that the Rust standard library
 //! links in are defined as traps, so a guest that touches the filesystem, network,
 //! clock or environment traps with the name of the function; any other import is
@@ -39,7 +39,7 @@
 //! the epoch thread, the CPU clock of deadlines), `limits`, `ctx` (what a call's host
 //! functions see and count), `host` (the imports a guest calls), `lift` (what a call
 //! returns, checked before it is copied), `outcome` (what a call's end becomes for its
-//! record), `instance` (the active version and each partition's instance), `batch`
+//! record), `instance` (a partition's instance of a version and its canary), `batch`
 //! (how a batch runs through an instance: runs per call, retries, strict mode), `tests`.
 
 mod batch;
@@ -57,7 +57,7 @@ mod tests;
 
 pub use bindings::{WIT_PACKAGE, WIT_VERSION};
 pub use component::WasmOperator;
-pub use instance::{ActiveVersion, ShadowVersion, WasmInstance};
+pub use instance::WasmInstance;
 pub use limits::Limits;
 
 // Every room of the sandbox sees the others' items through `use super::*`.
@@ -74,7 +74,6 @@ use limits::*;
 use outcome::*;
 
 use super::events::{LOG_LINES_DROPPED, RETRYING};
-use super::replay::{PartitionSwitches, Routing, SwitchLog};
 use super::{BasisPoints, Expiration, Operator, OperatorStopped, Outcome, Processed, Switch, in_canary};
 use crate::config::{OperatorConfig, OperatorLimits, RetryPolicy};
 use crate::log_rate::{self, Admitted, LogRate};
@@ -83,8 +82,7 @@ use crate::state::{Expired, Transaction};
 use anyhow::{Context, Result, anyhow, bail};
 use lift::{GuestOutputs, GuestReason, GuestResult, LiftBounds};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{

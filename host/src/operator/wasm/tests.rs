@@ -1,6 +1,7 @@
 use super::batch::run_length;
 use super::*;
 use crate::state::PartitionStore;
+use std::sync::atomic::Ordering;
 
 /// A record asking the probe to do `action` (a JSON object's fields) for `key`.
 fn probe_record(offset: u64, key: &str, action: &str) -> SourceRecord {
@@ -17,7 +18,7 @@ fn call(instance: &mut WasmInstance, offset: u64, action: &str) -> Result<Outcom
 fn probe(limits: Limits, dir: &Path) -> Result<WasmInstance> {
     let probe = Arc::new(WasmOperator::load(&sluice_e2e::operator_wasm("probe"), limits, Vec::new())?);
     let txn = Transaction::new(PartitionStore::open(dir, 0)?, 1 << 20)?;
-    let instance = ActiveVersion::new(probe).instantiate(0, txn)?;
+    let instance = WasmInstance::new(probe, 0, txn)?;
     assert!(instance.operator.exports.process_batch.is_some(), "the probe is built against 0.1.1 and takes batches");
     Ok(instance)
 }
@@ -544,31 +545,5 @@ fn a_trap_is_explained_by_what_the_host_recorded_in_that_call() -> Result<()> {
         }
     }
     assert_eq!(count(&mut instance, 4)?, br#"{"count":1}"#, "a fresh instance carries on, the panic's write gone");
-    Ok(())
-}
-
-#[test]
-fn a_version_that_fails_to_start_on_a_partition_leaves_it_running_the_old_one() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let probe = sluice_e2e::operator_wasm("probe");
-    let limits = Limits::default();
-    let good = Arc::new(WasmOperator::load(&probe, limits.clone(), Vec::new())?);
-    let config = vec![("fail_init".to_string(), "true".to_string())];
-    let failing = Arc::new(WasmOperator::compile("other@0", &std::fs::read(&probe)?, "test", limits, config)?);
-    let active = ActiveVersion::new(good.clone());
-    let mut instance = active.instantiate(0, Transaction::new(PartitionStore::open(dir.path(), 0)?, 1 << 20)?)?;
-    assert_eq!(count(&mut instance, 0)?, br#"{"count":1}"#);
-
-    // Not validated first, so it gets as far as a partition, which keeps its version.
-    active.activate(failing.clone());
-    let switch = instance.follow_deploys(1)?.expect("a new version is active");
-    assert_eq!((switch.from.as_str(), switch.to.as_str()), (good.version(), failing.version()));
-    assert!(switch.refused.as_deref().is_some_and(|r| r.contains("fail_init is set")), "{switch:?}");
-    assert_eq!(instance.version(), good.version());
-    assert!(instance.follow_deploys(1)?.is_none(), "a refused version is tried once");
-    assert_eq!(count(&mut instance, 1)?, br#"{"count":2}"#, "the state is still there");
-
-    active.activate(good.clone());
-    assert!(instance.follow_deploys(2)?.is_none(), "already runs it");
     Ok(())
 }

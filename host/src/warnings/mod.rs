@@ -13,7 +13,8 @@ pub(crate) mod events;
 
 use crate::config::ReportConfig;
 use crate::lock;
-use crate::stats::{HostStats, LiveStats, PartitionStats, Skew, now_ms};
+use crate::probes::now_ms;
+use crate::stats::{HostStats, LiveStats, PartitionStats, Skew};
 use events::{CHECKPOINTS_BEHIND, DEAD_LETTERS_RISING, REBALANCING_OFTEN, SKEWED_STATE, SKEWED_TIME, STANDBY_BEHIND};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;

@@ -23,7 +23,7 @@ use crate::operator::Operator;
 use crate::operator::deploy::Sandbox;
 use crate::operator::registry::Registry;
 use crate::operator::registry::Switched;
-use crate::operator::wasm::{ActiveVersion, WasmOperator};
+use crate::operator::wasm::{WasmInstance, WasmOperator};
 use crate::record::SourceRecord;
 use crate::sink::{DeadLetterSink, LineSink, Sink};
 use crate::source::PartitionedLog;
@@ -125,7 +125,7 @@ impl Replayed {
 }
 
 /// Runs `replay` (see the module).
-pub fn replay(replay: &Replay) -> Result<Replayed> {
+pub fn run(replay: &Replay) -> Result<Replayed> {
     let started = Instant::now();
     let runtime = crate::objects::runtime()?;
     let store = CheckpointStore::open_existing(&replay.store)?;
@@ -187,7 +187,7 @@ pub fn replay(replay: &Replay) -> Result<Replayed> {
     let txn = Transaction::new(state.open_partition(partition)?, job.state.cache_mib << 20)?
         .with_ttl(Arc::new(job.ttl.clone()))?
         .with_dirty_limit(job.state.commit_dirty_mib << 20);
-    let mut instance = ActiveVersion::new(Arc::new(operator)).instantiate(partition, txn)?;
+    let mut instance = WasmInstance::new(Arc::new(operator), partition, txn)?;
 
     let (outputs, dead_letters) = (out.join("outputs.jsonl"), out.join("dead-letters.jsonl"));
     let to = Destinations {
@@ -364,4 +364,85 @@ fn caveats(job: &Config, switches: BTreeMap<u64, Switched>, from: u64, end: u64)
         );
     }
     caveats
+}
+
+#[cfg(test)]
+mod tests {
+    //! A replay's records and caveats on their own; a replay through the binary, its
+    //! outputs and state against the live run's, is `tests/all/replay.rs`'s.
+
+    use super::*;
+    use crate::operator::registry::CanaryShare;
+
+    fn switched(version: &str, canary: Option<(&str, u32)>) -> Switched {
+        let canary = canary.map(|(version, share)| CanaryShare { version: version.to_string(), share });
+        Switched { version: version.to_string(), canary }
+    }
+
+    /// A replay from a checkpoint at `from` to `end` is told of each switch inside the
+    /// range (one version replays it all), of a canary in force at the checkpoint or
+    /// started after it, and of clocks that followed the wall; a switch at or before the
+    /// checkpoint without a canary, or after the end, says nothing.
+    #[test]
+    fn a_replay_names_what_it_cannot_repeat_and_nothing_else() {
+        let job = Config::for_operator(Path::new("op.wasm"));
+        let none = caveats(&job, BTreeMap::new(), 100, 500);
+        assert!(none.is_empty(), "{none:?}");
+        let switches = BTreeMap::from([
+            (50, switched("op@1", None)),
+            (100, switched("op@2", Some(("op@3", 2_500)))),
+            (300, switched("op@4", None)),
+            (600, switched("op@5", None)),
+        ]);
+        let said = caveats(&job, switches, 100, 500);
+        assert_eq!(said.len(), 2, "{said:#?}");
+        assert!(said[0].contains("switched to op@4 at offset 300"), "{said:#?}");
+        assert!(said[1].contains("from offset 100 the live partition ran the canary op@3 for 25.00%"), "{said:#?}");
+
+        let mut wall = job.clone();
+        wall.ttl.time = TimeDomain::Processing;
+        wall.ttl.idle_timeout = Some(Duration::from_secs(30));
+        let said = caveats(&wall, BTreeMap::new(), 0, 0);
+        assert!(said[0].contains("[ttl] time = \"processing\"") && said[1].contains("[ttl] idle_timeout"), "{said:#?}");
+    }
+
+    /// The file's records of one partition, numbered and keyed as the job's file source
+    /// places them, from the checkpoint's offset to `until`.
+    #[test]
+    fn a_file_is_replayed_as_the_jobs_file_source_partitioned_it() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("input.jsonl");
+        let lines: String = (0..200).map(|i| format!("{{\"vehicle_id\":\"v{}\",\"ts\":{i}}}\n", i % 17)).collect();
+        std::fs::write(&path, lines)?;
+        let replay = |until| Replay {
+            job: Config::for_operator(Path::new("op.wasm")),
+            store: String::new(),
+            partition: 1,
+            checkpoint: None,
+            operator: None,
+            input: ReplayInput::File(path.clone()),
+            until,
+            out: dir.path().join("out"),
+        };
+        // What the job's source gave partition 1, offset by offset.
+        let mut log = PartitionedLog::new(3);
+        let file = JsonlFile::open(
+            &path,
+            &crate::config::default_key_field(),
+            &crate::config::default_timestamp_field(),
+            crate::config::default_max_line_bytes(),
+        )?;
+        let mut live = Vec::new();
+        for raw in file {
+            let record = log.place(raw?);
+            if record.partition == 1 {
+                live.push(record);
+            }
+        }
+        let replayed: Vec<SourceRecord> = Records::open(&replay(None), &path, 3, 10)?.collect::<Result<_>>()?;
+        assert_eq!(replayed, live[10..], "from offset 10 to the end");
+        let bounded: Vec<SourceRecord> = Records::open(&replay(Some(20)), &path, 3, 10)?.collect::<Result<_>>()?;
+        assert_eq!(bounded, live[10..20], "until offset 20");
+        Ok(())
+    }
 }

@@ -2,7 +2,7 @@
 //! or worker of a partition at a time, [`Occupancy`]), claiming it in the checkpoint
 //! store, restoring its state (local recovery or the store, tried again with backoff
 //! while the store fails to answer), opening it, instantiating its operator and
-//! spawning its [worker](super::PartitionWorker)'s thread. A start looks between its
+//! spawning its [worker](crate::worker::PartitionWorker)'s thread. A start looks between its
 //! steps whether it was given up ([`Start`]), and never takes over the partition's
 //! Kafka transactions after it was.
 //!
@@ -10,9 +10,9 @@
 //! ones: [`Workers`](super::Workers) does.
 
 use super::events::STORE_RETRY;
-use super::lifecycle::{PartitionReport, WorkerSetup};
-use super::queue::{self, QueueSender};
-use super::{Partition, PartitionWorker, StopSignal};
+use super::occupancy::{Held, Occupancy, wait_unless};
+use super::report::PartitionReport;
+use super::setup::WorkerSetup;
 use crate::backoff::Backoff;
 use crate::checkpoint::restore::{self, PartitionPlan};
 use crate::checkpoint::store::ClaimedElsewhere;
@@ -23,10 +23,11 @@ use crate::record::{RestoredFrom, Stop};
 use crate::source::Started;
 use crate::state::Transaction;
 use crate::stats::{HostStats, PartitionStats};
+use crate::worker::queue::{self, QueueSender};
+use crate::worker::{self, Partition, PartitionWorker, StopSignal};
 use anyhow::{Result, anyhow};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -60,90 +61,6 @@ impl Start {
         take_over()
     }
 }
-
-/// The partitions a start, a worker or a standby update of this host holds: a
-/// partition's state directory and transactions are used by one at a time, so a
-/// partition started again before an earlier start or worker of it ended (a start given
-/// up still restoring, say) waits for that one to end. A standby update only takes a
-/// partition no one holds ([`Occupancy::try_hold`]) and gives way to a start that wants
-/// it ([`Occupancy::is_wanted`]), and to any start restoring
-/// ([`Occupancy::is_restoring`]): a takeover's downloads go before a copy's, under the
-/// download cap they share.
-#[derive(Debug, Default)]
-pub(super) struct Occupancy {
-    held: Mutex<BTreeSet<u32>>,
-    /// Partitions a start waits to hold.
-    wanted: Mutex<BTreeSet<u32>>,
-    released: Condvar,
-    /// Starts restoring now.
-    restoring: AtomicUsize,
-}
-
-/// A start restoring, counted in its [`Occupancy`] until dropped.
-struct Restoring<'a>(&'a Occupancy);
-
-impl Drop for Restoring<'_> {
-    fn drop(&mut self) {
-        self.0.restoring.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// A partition held in its [`Occupancy`] until dropped.
-#[derive(Debug)]
-pub(super) struct Held {
-    partition: u32,
-    occupancy: Arc<Occupancy>,
-}
-
-impl Occupancy {
-    /// Holds `partition` for `start`, waiting while an earlier start or worker holds
-    /// it; `None` if `start` is given up first.
-    fn hold(self: &Arc<Self>, partition: u32, start: &Start) -> Option<Held> {
-        let mut held = lock(&self.held);
-        while held.contains(&partition) {
-            if start.given_up() {
-                lock(&self.wanted).remove(&partition);
-                return None;
-            }
-            lock(&self.wanted).insert(partition);
-            held = self.released.wait_timeout(held, GIVE_UP_POLL).expect("no panics under this lock").0;
-        }
-        lock(&self.wanted).remove(&partition);
-        held.insert(partition);
-        Some(Held { partition, occupancy: self.clone() })
-    }
-
-    /// Holds `partition` if nothing does.
-    pub(super) fn try_hold(self: &Arc<Self>, partition: u32) -> Option<Held> {
-        lock(&self.held).insert(partition).then(|| Held { partition, occupancy: self.clone() })
-    }
-
-    /// Whether a start waits to hold `partition`.
-    pub(super) fn is_wanted(&self, partition: u32) -> bool {
-        lock(&self.wanted).contains(&partition)
-    }
-
-    /// Counts a start restoring until the returned guard drops.
-    fn restoring(&self) -> Restoring<'_> {
-        self.restoring.fetch_add(1, Ordering::Relaxed);
-        Restoring(self)
-    }
-
-    /// Whether a start is restoring.
-    pub(super) fn is_restoring(&self) -> bool {
-        self.restoring.load(Ordering::Relaxed) > 0
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        lock(&self.occupancy.held).remove(&self.partition);
-        self.occupancy.released.notify_all();
-    }
-}
-
-/// How often a waiting start looks whether it was given up.
-const GIVE_UP_POLL: Duration = Duration::from_millis(50);
 
 /// A partition's running worker, as [`Workers`](super::Workers) keeps it.
 pub(super) struct Running {
@@ -187,7 +104,7 @@ impl Begun<'_> {
         let given_up = |p: &u32| starts[p].given_up();
         let mut held = BTreeMap::new();
         for (&p, start) in starts {
-            match self.occupancy.hold(p, start) {
+            match self.occupancy.hold(p, || start.given_up()) {
                 Some(h) => drop(held.insert(p, h)),
                 None => report(p, Err(StartGivenUp.into())),
             }
@@ -237,14 +154,6 @@ fn drop_given_up(
         }
         !gone
     });
-}
-
-/// Sleeps for `wait`, or until `done` says so (looked at every [`GIVE_UP_POLL`]).
-pub(super) fn wait_unless(wait: Duration, done: impl Fn() -> bool) {
-    let until = Instant::now() + wait;
-    while Instant::now() < until && !done() {
-        std::thread::sleep(GIVE_UP_POLL.min(until.saturating_duration_since(Instant::now())));
-    }
 }
 
 /// Restores `partitions` as [`Workers::start`] says (claiming them first if `claim`
@@ -384,7 +293,7 @@ fn spawn_worker(
         start.take_over(|| setup.destinations.sink.partition(&setup.destinations.dead_letters, partition, offset))?;
     instance.follow_switches((&setup.switches, recorded), partition, (offset, outputs.covered()))?;
     let stats = Arc::new(PartitionStats::new(offset, instance.state().entries(), instance.version()));
-    super::commit::count_state_bytes(instance.state().store(), &stats);
+    worker::count_state_bytes(instance.state().store(), &stats);
     let (sender, batches) = queue::bounded(setup.queued_batches, setup.queued_bytes);
     let stop = Arc::new(StopSignal::following(setup.stopping.clone()));
     let started = Started { partition, offset, restored_from, assigned, took: assigned.elapsed() };
@@ -432,8 +341,8 @@ fn spawn_worker(
 
 #[cfg(test)]
 mod tests {
-    //! The two decisions a start given up turns on, on their own; the router's tests run
-    //! starts and stops through real workers.
+    //! A start given up, on its own; the router's tests run starts and stops through
+    //! real workers.
 
     use super::*;
 
@@ -461,28 +370,5 @@ mod tests {
         assert!(took_over <= gave_up, "the give-up returned while the take-over was in flight");
         let after = start.take_over(|| -> Result<()> { panic!("taken over after the give-up") });
         assert!(after.expect_err("given up").is::<StartGivenUp>());
-    }
-
-    /// A partition is held by one start or worker at a time: a second hold waits until
-    /// the first is released, other partitions do not, and a start given up stops
-    /// waiting.
-    #[test]
-    fn a_partition_is_held_by_one_start_or_worker_at_a_time() {
-        let occupancy = Arc::new(Occupancy::default());
-        let first = occupancy.hold(3, &Start::default()).expect("free");
-        let other = occupancy.hold(4, &Start::default()).expect("another partition is free");
-        let given_up = Start::default();
-        given_up.give_up();
-        assert!(occupancy.hold(3, &given_up).is_none(), "a start given up stops waiting");
-        let second = std::thread::spawn({
-            let occupancy = occupancy.clone();
-            move || occupancy.hold(3, &Start::default()).map(|_held| Instant::now())
-        });
-        std::thread::sleep(Duration::from_millis(200));
-        let released = Instant::now();
-        drop(first);
-        let held = second.join().expect("no panic").expect("held once released");
-        assert!(held >= released, "held while the first still held it");
-        drop(other);
     }
 }

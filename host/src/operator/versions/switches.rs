@@ -4,7 +4,7 @@
 //! handover — must be decided the same way both times: with exactly-once outputs the
 //! second run is silent, so a state that decided otherwise would no longer be the fold
 //! of the outputs already committed. Which version processes a record is one of those
-//! decisions. So a partition records in the [registry](super::registry) the offset of
+//! decisions. So a partition records in the [registry](crate::operator::registry) the offset of
 //! each switch of versions it made — the routing that runs, not the one asked for —
 //! and commits nothing past a switch until its record is in the store: the record is
 //! written off the record path, retried for `[checkpoint] restore_retry_timeout` (the
@@ -14,19 +14,19 @@
 //! reads its switches back: its records below the offset its outputs are
 //! committed up to, or below its last recorded switch, are processed with the version
 //! that first processed them, switching where the first run switched; from there on it
-//! follows the host's [active version](super::wasm::ActiveVersion) again, recording
+//! follows the host's [active version](super::ActiveVersion) again, recording
 //! each switch.
 //!
 //! This module owns that plan ([`PartitionSwitches`]) and the log it is read from and
-//! written to ([`SwitchLog`]). The [instance](super::wasm::WasmInstance) carries the
+//! written to ([`SwitchLog`]). The [instance](super::VersionedInstance) carries the
 //! plan out between batches; the registry owns the log's layout.
 
-use super::BasisPoints;
-use super::registry::{CanaryShare, Registry, Switched};
-use super::wasm::{Limits, WasmOperator};
 use crate::backoff::Backoff;
 use crate::checkpoint::store::{CheckpointStore, ClaimedElsewhere};
 use crate::lock;
+use crate::operator::BasisPoints;
+use crate::operator::registry::{CanaryShare, Registry, Switched};
+use crate::operator::wasm::{Limits, WasmOperator};
 use anyhow::{Result, anyhow};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -49,7 +49,7 @@ pub struct Claims {
 
 /// A partition's switch log cannot be used: a record that is not one, a version it
 /// names that cannot be loaded. The partition stops alone, its state as its last commit
-/// left it (see [`Workers`](crate::worker::Workers)); the host goes on.
+/// left it (see [`Workers`](crate::partitions::Workers)); the host goes on.
 #[derive(Debug, thiserror::Error)]
 #[error(
     "partition {partition}'s switch log cannot be used ({reason}); it stops here, its state as its last commit left \
@@ -65,7 +65,7 @@ pub struct SwitchLogUnreadable {
 /// A switch a partition made could not be recorded within `[checkpoint]
 /// restore_retry_timeout`: a replay could not repeat what it processes from there, so
 /// nothing since its last commit may count. Its partition starts again from there
-/// (see [`Workers`](crate::worker::Workers)).
+/// (see [`Workers`](crate::partitions::Workers)).
 #[derive(Debug, thiserror::Error)]
 #[error(
     "recording partition {partition}'s switch to {version} at offset {offset} failed for {tried:.0?} of tries \

@@ -280,12 +280,14 @@ mod tests {
     use super::*;
     use crate::objects::Objects;
     use crate::operator::registry::Registry;
-    use crate::operator::replay::SwitchLog;
-    use crate::operator::wasm::{ActiveVersion, Limits, WasmOperator};
+    use crate::operator::versions::ActiveVersion;
+    use crate::operator::versions::switches::SwitchLog;
+    use crate::operator::wasm::{Limits, WasmOperator};
+    use crate::partitions::{Checkpointing, WorkerSetup};
     use crate::sink::{DeadLetterSink, LineSink, Sink};
     use crate::source::generator::{Fleet, FleetOptions};
     use crate::state::{PartitionStore, StateDir};
-    use crate::worker::{Cadence, Destinations, WorkerSetup};
+    use crate::worker::{Cadence, Destinations};
     use std::path::Path;
     use std::sync::Arc;
     use std::time::Duration;
@@ -546,7 +548,7 @@ mod tests {
         let path = dir.join("store");
         let store = crate::checkpoint::CheckpointStore::open(path.to_str().expect("UTF-8 temp path"))?;
         let mut setup = setup("vehicle_stats", Vec::new(), dir, 1, runtime)?;
-        setup.checkpoints = Some(crate::worker::Checkpointing {
+        setup.checkpoints = Some(Checkpointing {
             store,
             settings: crate::checkpoint::CheckpointSettings {
                 interval: Duration::from_secs(60),

@@ -32,111 +32,28 @@
 //! does not read records.
 
 use super::events::{CLAIMED_ELSEWHERE, RESTARTING, STOPPED, STOPPED_ALONE};
+use super::occupancy::Occupancy;
+use super::report::PartitionReport;
+use super::setup::WorkerSetup;
 use super::standby::{Follower, Following, StandbySettings};
-use super::start::{Begun, Occupancy, Running, Start, StartGivenUp};
-use super::{Cadence, Destinations};
+use super::start::{Begun, Running, Start, StartGivenUp};
 use crate::backoff::Backoff;
 use crate::checkpoint::store::ClaimedElsewhere;
-use crate::checkpoint::{CheckpointSettings, CheckpointStore};
-use crate::config::{NullKeys, TtlConfig};
 use crate::lock;
-use crate::operator::replay::SwitchLog;
-use crate::operator::replay::{SwitchLogUnreadable, SwitchUnrecorded};
-use crate::operator::{Instantiate, OperatorStopped};
-use crate::record::{RestoredFrom, SourceRecord, Stop};
+use crate::operator::OperatorStopped;
+use crate::operator::versions::switches::{SwitchLogUnreadable, SwitchUnrecorded};
+use crate::record::{SourceRecord, Stop};
 use crate::sink::transaction::{CommitFailed, Fenced};
 use crate::source::Started;
-use crate::state::StateDir;
-use crate::stats::{DeadLetters, HostStats, LiveStats, ShadowReport, Totals};
+use crate::stats::{HostStats, LiveStats};
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, TrySendError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tokio::runtime::Handle;
-
-/// Everything a partition needs to start, shared by all of them.
-pub struct WorkerSetup {
-    /// This host's state directory.
-    pub state: StateDir,
-    /// Instantiates the operator version every partition runs, switched by deploys.
-    pub operator: Box<dyn Instantiate>,
-    /// Where partitions record their switches of versions and read them back to replay.
-    pub switches: Arc<SwitchLog>,
-    /// Where each partition's shadow comes from
-    /// ([`Shadows`](crate::operator::Shadows)); `None`: no shadows.
-    pub shadows: Option<Arc<dyn crate::operator::Shadows>>,
-    /// Where restores come from and checkpoints go; `None` when checkpoints are off.
-    pub checkpoints: Option<Checkpointing>,
-    /// Where outputs and dead letters go.
-    pub destinations: Destinations,
-    /// The runtime restores and checkpoint uploads run on.
-    pub runtime: Handle,
-    /// Batches a worker may have queued before the source holds its partition back.
-    pub queued_batches: usize,
-    /// ... and bytes of records (see [`queue`](super::queue)).
-    pub queued_bytes: usize,
-    /// When workers commit, and the batch time they warn at.
-    pub cadence: Cadence,
-    /// The memory for committed state entries each partition keeps (see
-    /// [`Cache`](crate::state::Cache)).
-    pub cache_bytes: usize,
-    /// When each partition's state expires.
-    pub ttl: Arc<TtlConfig>,
-    /// What becomes of records without a key.
-    pub null_keys: NullKeys,
-    /// How long a partition's start tries again while it fails transiently (the store
-    /// failing to answer, its transactions fenced), `[checkpoint] restore_retry_timeout`.
-    pub retry_timeout: Duration,
-    /// How long a partition found claimed by another host stays stopped while the
-    /// source still assigns it here before this host claims it back and starts it again
-    /// (Kafka: `session.timeout.ms`, by when a member the group dropped has heard of it;
-    /// a rebalance moving the partition meanwhile ends the wait). `None`: no group
-    /// decides between the hosts, so it stays stopped.
-    pub take_back_after: Option<Duration>,
-    /// Set when the host is stopping (SIGTERM): draining partitions hand over instead.
-    pub stopping: Arc<AtomicBool>,
-}
-
-/// The checkpoint store and how partitions use it.
-pub struct Checkpointing {
-    /// The store shared by every host of the job.
-    pub store: CheckpointStore,
-    /// How often and how much.
-    pub settings: CheckpointSettings,
-    /// A restore predicted to take longer than this is warned about.
-    pub restore_budget: Duration,
-}
-
-/// What one run of a partition on this host did, from its start to its stop.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PartitionReport {
-    /// The partition.
-    pub partition: u32,
-    /// The offset it resumed from (stored with its state).
-    pub resumed_at: u64,
-    /// What its counters reached.
-    pub totals: Totals,
-    /// Its dead letters by the operator version that processed their records, and by
-    /// kind.
-    pub dead_letters: BTreeMap<String, DeadLetters>,
-    /// Distinct keys holding state at the end, counted only when the source ended
-    /// ([`Stop::Drain`]): counting scans the partition, too slow for a handover.
-    pub keys: Option<u64>,
-    /// Where its state came from at start.
-    pub restored_from: RestoredFrom,
-    /// From the assignment to the running worker.
-    pub start_took: Duration,
-    /// The operator version it ran at the end.
-    pub version: String,
-    /// What its shadow found, if one ran at the end.
-    pub shadow: ShadowReport,
-    /// How it ended.
-    pub stopped: Stop,
-}
 
 /// A partition's start, as its starting thread reports it: which start it was, and the
 /// worker it started.
@@ -597,5 +514,57 @@ impl Workers {
     /// The reports of every stopped run, in the order they stopped.
     pub fn reports(&self) -> &[PartitionReport] {
         &self.reports
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::NullKeys;
+    use crate::objects::Objects;
+    use crate::operator::registry::Registry;
+    use crate::operator::versions::switches::SwitchLog;
+    use crate::operator::wasm::Limits;
+    use crate::state::StateDir;
+    use crate::worker::tests::{FakeVersions, NEVER, destinations, records};
+
+    /// A fake operator stands behind [`Workers`] as a component would: a partition
+    /// started, fed and drained runs the version it instantiated and commits all it
+    /// processed.
+    #[test]
+    fn workers_run_the_operator_their_setup_instantiates() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let runtime = crate::objects::runtime()?;
+        let registry = Registry::new(Objects::open(&dir.path().join("versions").to_string_lossy())?, "fake")?;
+        let mut workers = Workers::new(WorkerSetup {
+            state: StateDir::open(&dir.path().join("state"), 1)?,
+            operator: Box::new(FakeVersions),
+            switches: SwitchLog::new(
+                registry,
+                (Limits::default(), Vec::new()),
+                runtime.handle().clone(),
+                None,
+                std::time::Duration::from_secs(5),
+            ),
+            checkpoints: None,
+            destinations: destinations(dir.path())?,
+            runtime: runtime.handle().clone(),
+            queued_batches: 1,
+            queued_bytes: usize::MAX,
+            cadence: NEVER,
+            cache_bytes: 1 << 20,
+            ttl: Default::default(),
+            null_keys: NullKeys::default(),
+            shadows: None,
+            retry_timeout: Duration::from_secs(60),
+            take_back_after: None,
+            stopping: Arc::default(),
+        });
+        workers.start(&[0])?;
+        assert_eq!(workers.wait_started()?.len(), 1);
+        workers.send(0, records(0..3))?;
+        assert_eq!(workers.stop_all(Stop::Drain)?, [(0, 3)]);
+        assert_eq!((workers.reports()[0].version.as_str(), workers.reports()[0].totals.processed), ("v1", 3));
+        Ok(())
     }
 }

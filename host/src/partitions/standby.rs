@@ -18,8 +18,8 @@
 //! [`checkpoint::standby`]'s.
 
 use super::events::{WARMED_UP, WARMING_UP};
-use super::lifecycle::WorkerSetup;
-use super::start::{Occupancy, wait_unless};
+use super::occupancy::{Occupancy, wait_unless};
+use super::setup::WorkerSetup;
 use crate::checkpoint::assemble::Interrupted;
 use crate::checkpoint::{bytes, standby};
 use crate::stats::{HostStats, StandbyCopy};

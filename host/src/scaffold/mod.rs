@@ -3,7 +3,7 @@
 //! test of the built component in the sandbox through `sluice test`, fixtures and a
 //! README. It depends on the SDK alone, by version (or by path, with `--sdk`), so it
 //! builds anywhere in seconds, wherever this binary was built. This module owns the
-//! templates (`scaffold/*.in`, compiled into the binary) and writing them; it knows
+//! templates (`*.in` beside it, compiled into the binary) and writing them; it knows
 //! nothing of jobs.
 
 use anyhow::{Context, Result, bail};
@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 
 /// The files of a new operator crate: path in the crate, template.
 const TEMPLATES: &[(&str, &str)] = &[
-    ("Cargo.toml", include_str!("scaffold/Cargo.toml.in")),
-    ("src/lib.rs", include_str!("scaffold/lib.rs.in")),
-    ("tests/sandbox.rs", include_str!("scaffold/sandbox.rs.in")),
-    ("fixtures/input.jsonl", include_str!("scaffold/input.jsonl.in")),
-    ("fixtures/expected.jsonl", include_str!("scaffold/expected.jsonl.in")),
-    ("README.md", include_str!("scaffold/README.md.in")),
+    ("Cargo.toml", include_str!("Cargo.toml.in")),
+    ("src/lib.rs", include_str!("lib.rs.in")),
+    ("tests/sandbox.rs", include_str!("sandbox.rs.in")),
+    ("fixtures/input.jsonl", include_str!("input.jsonl.in")),
+    ("fixtures/expected.jsonl", include_str!("expected.jsonl.in")),
+    ("README.md", include_str!("README.md.in")),
     (".gitignore", "/target\n"),
 ];
 
