@@ -1,7 +1,7 @@
 //! Checkpoints and restore through the real binary and a local checkpoint store:
 //! a wiped state directory restores from the store, `kill -9` during an upload
 //! leaves the last complete checkpoint usable, a corrupt and a missing file are named
-//! and fallen back past, checkpoints upload only what changed, retention leaves
+//! and fallen back past, a local file damaged since it was trusted is fetched again, checkpoints upload only what changed, retention leaves
 //! exactly the referenced files, and a host whose partitions another host claimed
 //! changes nothing in the store; `sluice status`, `state dump` and `checkpoints` read a
 //! stopped job's state and store and write nothing. (Expiries through a restore:
@@ -9,7 +9,7 @@
 
 use anyhow::Result;
 use serde_json::Value;
-use sluice::events::{CLAIMED_ELSEWHERE, LOCAL_MOVED_ASIDE, NO_RESTORE_HISTORY};
+use sluice::events::{CLAIMED_ELSEWHERE, LOCAL_FILES_CORRUPT, LOCAL_MOVED_ASIDE, NO_RESTORE_HISTORY};
 use sluice_e2e::*;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -147,6 +147,41 @@ fn a_corrupt_local_database_is_moved_aside_and_restored_from_the_store() -> Resu
     assert_eq!(aside.len(), 1, "{aside:?}");
     assert_eq!(std::fs::read_to_string(aside[0].join("CURRENT"))?, "garbage", "kept as it was");
     assert_state_is_fold(dir, 200, 5_000, "after the corrupt database was replaced")
+}
+
+/// A table file of the local database damaged in place — its size, inode and time
+/// unchanged, as bit rot leaves them — is trusted by the checksum this host recorded
+/// when it uploaded it, so the checkpoint built from it does not open: the build goes
+/// again reading every local file, fetches the damaged one alone, and the start goes
+/// on, instead of failing every checkpoint that lists the file and the host with them.
+#[test]
+fn a_local_file_damaged_since_its_checksum_was_recorded_is_read_and_fetched_again() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let job = |count| checkpoint_at_end(dir, 2_000, count, 1);
+    run_ok(&mut job(20_000))?;
+    let db = dir.join("state/partition-0000");
+    let mut tables: Vec<(u64, PathBuf)> = std::fs::read_dir(&db)?
+        .map(|entry| entry.map(|e| e.path()))
+        .filter(|path| path.as_ref().map_or(true, |p| p.extension().is_some_and(|e| e == "sst")))
+        .map(|path| path.and_then(|p| Ok((std::fs::metadata(&p)?.len(), p))))
+        .collect::<std::io::Result<_>>()?;
+    tables.sort();
+    let (size, damaged) = tables.pop().expect("the checkpoint flushed a table file");
+    let file = std::fs::OpenOptions::new().write(true).open(&damaged)?;
+    let modified = file.metadata()?.modified()?;
+    std::io::Write::write_all(&mut &file, &vec![0; size as usize])?;
+    file.set_modified(modified)?;
+    drop(file);
+
+    let run = run_ok(&mut job(20_000))?;
+    let report = stderr(&run);
+    assert!(report.contains(LOCAL_MOVED_ASIDE), "the damaged database is kept aside:\n{report}");
+    assert!(report.contains(LOCAL_FILES_CORRUPT), "{report}");
+    let (_, fetched, bytes) = reported_restores(&report).pop().expect("the partition restored");
+    assert_eq!(fetched, size, "only the damaged file is fetched, of {bytes} B:\n{report}");
+    assert!(report.contains("processed 0 records"), "{report}");
+    assert_state_is_fold(dir, 2_000, 20_000, "after the damaged file was fetched again")
 }
 
 #[test]

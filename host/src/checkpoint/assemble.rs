@@ -135,6 +135,16 @@ impl LocalFiles {
         Ok(())
     }
 
+    /// The same files, each read to compute its checksum before it stands in for a
+    /// checkpoint's: none trusted by a checksum recorded for it. For a build a recorded
+    /// checksum misled — a file damaged since without its size changing, which RocksDB
+    /// then finds corrupt.
+    pub fn read_all(&self) -> LocalFiles {
+        let mut read = self.clone();
+        read.by_name.values_mut().flatten().for_each(|local| local.checksum = None);
+        read
+    }
+
     /// The bytes of `files` these local files likely hold: those with a file of the
     /// same name and size (a prediction: checksums are not read).
     pub fn likely_held(&self, files: &[ManifestFile]) -> u64 {
@@ -345,9 +355,10 @@ mod tests {
     }
 
     /// A standby copy's file is trusted by its recorded checksum and its size — a table
-    /// file linked, not copied — one whose size changed is not.
+    /// file linked, not copied — one whose size changed is not; [`LocalFiles::read_all`]
+    /// reads every file first, so a damaged one of the right size is refused too.
     #[test]
-    fn a_recorded_file_is_trusted_by_its_size() -> Result<()> {
+    fn a_recorded_file_is_trusted_by_its_size_until_every_file_is_read() -> Result<()> {
         let dir = tempfile::tempdir()?;
         let copy = dir.path().join("copy");
         let table = file(&copy, "000009.sst", b"table bytes")?;
@@ -370,6 +381,10 @@ mod tests {
             != std::fs::metadata(copy.join("OPTIONS-000007"))?.ino();
         assert!(copied, "RocksDB rewrites the others: copied");
 
+        let again = dir.path().join("again");
+        let (assembled, missing) = place_local(&files, &again, &local.read_all(), &never)?;
+        assert_eq!(missing, [table, shrunk], "read, the damaged file is fetched too");
+        assert_eq!(assembled.from_standby, options.size);
         Ok(())
     }
 

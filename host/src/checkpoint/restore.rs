@@ -18,7 +18,7 @@
 
 use super::assemble::{self, FilesFailed, LocalFiles};
 use super::bytes;
-use super::events::{LOCAL_MOVED_ASIDE, NO_RESTORE_HISTORY, RESTORE_OVER_BUDGET};
+use super::events::{LOCAL_FILES_CORRUPT, LOCAL_MOVED_ASIDE, NO_RESTORE_HISTORY, RESTORE_OVER_BUDGET};
 use super::records::Manifest;
 use super::standby;
 use super::store::CheckpointStore;
@@ -352,7 +352,21 @@ async fn restore_newest(
     let mut failures = Vec::new();
     for manifest in &plan.candidates {
         let side = state.restore_path(partition);
-        match fetch(store, manifest, &side, &plan.local_files, progress).await {
+        let built = match fetch(store, manifest, &side, &plan.local_files, progress).await {
+            // A local file trusted by its recorded checksum may have been damaged since
+            // (its size unchanged): built again, every local file read first, the
+            // damaged ones fetched.
+            Err(e) if is_corruption(&e) => {
+                tracing::warn!(
+                    partition,
+                    "{LOCAL_FILES_CORRUPT}: checkpoint {} built from this host's files does not open ({e:#}); building                      it again, reading each local file before it is used",
+                    manifest.id
+                );
+                fetch(store, manifest, &side, &plan.local_files.read_all(), progress).await
+            }
+            built => built,
+        };
+        match built {
             Ok(built) => {
                 let (live, old) = (state.partition_path(partition), state.replaced_path(partition));
                 if let Some(why) = &plan.local_unreadable {
@@ -528,8 +542,8 @@ fn spawn_progress(total: u64, progress: Arc<AtomicU64>, done: Arc<AtomicBool>) -
 mod tests {
     //! A restore's decisions without a store: what the local state offers, what counts
     //! as corrupt, how a restored database takes the local one's place. Restores from a
-    //! store — incremental, capped, falling back past corrupt files — are
-    //! `tests/all/checkpoint_restore.rs`'s.
+    //! store — incremental, capped, falling back past corrupt files, a local file damaged
+    //! since it was trusted — are `tests/all/checkpoint_restore.rs`'s.
 
     use super::*;
     use crate::state::Transaction;
