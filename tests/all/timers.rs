@@ -1,6 +1,7 @@
 //! Timers (`State::set_timer`, the `fired` callback) and the SDK's windows on them,
 //! through the real binary: each timer fires once, at the same record, however the run
-//! is interrupted by `kill -9`; speed-windows' windows equal a reference's.
+//! is interrupted by `kill -9`; timers set from `fired` never multiply past
+//! `[operator.limits] timers_per_callback`; speed-windows' windows equal a reference's.
 //! (How timers fire within a batch — time order, cancelling, setting again, a failing
 //! or trapping `fired` — is `host/src/operator/wasm/tests.rs`'s.)
 
@@ -37,6 +38,47 @@ fn kill_9_with_timers_that_fire_and_write_state_fires_each_once() -> Result<()> 
     // 30,000 / 97 rounds, a third of them with the short timer: about 100 per key.
     assert!(clean_firings.len() > 9_000, "{}", clean_firings.len());
     assert_eq!(crashed_firings, clean_firings, "the same firings, each once, after kills");
+    Ok(())
+}
+
+/// A `fired` that sets two timers (the probe's `double`) would double the key's timers
+/// at every firing — 2^n pending after n firings, from one record. Under the default
+/// `timers_per_callback = 1` its second timer traps the call: a dead letter names the
+/// limit, its writes (the first timer too) are dropped, and nothing fires again. With 2
+/// allowed, the same six seconds fire 1 + 2 + … + 32 = 63 timers: the limit is what
+/// keeps timers bounded by what records set.
+#[test]
+fn timers_set_from_fired_never_multiply_past_timers_per_callback() -> Result<()> {
+    const T0: i64 = 1_767_225_600_000;
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    let mut lines =
+        vec![json!({"vehicle_id": "a", "ts": T0, "action": "timer", "name": "double", "at_ms": T0 + 1_000})];
+    // Another key moves the clock six seconds on.
+    lines.extend((1..=60).map(|i| json!({"vehicle_id": "z", "ts": T0 + i * 100, "action": "count"})));
+    std::fs::write(&input, lines.iter().map(|l| l.to_string() + "\n").collect::<String>())?;
+    let run = |limit: Option<usize>| -> Result<(usize, Vec<Value>)> {
+        let out = dir.path().join(format!("{limit:?}"));
+        let mut command = run_file_job(&operator_wasm("probe"), &input, &out, 1);
+        if let Some(limit) = limit {
+            std::fs::create_dir_all(&out)?;
+            let config = out.join("sluice.toml");
+            let toml =
+                format!("[operator]\npath = \"unused.wasm\"\n[operator.limits]\ntimers_per_callback = {limit}\n");
+            std::fs::write(&config, toml)?;
+            command.arg("--config").arg(config);
+        }
+        run_ok(&mut command)?;
+        let fired = read_jsonl(&out.join("out.jsonl"))?.into_iter().filter(|o| o["cause"] == "timer").count();
+        Ok((fired, read_jsonl(&out.join("dead.jsonl"))?))
+    };
+    let (fired, dead) = run(None)?;
+    assert_eq!(fired, 0, "the firing that set two timers failed");
+    assert_eq!(dead.len(), 1, "{dead:#?}");
+    let reason = dead[0].to_string();
+    assert!(reason.contains("timers_per_callback = 1"), "the dead letter names the limit: {reason}");
+    let (fired, dead) = run(Some(2))?;
+    assert_eq!((fired, dead.len()), (63, 0), "timers doubling every second for six seconds");
     Ok(())
 }
 

@@ -91,6 +91,11 @@ pub struct OperatorLimits {
     /// Bytes (names and values) of one call's state writes together, a name written
     /// twice counted twice.
     pub written_bytes_per_record: usize,
+    /// Timers one `expired` or `fired` call may set. With 1 a timer that fires may set
+    /// itself again, or one in its place, but never multiply: the timers pending stay
+    /// as many as records set. More lets every firing set that many, and timers that
+    /// set timers grow without bound.
+    pub timers_per_callback: usize,
     /// State reads one call may make.
     pub reads_per_record: usize,
     /// Bytes of one state value.
@@ -131,6 +136,7 @@ impl OperatorLimits {
             output_bytes_per_record: usize::MAX,
             writes_per_record: usize::MAX,
             written_bytes_per_record: usize::MAX,
+            timers_per_callback: usize::MAX,
             reads_per_record: usize::MAX,
             state_value_bytes: usize::MAX,
             state_name_bytes: usize::MAX,
@@ -152,6 +158,7 @@ impl Default for OperatorLimits {
             output_bytes_per_record: 1 << 20,
             writes_per_record: 1_000,
             written_bytes_per_record: 16 << 20,
+            timers_per_callback: 1,
             reads_per_record: 10_000,
             state_value_bytes: 1 << 20,
             state_name_bytes: 256,

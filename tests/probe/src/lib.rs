@@ -46,7 +46,8 @@
 //! it returns an error instead, for one starting with `trap` it panics, each after
 //! writing `fireds`; for one starting with `again` it sets the timer again a second
 //! later, and for one starting with `past` at the time it fired (which traps); for one
-//! starting with `log` it also logs `fired <name>` at info.
+//! starting with `double` it sets `<name>0` and `<name>1` a second later (two timers
+//! from one, each firing once); for one starting with `log` it also logs `fired <name>` at info.
 //!
 //! With `fail_init = "true"` in its config, `init` returns an error; with
 //! `trap_init = "true"`, it panics (a trap); with `state_in_init = "true"`, it writes
@@ -275,6 +276,10 @@ impl Operator for Probe {
         }
         if name.starts_with("past") {
             state.set_timer(name, timer.at_ms);
+        }
+        if name.starts_with("double") {
+            state.set_timer(&format!("{name}0"), timer.at_ms + 1_000);
+            state.set_timer(&format!("{name}1"), timer.at_ms + 1_000);
         }
         if name.starts_with("log") {
             sluice_guest::log::info(&format!("fired {name}"));

@@ -172,6 +172,8 @@ pub(super) struct CallUsage {
     pub(super) reads: usize,
     pub(super) writes: usize,
     written_bytes: usize,
+    /// Timers set from `expired` or `fired`.
+    pub(super) callback_timers: usize,
 }
 
 /// Why the host stopped a call, recorded where it stops it: the trap that unwinds

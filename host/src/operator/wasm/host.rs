@@ -56,7 +56,9 @@ pub(super) fn finish(mut store: StoreContextMut<'_, HostCtx>, (result,): (GuestR
 
 /// `timers.set`: sets the current key's timer `name` to fire at `at_ms`, counted as a
 /// state write. From `expired` or `fired`, a time the clock has reached traps: it would
-/// come due at once, and a callback that sets it again would never end.
+/// come due at once, and a callback that sets it again would never end; and so does a
+/// timer past `[operator.limits] timers_per_callback`, lest timers multiply as they
+/// fire.
 pub(super) fn set_timer(mut store: StoreContextMut<'_, HostCtx>, (name, at_ms): (String, u64)) -> wasmtime::Result<()> {
     store.data_mut().set_timer(&name, at_ms).map_err(wasmtime::Error::from_anyhow)
 }
@@ -90,6 +92,10 @@ impl HostCtx {
                 "timers.set of {name:?} at {at_ms} from `expired` or `fired`, which the partition's clock ({now}) has \
                  reached: it would fire at once, and again from its own `fired`"
             );
+        }
+        if self.in_callback {
+            self.usage.callback_timers += 1;
+            self.check_limit("timers_per_callback", self.per_call.timers_per_callback, self.usage.callback_timers)?;
         }
         self.txn.set_timer(name, at_ms);
         Ok(())
