@@ -338,10 +338,16 @@ impl<'a> PartitionWorker<'a> {
     fn gather_outcome(&mut self, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome) -> Result<()> {
         // A keyless record the job refused met no version: the one in force names it.
         let refused = matches!(outcome, Outcome::NullKey);
-        if !self.emitted.takes(version_of(self.p.operator, key, refused)) {
+        // Asked once: a canary's answer costs a hash of the key.
+        let version = version_of(self.p.operator, key, refused);
+        if self.emitted.takes(version) {
+            self.emitted.of_version(version);
+        } else {
+            // Another version's outputs go first; a switch of versions is rare.
+            let version = version.to_string();
             self.send()?;
+            self.emitted.of_version(&version);
         }
-        self.emitted.of_version(version_of(self.p.operator, key, refused));
         self.emitted.outcome(origin, key, value, outcome);
         Ok(())
     }
