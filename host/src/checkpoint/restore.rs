@@ -359,7 +359,8 @@ async fn restore_newest(
             Err(e) if is_corruption(&e) => {
                 tracing::warn!(
                     partition,
-                    "{LOCAL_FILES_CORRUPT}: checkpoint {} built from this host's files does not open ({e:#}); building                      it again, reading each local file before it is used",
+                    "{LOCAL_FILES_CORRUPT}: checkpoint {} built from this host's files does not open ({e:#}); building \
+                     it again, reading each local file before it is used",
                     manifest.id
                 );
                 fetch(store, manifest, &side, &plan.local_files.read_all(), progress).await
