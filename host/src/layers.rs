@@ -32,24 +32,11 @@ fn stage(module: &str) -> Option<usize> {
     CHAIN.iter().position(|stage| stage.contains(&module))
 }
 
-/// Every `crate::<module>` named in the code (not the comments) of `source`.
-fn imports(source: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for line in source.lines().map(str::trim).filter(|line| !line.starts_with("//")) {
-        let code = line.split(" // ").next().unwrap_or(line);
-        for (at, _) in code.match_indices("crate::") {
-            let rest = &code[at + "crate::".len()..];
-            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-            // `crate::{a, b}` names several.
-            if name.is_empty() && rest.starts_with('{') {
-                let inner = &rest[1..rest.find('}').unwrap_or(rest.len())];
-                found.extend(inner.split(',').map(|n| n.trim().split("::").next().unwrap_or("").to_string()));
-            } else {
-                found.push(name);
-            }
-        }
-    }
-    found
+/// The first name of every path the code (not the comments) of `source` names from
+/// `crate::`, `super::` or `self::`, made absolute from `module`: the top-level modules
+/// and crate-root items it reaches.
+fn imports(source: &str, module: &[String]) -> Vec<String> {
+    paths(&code(source), module).into_iter().filter_map(|path| path.into_iter().next()).collect()
 }
 
 /// The `.rs` files under `path` (a file or a directory).
@@ -61,9 +48,11 @@ fn files(path: &Path) -> Vec<PathBuf> {
     entries.flat_map(|entry| files(&entry.expect("reading src").path())).collect()
 }
 
-/// The code of `source`, its comments and inline test module left out, as one line.
+/// Where a file's inline test module begins.
+const TEST_MODULE: &str = "#[cfg(test)]\nmod tests {";
+
+/// The code of `source`, its comments left out, as one line.
 fn code(source: &str) -> String {
-    let source = source.split("#[cfg(test)]\nmod tests {").next().unwrap_or(source);
     let lines = source.lines().map(str::trim).filter(|line| !line.starts_with("//"));
     lines.map(|line| line.split(" // ").next().unwrap_or(line)).collect::<Vec<_>>().join(" ")
 }
@@ -119,20 +108,15 @@ fn paths(code: &str, module: &[String]) -> Vec<Vec<String>> {
 
 #[test]
 fn layers_import_only_earlier_layers() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut violations = Vec::new();
-    for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("src")).expect("reading src") {
-        let path = entry.expect("reading src").path();
-        let module = path.file_stem().and_then(|s| s.to_str()).expect("a UTF-8 file name").to_string();
-        if ["lib", "main", "cli", "layers"].contains(&module.as_str()) {
-            continue;
-        }
-        let own = stage(&module).unwrap_or_else(|| panic!("module {module} is missing from CHAIN in layers.rs"));
-        for file in files(&path).iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
-            let source = std::fs::read_to_string(file).expect("reading a source file");
-            for imported in imports(&source) {
-                if stage(&imported).is_some_and(|theirs| theirs >= own) && imported != module {
-                    violations.push(format!("{} imports crate::{imported}", file.display()));
-                }
+    for (file, module) in modules(&src) {
+        let top = &module[0];
+        let own = stage(top).unwrap_or_else(|| panic!("module {top} is missing from CHAIN in layers.rs"));
+        let source = std::fs::read_to_string(&file).expect("reading a source file");
+        for imported in imports(&source, &module) {
+            if stage(&imported).is_some_and(|theirs| theirs >= own) && imported != *top {
+                violations.push(format!("{} imports crate::{imported}", file.display()));
             }
         }
     }
@@ -142,11 +126,11 @@ fn layers_import_only_earlier_layers() {
 #[test]
 fn the_check_sees_plain_and_grouped_imports_but_not_comments() {
     let source = "use crate::worker::Stop;\nuse crate::{state, sink::Sink};\n// see crate::job\nlet x = crate::lock(&m); // crate::admin\n";
-    assert_eq!(imports(source), ["worker", "state", "sink", "lock"]);
+    assert_eq!(imports(source, &["job".to_string()]), ["worker", "state", "sink", "lock"]);
 }
 
 /// The module path of each library file under `src` (`a/mod.rs` and `a.rs`: `a`),
-/// the binary's files and the test modules of their own (`tests.rs`) left out.
+/// the binary's files left out.
 fn modules(src: &Path) -> Vec<(PathBuf, Vec<String>)> {
     let mut modules = Vec::new();
     for file in files(src).into_iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
@@ -154,7 +138,7 @@ fn modules(src: &Path) -> Vec<(PathBuf, Vec<String>)> {
         let mut module: Vec<String> = relative.iter().map(|c| c.to_string_lossy().into_owned()).collect();
         let binary =
             module[0] == "cli" || (module.len() == 1 && ["lib", "main", "layers"].contains(&module[0].as_str()));
-        if binary || module.last().is_some_and(|name| name == "tests") {
+        if binary {
             continue;
         }
         if module.last().is_some_and(|name| name == "mod") {
@@ -196,13 +180,15 @@ fn circle(imports: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
 #[test]
 fn no_folder_has_a_circle() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let modules = modules(&src);
+    // A test module of a file of its own (`tests.rs`) is left out, as an inline one is.
+    let modules: Vec<_> = modules(&src).into_iter().filter(|(_, m)| m.last().is_some_and(|n| n != "tests")).collect();
     let known: BTreeSet<&[String]> = modules.iter().map(|(_, m)| m.as_slice()).collect();
     // Per folder, which of its rooms (files and subfolders) imports which.
     let mut folders: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
     for (file, module) in &modules {
         let source = std::fs::read_to_string(file).expect("reading a source file");
-        for path in paths(&code(&source), module) {
+        let source = source.split(TEST_MODULE).next().unwrap_or(&source);
+        for path in paths(&code(source), module) {
             let shared = module.iter().zip(&path).take_while(|(a, b)| a == b).count();
             // Between top-level modules the chain decides; a folder's `mod.rs` and
             // its own items are in none of its rooms.
@@ -224,7 +210,7 @@ fn no_folder_has_a_circle() {
 fn paths_are_made_absolute_from_the_module_they_are_named_in() {
     let module = ["partitions".to_string(), "lifecycle".to_string()];
     let code = code(
-        "use super::events::STOPPED;\nuse super::{start::Begun,\n occupancy};\n// super::router\nlet x = crate::worker::queue::bounded(1);\nself::tests::run();\n#[cfg(test)]\nmod tests {\n    use super::super::report;\n}",
+        "use super::events::STOPPED;\nuse super::{start::Begun,\n occupancy};\n// super::router\nlet x = crate::worker::queue::bounded(1);\nself::tests::run();\n",
     );
     let names: Vec<String> = paths(&code, &module).iter().map(|p| p.join("::")).collect();
     assert_eq!(
