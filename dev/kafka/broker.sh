@@ -76,9 +76,12 @@ logger.request.name = kafka.request.logger
 logger.request.level = warn
 LOG
 # A short-lived JVM for a test broker: one GC thread, the quick JIT only (both start
-# faster on two cores than Kafka's G1 and full tiering).
-java_opts=(-Xms128m -Xmx1g -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true
-    "-Dlog4j2.configurationFile=$dir/log4j2.properties" -cp "$libs/*")
+# faster on two cores than Kafka's G1 and full tiering, and serve slower). Kafka's own
+# variables replace them, as its kafka-run-class.sh reads them: the benchmarks set
+# Kafka's defaults there, so the broker they measure against serves at full speed.
+read -ra heap_opts <<<"${KAFKA_HEAP_OPTS:--Xms128m -Xmx1g}"
+read -ra jvm_opts <<<"${KAFKA_JVM_PERFORMANCE_OPTS:--XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true}"
+java_opts=("${heap_opts[@]}" "${jvm_opts[@]}" "-Dlog4j2.configurationFile=$dir/log4j2.properties" -cp "$libs/*")
 if [ ! -e "$dir/data/meta.properties" ]; then
     format=("--cluster-id=$cluster" --config "$dir/server.properties" --ignore-formatted)
     [ "$voters" != standalone ] || format+=(--standalone)

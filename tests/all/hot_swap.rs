@@ -773,7 +773,7 @@ fn with_crc64_of(component: &[u8], target: &[u8]) -> Vec<u8> {
 
 #[test]
 fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 4).topic("summaries", 2).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 4).topic("summaries", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, total) = (200, 12_000usize);
     let all = kafka.generate("all.jsonl", vehicles, total as u64)?;
@@ -785,13 +785,15 @@ fn a_deploy_reaches_every_host_of_the_group_through_the_shared_store() -> Result
         &config,
         format!(
             "[operator]\npath = {:?}\npoll_versions_s = 0.2\n[source]\nkind = \"kafka\"\nbrokers = \"{}\"\n\
-             topic = \"positions\"\ngroup = \"swap\"\n[checkpoint]\nstore = {:?}\n",
+             topic = {:?}\ngroup = {:?}\n[checkpoint]\nstore = {:?}\n",
             operator_wasm("vehicle_stats"),
             broker.bootstrap,
+            broker.name("positions"),
+            broker.name("swap"),
             dir.join("store")
         ),
     )?;
-    let output = format!("kafka://{}/summaries", broker.bootstrap);
+    let output = broker.output("summaries");
     let host = |name: &str| kafka.host(name, 4, &config, None, &["--output", &output]);
     let minute = Duration::from_secs(60);
     let mut a = host("a")?;

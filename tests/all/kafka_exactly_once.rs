@@ -27,17 +27,18 @@ use std::time::Duration;
 #[test]
 fn kafka_hides_aborted_records_from_read_committed_consumers_and_fences_zombies() -> Result<()> {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let broker = KafkaBroker::start()?;
+    let broker = KafkaBroker::shared()?;
     broker.create_topic("transactions", 1)?;
+    let (transactions, id) = (broker.name("transactions"), broker.name("check"));
     let timeout = Duration::from_secs(30);
     let producer = || -> Result<BaseProducer> {
-        let producer: BaseProducer = broker.client_config().set("transactional.id", "check").create()?;
+        let producer: BaseProducer = broker.client_config().set("transactional.id", &id).create()?;
         producer.init_transactions(timeout)?;
         Ok(producer)
     };
     let send = |producer: &BaseProducer, value: &str| -> Result<()> {
         producer.begin_transaction()?;
-        producer.send(BaseRecord::<str, str>::to("transactions").payload(value)).map_err(|(e, _)| e)?;
+        producer.send(BaseRecord::<str, str>::to(&transactions).payload(value)).map_err(|(e, _)| e)?;
         producer.flush(timeout)?;
         Ok(())
     };
@@ -68,7 +69,7 @@ fn kafka_hides_aborted_records_from_read_committed_consumers_and_fences_zombies(
 #[test]
 fn exactly_once_outputs_survive_kill_9_at_every_step_of_the_commit_protocol() -> Result<()> {
     use std::os::unix::process::ExitStatusExt;
-    let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (100, 3_000);
     let input = kafka.generate("input.jsonl", vehicles, count)?;
@@ -165,7 +166,7 @@ fn exactly_once_outputs_stay_exactly_once_when_the_partitions_leader_dies() -> R
 #[test]
 fn a_silent_replay_runs_the_version_whose_outputs_it_does_not_send_again() -> Result<()> {
     use sluice::events::REPLAYED_WITH;
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).topic("summaries", 2).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 2).topic("summaries", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (100, 3_000);
     let input = kafka.generate("input.jsonl", vehicles, count)?;
@@ -175,13 +176,14 @@ fn a_silent_replay_runs_the_version_whose_outputs_it_does_not_send_again() -> Re
     std::fs::copy(operator_wasm("vehicle_stats"), &v1_file)?;
     let config = dir.join("job.toml");
     let brokers = &broker.bootstrap;
+    let (positions, summaries, group) = (broker.name("positions"), broker.name("summaries"), broker.name("eos-replay"));
     std::fs::write(
         &config,
         format!(
-            "[operator]\npath = {v1_file:?}\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\ntopic = \"positions\"\n\
-             group = \"eos-replay\"\nstop_when_idle = \"2s\"\ninstance_id = \"replay-host\"\n[source.properties]\n\
+            "[operator]\npath = {v1_file:?}\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\ntopic = \"{positions}\"\n\
+             group = \"{group}\"\nstop_when_idle = \"2s\"\ninstance_id = \"replay-host\"\n[source.properties]\n\
              \"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n[sink]\nkind = \"kafka\"\n\
-             brokers = \"{brokers}\"\ntopic = \"summaries\"\nguarantee = \"exactly-once\"\n[state]\ndir = {:?}\n\
+             brokers = \"{brokers}\"\ntopic = \"{summaries}\"\nguarantee = \"exactly-once\"\n[state]\ndir = {:?}\n\
              partitions = 2\nbatch_records = 100\ncommit_every = 500\n[dead_letter]\npath = {:?}\n[report]\ninterval_s = 0\n",
             dir.join("state"),
             dir.join("dead.jsonl"),
@@ -253,7 +255,7 @@ fn a_silent_replay_runs_the_version_whose_outputs_it_does_not_send_again() -> Re
 #[test]
 fn a_fenced_partition_stops_alone_and_takes_its_transactions_back() -> Result<()> {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).topic("summaries", 2).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 2).topic("summaries", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count, last) = (50, 1_010, 10);
     let all = kafka.generate("all.jsonl", vehicles, count)?;
@@ -267,7 +269,7 @@ fn a_fenced_partition_stops_alone_and_takes_its_transactions_back() -> Result<()
     let mut host = Host::spawn("host", &mut job(), &dir.join("log"))?;
     broker.wait_committed("eos-positions", "positions", (count - last) as i64, Duration::from_secs(60))?;
 
-    let id = transactional_id("eos-positions", "positions", 0);
+    let id = transactional_id(&broker.name("eos-positions"), &broker.name("positions"), 0);
     let successor: BaseProducer = broker.client_config().set("transactional.id", &id).create()?;
     successor.init_transactions(Duration::from_secs(30))?;
     broker.produce_lines("positions", &rest)?;
@@ -283,7 +285,7 @@ fn a_fenced_partition_stops_alone_and_takes_its_transactions_back() -> Result<()
     assert_state_matches(&dump_state(&dir.join("state"))?, &reference, "after the fencing");
     // Its start took the transactions back: the other producer can no longer commit.
     successor.begin_transaction()?;
-    successor.send(BaseRecord::<str, str>::to("summaries").payload("stale")).map_err(|(e, _)| e)?;
+    successor.send(BaseRecord::<str, str>::to(&broker.name("summaries")).payload("stale")).map_err(|(e, _)| e)?;
     let committed =
         successor.flush(Duration::from_secs(30)).and_then(|()| successor.commit_transaction(Duration::from_secs(30)));
     assert!(committed.is_err(), "the other producer was not fenced");
@@ -298,7 +300,7 @@ fn a_fenced_partition_stops_alone_and_takes_its_transactions_back() -> Result<()
 /// open, reads all of partition 1's outputs at once, and none of partition 0's.
 #[test]
 fn a_partition_that_stops_alone_aborts_its_open_transaction() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).topic("summaries", 1).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 2).topic("summaries", 1).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (stopping, going) = (key_in_partition(0, 2), key_in_partition(1, 2));
     let record =
@@ -309,12 +311,13 @@ fn a_partition_that_stops_alone_aborts_its_open_transaction() -> Result<()> {
     broker.produce("positions", first)?;
     let config = dir.join("job.toml");
     let brokers = &broker.bootstrap;
+    let (positions, summaries, group) = (broker.name("positions"), broker.name("summaries"), broker.name("eos-abort"));
     std::fs::write(
         &config,
         format!(
             "[operator]\npath = {:?}\n[operator.retry]\nstrict = true\nbackoff = \"1ms\"\n[source]\nkind = \"kafka\"\n\
-             brokers = \"{brokers}\"\ntopic = \"positions\"\ngroup = \"eos-abort\"\n[sink]\nkind = \"kafka\"\n\
-             brokers = \"{brokers}\"\ntopic = \"summaries\"\nguarantee = \"exactly-once\"\n[sink.properties]\n\
+             brokers = \"{brokers}\"\ntopic = \"{positions}\"\ngroup = \"{group}\"\n[sink]\nkind = \"kafka\"\n\
+             brokers = \"{brokers}\"\ntopic = \"{summaries}\"\nguarantee = \"exactly-once\"\n[sink.properties]\n\
              \"transaction.timeout.ms\" = \"600000\"\n[state]\ndir = {:?}\npartitions = 2\nbatch_records = 1\n\
              commit_interval = \"20s\"\n[report]\ninterval = 0\n",
             operator_wasm("probe"),
@@ -342,6 +345,7 @@ fn a_partition_that_stops_alone_aborts_its_open_transaction() -> Result<()> {
 /// one output.
 #[test]
 fn exactly_once_jobs_whose_group_and_topic_names_run_together_keep_their_own_transactions() -> Result<()> {
+    // A broker of its own: the shared one's prefixes would keep the names from running together.
     let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (50, 2_000);
@@ -382,7 +386,7 @@ fn exactly_once_jobs_whose_group_and_topic_names_run_together_keep_their_own_tra
 #[test]
 fn an_older_sluice_still_running_a_partition_is_fenced_when_this_version_takes_it() -> Result<()> {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).topic("summaries", 2).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 2).topic("summaries", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (50, 1_000);
     let input = kafka.generate("input.jsonl", vehicles, count)?;
@@ -390,11 +394,12 @@ fn an_older_sluice_still_running_a_partition_is_fenced_when_this_version_takes_i
     let timeout = Duration::from_secs(30);
     let mut older = Vec::new();
     for partition in 0..2 {
-        let id = legacy_transactional_id("eos-positions", "positions", partition);
+        let id = legacy_transactional_id(&broker.name("eos-positions"), &broker.name("positions"), partition);
         let producer: BaseProducer = broker.client_config().set("transactional.id", &id).create()?;
         producer.init_transactions(timeout)?;
         producer.begin_transaction()?;
-        let record = BaseRecord::<str, str>::to("summaries").key("older").payload("{}").partition(partition as i32);
+        let summaries = broker.name("summaries");
+        let record = BaseRecord::<str, str>::to(&summaries).key("older").payload("{}").partition(partition as i32);
         producer.send(record).map_err(|(e, _)| e)?;
         producer.flush(timeout)?;
         older.push(producer);
@@ -417,18 +422,20 @@ fn an_older_sluice_still_running_a_partition_is_fenced_when_this_version_takes_i
 #[test]
 fn exactly_once_dead_letters_are_in_the_transactions() -> Result<()> {
     let kafka =
-        KafkaJob::on(KafkaBroker::start()?).topic("positions", 1).topic("summaries", 1).topic("dead", 1).start()?;
+        KafkaJob::on(KafkaBroker::shared()?).topic("positions", 1).topic("summaries", 1).topic("dead", 1).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let record = |action: &str| Ok(("k", json!({"vehicle_id": "k", "action": action}).to_string()));
     broker.produce("positions", ["count", "put-then-fail", "count"].map(record))?;
     let config = dir.join("job.toml");
     let brokers = &broker.bootstrap;
+    let (positions, summaries, group) = (broker.name("positions"), broker.name("summaries"), broker.name("eos-dead"));
+    let dead = broker.name("dead");
     std::fs::write(
         &config,
         format!(
-            "[operator]\npath = {:?}\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\ntopic = \"positions\"\n\
-             group = \"eos-dead\"\nstop_when_idle = \"2s\"\n[sink]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
-             topic = \"summaries\"\nguarantee = \"exactly-once\"\n[dead_letter]\ntopic = \"dead\"\n[state]\n\
+            "[operator]\npath = {:?}\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\ntopic = \"{positions}\"\n\
+             group = \"{group}\"\nstop_when_idle = \"2s\"\n[sink]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
+             topic = \"{summaries}\"\nguarantee = \"exactly-once\"\n[dead_letter]\ntopic = \"{dead}\"\n[state]\n\
              dir = {:?}\npartitions = 1\n[report]\ninterval = 0\n",
             operator_wasm("probe"),
             dir.join("state")
@@ -449,9 +456,9 @@ fn exactly_once_dead_letters_are_in_the_transactions() -> Result<()> {
     Ok(())
 }
 
-/// A `sluice run` of vehicle-stats in `dir` from `positions` to `summaries` on `broker`,
-/// exactly once, in consumer group `group`, with `more` `[source]` settings; small batches
-/// and frequent commits, so a run passes many of each.
+/// A `sluice run` of vehicle-stats in `dir` from the test's topic `positions` to its
+/// `summaries` on `broker`, exactly once, in the test's consumer group `group`, with `more`
+/// `[source]` settings; small batches and frequent commits, so a run passes many of each.
 fn exactly_once_job<'a>(
     dir: &'a Path,
     broker: &'a KafkaBroker,
@@ -463,18 +470,19 @@ fn exactly_once_job<'a>(
     std::fs::create_dir_all(dir)?;
     let config = dir.join("exactly-once.toml");
     let brokers = &broker.bootstrap;
+    let (group, positions, summaries_name) = (broker.name(group), broker.name(positions), broker.name(summaries));
     std::fs::write(
         &config,
         format!(
             "[operator]\npath = \"set-by-flag.wasm\"\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
              topic = \"{positions}\"\ngroup = \"{group}\"\n{more}\n[source.properties]\n\
              \"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n[sink]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
-             topic = \"{summaries}\"\nguarantee = \"exactly-once\"\n[state]\nbatch_records = 100\ncommit_every = 500\n"
+             topic = \"{summaries_name}\"\nguarantee = \"exactly-once\"\n[state]\nbatch_records = 100\ncommit_every = 500\n"
         ),
     )?;
     Ok(move || {
         let mut command = run_job(&operator_wasm("vehicle_stats"), dir, 2);
-        command.arg("--config").arg(&config).arg("--output").arg(format!("kafka://{}/{summaries}", broker.bootstrap));
+        command.arg("--config").arg(&config).arg("--output").arg(broker.output(summaries));
         command
     })
 }

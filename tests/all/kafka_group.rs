@@ -21,14 +21,14 @@ use std::time::{Duration, Instant};
 /// stopped host's partitions resume exactly where it handed them over; every input has
 /// an output, and the store ends with every partition's final state.
 fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop(protocol: GroupProtocol) -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 6).topic("summaries", 3).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 6).topic("summaries", 3).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, total) = (300, 48_000usize);
     let all = kafka.generate("all.jsonl", vehicles, total as u64)?;
     let chunks = split_lines(&all, 4)?;
     let store = dir.join("store");
-    let config = kafka.source(&group_settings(protocol, "fleet", ""))?;
-    let output = format!("kafka://{}/summaries", broker.bootstrap);
+    let config = kafka.source("fleet", &group_settings(protocol, ""))?;
+    let output = broker.output("summaries");
     let host = |name: &str| -> Result<Host> {
         let flags =
             ["--checkpoint-interval", "1", "--report-interval", "1", "--output", &output, "--admin", "127.0.0.1:0"];
@@ -166,7 +166,7 @@ fn three_hosts_share_the_partitions_through_kill_9_and_a_graceful_stop(protocol:
     let check = dir.join("check");
     // A group of its own: where a partition starts comes from the store, not from a
     // group's offsets.
-    let config = kafka.source(&format!("stop_when_idle_s = 2\n{}", group_settings(protocol, "fleet-check", "")))?;
+    let config = kafka.source("fleet-check", &format!("stop_when_idle_s = 2\n{}", group_settings(protocol, "")))?;
     let run = run_ok(
         run_job(&operator_wasm("vehicle_stats"), &check, 6)
             .arg("--config")
@@ -192,7 +192,7 @@ for_each_group_protocol!(three_hosts_share_the_partitions_through_kill_9_and_a_g
 /// that stops polling for as long is evicted (so the settings do bite).
 fn a_slow_operator_is_warned_about_and_its_host_is_not_evicted(protocol: GroupProtocol) -> Result<()> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 1).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 1).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     // librdkafka's floor for a classic member: max.poll.interval.ms ≥ session.timeout.ms.
     let max_poll = SESSION_TIMEOUT;
@@ -213,9 +213,11 @@ fn a_slow_operator_is_warned_about_and_its_host_is_not_evicted(protocol: GroupPr
         &config,
         format!(
             "[operator]\npath = \"set-by-flag.wasm\"\ncall_timeout_ms = 60000\n[state]\ncommit_every = 1\n\
-             [source]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"positions\"\nstop_when_idle_s = 3\n{}",
+             [source]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = {:?}\ngroup = {:?}\nstop_when_idle_s = 3\n{}",
             broker.bootstrap,
-            group_settings(protocol, "slow", &max_poll_setting)
+            broker.name("positions"),
+            broker.name("slow"),
+            group_settings(protocol, &max_poll_setting)
         ),
     )?;
     let run = run_ok(run_job(&operator_wasm("probe"), dir, 1).arg("--config").arg(&config).env("SLUICE_LOG", "info"))?;
@@ -251,7 +253,7 @@ fn a_slow_operator_is_warned_about_and_its_host_is_not_evicted(protocol: GroupPr
         settings.set("session.timeout.ms", SESSION_TIMEOUT.as_millis().to_string());
     }
     let consumer: BaseConsumer = settings.create()?;
-    consumer.subscribe(&["positions"])?;
+    consumer.subscribe(&[&broker.name("positions")])?;
     let started = Instant::now();
     while consumer.assignment()?.count() == 0 {
         assert!(started.elapsed() < Duration::from_secs(30), "the control consumer was never assigned");
@@ -271,7 +273,7 @@ for_each_group_protocol!(a_slow_operator_is_warned_about_and_its_host_is_not_evi
 /// A static member stopped gracefully and started again within its session timeout
 /// gets its own partitions back, and the other member sees no rebalance.
 fn a_static_member_restarted_within_its_session_timeout_moves_no_partitions(protocol: GroupProtocol) -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 4).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 4).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let all = kafka.generate("all.jsonl", 100, 8_000)?;
     let chunks = split_lines(&all, 2)?;
@@ -279,8 +281,9 @@ fn a_static_member_restarted_within_its_session_timeout_moves_no_partitions(prot
     let host = |name: &str| -> Result<Host> {
         let home = dir.join(name);
         std::fs::create_dir_all(&home)?;
-        let settings = format!("instance_id = \"{name}\"\n{}", group_settings(protocol, "static", ""));
-        let config = positions_source(&home, &broker.bootstrap, &settings)?;
+        let settings = format!("instance_id = \"{name}\"\n{}", group_settings(protocol, ""));
+        let (positions, group) = (broker.name("positions"), broker.name("static"));
+        let config = positions_source(&home, &broker.bootstrap, &positions, &group, &settings)?;
         kafka.host(name, 4, &config, Some(&dir.join("store")), &[])
     };
     let minute = Duration::from_secs(60);
@@ -324,11 +327,11 @@ for_each_group_protocol!(a_static_member_restarted_within_its_session_timeout_mo
 /// forever; the other runs the partition. A classic group fences the member that was
 /// there first; a KIP-848 group refuses the newcomer.
 fn a_static_member_whose_instance_id_another_holds_ends_its_run(protocol: GroupProtocol) -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 1).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 1).start()?;
     let broker = &kafka.broker;
     let input = kafka.generate("positions.jsonl", 10, 100)?;
     broker.produce_lines("positions", &input)?;
-    let config = kafka.source(&format!("instance_id = \"twin\"\n{}", group_settings(protocol, "twins", "")))?;
+    let config = kafka.source("twins", &format!("instance_id = \"twin\"\n{}", group_settings(protocol, "")))?;
     let minute = Duration::from_secs(60);
     let mut first = kafka.host("first", 1, &config, None, &["--no-checkpoints"])?;
     first.wait_for(RESUMED, 1, minute)?;

@@ -18,12 +18,12 @@ use std::time::Duration;
 fn a_store_outage_at_an_assignment_keeps_the_host_in_its_group_until_the_store_answers(
     protocol: GroupProtocol,
 ) -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let all = kafka.generate("all.jsonl", 100, 4_000)?;
     let chunks = split_lines(&all, 2)?;
     let store = dir.join("store");
-    let config = kafka.source(&group_settings(protocol, "outage", ""))?;
+    let config = kafka.source("outage", &group_settings(protocol, ""))?;
     let host = |name: &str| kafka.host(name, 2, &config, Some(&store), &["--checkpoint-interval", "1"]);
     let minute = Duration::from_secs(60);
     broker.produce_lines("positions", &chunks[0])?;
@@ -52,7 +52,7 @@ fn a_store_outage_at_an_assignment_keeps_the_host_in_its_group_until_the_store_a
     a.terminate()?;
 
     let check = dir.join("check");
-    let config = kafka.source(&format!("stop_when_idle_s = 2\n{}", group_settings(protocol, "outage-check", "")))?;
+    let config = kafka.source("outage-check", &format!("stop_when_idle_s = 2\n{}", group_settings(protocol, "")))?;
     let mut command = run_job(&operator_wasm("vehicle_stats"), &check, 2);
     run_ok(command.arg("--config").arg(&config).arg("--checkpoint-store").arg(&store))?;
     assert_state_matches(&dump_state(&check.join("state"))?, &Reference::fold(&all)?, "restored after the outage");
@@ -70,14 +70,14 @@ for_each_group_protocol!(a_store_outage_at_an_assignment_keeps_the_host_in_its_g
 /// partition while b still restores the other; b then resumes the one it kept, and the
 /// group reads the topic to its end.
 fn a_revocation_does_not_wait_for_a_restore_under_way(protocol: GroupProtocol) -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let all = kafka.generate("all.jsonl", 2_000, 4_000)?;
     broker.produce_lines("positions", &all)?;
     let store = dir.join("store");
     let minute = Duration::from_secs(60);
     // a leaves a checkpoint of each partition in the store.
-    let config = kafka.source(&format!("stop_when_idle_s = 2\n{}", group_settings(protocol, "seed", "")))?;
+    let config = kafka.source("seed", &format!("stop_when_idle_s = 2\n{}", group_settings(protocol, "")))?;
     let mut seed = run_job(&operator_wasm("vehicle_stats"), &dir.join("a"), 2);
     run_ok(seed.arg("--config").arg(&config).arg("--checkpoint-store").arg(&store))?;
     // What restoring each partition's newest checkpoint downloads: its files.
@@ -89,13 +89,10 @@ fn a_revocation_does_not_wait_for_a_restore_under_way(protocol: GroupProtocol) -
     let checkpoint_bytes = newest_bytes(0)? + newest_bytes(1)?;
     // Both restores together take about 20 s at this cap.
     let cap = (checkpoint_bytes / 20).max(1);
-    let config = kafka.source(&group_settings(
-        protocol,
-        "restoring",
-        &format!(
-            "\"max.poll.interval.ms\" = \"10000\"\n[checkpoint]\ndownload_bytes_per_s = {cap}\nstandby = \"none\"\n"
-        ),
-    ))?;
+    let properties = format!(
+        "\"max.poll.interval.ms\" = \"10000\"\n[checkpoint]\ndownload_bytes_per_s = {cap}\nstandby = \"none\"\n"
+    );
+    let config = kafka.source("restoring", &group_settings(protocol, &properties))?;
     let mut b = kafka.host("b", 2, &config, Some(&store), &[])?;
     b.wait_for(ASSIGNED, 1, minute)?;
     let mut c = kafka.host("c", 2, &config, None, &["--no-checkpoints"])?;
@@ -121,13 +118,13 @@ for_each_group_protocol!(a_revocation_does_not_wait_for_a_restore_under_way);
 /// and takes three; a's revocation takes well under the sum of the three handovers it
 /// logs.
 fn a_revocation_hands_its_partitions_over_at_once(protocol: GroupProtocol) -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 6).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 6).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let all = kafka.generate("all.jsonl", 300, 3_000)?;
     broker.produce_lines("positions", &all)?;
     // No checkpoint until the handover's last one, each tens of KiB at 16 KiB/s.
     let more = "[checkpoint]\ninterval = \"1h\"\nupload_bytes_per_s = 16384\n";
-    let config = kafka.source(&group_settings(protocol, "together", more))?;
+    let config = kafka.source("together", &group_settings(protocol, more))?;
     let store = dir.join("store");
     let host = |name: &str| kafka.host(name, 6, &config, Some(&store), &[]);
     let minute = Duration::from_secs(60);
@@ -174,7 +171,7 @@ fn a_broker_failing_a_partitions_resume_costs_it_a_pause() -> Result<()> {
     let partition_folder = store.join("partition-0000");
     std::fs::create_dir_all(&store)?;
     std::fs::write(&partition_folder, "not a directory")?;
-    let config = kafka.source("group = \"resume\"\n")?;
+    let config = kafka.source("resume", "")?;
     let minute = Duration::from_secs(60);
     let mut host = kafka.host("host", 1, &config, Some(&store), &[])?;
     host.wait_for(STORE_RETRY, 1, minute)?;

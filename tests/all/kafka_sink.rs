@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn outputs_reach_a_kafka_topic_keyed_and_traced_to_their_inputs() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("vehicle-summaries", 3).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("vehicle-summaries", 3).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (200, 6_000);
     let mut job = run_generator_job(dir, vehicles, count, KAFKA_SEED, 2);
-    run_ok(job.arg("--output").arg(format!("kafka://{}/vehicle-summaries", broker.bootstrap)))?;
+    run_ok(job.arg("--output").arg(broker.output("vehicle-summaries")))?;
     assert!(!dir.join("out.jsonl").exists(), "the last --output wins");
 
     let records = broker.read_topic("vehicle-summaries")?;
@@ -60,7 +60,7 @@ fn outputs_reach_a_kafka_topic_keyed_and_traced_to_their_inputs() -> Result<()> 
 /// reference fold in state and an output for every input.
 #[test]
 fn kill_9_with_batches_in_flight_loses_no_output_and_applies_no_record_twice() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let job = generator_to_summaries(&kafka, "\"linger.ms\" = \"1500\"\n")?;
     let mut host = Host::spawn("host", &mut job("1000"), &dir.join("log"))?;
@@ -108,7 +108,7 @@ fn a_failed_delivery_commits_nothing_after_the_failed_batch() -> Result<()> {
 /// state commits past that input (its batch and every later one stay uncommitted).
 #[test]
 fn a_deleted_output_topic_commits_nothing_after_the_failed_batch() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let job = generator_to_summaries(&kafka, "\"message.timeout.ms\" = \"5000\"\n\"linger.ms\" = \"20\"\n")?;
     let mut host = Host::spawn("host", &mut job("1000"), &dir.join("log"))?;
@@ -167,7 +167,7 @@ fn a_producer_queue_that_stays_full_fails_the_job_after_the_delivery_timeout() -
 /// outputs of the records before and after it reach the topic; the job ends well.
 #[test]
 fn an_output_kafka_refuses_is_dead_lettered_and_the_partition_goes_on() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("out", 1).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("out", 1).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let records = [
         json!({"vehicle_id": "k", "action": "count"}),
@@ -197,7 +197,7 @@ fn an_output_kafka_refuses_is_dead_lettered_and_the_partition_goes_on() -> Resul
 /// are not in the state.
 #[test]
 fn dead_letters_go_to_a_kafka_topic_as_the_records_were() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("out", 1).topic("dead", 1).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("out", 1).topic("dead", 1).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let records = [
         json!({"vehicle_id": "k", "action": "count"}),
@@ -206,8 +206,8 @@ fn dead_letters_go_to_a_kafka_topic_as_the_records_were() -> Result<()> {
         json!({"vehicle_id": "k", "action": "outputs", "count": 1, "bytes": 5_000}),
         json!({"vehicle_id": "k", "action": "count"}),
     ];
-    let more = "[operator.retry]\nbackoff = \"1ms\"\n[dead_letter]\ntopic = \"dead\"\n";
-    let run = run_ok(&mut probe_to_out(&kafka, &records, more)?)?;
+    let more = format!("[operator.retry]\nbackoff = \"1ms\"\n[dead_letter]\ntopic = \"{}\"\n", broker.name("dead"));
+    let run = run_ok(&mut probe_to_out(&kafka, &records, &more)?)?;
     let report = String::from_utf8(run.stderr)?;
     let by_kind = "1 rejected by the operator, 1 trapped or past a limit, 1 outputs refused by Kafka, 0 records";
     assert!(report.contains(&format!("{DEAD_LETTERS_BY_KIND}: {by_kind}")), "{report}");
@@ -240,7 +240,7 @@ fn dead_letters_go_to_a_kafka_topic_as_the_records_were() -> Result<()> {
 }
 
 /// A `sluice run` in `kafka`'s directory (its working directory) of the probe over
-/// `records`, one partition, no checkpoints, outputs to topic `out` of its broker through a
+/// `records`, one partition, no checkpoints, outputs to the test's topic `out` through a
 /// producer whose `message.max.bytes` is 2000; `more` is TOML added to its config.
 fn probe_to_out(kafka: &KafkaJob, records: &[Value], more: &str) -> Result<Command> {
     let (broker, dir) = (&kafka.broker, kafka.dir());
@@ -250,10 +250,11 @@ fn probe_to_out(kafka: &KafkaJob, records: &[Value], more: &str) -> Result<Comma
     std::fs::write(
         &config,
         format!(
-            "[operator]\npath = {:?}\n[sink]\nkind = \"kafka\"\nbrokers = {:?}\ntopic = \"out\"\n\
+            "[operator]\npath = {:?}\n[sink]\nkind = \"kafka\"\nbrokers = {:?}\ntopic = {:?}\n\
              [sink.properties]\n\"message.max.bytes\" = \"2000\"\n[state]\ndir = {:?}\npartitions = 1\n{more}",
             operator_wasm("probe"),
             broker.bootstrap,
+            broker.name("out"),
             dir.join("state")
         ),
     )?;
@@ -268,7 +269,7 @@ const PIPELINED: (u32, u64) = (100, 10_000);
 /// The job config [`generator_to_summaries`] writes in the job's directory.
 const SINK_CONFIG: &str = "kafka-sink.toml";
 
-/// Creates topic `summaries` (2 partitions) on `kafka`'s broker, and returns a `sluice
+/// Creates the test's topic `summaries` (2 partitions) on `kafka`'s broker, and returns a `sluice
 /// run` of vehicle-stats in its directory over the [`PIPELINED`] generator records at a given rate, 2
 /// partitions, its outputs to `summaries` with the librdkafka producer `properties`
 /// (TOML lines), a running summary every second.
@@ -288,7 +289,7 @@ fn generator_to_summaries<'a>(kafka: &'a KafkaJob, properties: &str) -> Result<i
         let mut command = run_generator_job(dir, vehicles, count, KAFKA_SEED, 2);
         command.arg("--config").arg(&config).args(["--rate", rate, "--no-checkpoints", "--report-interval", "1"]);
         // Names the broker and topic; the config's producer properties stay.
-        command.arg("--output").arg(format!("kafka://{}/summaries", broker.bootstrap));
+        command.arg("--output").arg(broker.output("summaries"));
         command
     })
 }

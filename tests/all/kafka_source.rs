@@ -21,7 +21,7 @@ use std::time::Duration;
 /// drops what comes before the offset.)
 #[test]
 fn a_fetch_from_inside_a_batch_yields_every_record_from_its_offset() -> Result<()> {
-    let broker = KafkaBroker::start()?;
+    let broker = KafkaBroker::shared()?;
     broker.create_topic("batched", 1)?;
     let mut producer = broker.client_config();
     // 1,000 records sent at once, 100 to a produce request.
@@ -38,16 +38,17 @@ fn a_fetch_from_inside_a_batch_yields_every_record_from_its_offset() -> Result<(
 
 #[test]
 fn a_kafka_source_starts_each_partition_at_the_offset_stored_with_its_state() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 3).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 3).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
-    let config = kafka.source("group = \"vehicle-stats\"\nstop_when_idle_s = 2\n")?;
+    let config = kafka.source("vehicle-stats", "stop_when_idle_s = 2\n")?;
     let job = || {
         let mut command = run_job(&operator_wasm("vehicle_stats"), dir, 3);
         command.arg("--config").arg(&config).arg("--no-checkpoints");
         command
     };
     let err = run_err(run_job(&operator_wasm("vehicle_stats"), dir, 2).arg("--config").arg(&config))?;
-    assert!(err.contains("topic positions has 3 partitions but the job has 2"), "{err}");
+    let positions = broker.name("positions");
+    assert!(err.contains(&format!("topic {positions} has 3 partitions but the job has 2")), "{err}");
     assert!(err.contains(PARTITIONS_ADDED), "what to do if partitions were added: {err}");
     assert!(!dir.join("state").exists(), "refused before any state was written");
 
@@ -82,23 +83,25 @@ fn a_kafka_source_starts_each_partition_at_the_offset_stored_with_its_state() ->
 
 #[test]
 fn an_unreachable_broker_or_a_missing_topic_is_named_at_the_start() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let closed = free_port()?;
+    let (positions, group) = (broker.name("positions"), broker.name("named"));
     for (brokers, expected) in [
-        (format!("127.0.0.1:{closed}"), format!("reading metadata of topic positions from 127.0.0.1:{closed}")),
-        (broker.bootstrap.clone(), format!("topic positions does not exist on {}", broker.bootstrap)),
+        (format!("127.0.0.1:{closed}"), format!("reading metadata of topic {positions} from 127.0.0.1:{closed}")),
+        (broker.bootstrap.clone(), format!("topic {positions} does not exist on {}", broker.bootstrap)),
     ] {
-        let config = positions_source(dir, &brokers, "")?;
+        let config = positions_source(dir, &brokers, &positions, &group, "")?;
         let err = run_err(run_job(&operator_wasm("vehicle_stats"), dir, 3).arg("--config").arg(&config))?;
         assert!(err.contains(&expected), "{err}");
         assert!(!dir.join("state").exists(), "refused before any state was written");
     }
     // Topics written to are checked at the start too: producers never create one.
     broker.create_topic("out", 1)?;
+    let (out, missing) = (broker.name("out"), broker.name("missing"));
     for (sink_topic, dead_topic, expected) in [
-        ("missing", "out", format!("[sink] topic missing does not exist on {}", broker.bootstrap)),
-        ("out", "missing", format!("[dead_letter] topic missing does not exist on {}", broker.bootstrap)),
+        (&missing, &out, format!("[sink] topic {missing} does not exist on {}", broker.bootstrap)),
+        (&out, &missing, format!("[dead_letter] topic {missing} does not exist on {}", broker.bootstrap)),
     ] {
         let config = dir.join("sink.toml");
         let settings = format!(
@@ -125,20 +128,21 @@ fn an_unreachable_broker_or_a_missing_topic_is_named_at_the_start() -> Result<()
 fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 1).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 1).start()?;
     let broker = &kafka.broker;
+    let positions = broker.name("positions");
     let producer: BaseProducer = broker.client_config().create()?;
     let traced = OwnedHeaders::new()
         .insert(Header { key: "trace", value: Some("abc") })
         .insert(Header { key: "span", value: Some("1") });
-    producer.send(BaseRecord::<str, str>::to("positions").key("k").headers(traced)).map_err(|(e, _)| e)?;
-    producer.send(BaseRecord::<str, str>::to("positions").payload("")).map_err(|(e, _)| e)?;
-    producer.send(BaseRecord::<str, str>::to("positions").key("").payload("")).map_err(|(e, _)| e)?;
+    producer.send(BaseRecord::<str, str>::to(&positions).key("k").headers(traced)).map_err(|(e, _)| e)?;
+    producer.send(BaseRecord::<str, str>::to(&positions).payload("")).map_err(|(e, _)| e)?;
+    producer.send(BaseRecord::<str, str>::to(&positions).key("").payload("")).map_err(|(e, _)| e)?;
     let forged = OwnedHeaders::new()
         .insert(Header { key: NULL_KEY_HEADER, value: Some("") })
         .insert(Header { key: TOMBSTONE_HEADER, value: Some("") })
         .insert(Header { key: "trace", value: Some("def") });
-    let forged = BaseRecord::<str, str>::to("positions").key("").payload("").headers(forged);
+    let forged = BaseRecord::<str, str>::to(&positions).key("").payload("").headers(forged);
     producer.send(forged).map_err(|(e, _)| e)?;
     producer.flush(Duration::from_secs(30))?;
     let tombstone = json!({"empty": true, "headers": {"trace": "abc", "span": "1", TOMBSTONE_HEADER: ""}});
@@ -149,7 +153,7 @@ fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
     let run = |name: &str, more: &str| -> Result<Run> {
         let dir = kafka.dir().join(name);
         std::fs::create_dir_all(&dir)?;
-        let config = positions_source(&dir, &broker.bootstrap, &format!("stop_when_idle = \"2s\"\n{more}"))?;
+        let config = kafka.source(name, &format!("stop_when_idle = \"2s\"\n{more}"))?;
         let run =
             run_ok(run_job(&operator_wasm("probe"), &dir, 1).arg("--config").arg(&config).arg("--no-checkpoints"))?;
         let log = String::from_utf8_lossy(&run.stderr);
@@ -180,7 +184,7 @@ fn headers_tombstones_and_null_keys_reach_the_operator() -> Result<()> {
 /// unit tests' `resume_offset`.)
 #[test]
 fn a_state_past_the_end_of_a_recreated_topic_stops_its_partition_alone_untouched() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (short, long) = (key_in_partition(0, 2), key_in_partition(1, 2));
     let produce = |records: &[(&str, usize)]| -> Result<()> {
@@ -191,7 +195,7 @@ fn a_state_past_the_end_of_a_recreated_topic_stops_its_partition_alone_untouched
     };
     produce(&[(&short, 50), (&long, 50)])?;
     let more = "stop_when_idle = \"2s\"\noffset_out_of_range = \"earliest\"\n";
-    let config = kafka.source(more)?;
+    let config = kafka.source("recreated", more)?;
     let job = || {
         let mut job = run_job(&operator_wasm("probe"), dir, 2);
         job.arg("--config").arg(&config).arg("--no-checkpoints");
@@ -214,9 +218,9 @@ fn a_broker_that_stops_answering_is_logged_and_the_host_resumes_when_it_returns(
     let all = kafka.generate("all.jsonl", 100, 6_000)?;
     let chunks = split_lines(&all, 2)?;
     broker.produce_lines("positions", &chunks[0])?;
-    let settings = "group = \"frozen\"\n[source.properties]\n\"socket.timeout.ms\" = \"2000\"\n\
+    let settings = "[source.properties]\n\"socket.timeout.ms\" = \"2000\"\n\
                     \"session.timeout.ms\" = \"15000\"\n\"heartbeat.interval.ms\" = \"500\"\n";
-    let config = kafka.source(settings)?;
+    let config = kafka.source("frozen", settings)?;
     let mut command = run_job(&operator_wasm("vehicle_stats"), dir, 2);
     command.arg("--config").arg(&config);
     let mut host = Host::spawn("host", &mut command, &dir.join("log"))?;
@@ -243,15 +247,15 @@ fn a_broker_that_stops_answering_is_logged_and_the_host_resumes_when_it_returns(
 #[test]
 fn a_partition_that_fails_is_paused_and_the_others_go_on() -> Result<()> {
     const EACH: u64 = 300;
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (failing, healthy) = (key_in_partition(0, 2), key_in_partition(1, 2));
     let record =
         |key: &str, action: &str| Ok((key.to_string(), json!({"vehicle_id": key, "action": action}).to_string()));
     let first = std::iter::once(record(&failing, "hog")).chain((0..EACH / 2).map(|_| record(&healthy, "count")));
     broker.produce("positions", first)?;
-    let more = "group = \"alone\"\nstop_when_idle_s = 3\n[operator.retry]\nstrict = true\nbackoff = \"1ms\"\n";
-    let config = kafka.source(more)?;
+    let more = "stop_when_idle_s = 3\n[operator.retry]\nstrict = true\nbackoff = \"1ms\"\n";
+    let config = kafka.source("alone", more)?;
     let mut job = run_job(&operator_wasm("probe"), dir, 2);
     let mut host = Host::spawn("host", job.arg("--config").arg(&config).arg("--no-checkpoints"), &dir.join("log"))?;
     host.wait_for(STOPPED_ALONE, 1, Duration::from_secs(60))?;

@@ -147,13 +147,12 @@ fn warnings_name_skew_failing_records_and_checkpoints_behind_with_their_settings
 #[test]
 fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     use sluice::metrics::families::*;
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 4).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 4).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, count) = (100, 4_000);
     let all = kafka.generate("all.jsonl", vehicles, count)?;
     broker.produce_lines("positions", &all)?;
-    let more = "group = \"metrics\"\n[report]\nrebalances_per_hour = 1\n";
-    let config = kafka.source(more)?;
+    let config = kafka.source("metrics", "[report]\nrebalances_per_hour = 1\n")?;
     let store = dir.join("store");
     let flags = ["--admin", "127.0.0.1:0", "--checkpoint-interval", "1"];
     let host = |name: &str| kafka.host(name, 4, &config, Some(&store), &flags);

@@ -121,7 +121,8 @@ fn a_replay_with_the_version_that_ran_repeats_the_live_run_byte_for_byte() -> Re
 /// consumer of no group's): the outputs and state are the live run's byte for byte.
 #[test]
 fn a_kafka_partition_replays_from_its_topic_byte_for_byte() -> Result<()> {
-    let job = KafkaJob::on(KafkaBroker::start()?).topic("positions", PARTITIONS as i32).start()?;
+    let job = KafkaJob::on(KafkaBroker::shared()?).topic("positions", PARTITIONS as i32).start()?;
+    let group = job.broker.name("replayed");
     let dir = job.dir().to_path_buf();
     let input = job.generate("input.jsonl", 40, 4000)?;
     job.broker.produce_lines("positions", &input)?;
@@ -129,12 +130,13 @@ fn a_kafka_partition_replays_from_its_topic_byte_for_byte() -> Result<()> {
     std::fs::write(
         &config,
         format!(
-            "[operator]\npath = {:?}\n[source]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"positions\"\n\
+            "[operator]\npath = {:?}\n[source]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = {:?}\ngroup = {group:?}\n\
              stop_when_idle = \"2s\"\n[sink]\nkind = \"file\"\npath = {:?}\n[dead_letter]\npath = {:?}\n[state]\ndir = {:?}\n\
              partitions = {PARTITIONS}\nbatch_records = 100\ncommit_every = 100\n[checkpoint]\ninterval = \"0s\"\n\
              retain = 1000\n[report]\ninterval = \"0s\"\n",
             operator_wasm("vehicle_stats"),
             job.broker.bootstrap,
+            job.broker.name("positions"),
             dir.join("out.jsonl"),
             dir.join("dead.jsonl"),
             dir.join("state"),
@@ -164,16 +166,18 @@ fn a_kafka_partition_replays_from_its_topic_byte_for_byte() -> Result<()> {
     }
     // A replay stopping half-way under properties that name the job's group and commit
     // on their own: the group's offsets stay where the live job left them.
-    let committed = job.broker.committed("sluice", "positions")?;
+    let committed = job.broker.committed("replayed", "positions")?;
     let committing = dir.join("committing.toml");
-    let properties = "[source.properties]\n\"group.id\" = \"sluice\"\n\"enable.auto.commit\" = \"true\"\n\
-                      \"auto.commit.interval.ms\" = \"10\"\n";
-    std::fs::write(&committing, std::fs::read_to_string(&config)? + properties)?;
+    let properties = format!(
+        "[source.properties]\n\"group.id\" = {group:?}\n\"enable.auto.commit\" = \"true\"\n\
+         \"auto.commit.interval.ms\" = \"10\"\n"
+    );
+    std::fs::write(&committing, std::fs::read_to_string(&config)? + &properties)?;
     let first = &checkpoint_manifests(&dir.join("state.checkpoints"), 0)?[0];
     let (id, offset) = (first["id"].as_u64().context("an id")?, first["offset"].as_u64().context("an offset")?);
     let until = (offset + 50).to_string();
     run_ok(&mut replay(&committing, 0, id, &dir.join("half-way"), &["--until", &until]))?;
-    assert_eq!(job.broker.committed("sluice", "positions")?, committed, "the replay committed to the job's group");
+    assert_eq!(job.broker.committed("replayed", "positions")?, committed, "the replay committed to the job's group");
     Ok(())
 }
 

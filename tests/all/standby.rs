@@ -30,19 +30,20 @@ fn wait_until(what: &str, mut done: impl FnMut() -> Result<bool>, logs: impl Fn(
 
 /// The takeover, its outputs written `guarantee` (`at-least-once`, `exactly-once`).
 fn a_standby_takes_over_a_killed_owner(protocol: GroupProtocol, guarantee: &str) -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).topic("summaries", 1).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 2).topic("summaries", 1).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let (vehicles, total) = (3_000, 12_000usize);
     let all = kafka.generate("all.jsonl", vehicles, total as u64)?;
     let chunks = split_lines(&all, 3)?;
     let store = dir.join("store");
     let sink = format!(
-        "[checkpoint]\nstandby_poll = \"300ms\"\n[sink]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"summaries\"\n\
+        "[checkpoint]\nstandby_poll = \"300ms\"\n[sink]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = {:?}\n\
          guarantee = \"{guarantee}\"\n",
-        broker.bootstrap
+        broker.bootstrap,
+        broker.name("summaries")
     );
-    let config = kafka.source(&group_settings(protocol, "warm", &sink))?;
-    let output = format!("kafka://{}/summaries", broker.bootstrap);
+    let config = kafka.source("warm", &group_settings(protocol, &sink))?;
+    let output = broker.output("summaries");
     let host = |name: &str| -> Result<Host> {
         // The flag names where outputs go; the config, how (`guarantee`).
         let flags =
@@ -148,12 +149,12 @@ fn a_standby_takes_over_a_killed_owner(protocol: GroupProtocol, guarantee: &str)
 /// kept beside the partitions it runs.
 #[test]
 fn a_former_database_and_a_half_built_copy_stay_within_the_standby_budget() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 2).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 2).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let all = kafka.generate("all.jsonl", 500, 4_000)?;
     let store = dir.join("store");
     let budget = "[checkpoint]\nstandby_poll = \"300ms\"\nstandby_max_bytes = 1\n";
-    let config = kafka.source(&group_settings(GroupProtocol::Classic, "budget", budget))?;
+    let config = kafka.source("budget", &group_settings(GroupProtocol::Classic, budget))?;
     let host = |name: &str| -> Result<Host> {
         kafka.host(name, 2, &config, Some(&store), &["--checkpoint-interval", "1", "--admin", "127.0.0.1:0"])
     };

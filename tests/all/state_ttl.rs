@@ -393,7 +393,7 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 /// expiry outputs equal those of one host reading the same topic uninterrupted.
 #[test]
 fn expiries_across_kafka_handovers_equal_an_uninterrupted_run() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 4).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 4).start()?;
     let all = kafka.generate("all.jsonl", 200, 12_000)?;
     let run = handed_over_and_alone(&kafka, "vehicle_stats", &["--ttl", "2s"], &all, false)?;
     assert!(reported_expired(&run.alone_report) > 50, "the TTL expired summaries");
@@ -407,7 +407,7 @@ fn expiries_across_kafka_handovers_equal_an_uninterrupted_run() -> Result<()> {
 /// uninterrupted run.
 #[test]
 fn windows_across_kafka_handovers_equal_an_uninterrupted_run() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 4).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 4).start()?;
     let generated = kafka.generate("generated.jsonl", 200, 12_000)?;
     // The positions moved to end ten minutes ago, so the broker keeps their timestamps.
     let text = std::fs::read_to_string(&generated)?;
@@ -484,7 +484,7 @@ fn handed_over_and_alone(
         };
         command
     };
-    let shared = kafka.source("group = \"handover\"\n")?;
+    let shared = kafka.source("handover", "")?;
     let minute = Duration::from_secs(60);
     let dirs = ["a", "b", "alone", "check"].map(|name| dir.join(name));
     for dir in &dirs {
@@ -507,10 +507,10 @@ fn handed_over_and_alone(
 
     // One host over the whole topic, in a group of its own, with nothing to restore.
     let idle = "stop_when_idle_s = 2\n";
-    let alone = kafka.source(&format!("group = \"alone\"\n{idle}"))?;
+    let alone = kafka.source("alone", idle)?;
     let report = run_ok(&mut host("alone", &alone, None))?;
     // What the two hosts left in the store, restored by a host that processes nothing.
-    let check = kafka.source(&format!("group = \"check\"\n{idle}"))?;
+    let check = kafka.source("check", idle)?;
     let restored = run_ok(&mut host("check", &check, Some(&store)))?;
     assert!(String::from_utf8_lossy(&restored.stderr).contains("processed 0 records"));
     Ok(Handovers { dirs, alone_report: String::from_utf8_lossy(&report.stderr).into_owned() })
@@ -522,12 +522,12 @@ fn handed_over_and_alone(
 /// record: within the TTL and the idle ticks, with no record to move the clock.
 #[test]
 fn in_processing_time_an_idle_partition_expires_its_state_by_the_wall_clock() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 1).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 1).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let input = kafka.generate("positions.jsonl", 5, 50)?;
     broker.produce_lines("positions", &input)?;
     let more = "stop_when_idle_s = 2.5\n[ttl]\ntime = \"processing\"\ndefault = \"1s\"\n";
-    let config = kafka.source(&format!("group = \"idle\"\n{more}"))?;
+    let config = kafka.source("idle", more)?;
     let run = run_ok(run_job(&operator_wasm("vehicle_stats"), dir, 1).arg("--config").arg(&config))?;
     let report = String::from_utf8_lossy(&run.stderr);
     assert_eq!(reported_expired(&report), 5, "{report}");
@@ -546,13 +546,13 @@ fn in_processing_time_an_idle_partition_expires_its_state_by_the_wall_clock() ->
 /// summary, within the timeout and the TTL of wall time.
 #[test]
 fn in_event_time_an_idle_timeout_moves_an_idle_partitions_clock_on() -> Result<()> {
-    let kafka = KafkaJob::on(KafkaBroker::start()?).topic("positions", 1).start()?;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 1).start()?;
     let (broker, dir) = (&kafka.broker, kafka.dir());
     let input = kafka.generate("positions.jsonl", 5, 50)?;
     broker.produce_lines("positions", &input)?;
     for (group, idle_timeout, expired) in [("held", "", 0), ("moved", "idle_timeout = \"500ms\"\n", 5)] {
         let more = format!("stop_when_idle_s = 3\n[ttl]\ndefault = \"1s\"\n{idle_timeout}");
-        let config = kafka.source(&format!("group = \"{group}\"\n{more}"))?;
+        let config = kafka.source(group, &more)?;
         let run_dir = dir.join(group);
         std::fs::create_dir_all(&run_dir)?;
         let run = run_ok(run_job(&operator_wasm("vehicle_stats"), &run_dir, 1).arg("--config").arg(&config))?;

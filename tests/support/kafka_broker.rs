@@ -1,14 +1,23 @@
-//! Apache Kafka as the tests run it: [`KafkaBroker`], a KRaft cluster of one node or
-//! three on free loopback ports (each node broker and controller in one JVM, started by
-//! `dev/kafka/broker.sh` from the jars `./dev.sh` set-up installs); and the Kafka client
-//! calls the tests make against it (creating topics, producing, reading back, committed
-//! offsets).
+//! Apache Kafka as the tests run it: [`KafkaBroker`], a test's handle on a KRaft cluster
+//! of one node or three on free loopback ports (each node broker and controller in one
+//! JVM, started by `dev/kafka/broker.sh` from the jars `./dev.sh` set-up installs); and
+//! the Kafka client calls the tests make against it (creating topics, producing, reading
+//! back, committed offsets).
+//!
+//! Most tests share one single-node cluster per test process ([`KafkaBroker::shared`]),
+//! isolated by name: each handle prefixes the topics and groups it is given with a prefix
+//! of its own ([`KafkaBroker::name`]), so a test names `positions` and reads `t7-positions`.
+//! A test that freezes or kills nodes starts a cluster of its own ([`KafkaBroker::start`],
+//! [`KafkaBroker::start_cluster`]), whose names are as given.
 //!
 //! A cluster says on stderr what it is and where its logs are when it starts — a test's
-//! output, which `cargo test` shows when the test fails. Its data goes when it is
-//! dropped; its logs stay (under the system's temporary directory, `sluice-kafka/`)
-//! until the next test run that starts a broker. A node is killed with the test process
-//! (`PR_SET_PDEATHSIG`), so a test run that is itself killed leaves no broker behind.
+//! output, which `cargo test` shows when the test fails (a failing test's handle says it
+//! again). A cluster of its own stops and loses its data when its test's handle is
+//! dropped; the shared one runs until the test process ends. Logs stay (under the
+//! system's temporary directory, `sluice-kafka/`) until the next test run that starts a
+//! broker. A node is killed with the thread that started it (`PR_SET_PDEATHSIG`), so a
+//! test run that is itself killed leaves no broker behind; the shared cluster is started
+//! from a thread that lives as long as the process.
 
 use crate::binary::signal;
 use crate::servers::free_port;
@@ -19,6 +28,8 @@ use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// The Kafka version `./dev.sh` installs (dev/kafka/pom.xml), named in failures.
@@ -55,18 +66,29 @@ fn test_settings(nodes: usize) -> Vec<String> {
     settings
 }
 
-/// An Apache Kafka cluster (KRaft) on loopback; stopped when dropped, its logs kept.
+/// A test's handle on an Apache Kafka cluster (KRaft) on loopback: the cluster's
+/// address, and the prefix of the topics and groups this test names.
 pub struct KafkaBroker {
-    nodes: Vec<Node>,
+    cluster: Arc<Cluster>,
     /// `127.0.0.1:PORT[,127.0.0.1:PORT…]`: every node's client listener.
     pub bootstrap: String,
+    /// What [`name`](Self::name) puts before a topic or group name: empty on a cluster
+    /// of the test's own.
+    prefix: String,
+}
+
+/// The nodes of a cluster; stopped when dropped, its logs kept.
+struct Cluster {
+    nodes: Vec<Node>,
+    /// `127.0.0.1:PORT[,127.0.0.1:PORT…]`: every node's client listener.
+    bootstrap: String,
     /// Kafka's cluster id: 16 bytes in URL-safe base64 without padding.
     cluster_id: String,
     /// The nodes' directories (`node-ID`: properties, `server.log`, `data/`).
     dir: PathBuf,
 }
 
-/// One node of a [`KafkaBroker`].
+/// One node of a [`Cluster`].
 struct Node {
     id: u32,
     port: u16,
@@ -76,32 +98,104 @@ struct Node {
 }
 
 impl KafkaBroker {
-    /// Starts a one-node cluster and waits until it answers.
+    /// A handle on the one-node cluster this test process shares, started by the first
+    /// call (which waits until it answers; a later call made meanwhile waits too), with
+    /// a prefix no other handle of the process has.
+    pub fn shared() -> Result<Self> {
+        static SHARED: std::sync::OnceLock<std::result::Result<Arc<Cluster>, String>> = std::sync::OnceLock::new();
+        static HANDLES: AtomicU32 = AtomicU32::new(0);
+        let cluster = SHARED.get_or_init(|| {
+            // A node dies with the thread that started it: this one never ends.
+            let (started, cluster) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                started.send(Cluster::start(1).map(Arc::new).map_err(|e| format!("{e:#}"))).ok();
+                loop {
+                    std::thread::park();
+                }
+            });
+            cluster.recv().unwrap_or_else(|e| Err(e.to_string()))
+        });
+        let cluster = cluster.clone().map_err(|e| anyhow::anyhow!("the shared broker did not start: {e}"))?;
+        let prefix = format!("t{}-", HANDLES.fetch_add(1, Ordering::Relaxed));
+        Ok(KafkaBroker { bootstrap: cluster.bootstrap.clone(), cluster, prefix })
+    }
+
+    /// Starts a one-node cluster of this test's own and waits until it answers.
     pub fn start() -> Result<Self> {
         Self::start_cluster(1)
     }
 
-    /// Starts a cluster of `nodes` nodes (a static quorum of them all, every topic
-    /// replicated to three at most) and waits until every node answers.
+    /// Starts a cluster of `nodes` nodes of this test's own (a static quorum of them
+    /// all, every topic replicated to three at most) and waits until every node answers.
     pub fn start_cluster(nodes: u32) -> Result<Self> {
+        let cluster = Arc::new(Cluster::start(nodes)?);
+        Ok(KafkaBroker { bootstrap: cluster.bootstrap.clone(), cluster, prefix: String::new() })
+    }
+
+    /// The name the cluster knows this test's topic or group `name` by.
+    pub fn name(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// `kafka://BOOTSTRAP/TOPIC`: the `--output` of a job writing to this test's `topic`.
+    pub fn output(&self, topic: &str) -> String {
+        format!("kafka://{}/{}", self.bootstrap, self.name(topic))
+    }
+
+    /// The node leading this test's `topic`'s `partition`, by its index (0, 1, 2 for
+    /// nodes 1, 2, 3).
+    pub fn leader(&self, topic: &str, partition: i32) -> Result<usize> {
+        self.cluster.leader(&self.name(topic), partition)
+    }
+
+    /// Kills node `i` (SIGKILL), as a machine dies: its clients' connections break and
+    /// the others take its partitions' leadership over. Only on a cluster of the test's own.
+    pub fn kill_node(&self, i: usize) -> Result<()> {
+        self.own_cluster()?;
+        let child = self.cluster.nodes[i].child.as_ref().context("the node is not running")?;
+        signal(child.id(), "KILL")
+    }
+
+    /// Freezes (SIGSTOP) or thaws (SIGCONT) every node: to its clients, a cluster that
+    /// stopped answering. Only on a cluster of the test's own.
+    pub fn freeze(&self, frozen: bool) -> Result<()> {
+        self.own_cluster()?;
+        for child in self.cluster.nodes.iter().filter_map(|n| n.child.as_ref()) {
+            signal(child.id(), if frozen { "STOP" } else { "CONT" })?;
+        }
+        Ok(())
+    }
+
+    /// Fails on the shared cluster, which other tests are using.
+    fn own_cluster(&self) -> Result<()> {
+        if !self.prefix.is_empty() {
+            bail!("{self} is shared with other tests: start a cluster of the test's own to stop its nodes");
+        }
+        Ok(())
+    }
+}
+
+impl Cluster {
+    /// Starts a cluster of `nodes` nodes and waits until every node answers.
+    fn start(nodes: u32) -> Result<Self> {
         let dir = logs_dir()?;
         let nodes: Vec<Node> = (1..=nodes)
             .map(|id| Ok(Node { id, port: free_port()?, controller_port: free_port()?, child: None }))
             .collect::<Result<_>>()?;
         let bootstrap = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect::<Vec<_>>().join(",");
         let cluster_id = random_cluster_id();
-        let mut broker = KafkaBroker { nodes, bootstrap, cluster_id, dir };
+        let mut cluster = Cluster { nodes, bootstrap, cluster_id, dir };
         let started = Instant::now();
-        for i in 0..broker.nodes.len() {
-            broker.start_node(i)?;
+        for i in 0..cluster.nodes.len() {
+            cluster.start_node(i)?;
         }
-        broker.wait_ready(broker.nodes.len())?;
+        cluster.wait_ready(cluster.nodes.len())?;
         eprintln!(
-            "{broker}, started in {:.1} s; its logs: {}/node-*/server.log",
+            "{cluster}, started in {:.1} s; its logs: {}/node-*/server.log",
             started.elapsed().as_secs_f64(),
-            broker.dir.display()
+            cluster.dir.display()
         );
-        Ok(broker)
+        Ok(cluster)
     }
 
     fn dir(&self) -> &Path {
@@ -155,7 +249,7 @@ impl KafkaBroker {
     fn wait_ready(&mut self, nodes: usize) -> Result<()> {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         let started = Instant::now();
-        let consumer: BaseConsumer = self.client_config().create()?;
+        let consumer: BaseConsumer = client_config(&self.bootstrap).create()?;
         loop {
             for node in &mut self.nodes {
                 if let Some(status) = node.child.as_mut().map(|c| c.try_wait()).transpose()?.flatten() {
@@ -179,10 +273,10 @@ impl KafkaBroker {
         }
     }
 
-    /// The node leading `topic`'s `partition`, by its index (0, 1, 2 for nodes 1, 2, 3).
-    pub fn leader(&self, topic: &str, partition: i32) -> Result<usize> {
+    /// The node leading `topic`'s `partition`, by its index.
+    fn leader(&self, topic: &str, partition: i32) -> Result<usize> {
         use rdkafka::consumer::{BaseConsumer, Consumer};
-        let consumer: BaseConsumer = self.client_config().create()?;
+        let consumer: BaseConsumer = client_config(&self.bootstrap).create()?;
         let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
         let leader = metadata
             .topics()
@@ -193,60 +287,54 @@ impl KafkaBroker {
             .leader();
         self.nodes.iter().position(|n| n.id as i32 == leader).with_context(|| format!("no node {leader}"))
     }
+}
 
-    /// Kills node `i` (SIGKILL), as a machine dies: its clients' connections break and
-    /// the others take its partitions' leadership over.
-    pub fn kill_node(&self, i: usize) -> Result<()> {
-        let child = self.nodes[i].child.as_ref().context("the node is not running")?;
-        signal(child.id(), "KILL")
-    }
+/// A librdkafka client configuration pointing at `bootstrap`.
+fn client_config(bootstrap: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    config
+}
 
-    /// Freezes (SIGSTOP) or thaws (SIGCONT) every node: to its clients, a cluster that
-    /// stopped answering.
-    pub fn freeze(&self, frozen: bool) -> Result<()> {
-        for child in self.nodes.iter().filter_map(|n| n.child.as_ref()) {
-            signal(child.id(), if frozen { "STOP" } else { "CONT" })?;
-        }
-        Ok(())
-    }
-
+impl KafkaBroker {
     /// A librdkafka client configuration pointing at this broker.
     pub fn client_config(&self) -> ClientConfig {
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", &self.bootstrap);
-        config
+        client_config(&self.bootstrap)
     }
 
-    /// [`client_config`](Self::client_config) of a consumer in group `group` that commits
-    /// no offsets by itself.
+    /// [`client_config`](Self::client_config) of a consumer in this test's group `group`
+    /// that commits no offsets by itself.
     pub fn consumer_config(&self, group: &str) -> ClientConfig {
         let mut config = self.client_config();
-        config.set("group.id", group).set("enable.auto.commit", "false");
+        config.set("group.id", self.name(group)).set("enable.auto.commit", "false");
         config
     }
 
-    /// Creates `topic` with `partitions` partitions.
+    /// Creates this test's `topic` with `partitions` partitions.
     pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
         use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
         let admin: AdminClient<rdkafka::client::DefaultClientContext> = self.client_config().create()?;
-        let topics = [NewTopic::new(topic, partitions, TopicReplication::Fixed(self.nodes.len().min(3) as i32))];
+        let topic = self.name(topic);
+        let replicas = self.cluster.nodes.len().min(3) as i32;
+        let topics = [NewTopic::new(&topic, partitions, TopicReplication::Fixed(replicas))];
         for result in futures::executor::block_on(admin.create_topics(&topics, &AdminOptions::new()))? {
             result.map_err(|(topic, e)| anyhow::anyhow!("creating topic {topic}: {e}"))?;
         }
         Ok(())
     }
 
-    /// Deletes `topic`.
+    /// Deletes this test's `topic`.
     pub fn delete_topic(&self, topic: &str) -> Result<()> {
         use rdkafka::admin::{AdminClient, AdminOptions};
         let admin: AdminClient<rdkafka::client::DefaultClientContext> = self.client_config().create()?;
-        for result in futures::executor::block_on(admin.delete_topics(&[topic], &AdminOptions::new()))? {
+        let topic = self.name(topic);
+        for result in futures::executor::block_on(admin.delete_topics(&[&topic], &AdminOptions::new()))? {
             result.map_err(|(topic, e)| anyhow::anyhow!("deleting topic {topic}: {e}"))?;
         }
         Ok(())
     }
 
-    /// Produces `records` (key and value each) to `topic` and waits until the broker has
+    /// Produces `records` (key and value each) to this test's `topic` and waits until the broker has
     /// them all; returns how many there were. They are partitioned as Kafka's Java
     /// producer does (murmur2), by an idempotent producer (a retried send is neither
     /// duplicated nor reordered, so the topic holds exactly these records), in batches as
@@ -275,6 +363,7 @@ impl KafkaBroker {
         use rdkafka::types::RDKafkaErrorCode;
         let producer: ThreadedProducer<DefaultProducerContext> =
             config.set("partitioner", "murmur2_random").set("enable.idempotence", "true").create()?;
+        let topic = &self.name(topic);
         let mut produced = 0;
         for record in records {
             let (key, value, timestamp) = record?;
@@ -322,17 +411,18 @@ impl KafkaBroker {
         )
     }
 
-    /// The end (high watermark) of each partition of `topic`, by partition.
+    /// The end (high watermark) of each partition of this test's `topic`, by partition.
     pub fn ends(&self, topic: &str) -> Result<BTreeMap<i32, i64>> {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         let timeout = std::time::Duration::from_secs(10);
         let consumer: BaseConsumer = self.client_config().create()?;
+        let topic = &self.name(topic);
         let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
         let partitions = metadata.topics().iter().flat_map(|t| t.partitions()).map(|p| p.id());
         partitions.map(|p| Ok((p, consumer.fetch_watermarks(topic, p, timeout)?.1))).collect()
     }
 
-    /// Reads `topic` from the beginning of every partition up to its end (its high
+    /// Reads this test's `topic` from the beginning of every partition up to its end (its high
     /// watermark as it stands when the read starts): key, value and headers of each, in
     /// partition order, of committed transactions only (`read_committed`, librdkafka's
     /// default, whose position moves past transaction markers and aborted records).
@@ -342,6 +432,7 @@ impl KafkaBroker {
         use rdkafka::message::Headers;
         let ends = self.ends(topic)?;
         let consumer: BaseConsumer = self.consumer_config("sluice-tests-reader").create()?;
+        let topic = &self.name(topic);
         let mut assignment = rdkafka::TopicPartitionList::new();
         for &partition in ends.keys() {
             assignment.add_partition_offset(topic, partition, rdkafka::Offset::Beginning)?;
@@ -387,7 +478,7 @@ impl KafkaBroker {
         }
     }
 
-    /// Reads `count` records of `topic`'s `partition` from `offset` on with a plain
+    /// Reads `count` records of this test's `topic`'s `partition` from `offset` on with a plain
     /// consumer assigned there (no group): the offset and value (as text) of each, or
     /// fewer if no more arrive for 5 s.
     pub fn read_from(&self, topic: &str, partition: i32, offset: i64, count: usize) -> Result<Vec<(i64, String)>> {
@@ -395,7 +486,7 @@ impl KafkaBroker {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         let consumer: BaseConsumer = self.consumer_config("sluice-tests-reader").create()?;
         let mut assignment = rdkafka::TopicPartitionList::new();
-        assignment.add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset))?;
+        assignment.add_partition_offset(&self.name(topic), partition, rdkafka::Offset::Offset(offset))?;
         consumer.assign(&assignment)?;
         let mut read = Vec::new();
         let mut last = std::time::Instant::now();
@@ -408,10 +499,12 @@ impl KafkaBroker {
         Ok(read)
     }
 
-    /// The offsets consumer group `group` committed for `topic`, by partition (-1: none).
+    /// The offsets this test's consumer group `group` committed for its `topic`, by
+    /// partition (-1: none).
     pub fn committed(&self, group: &str, topic: &str) -> Result<BTreeMap<i32, i64>> {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         let consumer: BaseConsumer = self.consumer_config(group).create()?;
+        let topic = &self.name(topic);
         let timeout = std::time::Duration::from_secs(10);
         let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
         let mut partitions = rdkafka::TopicPartitionList::new();
@@ -444,8 +537,8 @@ impl KafkaBroker {
     }
 }
 
-impl std::fmt::Display for KafkaBroker {
-    /// "Apache Kafka 4.4.0, 1 node at 127.0.0.1:PORT": what a failing test ran against.
+impl std::fmt::Display for Cluster {
+    /// "Apache Kafka 4.4.0, 1 node at 127.0.0.1:PORT".
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let nodes = self.nodes.len();
         write!(
@@ -457,7 +550,28 @@ impl std::fmt::Display for KafkaBroker {
     }
 }
 
+impl std::fmt::Display for KafkaBroker {
+    /// "Apache Kafka 4.4.0, 1 node at 127.0.0.1:PORT, shared (this test's names begin
+    /// t7-)": what a failing test ran against.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.cluster)?;
+        if !self.prefix.is_empty() {
+            write!(f, ", shared (this test's names begin {})", self.prefix)?;
+        }
+        Ok(())
+    }
+}
+
 impl Drop for KafkaBroker {
+    /// Says, when its test fails, what the test ran against and where its logs are.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the test ran against {self}; its logs: {}/node-*/server.log", self.cluster.dir.display());
+        }
+    }
+}
+
+impl Drop for Cluster {
     /// Stops every node and removes their data; their logs stay.
     fn drop(&mut self) {
         for node in &mut self.nodes {
@@ -467,9 +581,6 @@ impl Drop for KafkaBroker {
             }
             std::fs::remove_dir_all(self.dir.join(format!("node-{}", node.id)).join("data")).ok();
         }
-        if std::thread::panicking() {
-            eprintln!("the test ran against {self}; its logs: {}/node-*/server.log", self.dir.display());
-        }
     }
 }
 
@@ -478,7 +589,7 @@ impl Drop for KafkaBroker {
 /// of processes no longer alive left there.
 fn logs_dir() -> Result<PathBuf> {
     static CLEARED: std::sync::Once = std::sync::Once::new();
-    static CLUSTERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    static CLUSTERS: AtomicU32 = AtomicU32::new(0);
     let root = std::env::temp_dir().join("sluice-kafka");
     CLEARED.call_once(|| {
         for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
@@ -488,7 +599,7 @@ fn logs_dir() -> Result<PathBuf> {
             }
         }
     });
-    let n = CLUSTERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let n = CLUSTERS.fetch_add(1, Ordering::Relaxed);
     let dir = root.join(format!("{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)

@@ -1,6 +1,6 @@
-//! The set-up the Kafka tests share: [`KafkaJob`], a broker started with the topics a
-//! test names and a scratch directory for its jobs, which writes the config of a job
-//! reading topic `positions`, spawns hosts of it and generates the positions to produce.
+//! The set-up the Kafka tests share: [`KafkaJob`], a broker with the topics a test names
+//! and a scratch directory for its jobs, which writes the config of a job reading the
+//! test's topic `positions`, spawns hosts of it and generates the positions to produce.
 //! Jobs of another shape (exactly-once, a sink alone) are their module's.
 
 use crate::binary::{Host, operator_wasm, run_job};
@@ -50,10 +50,12 @@ impl KafkaJob {
         Ok(path)
     }
 
-    /// Writes the config of a job reading topic `positions` of this broker, with `more`
-    /// source settings ([`positions_source`] in the scratch directory).
-    pub fn source(&self, more: &str) -> Result<PathBuf> {
-        positions_source(self.dir(), &self.broker.bootstrap, more)
+    /// Writes the config of a job reading the test's topic `positions` of this broker as
+    /// a member of the test's group `group`, with `more` source settings
+    /// ([`positions_source`] in the scratch directory).
+    pub fn source(&self, group: &str, more: &str) -> Result<PathBuf> {
+        let broker = &self.broker;
+        positions_source(self.dir(), &broker.bootstrap, &broker.name("positions"), &broker.name(group), more)
     }
 
     /// Spawns host `name`: vehicle-stats over `partitions` partitions in the scratch
@@ -107,15 +109,16 @@ pub fn split_lines(path: &Path, n: usize) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Writes `dir/kafka-source.toml`: a Kafka source reading topic `positions` from
-/// `brokers`, with `more` source settings; the operator comes from `--operator`.
-pub fn positions_source(dir: &Path, brokers: &str, more: &str) -> Result<PathBuf> {
+/// Writes `dir/kafka-source.toml`: a Kafka source reading `topic` from `brokers` as a
+/// member of consumer group `group`, with `more` source settings; the operator comes
+/// from `--operator`.
+pub fn positions_source(dir: &Path, brokers: &str, topic: &str, group: &str, more: &str) -> Result<PathBuf> {
     let config = dir.join("kafka-source.toml");
     std::fs::write(
         &config,
         format!(
             "[operator]\npath = \"set-by-flag.wasm\"\n[source]\nkind = \"kafka\"\nbrokers = \"{brokers}\"\n\
-             topic = \"positions\"\n{more}"
+             topic = \"{topic}\"\ngroup = \"{group}\"\n{more}"
         ),
     )?;
     Ok(config)
@@ -126,21 +129,19 @@ pub fn handed_over() -> String {
     format!("{STOPPED} ({:?})", Stop::Handover)
 }
 
-/// `[source]` settings of a member of consumer group `group` under `protocol`, then
-/// `properties` (lines of `[source.properties]`, and any tables after). A member is
-/// dropped [`SESSION_TIMEOUT`] after its last heartbeat: a classic member sets it
-/// (heartbeats every 0.5 s); a KIP-848 member takes the test broker's (heartbeats
-/// every second), which librdkafka refuses to let it set.
-pub fn group_settings(protocol: GroupProtocol, group: &str, properties: &str) -> String {
+/// `[source]` settings of a consumer group member under `protocol`, then `properties`
+/// (lines of `[source.properties]`, and any tables after). A member is dropped
+/// [`SESSION_TIMEOUT`] after its last heartbeat: a classic member sets it (heartbeats
+/// every 0.5 s); a KIP-848 member takes the test broker's (heartbeats every second),
+/// which librdkafka refuses to let it set.
+pub fn group_settings(protocol: GroupProtocol, properties: &str) -> String {
     let session = SESSION_TIMEOUT.as_millis();
     match protocol {
         GroupProtocol::Classic => format!(
-            "group = \"{group}\"\ngroup_protocol = \"classic\"\n[source.properties]\n\"session.timeout.ms\" = \
+            "group_protocol = \"classic\"\n[source.properties]\n\"session.timeout.ms\" = \
              \"{session}\"\n\"heartbeat.interval.ms\" = \"500\"\n{properties}"
         ),
-        GroupProtocol::Consumer => {
-            format!("group = \"{group}\"\ngroup_protocol = \"consumer\"\n[source.properties]\n{properties}")
-        }
+        GroupProtocol::Consumer => format!("group_protocol = \"consumer\"\n[source.properties]\n{properties}"),
     }
 }
 
