@@ -166,7 +166,7 @@ impl TestDriver {
         // A batch that reaches its bounds in the expiries before the record ends there,
         // and commits: the next goes on with them, as a partition's would.
         loop {
-            let Processed { outcomes, expirations } = self.instance.process_batch(std::slice::from_ref(&record))?;
+            let Processed { outcomes, expirations, .. } = self.instance.process_batch(std::slice::from_ref(&record))?;
             step.append(self.expirations(expirations));
             let origin = Origin::of(&record);
             let processed = !outcomes.is_empty();

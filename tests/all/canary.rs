@@ -193,56 +193,70 @@ fn a_deploy_ends_the_canary() -> Result<()> {
     Ok(())
 }
 
-/// A canary told of nothing (a batched component exporting neither `expired` nor
+/// A version told of nothing (a batched component exporting neither `expired` nor
 /// `fired`: the echo of `sandbox_limits`) beside vehicle-stats, which is told of its
-/// vehicles leaving the fleet: the vehicles' expiries come due in the middle of one
-/// run of the canary's keys, and each still reaches vehicle-stats, once, with its
-/// summary; none is lost, none goes to the dead letters.
+/// vehicles leaving the fleet, each way round: the echo the canary, then vehicle-stats.
+/// The vehicles' expiries come due in the middle of one run of the echo's keys, and each
+/// still reaches vehicle-stats, once, with its summary, named with vehicle-stats'
+/// version, canary or not; none is lost, none goes to the dead letters.
 #[test]
 fn a_canary_told_of_nothing_leaves_the_other_versions_expiries_to_it() -> Result<()> {
     const T0: i64 = 1_700_000_000_000;
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let echo = crate::sandbox_limits::aliasing_operator(dir, "echo", true)?;
+    let scratch = tempfile::tempdir()?;
+    let echo = crate::sandbox_limits::aliasing_operator(scratch.path(), "echo", true)?;
     let keys = |prefix: &'static str, canary: bool| {
         (0..).map(move |i| format!("{prefix}-{i}")).filter(move |k| in_canary(k, 5000) == canary)
     };
     let line =
         |key: &str, ts: i64| format!(r#"{{"vehicle_id":"{key}","ts":{ts},"lat":52.5,"lon":13.4,"speed_kmh":50.0}}"#);
-    let told: Vec<String> = keys("v", false).take(5).collect();
-    let mut lines: Vec<String> = told.iter().zip(0..).map(|(key, i)| line(key, T0 + 2_000 * i)).collect();
-    // The vehicles leave the fleet 10 s after their record, at the canary's records
-    // 1, 3, 5, 7 and 9: inside one run of its keys.
-    lines.extend(keys("c", true).take(60).zip(0..).map(|(key, j)| line(&key, T0 + 9_000 + 1_000 * j)));
-    let input = dir.join("input.jsonl");
-    std::fs::write(&input, lines.join("\n") + "\n")?;
-    let config = dir.join("job.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[operator]\npath = {:?}\nmemory_limit_mib = 40\n[operator.config]\nleft_fleet_after_ms = \"10000\"\n\
-             [source]\nkind = \"file\"\npath = {input:?}\n[sink]\nkind = \"file\"\npath = {:?}\n[dead_letter]\n\
-             path = {:?}\n[state]\ndir = {:?}\npartitions = 1\nbatch_records = 1000\ncommit_every = 1000\n",
-            operator_wasm("vehicle_stats"),
-            dir.join("out.jsonl"),
-            dir.join("dead.jsonl"),
-            dir.join("state"),
-        ),
-    )?;
-    let mut deploy = sluice();
-    run_ok(deploy.args(["deploy", "vehicle_stats"]).arg(&echo).args(["--canary", "50%", "--config"]).arg(&config))?;
-    let run = run_ok(sluice().arg("run").arg("--config").arg(&config))?;
-    let report = String::from_utf8_lossy(&run.stderr);
-    let outputs = read_jsonl(&dir.join("out.jsonl"))?;
-    let echoed = outputs.iter().filter(|o| o["key"].as_str().is_some_and(|k| k.starts_with("c-"))).count();
-    assert_eq!(echoed, 60, "the canary's keys went to it:\n{report}");
-    for (key, i) in told.iter().zip(0..) {
-        let left: Vec<_> = outputs.iter().filter(|o| o["key"] == key.as_str() && o["cause"] == "expiry").collect();
-        assert_eq!(left.len(), 1, "{key} left the fleet once, told to vehicle-stats: {left:?}\n{report}");
-        assert_eq!(left[0]["value"]["left_fleet_at"], T0 + 2_000 * i + 10_000, "{}", left[0]);
-        assert!(left[0]["operator"].as_str().is_some_and(|v| v.starts_with("vehicle_stats@")), "{}", left[0]);
+    for vehicle_stats_is_canary in [false, true] {
+        let dir = &scratch.path().join(if vehicle_stats_is_canary { "told-canary" } else { "told-active" });
+        std::fs::create_dir_all(dir)?;
+        let (running, canary) = match vehicle_stats_is_canary {
+            false => (operator_wasm("vehicle_stats"), echo.clone()),
+            true => (echo.clone(), operator_wasm("vehicle_stats")),
+        };
+        // The job's operator is named after its file; a deploy keeps the name.
+        let name = running.file_stem().and_then(|s| s.to_str()).context("a file name")?.to_string();
+        let told_version = sluice::operator::version_of(&name, &std::fs::read(operator_wasm("vehicle_stats"))?);
+        let told: Vec<String> = keys("v", vehicle_stats_is_canary).take(5).collect();
+        let mut lines: Vec<String> = told.iter().zip(0..).map(|(key, i)| line(key, T0 + 2_000 * i)).collect();
+        // The vehicles leave the fleet 10 s after their record, at the echo's records
+        // 1, 3, 5, 7 and 9: inside one run of its keys.
+        let echoed = keys("c", !vehicle_stats_is_canary).take(60).zip(0..);
+        lines.extend(echoed.map(|(key, j)| line(&key, T0 + 9_000 + 1_000 * j)));
+        let input = dir.join("input.jsonl");
+        std::fs::write(&input, lines.join("\n") + "\n")?;
+        let config = dir.join("job.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[operator]\npath = {running:?}\nmemory_limit_mib = 40\n[operator.config]\nleft_fleet_after_ms = \"10000\"\n\
+                 [source]\nkind = \"file\"\npath = {input:?}\n[sink]\nkind = \"file\"\npath = {:?}\n[dead_letter]\n\
+                 path = {:?}\n[state]\ndir = {:?}\npartitions = 1\nbatch_records = 1000\ncommit_every = 1000\n",
+                dir.join("out.jsonl"),
+                dir.join("dead.jsonl"),
+                dir.join("state"),
+            ),
+        )?;
+        let mut deploy = sluice();
+        run_ok(deploy.args(["deploy", &name]).arg(&canary).args(["--canary", "50%", "--config"]).arg(&config))?;
+        let run = run_ok(sluice().arg("run").arg("--config").arg(&config))?;
+        let report = String::from_utf8_lossy(&run.stderr);
+        let outputs = read_jsonl(&dir.join("out.jsonl"))?;
+        let echoed = outputs.iter().filter(|o| o["key"].as_str().is_some_and(|k| k.starts_with("c-"))).count();
+        assert_eq!(echoed, 60, "the echo's keys went to it:\n{report}");
+        for (key, i) in told.iter().zip(0..) {
+            let left: Vec<_> = outputs.iter().filter(|o| o["key"] == key.as_str() && o["cause"] == "expiry").collect();
+            assert_eq!(left.len(), 1, "{key} left the fleet once, told to vehicle-stats: {left:?}\n{report}");
+            assert_eq!(left[0]["value"]["left_fleet_at"], T0 + 2_000 * i + 10_000, "{}", left[0]);
+            assert_eq!(left[0]["operator"], told_version.as_str(), "canary: {vehicle_stats_is_canary}");
+        }
+        assert!(!dir.join("dead.jsonl").exists() || read_jsonl(&dir.join("dead.jsonl"))?.is_empty(), "{report}");
+        assert!(
+            dump_state(&dir.join("state"))?.keys().all(|key| !key.starts_with("v-")),
+            "the vehicles' state expired"
+        );
     }
-    assert!(!dir.join("dead.jsonl").exists() || read_jsonl(&dir.join("dead.jsonl"))?.is_empty(), "{report}");
-    assert!(dump_state(&dir.join("state"))?.keys().all(|key| !key.starts_with("v-")), "the vehicles' state expired");
     Ok(())
 }

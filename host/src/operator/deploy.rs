@@ -12,7 +12,7 @@
 //! run beside the one in force: a shadow in the [`ShadowVersion`] every partition
 //! follows, its outputs compared, never sent (see the worker's shadow) — promoting it is
 //! an ordinary deploy of it —; or a canary in the [`ActiveVersion`], which takes a share
-//! of the keys, by a hash of the key ([`in_canary`](super::in_canary)). A deploy or a
+//! of the keys, by a hash of the key ([`in_canary`](super::versions::in_canary)). A deploy or a
 //! rollback ends a canary; stopping a trial removes its record, and every host stops it.
 //!
 //! A version this host cannot run is refused here and never activated: the running one

@@ -7,7 +7,8 @@
 //! through:
 //!
 //! - [`wasm`]: the sandboxed WebAssembly runtime: one partition's instance of a
-//!   version (and of a canary beside it), which never chooses what runs.
+//!   version (and of a second version paired with it, taking the keys it is told),
+//!   which never chooses what runs.
 //! - [`versions`]: which version processes a record — the active version, its canary
 //!   and the shadow this host runs, and each partition's switches of versions, recorded
 //!   so that records processed again are processed with the version that first
@@ -82,6 +83,8 @@ pub struct Expiration {
     /// What the operator's `expired` (or `fired`) returned; `Emitted` outputs are
     /// marked as the expiry's (or the timer's).
     pub outcome: Outcome,
+    /// Whether the [paired version](Operator::paired_version) gave it.
+    pub by_paired: bool,
 }
 
 impl Expiration {
@@ -108,6 +111,16 @@ pub struct Processed {
     pub outcomes: Vec<Outcome>,
     /// In the order they expired; each before the record at its offset.
     pub expirations: Vec<Expiration>,
+    /// Whether the [paired version](Operator::paired_version) gave each outcome, in
+    /// order; empty when none is paired (every outcome is [`Operator::version`]'s).
+    pub by_paired: Vec<bool>,
+}
+
+impl Processed {
+    /// `outcomes`, with no expirations, all [`Operator::version`]'s.
+    pub fn from_outcomes(outcomes: Vec<Outcome>) -> Self {
+        Processed { outcomes, ..Processed::default() }
+    }
 }
 
 /// Operator logic bound to one partition's state.
@@ -133,7 +146,7 @@ pub trait Operator: Send {
     /// is a host failure, as for [`process`](Operator::process); the records' writes
     /// are then never committed.
     fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
-        Ok(Processed { outcomes: process_each(self, records)?, expirations: Vec::new() })
+        Ok(Processed::from_outcomes(process_each(self, records)?))
     }
 
     /// Expires the entries due at the partition's clock without a record (an idle
@@ -161,13 +174,11 @@ pub trait Operator: Send {
     /// output and dead letter it produces, and every checkpoint of its state, says so.
     fn version(&self) -> &str;
 
-    /// The build that processes `key`'s records, expiries and timers: [`version`]
-    /// unless a canary takes the key ([`in_canary`]).
-    ///
-    /// [`version`]: Operator::version
-    fn version_for(&self, key: &[u8]) -> &str {
-        let _ = key;
-        self.version()
+    /// The second build that processes some keys' records, expiries and timers beside
+    /// [`version`](Operator::version) (a canary), if one does; [`Processed::by_paired`]
+    /// and [`Expiration::by_paired`] say which outcomes are its.
+    fn paired_version(&self) -> Option<&str> {
+        None
     }
 
     /// Switches to the version that processes the record at `offset` on, if it runs
@@ -240,15 +251,9 @@ pub trait Shadows: Send + Sync {
     fn instantiate(&self, partition: u32, txn: Transaction) -> Result<Option<Box<dyn Operator>>>;
 }
 
-/// A canary's share of a partition's keys, in basis points (1/10,000): 500 is 5%.
+/// A canary's share of a partition's keys, in basis points (1/10,000): 500 is 5%
+/// ([`versions::in_canary`] says which keys).
 pub type BasisPoints = u32;
-
-/// Whether a canary holding `share` of the keys processes `key`: FNV-1a (64 bits) of the
-/// key's bytes, modulo 10,000, is below the share. The same key always lands in the same
-/// place, so raising a canary's share only adds keys to it, and every host agrees.
-pub fn in_canary(key: &[u8], share: BasisPoints) -> bool {
-    crate::record::key_hash(key) % 10_000 < u64::from(share)
-}
 
 /// A canary's share as people write it — `5%`, `0.5%`, `25` (percent) — in basis
 /// points; an error names what is wrong with it.
@@ -353,19 +358,5 @@ mod tests {
             let err = parse_share(wrong).unwrap_err().to_string();
             assert!(err.contains(&format!("canary share {wrong:?}")), "{err}");
         }
-    }
-
-    /// A key a canary takes at a share it takes at every larger one, and the shares
-    /// split keys about as they say.
-    #[test]
-    fn a_canary_keeps_its_keys_as_its_share_grows() {
-        let keys: Vec<Vec<u8>> = (0..20_000).map(|i| format!("veh-{i:05}").into_bytes()).collect();
-        let taken = |share| keys.iter().filter(|key| in_canary(key, share)).count();
-        for key in &keys {
-            let shares = [100, 1000, 5000, 10_000].map(|share| in_canary(key, share));
-            assert!(shares.windows(2).all(|w| !w[0] || w[1]), "{shares:?}");
-        }
-        assert!((1_700..2_300).contains(&taken(1000)), "{}", taken(1000));
-        assert_eq!(taken(10_000), keys.len());
     }
 }

@@ -151,7 +151,7 @@ pub struct TrialRecord {
     /// Its version, `name@digest`.
     pub version: String,
     /// A canary's share of the keys, in basis points (see
-    /// [`in_canary`](super::in_canary)); none for a shadow.
+    /// [`in_canary`](super::versions::in_canary)); none for a shadow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share: Option<super::BasisPoints>,
     /// When it was started (or its share last changed), milliseconds since the Unix
@@ -190,7 +190,7 @@ fn needed(offsets: std::collections::BTreeSet<u64>, from: u64) -> std::collectio
 pub struct CanaryShare {
     /// The canary's version.
     pub version: String,
-    /// Its share of the keys, in basis points ([`in_canary`](super::in_canary)).
+    /// Its share of the keys, in basis points ([`in_canary`](super::versions::in_canary)).
     pub share: super::BasisPoints,
 }
 

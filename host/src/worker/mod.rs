@@ -275,20 +275,20 @@ impl<'a> PartitionWorker<'a> {
             let took = (started.elapsed(), live_cpu);
             self.shadow.process(self.p.operator, (done, &processed, clock), took, self.p.null_keys, stats);
         }
-        let Processed { outcomes, expirations } = processed;
+        let outcomes = processed.outcomes.len();
         // The offset the next commit stores: past the last record processed, or, when
         // the batch ended in the expiries before a record, that record's (the clock and
         // the expiries so far commit with it, and the next batch goes on with the rest).
-        let next_offset = batch.get(outcomes.len()).map_or(batch[batch.len() - 1].offset + 1, |next| next.offset);
+        let next_offset = batch.get(outcomes).map_or(batch[batch.len() - 1].offset + 1, |next| next.offset);
         let partition = batch[0].partition;
-        if outcomes.len() < batch.len() {
+        if outcomes < batch.len() {
             // Ended at a per-batch bound: the rest is the next batch, before what a
             // replay's switch cut off.
-            let mut unprocessed = batch.split_off(outcomes.len());
+            let mut unprocessed = batch.split_off(outcomes);
             unprocessed.extend(self.rest.take().into_iter().flatten());
             self.rest = Some(unprocessed);
         }
-        self.emit(partition, &batch, outcomes, expirations)?;
+        self.emit(partition, &batch, processed)?;
         self.send()?;
         let p = &mut self.p;
         p.stats.processed.fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -302,22 +302,18 @@ impl<'a> PartitionWorker<'a> {
         Ok(())
     }
 
-    /// Gathers what the records of `batch` with `outcomes` (a prefix of it) and the
-    /// `expirations` among them emitted: each expiry's outputs before those of the
+    /// Gathers what the records of `batch` (its prefix `processed` has outcomes of) and
+    /// the expirations among them emitted: each expiry's outputs before those of the
     /// record it preceded.
-    fn emit(
-        &mut self,
-        partition: u32,
-        batch: &[SourceRecord],
-        outcomes: Vec<Outcome>,
-        expirations: Vec<Expiration>,
-    ) -> Result<()> {
-        let mut expirations = expirations.into_iter().peekable();
+    fn emit(&mut self, partition: u32, batch: &[SourceRecord], processed: Processed) -> Result<()> {
+        let Processed { outcomes, expirations, by_paired } = processed;
+        let (mut expirations, mut by_paired) = (expirations.into_iter().peekable(), by_paired.into_iter());
         for (record, outcome) in batch.iter().zip(outcomes) {
             while let Some(expiration) = expirations.next_if(|e| e.offset <= record.offset) {
                 self.gather(expiration.origin(partition), expiration)?;
             }
-            self.gather_outcome(Origin::of(record), &record.key, &record.value, outcome)?;
+            let paired = by_paired.next().unwrap_or(false);
+            self.gather_outcome(Origin::of(record), (&record.key, &record.value), outcome, paired)?;
         }
         // Those before the record the batch ended at.
         for expiration in expirations {
@@ -329,17 +325,24 @@ impl<'a> PartitionWorker<'a> {
     /// Gathers what became of `expiration`, at `origin`.
     fn gather(&mut self, origin: Origin, expiration: Expiration) -> Result<()> {
         let entry = &expiration.entry;
-        self.gather_outcome(origin, &entry.key, &entry.value, expiration.outcome)
+        self.gather_outcome(origin, (&entry.key, &entry.value), expiration.outcome, expiration.by_paired)
     }
 
     /// Gathers `outcome` of the input (or expired entry) with `key` and `value` at
-    /// `origin`, under the build that processed the key; what another build gave (a
-    /// canary's, or the active version's beside it) is sent first.
-    fn gather_outcome(&mut self, origin: Origin, key: &[u8], value: &[u8], outcome: Outcome) -> Result<()> {
-        // A keyless record the job refused met no version: the one in force names it.
-        let refused = matches!(outcome, Outcome::NullKey);
-        // Asked once: a canary's answer costs a hash of the key.
-        let version = version_of(self.p.operator, key, refused);
+    /// `origin`, under the build that gave it — the paired one (a canary) when
+    /// `by_paired` — what another build gave before is sent first.
+    fn gather_outcome(
+        &mut self,
+        origin: Origin,
+        (key, value): (&[u8], &[u8]),
+        outcome: Outcome,
+        by_paired: bool,
+    ) -> Result<()> {
+        let operator = &*self.p.operator;
+        let version = match by_paired {
+            true => operator.paired_version().expect("an outcome of the paired version while one is"),
+            false => operator.version(),
+        };
         if self.emitted.takes(version) {
             self.emitted.of_version(version);
         } else {
@@ -446,22 +449,13 @@ impl<'a> PartitionWorker<'a> {
 fn process_batch(operator: &mut dyn Operator, batch: &[SourceRecord], null_keys: NullKeys) -> Result<Processed> {
     let refused = |record: &SourceRecord| null_keys == NullKeys::DeadLetter && record.has_null_key();
     Ok(match batch.iter().position(refused) {
-        Some(0) => Processed {
-            outcomes: batch.iter().take_while(|r| refused(r)).map(|_| Outcome::NullKey).collect(),
-            expirations: Vec::new(),
-        },
+        // A keyless record the job refused met no version: the one in force names it.
+        Some(0) => {
+            Processed::from_outcomes(batch.iter().take_while(|r| refused(r)).map(|_| Outcome::NullKey).collect())
+        }
         Some(keyed) => operator.process_batch(&batch[..keyed])?,
         None => operator.process_batch(batch)?,
     })
-}
-
-/// The build `operator` processes `key`'s records with — the one in force for a record
-/// the job `refused` before the operator saw it.
-fn version_of<'o>(operator: &'o dyn Operator, key: &[u8], refused: bool) -> &'o str {
-    match refused {
-        true => operator.version(),
-        false => operator.version_for(key),
-    }
 }
 
 /// A span entered until the worker switches versions, so that every event the worker

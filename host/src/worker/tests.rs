@@ -63,14 +63,14 @@ impl Operator for Fake {
         if let Some(stop) = &self.lost {
             stop.set(Stop::Lost);
         }
-        Ok(Processed { outcomes: process_each(self, records)?, expirations: Vec::new() })
+        Ok(Processed::from_outcomes(process_each(self, records)?))
     }
 
     fn expire(&mut self, offset: u64) -> Result<Vec<Expiration>> {
         let mut expirations = Vec::new();
         while let Some(entry) = self.txn.expire_next()? {
             let output = Output { key: entry.key.clone(), value: b"expired".to_vec(), topic: None };
-            expirations.push(Expiration { entry, offset, outcome: Outcome::Emitted(vec![output]) });
+            expirations.push(Expiration { entry, offset, outcome: Outcome::Emitted(vec![output]), by_paired: false });
         }
         Ok(expirations)
     }

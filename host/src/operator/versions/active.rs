@@ -58,7 +58,7 @@ impl ActiveVersion {
     /// the active version from each partition's next batch on, in place of any other;
     /// `None` ends it.
     ///
-    /// [`in_canary`]: crate::operator::in_canary
+    /// [`in_canary`]: super::in_canary
     pub fn set_canary(&self, canary: Option<(Arc<WasmOperator>, BasisPoints)>) {
         *crate::lock(&self.canary) = canary;
         self.generation.fetch_add(1, Ordering::AcqRel);
@@ -68,9 +68,10 @@ impl ActiveVersion {
     /// over `txn` and calls its `init`; the instance follows this version from then on.
     pub fn instantiate(self: &Arc<Self>, partition: u32, txn: Transaction) -> Result<VersionedInstance> {
         let (generation, operator) = self.get();
-        let mut instance = WasmInstance::new(operator, partition, txn)?;
+        let instance = WasmInstance::new(operator, partition, txn)?;
+        let mut instance = VersionedInstance::new(instance, self.clone(), generation);
         instance.use_canary(self.canary());
-        Ok(VersionedInstance::new(instance, self.clone(), generation))
+        Ok(instance)
     }
 }
 

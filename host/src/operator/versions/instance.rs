@@ -1,14 +1,15 @@
 //! A partition's instance that follows the host's versions ([`VersionedInstance`]):
 //! between batches it switches to the [active version](super::ActiveVersion) and its
-//! canary as deploys set them, or — while it processes again records a first run
-//! processed — to the version that first processed them, recording each switch it makes
-//! in the partition's [switch log](super::switches). Running the records is the
-//! [`WasmInstance`]'s.
+//! [canary](super::canary) as deploys set them, or — while it processes again records a
+//! first run processed — to the version that first processed them, recording each
+//! switch it makes in the partition's [switch log](super::switches). It pairs a canary's
+//! instance with the active version's, routing the canary's keys to it; running the
+//! records is the [`WasmInstance`]'s.
 
-use super::ActiveVersion;
 use super::switches::{PartitionSwitches, RecordedSwitches, Routing, SwitchLog};
-use crate::operator::wasm::WasmInstance;
-use crate::operator::{Expiration, Operator, Outcome, Processed, Switch};
+use super::{ActiveVersion, canary};
+use crate::operator::wasm::{WasmInstance, WasmOperator};
+use crate::operator::{BasisPoints, Expiration, Operator, Outcome, Processed, Switch};
 use crate::record::SourceRecord;
 use crate::state::Transaction;
 use anyhow::Result;
@@ -19,6 +20,8 @@ use std::time::Instant;
 /// partition's recorded switches.
 pub struct VersionedInstance {
     instance: WasmInstance,
+    /// The canary paired with the instance, and its share of the keys, if one runs here.
+    canary: Option<(Arc<WasmOperator>, BasisPoints)>,
     active: Arc<ActiveVersion>,
     /// The generation of the active version this instance last followed; `None` once
     /// it must look again whatever the generation (its replay ended, its switches are
@@ -31,7 +34,34 @@ pub struct VersionedInstance {
 impl VersionedInstance {
     /// `instance` runs `active`'s version of `generation`, and follows it from now on.
     pub(super) fn new(instance: WasmInstance, active: Arc<ActiveVersion>, generation: u64) -> Self {
-        VersionedInstance { instance, active, generation: Some(generation), switches: None }
+        VersionedInstance { instance, canary: None, active, generation: Some(generation), switches: None }
+    }
+
+    /// Runs `wanted` as the canary (a version and its share; `None`: no canary) from the
+    /// next batch on: started, its share changed, or ended. A canary that cannot start
+    /// here is logged, and none runs.
+    pub(super) fn use_canary(&mut self, wanted: Option<(Arc<WasmOperator>, BasisPoints)>) {
+        let same = match (&self.canary, &wanted) {
+            (Some((running, share)), Some((operator, wanted))) => {
+                running.version() == operator.version() && share == wanted
+            }
+            (running, wanted) => running.is_none() && wanted.is_none(),
+        };
+        if same {
+            return;
+        }
+        self.canary = None;
+        let Some((operator, share)) = wanted else {
+            self.instance.unpair();
+            return;
+        };
+        match self.instance.pair(operator.clone(), canary::route(share)) {
+            Ok(()) => self.canary = Some((operator, share)),
+            Err(e) => {
+                let partition = self.instance.state().store().partition();
+                tracing::error!(partition, "canary {} could not start: {e:#}", operator.version());
+            }
+        }
     }
 }
 
@@ -60,15 +90,15 @@ impl Operator for VersionedInstance {
         self.instance.version()
     }
 
-    fn version_for(&self, key: &[u8]) -> &str {
-        self.instance.version_for(key)
+    fn paired_version(&self) -> Option<&str> {
+        self.instance.paired_version()
     }
 
     fn follow_deploys(&mut self, offset: u64) -> Result<Option<Switch>> {
         if let Some(first) = self.switches.as_ref().and_then(|s| s.replayed(offset)).cloned() {
             // After the replay, the active version is looked at whatever its generation.
             self.generation = None;
-            self.instance.use_canary(first.canary);
+            self.use_canary(first.canary);
             if first.version.version() == self.instance.version() {
                 return Ok(None);
             }
@@ -79,14 +109,14 @@ impl Operator for VersionedInstance {
         }
         let (generation, next) = self.active.get();
         self.generation = Some(generation);
-        self.instance.use_canary(self.active.canary());
+        self.use_canary(self.active.canary());
         // Deployed and rolled back again before this partition looked, or not.
         let switched =
             (next.version() != self.instance.version()).then(|| self.instance.switch_to(next, false)).transpose()?;
         // What runs now (a version that failed to start left the old one running, a
         // canary that failed to start none), recorded before it processes anything.
         if let Some(switches) = &mut self.switches {
-            let routing = Routing { version: self.instance.operator().clone(), canary: self.instance.canary() };
+            let routing = Routing { version: self.instance.operator().clone(), canary: self.canary.clone() };
             switches.record(offset, routing.switched());
         }
         Ok(switched)

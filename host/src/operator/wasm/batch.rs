@@ -27,12 +27,16 @@ impl WasmInstance {
             if !self.reach(&rest[0], &mut processed.expirations)? {
                 break;
             }
-            // The version that takes the record (a canary's may be built otherwise).
+            // The version that takes the record (a paired one may be built otherwise).
             if self.live().exports.process_batch.is_some() {
                 let run = self.next_run(rest, std::mem::take(&mut next.alone));
                 self.call_batch(run, &mut next, &mut processed.outcomes)?;
             } else {
                 self.call_alone(&rest[0], &mut next.attempt, &mut processed.outcomes)?;
+            }
+            // A run is one version's: its outcomes say which.
+            if self.paired.is_some() {
+                processed.by_paired.resize(processed.outcomes.len(), self.on_paired());
             }
         }
         self.check_strict(records, &processed)?;
@@ -114,8 +118,8 @@ impl WasmInstance {
             len = 1 + self.state().records_before_due(&rest[1..len]);
         }
         // A run goes to one version: it ends before a key the other one takes.
-        if let Some(canary) = &self.canary {
-            len = 1 + rest[1..len].iter().take_while(|r| in_canary(&r.key, canary.share) == self.on_canary()).count();
+        if self.paired.is_some() {
+            len = 1 + rest[1..len].iter().take_while(|r| self.paired_takes(&r.key) == self.on_paired()).count();
         }
         &rest[..len]
     }

@@ -1,35 +1,42 @@
 //! Running a version per partition: the [`WasmInstance`] that calls a partition's
-//! records into it, replaces it after a trap, routes a canary's keys to the canary's
-//! instance and switches versions between batches when told to. Which version runs, and
-//! when it switches, is the [versions](crate::operator::versions)' to say. How a batch
-//! runs through it is `batch`'s.
+//! records into it, replaces it after a trap, hands the keys a [`KeyRoute`] names to the
+//! instance of a second version paired with it, and switches versions between batches
+//! when told to. Which versions run, which keys each takes and when they switch are the
+//! [versions](crate::operator::versions)' to say; this carries it out. How a batch runs
+//! through it is `batch`'s.
 
 use super::*;
 
-/// One partition's instance of a version, and of a canary beside it while one runs.
+/// One partition's instance of a version, and of a second version paired with it while
+/// the versions run one (a canary).
 pub struct WasmInstance {
     pub(super) operator: Arc<WasmOperator>,
     /// Always `Some` between calls; taken only while the instance is replaced.
     pub(super) live: Option<Live>,
     /// How many times a trap replaced the instance.
     pub(super) replaced: u64,
-    /// The canary beside the active version, while one runs.
-    pub(super) canary: Option<Canary>,
-    /// Whether `operator` and `live` are the canary's now, swapped in for a key it takes
-    /// ([`route`](WasmInstance::route)); never between batches.
-    on_canary: bool,
+    /// The second version's instance, while one is paired.
+    pub(super) paired: Option<Paired>,
+    /// Whether `operator` and `live` are the paired version's now, swapped in for a key
+    /// it takes ([`route`](WasmInstance::route)); never between batches.
+    on_paired: bool,
     /// When the next batch must end, if sooner than its own bounds say
     /// ([`Operator::bound_next_batch`]).
     next_bound: Option<Instant>,
 }
 
-/// A partition's instance of the canary: the version, its live instance (the one not
-/// swapped in holds a [detached](Transaction::detached) transaction, never used), and the
-/// share of the keys it takes.
-pub(super) struct Canary {
+/// Which keys the paired version takes: its records, expiries and timers. The versions
+/// choose it (a canary's share of a hash of the key); it must answer the same for a key
+/// all along, since a key's state is one version's to write.
+pub type KeyRoute = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+
+/// A partition's instance of a second version: the version, its live instance (the one
+/// not swapped in holds a [detached](Transaction::detached) transaction, never used),
+/// and the keys it takes.
+pub(super) struct Paired {
     pub(super) operator: Arc<WasmOperator>,
     pub(super) live: Option<Live>,
-    pub(super) share: BasisPoints,
+    route: KeyRoute,
 }
 
 /// A live instance: its store (the partition's state and the limits' accounting inside)
@@ -91,78 +98,78 @@ impl WasmInstance {
     /// Instantiates `operator` for `partition` over `txn` and calls its `init`.
     pub fn new(operator: Arc<WasmOperator>, partition: u32, txn: Transaction) -> Result<WasmInstance> {
         let live = operator.start(operator.context(partition, txn)).map_err(|(e, _)| e)?;
-        Ok(WasmInstance { operator, live: Some(live), replaced: 0, canary: None, on_canary: false, next_bound: None })
+        Ok(WasmInstance { operator, live: Some(live), replaced: 0, paired: None, on_paired: false, next_bound: None })
     }
 
-    /// The version it runs (between batches: the canary's keys aside).
+    /// The version it runs (between batches: the paired version's keys aside).
     pub fn operator(&self) -> &Arc<WasmOperator> {
         &self.operator
     }
 
-    /// The canary it runs beside, and the share of the keys it takes, if any.
-    pub fn canary(&self) -> Option<(Arc<WasmOperator>, BasisPoints)> {
-        self.canary.as_ref().map(|canary| (canary.operator.clone(), canary.share))
-    }
-
-    /// Swaps in the version that processes `key`'s records, expiries and timers: the
-    /// canary's instance for a key it takes, else the active version's. The state (and
-    /// the batch's budget) moves with it.
+    /// Swaps in the instance that processes `key`'s records, expiries and timers: the
+    /// paired version's for a key its route takes, else this one's. The state (and the
+    /// batch's budget) moves with it.
     pub(super) fn route(&mut self, key: &[u8]) {
-        if self.canary.as_ref().is_some_and(|canary| in_canary(key, canary.share) != self.on_canary) {
-            self.swap_canary();
+        if self.paired.as_ref().is_some_and(|paired| (paired.route)(key) != self.on_paired) {
+            self.swap_paired();
         }
     }
 
-    /// Whether the canary's instance is swapped in.
-    pub(super) fn on_canary(&self) -> bool {
-        self.on_canary
+    /// Whether the paired version's instance is swapped in.
+    pub(super) fn on_paired(&self) -> bool {
+        self.on_paired
     }
 
-    /// Swaps the active version's instance back in (between batches it always is).
-    pub(super) fn route_to_active(&mut self) {
-        if self.on_canary {
-            self.swap_canary();
+    /// Whether the paired version takes `key`.
+    pub(super) fn paired_takes(&self, key: &[u8]) -> bool {
+        self.paired.as_ref().is_some_and(|paired| (paired.route)(key))
+    }
+
+    /// Swaps its own instance back in (between batches it always is).
+    pub(super) fn route_home(&mut self) {
+        if self.on_paired {
+            self.swap_paired();
         }
     }
 
-    /// Swaps the canary's instance and the active version's, the state going along.
-    fn swap_canary(&mut self) {
-        let canary = self.canary.as_mut().expect("a canary runs");
+    /// Swaps the paired version's instance and its own, the state going along.
+    fn swap_paired(&mut self) {
+        let paired = self.paired.as_mut().expect("a version is paired");
         // Both are live but after a trap whose instance could not be replaced: the
         // partition stops then, and nothing commits.
-        if let (Some(here), Some(there)) = (self.live.as_mut(), canary.live.as_mut()) {
+        if let (Some(here), Some(there)) = (self.live.as_mut(), paired.live.as_mut()) {
             let (here, there) = (here.store.data_mut(), there.store.data_mut());
             std::mem::swap(&mut here.txn, &mut there.txn);
             std::mem::swap(&mut here.budget, &mut there.budget);
         }
-        std::mem::swap(&mut self.live, &mut canary.live);
-        std::mem::swap(&mut self.operator, &mut canary.operator);
-        self.on_canary = !self.on_canary;
+        std::mem::swap(&mut self.live, &mut paired.live);
+        std::mem::swap(&mut self.operator, &mut paired.operator);
+        self.on_paired = !self.on_paired;
     }
 
-    /// Runs `wanted` as the canary (a version and its share; `None`: no canary): started,
-    /// its share changed, or ended. A canary that cannot start here is logged, and none
-    /// runs.
-    pub fn use_canary(&mut self, wanted: Option<(Arc<WasmOperator>, BasisPoints)>) {
-        debug_assert!(!self.on_canary, "between batches");
-        let Some((operator, share)) = wanted else {
-            self.canary = None;
-            return;
-        };
-        if let Some(canary) = self.canary.as_mut().filter(|c| c.operator.version == operator.version) {
-            canary.share = share;
-            return;
+    /// Pairs `operator` with this instance from the next batch on, taking the keys
+    /// `route` names, in place of any other: an instance of it is started (its `init`
+    /// called) over a [detached](Transaction::detached) transaction, unless that version
+    /// is paired already, whose instance then takes `route`'s keys. An `Err` says why
+    /// it could not start; then none is paired.
+    pub fn pair(&mut self, operator: Arc<WasmOperator>, route: KeyRoute) -> Result<()> {
+        debug_assert!(!self.on_paired, "between batches");
+        if let Some(paired) = self.paired.as_mut().filter(|p| p.operator.version == operator.version) {
+            paired.route = route;
+            return Ok(());
         }
-        self.canary = None;
+        self.paired = None;
         let partition = self.ctx().partition;
-        let started = self
-            .state()
-            .detached()
-            .and_then(|parked| operator.start(operator.context(partition, parked)).map_err(|(e, _)| e));
-        match started {
-            Ok(live) => self.canary = Some(Canary { operator, live: Some(live), share }),
-            Err(e) => tracing::error!(partition, "canary {} could not start: {e:#}", operator.version),
-        }
+        let parked = self.state().detached()?;
+        let live = operator.start(operator.context(partition, parked)).map_err(|(e, _)| e)?;
+        self.paired = Some(Paired { operator, live: Some(live), route });
+        Ok(())
+    }
+
+    /// Ends the pairing: from the next batch on, this version takes every key.
+    pub fn unpair(&mut self) {
+        debug_assert!(!self.on_paired, "between batches");
+        self.paired = None;
     }
 
     /// The budget of a batch starting now: its own bounds, and the one
@@ -186,7 +193,7 @@ impl WasmInstance {
     /// not expire the other's entries unseen inside its own call.
     pub(super) fn told_any(&self) -> bool {
         let told = |live: &Option<Live>| live.as_ref().is_some_and(|live| live.exports.told());
-        told(&self.live) || self.canary.as_ref().is_some_and(|canary| told(&canary.live))
+        told(&self.live) || self.paired.as_ref().is_some_and(|paired| told(&paired.live))
     }
 
     pub(super) fn ctx(&mut self) -> &mut HostCtx {
@@ -249,7 +256,7 @@ impl WasmInstance {
                 let bytes = entry.key.len() + entry.name.len() + entry.value.len() + outcome.bytes();
                 let budget = &mut self.ctx().budget;
                 budget.bytes = budget.bytes.saturating_add(bytes);
-                expirations.push(Expiration { entry, offset, outcome });
+                expirations.push(Expiration { entry, offset, outcome, by_paired: self.on_paired });
             }
         }
     }
@@ -336,7 +343,7 @@ impl Operator for WasmInstance {
 
     fn process_batch(&mut self, records: &[SourceRecord]) -> Result<Processed> {
         let processed = self.run_batch(records);
-        self.route_to_active();
+        self.route_home();
         processed
     }
 
@@ -344,7 +351,7 @@ impl Operator for WasmInstance {
         self.ctx().budget = self.budget();
         let mut expirations = Vec::new();
         let expired = self.expire_before(offset, &mut expirations);
-        self.route_to_active();
+        self.route_home();
         expired.map(|_| expirations)
     }
 
@@ -360,11 +367,8 @@ impl Operator for WasmInstance {
         self.operator.version()
     }
 
-    fn version_for(&self, key: &[u8]) -> &str {
-        match &self.canary {
-            Some(canary) if in_canary(key, canary.share) => canary.operator.version(),
-            _ => self.operator.version(),
-        }
+    fn paired_version(&self) -> Option<&str> {
+        self.paired.as_ref().map(|paired| paired.operator.version())
     }
 }
 

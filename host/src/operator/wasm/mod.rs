@@ -3,9 +3,10 @@
 //! A [`WasmOperator`] is a validated, compiled component with its linker set up
 //! (pre-instantiated, so an instance costs microseconds, not a compile). A
 //! [`WasmInstance`] runs one partition's records through a version (and through a
-//! canary beside it for the keys the canary takes), and switches to another between two
-//! batches, keeping the partition's state, when told to: which version runs is the
-//! [versions](super::versions)' to say, never the sandbox's. Instances get only the `sluice:operator`
+//! second version paired with it for the keys a [`KeyRoute`] names), and switches to
+//! another between two batches, keeping the partition's state, when told to: which
+//! versions run, and which keys each takes, are the [versions](super::versions)' to
+//! say, never the sandbox's. Instances get only the `sluice:operator`
 //! imports (keyed state and logging). WASI imports that the Rust standard library
 //! links in are defined as traps, so a guest that touches the filesystem, network,
 //! clock or environment traps with the name of the function; any other import is
@@ -39,7 +40,7 @@
 //! the epoch thread, the CPU clock of deadlines), `limits`, `ctx` (what a call's host
 //! functions see and count), `host` (the imports a guest calls), `lift` (what a call
 //! returns, checked before it is copied), `outcome` (what a call's end becomes for its
-//! record), `instance` (a partition's instance of a version and its canary), `batch`
+//! record), `instance` (a partition's instance of a version, and of a paired one), `batch`
 //! (how a batch runs through an instance: runs per call, retries, strict mode), `tests`.
 
 mod batch;
@@ -57,7 +58,7 @@ mod tests;
 
 pub use bindings::{WIT_PACKAGE, WIT_VERSION};
 pub use component::WasmOperator;
-pub use instance::WasmInstance;
+pub use instance::{KeyRoute, WasmInstance};
 pub use limits::Limits;
 
 // Every room of the sandbox sees the others' items through `use super::*`.
@@ -74,7 +75,7 @@ use limits::*;
 use outcome::*;
 
 use super::events::{LOG_LINES_DROPPED, RETRYING};
-use super::{BasisPoints, Expiration, Operator, OperatorStopped, Outcome, Processed, Switch, in_canary};
+use super::{Expiration, Operator, OperatorStopped, Outcome, Processed, Switch};
 use crate::config::{OperatorConfig, OperatorLimits, RetryPolicy};
 use crate::log_rate::{self, Admitted, LogRate};
 use crate::record::SourceRecord;
