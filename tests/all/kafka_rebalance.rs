@@ -80,13 +80,7 @@ fn a_revocation_does_not_wait_for_a_restore_under_way(protocol: GroupProtocol) -
     let config = kafka.source("seed", &format!("stop_when_idle_s = 2\n{}", group_settings(protocol, "")))?;
     let mut seed = run_job(&operator_wasm("vehicle_stats"), &dir.join("a"), 2);
     run_ok(seed.arg("--config").arg(&config).arg("--checkpoint-store").arg(&store))?;
-    // What restoring each partition's newest checkpoint downloads: its files.
-    let newest_bytes = |p: u32| -> Result<u64> {
-        let newest = checkpoint_manifests(&store, p)?.pop().context("a checkpoint of each partition")?;
-        let files = newest["files"].as_array().context("a manifest lists its files")?;
-        Ok(files.iter().map(|f| f["size"].as_u64().unwrap_or(0)).sum())
-    };
-    let checkpoint_bytes = newest_bytes(0)? + newest_bytes(1)?;
+    let checkpoint_bytes = newest_checkpoint_bytes(&store, 0)? + newest_checkpoint_bytes(&store, 1)?;
     // Both restores together take about 20 s at this cap.
     let cap = (checkpoint_bytes / 20).max(1);
     let properties = format!(

@@ -187,6 +187,111 @@ fn a_former_database_and_a_half_built_copy_stay_within_the_standby_budget() -> R
     Ok(())
 }
 
+/// A takeover's restore goes before standby downloads, under the download cap they
+/// share: host a runs all eight partitions when host b joins, its copies not begun
+/// (`standby_warm_up = "0s"`), and is given four to restore under a cap that makes the
+/// restore last seconds, while its follower would copy a's four. No download of a copy's
+/// file starts while the restore runs (those in flight when it began finish); the copies
+/// are made after it. A file is written as its download starts, whole (it is under the
+/// 1 MiB a download reads at once), and then waits its turn at the cap: its time says
+/// when its download started.
+#[test]
+fn a_takeovers_restore_goes_before_standby_downloads() -> Result<()> {
+    const PARTITIONS: u32 = 8;
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", PARTITIONS as i32).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    let all = kafka.generate("all.jsonl", 16_000, 32_000)?;
+    broker.produce_lines("positions", &all)?;
+    let store = dir.join("store");
+    let minute = Duration::from_secs(60);
+    // A checkpoint of each partition in the store.
+    let seed = kafka.source("seed", "stop_when_idle_s = 2\n")?;
+    let mut command = run_job(&operator_wasm("vehicle_stats"), &dir.join("seed"), PARTITIONS);
+    run_ok(command.arg("--config").arg(&seed).arg("--checkpoint-store").arg(&store))?;
+    let state_bytes: u64 = (0..PARTITIONS).map(|p| newest_checkpoint_bytes(&store, p)).sum::<Result<u64>>()?;
+    // A partition takes about 4 s to download at this cap: b's restore of half the
+    // state about 16 s.
+    let cap = (state_bytes / 32).max(1);
+    // The consumer protocol: the quicker join, the less b's follower copies before it.
+    let a_settings = group_settings(GroupProtocol::Consumer, "[checkpoint]\nstandby = \"none\"\n");
+    let a_config = kafka.source("priority", &a_settings)?;
+    let mut a = kafka.host("a", PARTITIONS, &a_config, Some(&store), &[])?;
+    a.wait_for(RESUMED, PARTITIONS as usize, minute)?;
+    let b_settings = group_settings(
+        GroupProtocol::Consumer,
+        &format!(
+            "[checkpoint]\ndownload_bytes_per_s = {cap}\nstandby = \"all\"\nstandby_warm_up = \"0s\"\n\
+             standby_poll = \"300ms\"\n"
+        ),
+    );
+    std::fs::create_dir_all(dir.join("b"))?;
+    let (positions, group) = (broker.name("positions"), broker.name("priority"));
+    let b_config = positions_source(&dir.join("b"), &broker.bootstrap, &positions, &group, &b_settings)?;
+    let mut b = kafka.host("b", PARTITIONS, &b_config, Some(&store), &["--admin", "127.0.0.1:0"])?;
+    let admin = b.admin_url()?;
+    b.wait_for(RESUMED, 4, Duration::from_secs(180))?;
+    let running = running_partitions(&admin)?;
+    let followed: Vec<u32> = (0..PARTITIONS).filter(|p| !running.contains_key(p)).collect();
+    assert_eq!(followed.len(), 4, "b runs {running:?}:\n{}", b.log());
+    wait_until(
+        "b's copies of a's partitions, after the restore",
+        || {
+            for &p in &followed {
+                if standby_copy(&admin, p)?.is_none() {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+        || b.log(),
+    )?;
+    let restores = restores(&admin)?;
+    let restoring_ms: u64 = restores.iter().map(|(start, end)| end - start).sum();
+    assert!(restoring_ms >= 4_000, "b restored for seconds under the cap: {restores:?}\n{}", b.log());
+    let mut started = Vec::new();
+    // Each copy's record is written at its end, not downloaded.
+    let downloaded =
+        files_under(&dir.join("b/state/standby"))?.into_iter().filter(|f| !f.ends_with("sluice-standby.json"));
+    for file in downloaded {
+        let modified = std::fs::metadata(&file)?.modified()?.duration_since(std::time::UNIX_EPOCH)?.as_millis();
+        if restores.iter().any(|&(start, end)| (u128::from(start)..u128::from(end)).contains(&modified)) {
+            started.push(file);
+        }
+    }
+    assert!(started.is_empty(), "copies' downloads started while b restored {restores:?}: {started:?}\n{}", b.log());
+    b.terminate()?;
+    a.terminate()?;
+    Ok(())
+}
+
+/// From the start to the end of each restore that fetched anything, as the timeline of
+/// the host whose admin API is at `admin` shows them (ms since the epoch).
+fn restores(admin: &str) -> Result<Vec<(u64, u64)>> {
+    let timeline = sluice::admin::call(admin, hyper::Method::GET, "/timeline", Vec::new())?;
+    let timeline: serde_json::Value = serde_json::from_str(&timeline)?;
+    let entries = timeline["entries"].as_array().context("the timeline's entries")?;
+    let restores = entries.iter().filter(|e| e["kind"] == "restore" && e["bytes"].as_u64().is_some_and(|b| b > 0));
+    Ok(restores
+        .map(|e| {
+            let (end, took_s) = (e["at_ms"].as_u64().unwrap_or(0), e["took_s"].as_f64().unwrap_or(0.0));
+            (end.saturating_sub((took_s * 1e3) as u64), end)
+        })
+        .collect())
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        match path.is_dir() {
+            true => files.extend(files_under(&path)?),
+            false => files.push(path),
+        }
+    }
+    Ok(files)
+}
+
 mod a_standby_takes_over_a_killed_owner_fetching_at_most_a_checkpoint {
     use super::*;
 

@@ -33,6 +33,14 @@ pub fn checkpoint_manifests(store: &Path, partition: u32) -> Result<Vec<Value>> 
     Ok(manifests)
 }
 
+/// The bytes of the files of `partition`'s newest checkpoint in the local checkpoint
+/// store `store`: what restoring it downloads.
+pub fn newest_checkpoint_bytes(store: &Path, partition: u32) -> Result<u64> {
+    let newest = checkpoint_manifests(store, partition)?.pop().context("a checkpoint of the partition")?;
+    let files = newest["files"].as_array().context("a manifest lists its files")?;
+    Ok(files.iter().map(|f| f["size"].as_u64().unwrap_or(0)).sum())
+}
+
 /// The files of `partition` in the local checkpoint store `store`: object name -> size.
 /// A file a running job deletes while it is listed is left out.
 pub fn checkpoint_files(store: &Path, partition: u32) -> Result<BTreeMap<String, u64>> {
