@@ -2,7 +2,7 @@
 # Sluice's entry point for people and CI.
 #   ./dev.sh demo    set up, build, and run the vehicle demo on the embedded generator,
 #                    deploying version 2 of its operator while it runs
-#   ./dev.sh test    set up, build, lint (rustfmt, clippy), and run the whole test suite
+#   ./dev.sh test    set up, build, lint (rustfmt, clippy, rustdoc), and run the whole test suite
 #                    (what CI runs)
 #   ./dev.sh bench   set up, build, and run the benchmarks (throughput, checkpoints and restore,
 #                    moving a partition, Kafka, hot swap, state under churn, expiry storms), then the release binary's `sluice run` over 1M-record files
@@ -267,6 +267,8 @@ lint() {
         -- -D warnings
     cargo clippy --target wasm32-wasip2 -p vehicle-stats --features wit-0-1-0 -- -D warnings
     cargo clippy --target wasm32-wasip2 -p vehicle-stats --features wit-0-1-2 -- -D warnings
+    # Every intra-doc link resolves, and no public item's docs point at a private one.
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 }
 
 # What a user measures: the release binary's `sluice run` over a JSONL file of 1M vehicle

@@ -32,7 +32,7 @@ impl Backoff {
     }
 
     /// How long to wait before the next try (each wait twice the last, at most
-    /// [`LONGEST`]); `None` once that wait would end past the timeout: time to give up.
+    /// `LONGEST`); `None` once that wait would end past the timeout: time to give up.
     pub fn next_wait(&mut self) -> Option<Duration> {
         let wait = self.wait;
         if self.began.elapsed() + wait >= self.timeout {

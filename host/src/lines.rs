@@ -46,7 +46,7 @@ impl Line<'_> {
 }
 
 /// Bytes as a JSON line holds them: embedded as JSON when they are JSON a reader holds
-/// (values only, see [`readable_json`]), else as a string when they are UTF-8, else in
+/// (values only, see `readable_json`), else as a string when they are UTF-8, else in
 /// base64.
 pub enum Payload<'a> {
     /// JSON a reader holds, embedded as is.

@@ -7,7 +7,7 @@
 //!   the tests make against it;
 //! - [`kafka_job`]: the jobs and hosts the Kafka tests run over such a broker;
 //! - [`stores`]: reading checkpoint stores and state directories;
-//! - [`reference`]: generating and reading JSONL, and the reference fold of
+//! - [`reference`](mod@reference): generating and reading JSONL, and the reference fold of
 //!   vehicle-stats computed independently of the operator;
 //! - [`settings`]: the benchmarks' sizes from the environment;
 //! - [`measure`]: the benchmarks' wall and CPU clocks.

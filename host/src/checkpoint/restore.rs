@@ -5,7 +5,7 @@
 //! checkpoint (local recovery: nothing is copied). Otherwise the newest checkpoint is
 //! built in a side directory — from the files the partition's database or its standby
 //! copy already holds with the same name and checksum, downloads for the rest
-//! ([`assemble`](super::assemble)), every file checked against its manifest — the
+//! ([`assemble`]), every file checked against its manifest — the
 //! database opened to confirm it holds the manifest's offset, and only then moved into
 //! place; a missing or corrupt file is named and the previous checkpoint tried. Once
 //! the partition's state is in place its standby copy is discarded. A

@@ -7,7 +7,7 @@
 //! (`sluice-standby.json`): a directory without a readable record is no copy. An update
 //! builds the newest checkpoint's files in `partition-NNNN.next/` — the files the copy
 //! (or the partition's own database, when this host ran it) already holds, hard-linked;
-//! downloads for the rest ([`assemble`](super::assemble)) — records it, and puts it in
+//! downloads for the rest ([`assemble`]) — records it, and puts it in
 //! the copy's place. When the owner's garbage collection deletes a file mid-build, the
 //! build fails and the next update starts from the newest manifest, reusing what was
 //! fetched. A standby only reads the store: it never claims, writes or deletes.

@@ -23,7 +23,7 @@
 //! A deploy pushes a version, a rollback pops back to the one before it; the running
 //! version is the top of that stack. Each partition also records the offsets where it
 //! changed versions ([`Registry::record_switch`]), so that a replay of its records
-//! processes each with the version that first did ([`replay`](super::replay)). This module owns the layout and the history's
+//! processes each with the version that first did ([`switches`](super::versions::switches)). This module owns the layout and the history's
 //! meaning; it does not validate components (the [deployer](super::deploy) does before
 //! it records anything) and does not run them.
 //!

@@ -127,7 +127,7 @@ impl Workers {
 
     /// Brings standby copies of every partition up to date — before the source joins
     /// its group: call it first — then keeps them so on a thread of its own (see
-    /// [`standby`](super::standby)). Needs checkpoints on; a no-op otherwise.
+    /// `standby`). Needs checkpoints on; a no-op otherwise.
     pub fn follow_standbys(&mut self, settings: StandbySettings) -> Result<()> {
         if self.setup.checkpoints.is_some() {
             let follower = Follower::new(self.setup.clone(), self.occupancy.clone(), self.host.clone(), settings);

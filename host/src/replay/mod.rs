@@ -1,7 +1,7 @@
 //! `sluice replay`: trying a version of an operator against a partition's real records
 //! before it counts.
 //!
-//! - [`run`]: one partition replayed from a checkpoint through a given version, as
+//! - [`run`](mod@run): one partition replayed from a checkpoint through a given version, as
 //!   its host would have processed it: the test that a version is deterministic, and
 //!   the way to run new code over production history.
 //! - [`diff`]: how two runs' outputs of the same records differ, record by record and

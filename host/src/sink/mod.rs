@@ -122,7 +122,7 @@ impl PartitionOutputs {
     /// Sends a batch's outputs, each with its origin, all produced by operator
     /// `version`. Lines are written when it returns (formatted into `scratch`, which
     /// the caller keeps from batch to batch so its memory is reused,
-    /// [`LINE_CHUNK_BYTES`] at a time, so it holds that plus one line); Kafka records
+    /// `LINE_CHUNK_BYTES` at a time, so it holds that plus one line); Kafka records
     /// are queued, counted until the broker acknowledges them, or in the open
     /// transaction. An output Kafka refuses for itself (over the producer's
     /// `message.max.bytes`) is not sent: its dead letter goes into `refused`.

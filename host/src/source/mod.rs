@@ -1,7 +1,7 @@
 //! Where records come from and which partition each belongs to.
 //!
 //! This module owns the producers of records: the embedded sources — a deterministic
-//! [fleet generator](generator) and a [JSONL file](file) — with the [`dispatch`] loop
+//! [fleet generator](generator) and a [JSONL file](mod@file) — with the [`dispatch`] loop
 //! that turns one such sequence into a partitioned log (each record goes to partition
 //! `murmur2(key) % partitions`, Kafka's default partitioner, at the next offset of that
 //! partition), and the [Kafka](kafka) consumer, whose records keep the broker's

@@ -81,8 +81,8 @@ pub struct StateEntry {
 }
 
 /// A partition's database. State entries live in the default column family under
-/// [`encode_entry_key`], each value behind its expiry header
-/// ([`encode_value`](super::expiry::encode_value)); the `expiry` column family indexes
+/// `encode_entry_key`, each value behind its expiry header
+/// (`expiry::encode_value`); the `expiry` column family indexes
 /// the values that expire; the committed source offset and clock live in the `meta`
 /// column family and are only ever written in the same batch as the state they reflect.
 pub struct PartitionStore {

@@ -372,7 +372,7 @@ impl Transaction {
     }
 
     /// Sets the timer `name` of the current key to fire at `at_ms` on the clock: an
-    /// entry that expires then (see [`timer`](super::timer)), replacing its time.
+    /// entry that expires then (see the `timer` module), replacing its time.
     pub fn set_timer(&mut self, name: &str, at_ms: u64) {
         self.put_expiring_at(&timer::entry_name(name), &[], Some(at_ms));
     }

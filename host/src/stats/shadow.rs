@@ -78,7 +78,7 @@ pub struct ShadowSample {
 
 impl ShadowSample {
     /// This sample cut to what it takes to tell the difference: its key and each value
-    /// to [`SAMPLE_TEXT_BYTES`], each side's outputs and the fields to [`SAMPLE_ITEMS`],
+    /// to `SAMPLE_TEXT_BYTES`, each side's outputs and the fields to `SAMPLE_ITEMS`,
     /// each cut saying how much it left out. However large the records, ten samples of
     /// every partition stay a few hundred KiB.
     pub fn bounded(mut self) -> Self {

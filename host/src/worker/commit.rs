@@ -43,7 +43,7 @@ pub struct Cadence {
     /// ... or this many bytes of state were written since (each entry's last value).
     pub commit_dirty_bytes: usize,
     /// A batch taking this long or longer is warned about (see
-    /// [`BatchTimes`](super::BatchTimes)).
+    /// `BatchTimes`).
     pub slow_batch: Option<Duration>,
 }
 

@@ -8,7 +8,7 @@
 //! the worker takes it, or when the queue goes away with it, so a worker that ends never
 //! leaves its router waiting.
 //!
-//! It does not batch records (the [router](super::router) does) or process them.
+//! It does not batch records (the partitions' `router` does) or process them.
 
 use crate::lock;
 use crate::record::SourceRecord;

@@ -29,7 +29,7 @@
 //! (`timers`), which the state keeps as entries expiring at their time, and export
 //! `fired`, which the host calls for a timer's entry instead of `expired`.
 //!
-//! What a call returns is lifted out of the guest's memory by [`lift`]'s types, which
+//! What a call returns is lifted out of the guest's memory by `lift`'s types, which
 //! check counts and lengths before copying anything. A batch's outputs, failure
 //! reasons and expiries count against its per-batch bounds as they come, so a batch —
 //! records and expiries alike — ends at its bounds wherever it is, even between two

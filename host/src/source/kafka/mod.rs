@@ -19,7 +19,7 @@
 //! shorter than the state (another topic, a recreated one), are never jumped over in
 //! silence, and librdkafka's own reset is off (`auto.offset.reset = error`). A broker
 //! that fails to tell the range, or to move the partition there, costs that partition a
-//! pause: it is tried again with [`Backoff`] (1, 2, 4… s) for up to `[checkpoint]
+//! pause: it is tried again with a [`Backoff`](crate::backoff::Backoff) (1, 2, 4… s) for up to `[checkpoint]
 //! restore_retry_timeout`, then the partition stops alone.
 //!
 //! The revocation callback stops its partitions at once (a restore under way is given
