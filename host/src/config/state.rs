@@ -112,7 +112,7 @@ impl Default for StateConfig {
             dir: "sluice-state".into(),
             partitions: 4,
             batch_records: 512,
-            queued_records: 16_384,
+            queued_records: 65_536,
             queued_mib: 64,
             commit_interval: Duration::from_secs(1),
             commit_every: 100_000,
