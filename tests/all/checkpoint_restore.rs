@@ -359,7 +359,7 @@ fn a_small_change_uploads_a_small_fraction_of_the_state() -> Result<()> {
     let before = checkpoint_files(&store, 0)?;
     run_ok(&mut job(60_200))?;
     let last = checkpoint_manifests(&store, 0)?.pop().unwrap();
-    let total: u64 = last["files"].as_array().unwrap().iter().map(|f| f["size"].as_u64().unwrap()).sum();
+    let total = manifest_bytes(&last);
     let uploaded = last["uploaded_bytes"].as_u64().unwrap();
     // What the store gained is exactly what the manifest says it uploaded.
     let gained: u64 =
@@ -387,8 +387,7 @@ fn a_stale_local_copy_fetches_only_the_files_it_lacks() -> Result<()> {
     let stale = dir.join("stale");
     run_ok(Command::new("cp").arg("-a").arg(dir.join("state")).arg(&stale))?;
     run_ok(&mut job(60_200))?;
-    let newest = checkpoint_manifests(&store, 0)?.pop().unwrap();
-    let total: u64 = newest["files"].as_array().unwrap().iter().map(|f| f["size"].as_u64().unwrap()).sum();
+    let total = newest_checkpoint_bytes(&store, 0)?;
     std::fs::remove_dir_all(dir.join("state"))?;
     std::fs::rename(&stale, dir.join("state"))?;
 

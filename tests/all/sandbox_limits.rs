@@ -413,7 +413,7 @@ fn a_batch_of_maximal_writes_ends_at_commit_dirty_mib() -> Result<()> {
 
 /// A partition's queue is bounded by bytes, not only by records: 400 records of 1 MiB
 /// each, read far faster than a slow operator takes them, would all wait in memory
-/// under the default `queued_records` (16,384). With `[state] queued_mib = 8` a batch
+/// under the default `queued_records` (65,536). With `[state] queued_mib = 8` a batch
 /// ends at 2 MiB and the source waits once 8 MiB are queued, so the host's peak stays
 /// near its base whatever the input, and every record is processed.
 #[test]

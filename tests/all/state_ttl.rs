@@ -156,10 +156,9 @@ fn state_plateaus_under_churn_with_a_ttl_and_grows_with_the_vehicles_seen_withou
         }
         run_ok(&mut command)?;
         let manifests = checkpoint_manifests(&home.join("state.checkpoints"), 0)?;
-        let bytes = |m: &Value| m["files"].as_array().map_or(0, |f| f.iter().filter_map(|f| f["size"].as_u64()).sum());
         Ok(manifests
             .iter()
-            .map(|m| (m["offset"].as_u64().unwrap(), m["entries"].as_u64().unwrap(), bytes(m)))
+            .map(|m| (m["offset"].as_u64().unwrap(), m["entries"].as_u64().unwrap(), manifest_bytes(m)))
             .collect())
     };
     // The checkpoint at about half the partition's records, the last one, and the

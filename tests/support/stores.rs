@@ -33,12 +33,16 @@ pub fn checkpoint_manifests(store: &Path, partition: u32) -> Result<Vec<Value>> 
     Ok(manifests)
 }
 
-/// The bytes of the files of `partition`'s newest checkpoint in the local checkpoint
-/// store `store`: what restoring it downloads.
+/// The bytes of the files `manifest` lists: what restoring its checkpoint downloads.
+pub fn manifest_bytes(manifest: &Value) -> u64 {
+    manifest["files"].as_array().map_or(0, |files| files.iter().filter_map(|f| f["size"].as_u64()).sum())
+}
+
+/// [`manifest_bytes`] of `partition`'s newest checkpoint in the local checkpoint store
+/// `store`.
 pub fn newest_checkpoint_bytes(store: &Path, partition: u32) -> Result<u64> {
     let newest = checkpoint_manifests(store, partition)?.pop().context("a checkpoint of the partition")?;
-    let files = newest["files"].as_array().context("a manifest lists its files")?;
-    Ok(files.iter().map(|f| f["size"].as_u64().unwrap_or(0)).sum())
+    Ok(manifest_bytes(&newest))
 }
 
 /// The files of `partition` in the local checkpoint store `store`: object name -> size.

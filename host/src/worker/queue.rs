@@ -1,8 +1,8 @@
 //! A partition's queue: the batches its router handed over that its worker has not
 //! taken yet, bounded in batches and in bytes.
 //!
-//! A bound in records alone lets records' sizes choose the host's memory (16,384 queued
-//! records of 16 MiB lines are 256 GiB), so the queue also holds at most `[state]
+//! A bound in records alone lets records' sizes choose the host's memory (65,536 queued
+//! records of 16 MiB lines are 1 TiB), so the queue also holds at most `[state]
 //! queued_mib` of records' bytes — except one batch, however large, when it is empty:
 //! a record is never too big to pass. The bytes of a batch are given back the moment
 //! the worker takes it, or when the queue goes away with it, so a worker that ends never

@@ -41,13 +41,8 @@ impl VersionedInstance {
     /// next batch on: started, its share changed, or ended. A canary that cannot start
     /// here is logged, and none runs.
     pub(super) fn use_canary(&mut self, wanted: Option<(Arc<WasmOperator>, BasisPoints)>) {
-        let same = match (&self.canary, &wanted) {
-            (Some((running, share)), Some((operator, wanted))) => {
-                running.version() == operator.version() && share == wanted
-            }
-            (running, wanted) => running.is_none() && wanted.is_none(),
-        };
-        if same {
+        let running = self.canary.as_ref().map(|(operator, share)| (operator.version(), *share));
+        if running == wanted.as_ref().map(|(operator, share)| (operator.version(), *share)) {
             return;
         }
         self.canary = None;
