@@ -148,6 +148,21 @@ impl KafkaBroker {
         self.cluster.leader(&self.name(topic), partition)
     }
 
+    /// The node coordinating this test's consumer `group`, by its index: the leader of
+    /// the `__consumer_offsets` partition Kafka hashes the group's name to (Java's
+    /// `String.hashCode`, made positive, modulo the topic's partitions). That topic
+    /// exists once any group was looked up.
+    pub fn group_coordinator(&self, group: &str) -> Result<usize> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        const OFFSETS: &str = "__consumer_offsets";
+        let consumer: BaseConsumer = self.client_config().create()?;
+        let metadata = consumer.fetch_metadata(Some(OFFSETS), Duration::from_secs(10))?;
+        let partitions = metadata.topics().iter().map(|t| t.partitions().len()).sum::<usize>() as i32;
+        anyhow::ensure!(partitions > 0, "{OFFSETS} does not exist yet: no group was looked up");
+        let hash = self.name(group).encode_utf16().fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+        self.cluster.leader(OFFSETS, (hash & i32::MAX) % partitions)
+    }
+
     /// Kills node `i` (SIGKILL), as a machine dies: its clients' connections break and
     /// the others take its partitions' leadership over. Only on a cluster of the test's own.
     pub fn kill_node(&self, i: usize) -> Result<()> {

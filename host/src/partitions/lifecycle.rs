@@ -35,7 +35,7 @@ use super::events::{CLAIMED_ELSEWHERE, RESTARTING, STOPPED, STOPPED_ALONE};
 use super::occupancy::Occupancy;
 use super::report::PartitionReport;
 use super::setup::WorkerSetup;
-use super::standby::{Follower, Following, StandbySettings};
+use super::standby::{Followed, Follower, Following, StandbySettings};
 use super::start::{Begun, Running, Start, StartGivenUp};
 use crate::backoff::Backoff;
 use crate::checkpoint::store::ClaimedElsewhere;
@@ -54,6 +54,15 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, TrySendError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Whether `error`, which ended a partition's worker, is one of its commit: another
+/// producer took its transactions over ([`Fenced`]), its transaction failed to commit
+/// ([`CommitFailed`]) or its switch of versions could not be recorded
+/// ([`SwitchUnrecorded`]). The partition's alone, not the host's: nothing since its
+/// last commit committed, and a start again, here or on its next owner, goes on from it.
+fn ended_by_its_commit(error: &anyhow::Error) -> bool {
+    error.is::<Fenced>() || error.is::<CommitFailed>() || error.is::<SwitchUnrecorded>()
+}
 
 /// A partition's start, as its starting thread reports it: which start it was, and the
 /// worker it started.
@@ -128,9 +137,10 @@ impl Workers {
     /// Brings standby copies of every partition up to date — before the source joins
     /// its group: call it first — then keeps them so on a thread of its own (see
     /// `standby`). Needs checkpoints on; a no-op otherwise.
-    pub fn follow_standbys(&mut self, settings: StandbySettings) -> Result<()> {
+    pub fn follow_standbys(&mut self, settings: StandbySettings, followed: Followed) -> Result<()> {
         if self.setup.checkpoints.is_some() {
-            let follower = Follower::new(self.setup.clone(), self.occupancy.clone(), self.host.clone(), settings);
+            let follower =
+                Follower::new(self.setup.clone(), self.occupancy.clone(), self.host.clone(), settings, followed);
             self.following = Some(follower.warm_up_and_follow()?);
         }
         Ok(())
@@ -218,7 +228,7 @@ impl Workers {
                 Err(_) => anyhow!("its worker panicked"),
             };
             let error = error.context(format!("partition {partition} stopped"));
-            if error.is::<Fenced>() || error.is::<CommitFailed>() || error.is::<SwitchUnrecorded>() {
+            if ended_by_its_commit(&error) {
                 self.restart(partition, error, progressed)?;
             } else if error.is::<ClaimedElsewhere>() {
                 self.host.lost.fetch_add(1, Ordering::Relaxed);
@@ -420,7 +430,9 @@ impl Workers {
     /// given up without waiting for it (if it is taking over its partition's
     /// transactions, until that returns). Returns the offset each partition that ran
     /// here committed with its state, and the first failure; every partition is stopped
-    /// even when one fails.
+    /// even when one fails. A worker that failed in its commit (fenced, its transaction or switch unrecorded,
+    /// or claimed elsewhere) is no failure: the partition leaves as it would have
+    /// restarted, from its last commit.
     pub fn stop(&mut self, partitions: &[u32], how: Stop) -> (Vec<(u32, u64)>, Result<()>) {
         let began = Instant::now();
         let mut stopping = Vec::new();
@@ -456,6 +468,12 @@ impl Workers {
                     offsets.push((partition, report.totals.committed_offset));
                     self.reports.push(report);
                 }
+                // Its own failure, which it leaves with: its next owner starts from its last commit.
+                Err(e) if ended_by_its_commit(&e) || e.is::<ClaimedElsewhere>() => tracing::warn!(
+                    partition,
+                    "{e:#}; {STOPPED} ({how:?}) in {:.0} ms, nothing since its last commit committed",
+                    began.elapsed().as_secs_f64() * 1e3
+                ),
                 Err(e) => result = result.and(Err(e)),
             }
         }

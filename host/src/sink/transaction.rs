@@ -32,14 +32,20 @@ use crate::kafka::client_config;
 use crate::record::{DeadLetter, Origin, Output};
 use anyhow::{Context, Result, anyhow};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// How long fencing, reading the group's offset, and committing a transaction may take.
 const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// How much longer than [`TRANSACTION_TIMEOUT`] a commit is waited for before it is
+/// given up: librdkafka (2.12) can wait in `send_offsets_to_transaction` past its
+/// timeout, for good, when the group coordinator's node left the cluster (its issues
+/// 5456 and 5511: a coordinator request to a node it decommissioned is never retried).
+const COMMIT_GRACE: Duration = Duration::from_secs(5);
 /// How long aborting a transaction may hold up its partition's stop: past it, the
 /// broker's own timeout aborts the transaction.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -138,8 +144,8 @@ impl TransactionalSink {
             tracing::info!(partition, "{COVERED} {covered} (transactional.id {id})");
         }
         Ok(PartitionTransaction {
-            producer,
-            group,
+            producer: Arc::new(producer),
+            group: Arc::new(group),
             input: (input.topic.clone(), partition),
             topic: self.topic.clone(),
             name: format!("{} as {id}", self.name),
@@ -168,8 +174,10 @@ pub fn legacy_transactional_id(group: &str, topic: &str, partition: u32) -> Stri
 
 /// One partition's transactional producer and its open transaction.
 pub struct PartitionTransaction {
-    producer: ThreadedProducer<TransactionReports>,
-    group: ConsumerGroupMetadata,
+    /// Shared with the thread a commit runs on, which keeps it if the commit never
+    /// returns ([`COMMIT_GRACE`]).
+    producer: Arc<ThreadedProducer<TransactionReports>>,
+    group: Arc<ConsumerGroupMetadata>,
     /// The input topic and partition whose offsets the transactions commit.
     input: (String, u32),
     topic: String,
@@ -240,10 +248,14 @@ impl PartitionTransaction {
         let next_offset = next_offset.max(self.covered);
         let mut offsets = TopicPartitionList::new();
         offsets.add_partition_offset(&self.input.0, self.input.1 as i32, Offset::Offset(next_offset as i64))?;
-        let committed = self
-            .producer
-            .send_offsets_to_transaction(&offsets, &self.group, TRANSACTION_TIMEOUT)
-            .and_then(|()| self.producer.commit_transaction(TRANSACTION_TIMEOUT));
+        let committed = match self.commit_waiting(offsets) {
+            Ok(committed) => committed,
+            // The producer is the commit's thread's now: nothing more is asked of it.
+            Err(no_answer) => {
+                self.open = false;
+                return Err(CommitFailed(format!("committing the transaction of {}: {no_answer:#}", self.name)).into());
+            }
+        };
         if let Err(e) = committed {
             let failure = self.failure("committing the transaction of", e.rdkafka_error_code(), e.to_string());
             // Open with the offsets if not with outputs.
@@ -257,6 +269,26 @@ impl PartitionTransaction {
         self.covered = next_offset;
         self.open = false;
         self.producer.begin_transaction().with_context(|| format!("beginning a transaction of {}", self.name))
+    }
+
+    /// Sends `offsets` to the open transaction and commits it, within
+    /// [`TRANSACTION_TIMEOUT`] in all, on a thread of its own: past
+    /// [`COMMIT_GRACE`] more without librdkafka's answer, the error, and the thread
+    /// keeps the producer, dropping it if the call ever returns. A new owner's start,
+    /// this host's included, fences that producer meanwhile.
+    fn commit_waiting(&self, offsets: TopicPartitionList) -> Result<KafkaResult<()>> {
+        let (producer, group) = (self.producer.clone(), self.group.clone());
+        let began = Instant::now();
+        let commit = move || {
+            producer
+                .send_offsets_to_transaction(&offsets, &group, TRANSACTION_TIMEOUT)
+                .and_then(|()| producer.commit_transaction(TRANSACTION_TIMEOUT.saturating_sub(began.elapsed())))
+        };
+        let name = format!("sluice-commit-p{}", self.input.1);
+        answered_within(name, TRANSACTION_TIMEOUT + COMMIT_GRACE, commit).context(
+            "librdkafka, which can wait for good when the group coordinator's node left the cluster (its issues 5456 \
+             and 5511), is given up on, and this producer with it",
+        )
     }
 
     /// Aborts the open transaction if it holds anything, unless this producer is fenced
@@ -294,6 +326,21 @@ impl PartitionTransaction {
             _ => anyhow!("{what}"),
         }
     }
+}
+
+/// Runs `call` on a thread named `name` and returns its answer, or an error if none
+/// came within `limit`: the thread is then left to end, if ever, on its own.
+fn answered_within<T: Send + 'static>(
+    name: String,
+    limit: Duration,
+    call: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    let (answer, answered) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || answer.send(call()).ok())
+        .context("starting a thread for a call to librdkafka")?;
+    answered.recv_timeout(limit).map_err(|_| anyhow!("no answer in {}s", limit.as_secs_f64()))
 }
 
 impl Drop for PartitionTransaction {
@@ -338,6 +385,22 @@ impl ProducerContext for TransactionReports {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A call that answers in time gives its answer; one that never does (it waits on
+    /// a channel no one sends on, as librdkafka waits for a coordinator that is gone)
+    /// is an error once the limit passed, its thread left waiting.
+    #[test]
+    fn a_call_that_never_answers_is_given_up_after_its_limit() {
+        let limit = Duration::from_millis(200);
+        let answer = answered_within("answers".into(), limit, || 7).expect("answered");
+        assert_eq!(answer, 7);
+        let (_never_sent, never) = std::sync::mpsc::channel::<()>();
+        let began = Instant::now();
+        let stuck = answered_within("stuck".into(), limit, move || never.recv().is_ok());
+        let waited = began.elapsed();
+        assert!(stuck.expect_err("no answer").to_string().contains("no answer in 0.2s"));
+        assert!(waited >= limit && waited < limit * 10, "given up after {waited:?}");
+    }
 
     /// Every id reads back as the one group, topic and partition it was made of (so no
     /// two share one), where the earlier ids of group `a-b` reading `c` and group `a`
