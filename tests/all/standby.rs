@@ -8,6 +8,7 @@
 use anyhow::{Context, Result};
 use sluice::events::{ASSIGNED, RESUMED, WARMED_UP};
 use sluice_e2e::*;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// The checkpoint the standby copy of `partition` holds on the host whose admin API is at
@@ -290,6 +291,93 @@ fn files_under(dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>> {
         }
     }
     Ok(files)
+}
+
+/// The hosts keeping a standby copy of each partition, by partition, as the status
+/// answers of the hosts at `admins` say: copies holding a checkpoint only.
+fn standby_hosts(admins: &[(&str, String)]) -> Result<BTreeMap<u32, Vec<String>>> {
+    let mut hosts: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for (name, admin) in admins {
+        let answer = sluice::admin::call(admin, hyper::Method::GET, "/partitions", Vec::new())?;
+        let answer: sluice::metrics::partitions::PartitionsAnswer = serde_json::from_str(&answer)?;
+        for (&p, copy) in &answer.host.standby {
+            if copy.checkpoint.is_some() {
+                hosts.entry(p).or_default().push(name.to_string());
+            }
+        }
+    }
+    Ok(hosts)
+}
+
+/// `standby = 1` on three hosts of a group with six partitions: each partition's copy is
+/// kept by exactly one host, never its owner — six copies in all where "all" keeps twelve
+/// — as every host reads the group's description alike. When one host is killed, the
+/// copies are chosen again between the two left, each partition still followed by the
+/// host that does not run it, and the killed host's partitions resume on them.
+fn each_partition_is_followed_by_n_hosts(protocol: GroupProtocol) -> Result<()> {
+    let kafka = KafkaJob::on(KafkaBroker::shared()?).topic("positions", 6).start()?;
+    let (broker, dir) = (&kafka.broker, kafka.dir());
+    broker.produce_lines("positions", &kafka.generate("all.jsonl", 600, 6_000)?)?;
+    let store = dir.join("store");
+    let settings = "[checkpoint]\nstandby = 1\nstandby_poll = \"300ms\"\n";
+    let config = kafka.source("chosen", &group_settings(protocol, settings))?;
+    let host = |name: &str| -> Result<Host> {
+        kafka.host(name, 6, &config, Some(&store), &["--checkpoint-interval", "1", "--admin", "127.0.0.1:0"])
+    };
+    let mut hosts = vec![host("a")?, host("b")?, host("c")?];
+    let mut admins = Vec::new();
+    for (host, name) in hosts.iter_mut().zip(["a", "b", "c"]) {
+        admins.push((name, host.admin_url()?));
+    }
+    let logs = |hosts: &[Host]| hosts.iter().map(Host::log).collect::<Vec<_>>().join("\n");
+    // Each partition followed by exactly one host, which does not run it, and every
+    // partition running on one of `admins`.
+    let followed_once = |admins: &[(&str, String)]| -> Result<bool> {
+        let copies = standby_hosts(admins)?;
+        let mut running = BTreeMap::new();
+        for (name, admin) in admins {
+            running.extend(running_partitions(admin)?.into_keys().map(|p| (p, name.to_string())));
+        }
+        Ok(running.len() == 6
+            && (0..6).all(|p| copies.get(&p).is_some_and(|on| on.len() == 1 && Some(&on[0]) != running.get(&p))))
+    };
+    wait_until(
+        "each partition followed by one host other than its owner",
+        || followed_once(&admins),
+        || format!("{:?}\n{}", standby_hosts(&admins), logs(&hosts)),
+    )?;
+    let killed = hosts.pop().expect("c");
+    let moved: Vec<u32> = running_partitions(&admins[2].1)?.into_keys().collect();
+    let mut killed = killed;
+    let logged_before: Vec<usize> = hosts.iter().map(|h| h.log().len()).collect();
+    killed.kill_9()?;
+    admins.pop();
+    wait_until(
+        "the copies chosen again between a and b",
+        || followed_once(&admins),
+        || format!("{:?}\n{}", standby_hosts(&admins), logs(&hosts)),
+    )?;
+    let restores_since = hosts.iter().zip(&logged_before).flat_map(|(h, &at)| reported_restores(&h.log()[at..]));
+    let warm = restores_since.filter(|(path, _, _)| path == "standby").count();
+    println!("standby = 1, three hosts, c killed: {warm} of c's {} partitions resumed from a copy", moved.len());
+    for host in &mut hosts {
+        host.terminate()?;
+    }
+    Ok(())
+}
+
+mod each_partition_is_followed_by_n_hosts_other_than_its_owner {
+    use super::*;
+
+    #[test]
+    fn classic() -> Result<()> {
+        each_partition_is_followed_by_n_hosts(GroupProtocol::Classic)
+    }
+
+    #[test]
+    fn consumer() -> Result<()> {
+        each_partition_is_followed_by_n_hosts(GroupProtocol::Consumer)
+    }
 }
 
 mod a_standby_takes_over_a_killed_owner_fetching_at_most_a_checkpoint {

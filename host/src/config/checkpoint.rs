@@ -48,7 +48,7 @@ pub struct CheckpointConfig {
 /// of, followed from the checkpoint store, so that taking one over fetches the newest
 /// checkpoints' new files instead of the state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "StandbyValue")]
 pub enum Standby {
     /// None: a partition that moves here is restored from the store (reusing whatever
     /// of its files this host's disk still holds).
@@ -56,6 +56,39 @@ pub enum Standby {
     /// Every partition this host does not run: whichever host survives or takes over,
     /// it is warm. Downloads every checkpoint's new files once per host.
     All,
+    /// `standby = N`: each partition is followed by N hosts of the group other than
+    /// its owner, the same ones on every host (rendezvous hashing over the group's
+    /// members as Kafka describes them), chosen again as members come and go. Every
+    /// checkpoint is downloaded N times in all, however many hosts there are.
+    Hosts(u32),
+}
+
+/// `standby` as written: a name or a number of hosts.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StandbyValue {
+    Hosts(i64),
+    Named(String),
+}
+
+impl TryFrom<StandbyValue> for Standby {
+    type Error = String;
+
+    fn try_from(value: StandbyValue) -> std::result::Result<Self, String> {
+        match value {
+            StandbyValue::Named(name) if name == "none" => Ok(Standby::None),
+            StandbyValue::Named(name) if name == "all" => Ok(Standby::All),
+            StandbyValue::Hosts(n) if n >= 1 => {
+                u32::try_from(n).map(Standby::Hosts).map_err(|_| format!("[checkpoint] standby = {n}: too many hosts"))
+            }
+            StandbyValue::Hosts(n) => {
+                Err(format!("[checkpoint] standby = {n}: a number of hosts is 1 or more (\"none\" keeps no copies)"))
+            }
+            StandbyValue::Named(other) => Err(format!(
+                "[checkpoint] standby = {other:?}: expected \"none\", \"all\" or a number of hosts (1 or more)"
+            )),
+        }
+    }
 }
 
 impl Default for CheckpointConfig {

@@ -244,6 +244,25 @@ mod tests {
         assert!(err.contains("at-least-once") && err.contains("exactly-once"), "{err}");
     }
 
+    /// `standby` is "none", "all" or a number of hosts; anything else is refused with
+    /// what it may be.
+    #[test]
+    fn standby_is_none_all_or_a_number_of_hosts() {
+        use crate::config::Standby;
+        let standby = |value: &str| {
+            toml::from_str::<Config>(&format!("[operator]\npath = \"op.wasm\"\n[checkpoint]\nstandby = {value}\n"))
+                .map(|config| config.checkpoint.standby)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(standby("\"none\""), Ok(Standby::None));
+        assert_eq!(standby("\"all\""), Ok(Standby::All));
+        assert_eq!(standby("2"), Ok(Standby::Hosts(2)));
+        for (bad, says) in [("0", "1 or more"), ("-1", "1 or more"), ("\"some\"", "\"none\", \"all\" or a number")] {
+            let err = standby(bad).expect_err(bad);
+            assert!(err.contains("[checkpoint] standby") && err.contains(says), "{bad}: {err}");
+        }
+    }
+
     #[test]
     fn the_default_checkpoint_store_sits_beside_the_state_directory() {
         let checkpoint = CheckpointConfig::default();

@@ -24,3 +24,7 @@ pub const DEAD_LETTERS_BY_KIND: &str = "dead letters by kind";
 /// Begins the final report's line of what a shadow found: `shadow compared with the live
 /// version, vehicle_stats@…: 1000 compared, 1000 equal, …`.
 pub const SHADOW_COMPARED: &str = "shadow compared with the live version,";
+
+/// Logged when the partitions this host keeps standby copies of under `[checkpoint]
+/// standby = N` change (the group's members came or went), followed by them.
+pub const STANDBY_CHOSEN: &str = "standby copies kept here of partitions";

@@ -22,21 +22,22 @@ use crate::metrics::Metrics;
 use crate::operator::deploy::{Deployer, Sandbox};
 use crate::operator::versions::switches::{Claims, SwitchLog};
 use crate::operator::versions::{ActiveVersion, ShadowVersion};
-use crate::partitions::{Checkpointing, Router, StandbySettings, WorkerSetup, Workers};
+use crate::partitions::{Checkpointing, Followed, Router, StandbySettings, WorkerSetup, Workers, chosen_copies};
 use crate::probes::process_cpu;
 use crate::record::RawRecord;
 use crate::sink::{DeadLetterSink, Sink};
 use crate::source::events::PARTITIONS_ADDED;
 use crate::source::file::JsonlFile;
 use crate::source::generator::{Fleet, FleetOptions};
-use crate::source::kafka::{self, KafkaOptions};
+use crate::source::kafka::{self, GroupDescriber, KafkaOptions};
 use crate::source::{self, DispatchOptions};
 use crate::state::{self, StateDir};
 use crate::stats::{HostStats, LiveStats};
 use crate::warnings::Watch;
 use crate::worker::{Cadence, Destinations};
 use anyhow::{Result, anyhow, bail};
-use events::JOB_STARTED;
+use events::{JOB_STARTED, STANDBY_CHOSEN};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -100,9 +101,14 @@ pub fn run(config: &Config) -> Result<JobReport> {
     let stopping = Arc::new(AtomicBool::new(false));
     runtime.spawn(stop_on_signal(stopping.clone()));
     let checkpoints_on = checkpoints.is_some();
-    let follows_standbys =
-        checkpoints_on && matches!(source, OpenSource::Kafka(_)) && config.checkpoint.standby == Standby::All;
-    if !follows_standbys {
+    let followed = match (&source, config.checkpoint.standby) {
+        (OpenSource::Kafka(_), Standby::All) if checkpoints_on => Some(Followed::All),
+        (OpenSource::Kafka(kafka), Standby::Hosts(copies)) if checkpoints_on => {
+            Some(Followed::Chosen(chosen_by_group(kafka, partitions, copies)?))
+        }
+        _ => None,
+    };
+    if followed.is_none() {
         // Copies no one brings up to date would only take disk (and a restore reuses
         // the partition's own files without them).
         checkpoint::standby::discard_all(&state)?;
@@ -137,12 +143,13 @@ pub fn run(config: &Config) -> Result<JobReport> {
         admin::serve(listen, &config.admin, deployer.clone(), metrics, host_stats.clone(), &runtime)?;
     }
     // Before the source joins its group: the copies are warm when partitions arrive.
-    if follows_standbys {
-        router.follow_standbys(StandbySettings {
+    if let Some(followed) = followed {
+        let settings = StandbySettings {
             max_bytes: config.checkpoint.standby_max_bytes,
             poll: config.checkpoint.standby_poll,
             warm_up: config.checkpoint.standby_warm_up,
-        })?;
+        };
+        router.follow_standbys(settings, followed)?;
     }
     let checkpoint_interval = checkpoints_on.then_some(config.checkpoint.interval);
     let watch = Watch::new(config.report.clone(), checkpoint_interval, live.clone(), host_stats.clone());
@@ -243,6 +250,37 @@ async fn stop_on_signal(stopping: Arc<AtomicBool>) {
 }
 
 /// A source, opened, as the dispatcher thread reads it.
+/// The partitions this host keeps standby copies of under `[checkpoint] standby =
+/// copies` ([`chosen_copies`]), from the group's description at each round; where the
+/// broker fails to describe it, those chosen last.
+fn chosen_by_group(kafka: &KafkaOptions, partitions: u32, copies: u32) -> Result<ChooseCopies> {
+    let describer = GroupDescriber::new(&kafka.brokers, &kafka.properties, &kafka.group, &kafka.topic)?;
+    let own = kafka.member_name();
+    let mut last: Option<BTreeSet<u32>> = None;
+    Ok(Box::new(move || {
+        match describer.describe(GROUP_DESCRIBE_TIMEOUT) {
+            Ok(members) => {
+                let chosen = chosen_copies(&own, &members, partitions, copies as usize);
+                if last.as_ref() != Some(&chosen) {
+                    tracing::info!(
+                        "{STANDBY_CHOSEN} {chosen:?} ([checkpoint] standby = {copies}; the group has {} members)",
+                        members.len()
+                    );
+                }
+                last = Some(chosen);
+            }
+            Err(e) => tracing::warn!("{e:#}: the standby copies chosen last are followed meanwhile"),
+        }
+        last.clone().unwrap_or_default()
+    }))
+}
+
+/// What [`Followed::Chosen`] asks at each round.
+type ChooseCopies = Box<dyn FnMut() -> BTreeSet<u32> + Send>;
+
+/// How long a round of standby updates waits for the group's description.
+const GROUP_DESCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
+
 enum OpenSource {
     /// An embedded source: records the dispatcher partitions itself, and its pacing.
     Embedded(Box<dyn Iterator<Item = Result<RawRecord>> + Send>, DispatchOptions),

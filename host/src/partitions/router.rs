@@ -11,7 +11,7 @@
 //! workers do).
 
 use super::events::OFFSETS_JUMP;
-use super::{PartitionReport, StandbySettings, Workers};
+use super::{Followed, PartitionReport, StandbySettings, Workers};
 use crate::record::{SourceRecord, Stop};
 use crate::source::{Partitions, Started};
 use crate::stats::RebalanceChange;
@@ -65,8 +65,8 @@ impl Router {
     }
 
     /// Warms standby copies up, then follows them ([`Workers::follow_standbys`]).
-    pub fn follow_standbys(&mut self, settings: StandbySettings) -> Result<()> {
-        self.workers.follow_standbys(settings)
+    pub fn follow_standbys(&mut self, settings: StandbySettings, followed: Followed) -> Result<()> {
+        self.workers.follow_standbys(settings, followed)
     }
 
     /// What the source delivered so far.

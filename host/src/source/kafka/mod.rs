@@ -37,8 +37,10 @@
 //! restore state (the [partitions](crate::partitions) and the [worker](crate::worker)
 //! do). One room per concern: `membership` (the rebalance callbacks), `poll` (the loop
 //! around librdkafka's poll), `resume` (where a partition resumes), `record` (a message
-//! as a record), `reader` (one partition read outside any group, for `sluice replay`).
+//! as a record), `reader` (one partition read outside any group, for `sluice replay`),
+//! `group` (the group's members as its coordinator describes them).
 
+mod group;
 mod membership;
 mod poll;
 mod reader;
@@ -47,6 +49,7 @@ mod resume;
 #[cfg(test)]
 mod tests;
 
+pub use group::{GroupDescriber, GroupMember};
 pub use reader::PartitionReader;
 pub use resume::resume_offset;
 
@@ -126,7 +129,18 @@ impl KafkaOptions {
         if let Some(instance) = &self.instance_id {
             defaults.push(("group.instance.id", instance));
         }
+        let name = self.member_name();
+        defaults.push(("client.id", &name));
         client_config(&self.brokers, &defaults, &self.properties)
+    }
+
+    /// What this member is known by in its group's description
+    /// ([`GroupDescriber`]): its `group.instance.id` (`[source] instance_id`), else its
+    /// `client.id` — a property set, or `sluice-<host id>`, which names the process.
+    pub fn member_name(&self) -> String {
+        let client_id = self.properties.get("client.id").cloned();
+        let name = self.instance_id.clone().or(client_id);
+        name.unwrap_or_else(|| format!("sluice-{}", crate::checkpoint::host_id()))
     }
 
     /// `max.poll.interval.ms` as configured, or librdkafka's default (300 s): the
