@@ -2,6 +2,10 @@
 # Sluice's entry point for people and CI.
 #   ./dev.sh demo    set up, build, and run the vehicle demo on the embedded generator,
 #                    deploying version 2 of its operator while it runs
+#   ./dev.sh demo --kafka
+#                    the same operator on Apache Kafka: three hosts in a group, one killed
+#                    with kill -9 mid-run, the survivors taking its partitions over from
+#                    standby copies (each moved partition's path, bytes fetched and pause)
 #   ./dev.sh test    set up, build, lint (rustfmt, clippy, rustdoc), and run the whole test suite
 #                    (what CI runs)
 #   ./dev.sh bench   set up, build, and run the benchmarks (throughput, checkpoints and restore,
@@ -459,6 +463,96 @@ kafka_stop() {
     rm -f "$KAFKA_HOME/pid"
 }
 
+# The seed's problem, on Apache Kafka: three hosts of one group keep per-vehicle state,
+# checkpointed to a shared store, each following standby copies of the partitions it does
+# not run; one is killed with kill -9 mid-run. The survivors take its partitions over
+# once the group's session times out (6 s here), from their copies, and the demo prints
+# each moved partition's path, bytes fetched and pause, then every host's rebalances.
+DEMO_PIDS=()
+DEMO_KAFKA=""
+demo_kafka() {
+    local out=demo-kafka-out sluice="$CARGO_TARGET_DIR/debug/sluice" name
+    local topic="demo-positions-$$" hosts=(a b c) admins=()
+    # However the demo ends, its hosts go, and the broker if the demo started it.
+    trap demo_kafka_end EXIT
+    rm -rf "$out"
+    mkdir -p "$out"
+    kafka_running || {
+        kafka_start
+        DEMO_KAFKA=started
+    }
+    local brokers="127.0.0.1:$KAFKA_PORT"
+    # The topic is created with the broker's four partitions as the first records arrive.
+    "$sluice" generate --vehicles 10000 --count 200000 --seed 42 --to "kafka://$brokers/$topic"
+    cat >"$out/job.toml" <<TOML
+[operator]
+path = "$WASM_DIR/vehicle_stats.wasm"
+[source]
+kind = "kafka"
+brokers = "$brokers"
+topic = "$topic"
+group = "$topic"
+[source.properties]
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "500"
+[state]
+partitions = 4
+[checkpoint]
+store = "$PWD/$out/store"
+interval = "2s"
+standby = "all"
+standby_poll = "1s"
+TOML
+    for name in "${hosts[@]}"; do
+        SLUICE_ADMIN_TOKEN=demo "$sluice" run --config "$out/job.toml" --state-dir "$out/$name/state" \
+            --output "$out/$name/outputs.jsonl" --dead-letter "$out/$name/dead-letter.jsonl" \
+            --report-interval 5 --admin 127.0.0.1:0 2>"$out/$name.log" &
+        DEMO_PIDS+=($!)
+        sleep 2
+    done
+    for name in "${hosts[@]}"; do
+        until grep -q 'resumed at offset' "$out/$name.log"; do sleep 0.2; done
+        admins+=("$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$out/$name.log" | head -n 1)")
+        echo "--- host $name: status page ${admins[-1]}/ (log: $out/$name.log)" >&2
+    done
+    # More records while the hosts run; then host c dies mid-run.
+    "$sluice" generate --vehicles 10000 --count 100000 --seed 43 --to "kafka://$brokers/$topic"
+    sleep 5
+    local lines_a lines_b moved=0 waited=0
+    lines_a=$(wc -l <"$out/a.log")
+    lines_b=$(wc -l <"$out/b.log")
+    kill -9 "${DEMO_PIDS[2]}"
+    wait "${DEMO_PIDS[2]}" 2>/dev/null || true # reaped here, so bash does not announce it
+    echo "--- kill -9 of host c at $(date -u +%H:%M:%S.%3N); its partitions move to a and b once the session" \
+        "times out (6 s)" >&2
+    "$sluice" generate --vehicles 10000 --count 100000 --seed 44 --to "kafka://$brokers/$topic"
+    # c ran one or two of the four partitions: the second gets a few seconds after the first.
+    while [ "$moved" -eq 0 ] && [ $waited -lt 600 ]; do
+        moved=$( (tail -n +"$((lines_a + 1))" "$out/a.log"; tail -n +"$((lines_b + 1))" "$out/b.log") |
+            grep -c 'resumed at offset' || true)
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    sleep 3
+    echo "--- partitions resumed since the kill: where each came from (standby: this host's copy), what it" \
+        "fetched, and its pause from assignment to resume:" >&2
+    tail -n +"$((lines_a + 1))" "$out/a.log" | { grep 'resumed at offset' || true; } | sed 's/^/host a: /'
+    tail -n +"$((lines_b + 1))" "$out/b.log" | { grep 'resumed at offset' || true; } | sed 's/^/host b: /'
+    echo "--- the group as the survivors see it (sluice status): rebalances, durations, latest restore paths" >&2
+    SLUICE_ADMIN_TOKEN=demo "$sluice" status --admin "${admins[0]}" --admin "${admins[1]}"
+}
+
+demo_kafka_end() {
+    local pid
+    for pid in "${DEMO_PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${DEMO_PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    [ -z "$DEMO_KAFKA" ] || kafka_stop
+}
+
 case "${1:-}" in
 kafka)
     case "${2:-}" in
@@ -483,6 +577,14 @@ doctor)
     [ ${#MISSING[@]} -eq 0 ]
     ;;
 demo)
+    if [ "${2:-}" = --kafka ]; then
+        setup build
+        setup kafka
+        build_operators
+        build_host
+        demo_kafka
+        exit 0
+    fi
     setup build
     build_operators
     build_host
@@ -556,7 +658,7 @@ bench)
     bench_trial 10000 "$WASM_DIR/vehicle_stats_0_1_2.wasm" "--canary 50%"
     ;;
 *)
-    echo "usage: $0 demo|test|bench|install [PREFIX]|kafka start|stop|doctor" >&2
+    echo "usage: $0 demo [--kafka]|test|bench|install [PREFIX]|kafka start|stop|doctor" >&2
     exit 2
     ;;
 esac
