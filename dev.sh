@@ -9,7 +9,8 @@
 #   ./dev.sh test    set up, build, lint (rustfmt, clippy, rustdoc), and run the whole test suite
 #                    (what CI runs)
 #   ./dev.sh bench   set up, build, and run the benchmarks (throughput, checkpoints and restore,
-#                    moving a partition, Kafka, hot swap, state under churn, expiry storms), then the release binary's `sluice run` over 1M-record files
+#                    moving a partition, Kafka, hot swap, state under churn, expiry storms, a group's
+#                    rebalances beside Kafka Streams'), then the release binary's `sluice run` over 1M-record files
 #                    and Apache Flink (PyFlink, heap and RocksDB state) over the same files, when Java 17+ is present
 #   ./dev.sh install [PREFIX]
 #                    set up, build the release binary, install it as PREFIX/bin/sluice
@@ -379,6 +380,32 @@ setup_flink() {
     fi
 }
 
+# The Kafka Streams application of the rebalance benchmark (host/benches/kafka-streams):
+# its dependencies from Maven Central into $KAFKA_STREAMS/libs, compiled with javac (a JDK:
+# Debian's JRE has none) into $KAFKA_STREAMS/classes. Built again when its source changes.
+KAFKA_STREAMS="$TOOLS/kafka-streams-4.4.0"
+setup_kafka_streams() {
+    local source=host/benches/kafka-streams
+    has_javac || {
+        echo "setup: installing openjdk-17-jdk-headless (javac, for the Kafka Streams bench)" >&2
+        [ "$(id -u)" = 0 ] || local sudo=sudo
+        ${sudo:-} apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive ${sudo:-} apt-get install -y -qq openjdk-17-jdk-headless >/dev/null
+    }
+    if [ ! -f "$KAFKA_STREAMS/libs/kafka-streams-4.4.0.jar" ] || [ "$source/pom.xml" -nt "$KAFKA_STREAMS/libs" ]; then
+        rm -rf "$KAFKA_STREAMS/libs"
+        mvn --batch-mode --quiet -Dstyle.color=never -f "$source/pom.xml" dependency:copy-dependencies \
+            -DoutputDirectory="$KAFKA_STREAMS/libs"
+    fi
+    if [ ! -f "$KAFKA_STREAMS/classes/VehicleStats.class" ] ||
+        [ "$source/VehicleStats.java" -nt "$KAFKA_STREAMS/classes/VehicleStats.class" ]; then
+        javac -cp "$KAFKA_STREAMS/libs/*" -d "$KAFKA_STREAMS/classes" "$source/VehicleStats.java"
+    fi
+}
+has_javac() {
+    javac -version >/dev/null 2>&1
+}
+
 # Flink over the file bench_run $1 just read, with its state on the heap and in RocksDB;
 # then Sluice's records/s over each Flink's (> 1: Sluice is faster).
 bench_flink() {
@@ -638,8 +665,12 @@ test)
 bench)
     setup test
     build_operators
-    cargo bench -p sluice --bench throughput --bench checkpoint --bench rebalance --bench kafka --bench swap --bench churn --bench expiry --bench metrics
     cargo build --release -p sluice --bin sluice
+    setup_kafka_streams
+    cargo bench -p sluice --bench throughput --bench checkpoint --bench rebalance --bench kafka --bench swap --bench churn --bench expiry --bench metrics
+    # Rebalances of hosts in a group beside Kafka Streams', on the release binary.
+    SLUICE_BIN="$CARGO_TARGET_DIR/release/sluice" SLUICE_BENCH_KAFKA_STREAMS="$KAFKA_STREAMS" \
+        cargo bench -p sluice --bench group
     flink=yes
     setup_flink || flink=""
     for vehicles in 10000 1000000; do

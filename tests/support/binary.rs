@@ -19,9 +19,10 @@ pub fn target_dir() -> PathBuf {
     exe.ancestors().nth(3).expect("test executable lives in <target>/<profile>/deps").to_path_buf()
 }
 
-/// The `sluice` binary built alongside the tests.
+/// The `sluice` binary built alongside the tests, or the one `SLUICE_BIN` names.
 pub fn sluice_bin() -> PathBuf {
-    let bin = target_dir().join("debug").join("sluice");
+    // The benchmarks run the release build (`./dev.sh bench` names it).
+    let bin = std::env::var_os("SLUICE_BIN").map_or_else(|| target_dir().join("debug").join("sluice"), PathBuf::from);
     assert!(bin.exists(), "{} is missing: run the tests with ./dev.sh test, which builds it", bin.display());
     bin
 }
