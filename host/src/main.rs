@@ -4,7 +4,7 @@
 //!
 //! What each command does is its module's; what its flags are is `cli::args`'s. This
 //! file owns only the order of those steps, the log's format and what counts as a
-//! failure (not a pipe closed early by its reader).
+//! failure (not standard output's pipe closed early by its reader).
 
 use anyhow::Result;
 use clap::Parser;
@@ -29,8 +29,9 @@ fn main() -> ExitCode {
     }
     match dispatch(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        // `sluice state dump | head` closing the pipe early is not a failure.
-        Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
+        // `sluice state dump | head` closing the pipe early is not a failure; a broken
+        // pipe of any other connection (a store's, a broker's) is.
+        Err(error) if is_broken_pipe(&error) && reader_gone(libc::STDOUT_FILENO) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
@@ -48,6 +49,15 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
             .or_else(|| cause.downcast_ref::<serde_json::Error>().and_then(serde_json::Error::io_error_kind));
         kind == Some(ErrorKind::BrokenPipe)
     })
+}
+
+/// Whether `fd` is the writing end of a pipe whose reader has gone (poll reports an
+/// error on it): what a broken pipe on standard output means.
+fn reader_gone(fd: i32) -> bool {
+    let mut poll = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+    // SAFETY: one pollfd, valid for the call; a zero timeout never blocks.
+    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+    ready == 1 && poll.revents & libc::POLLERR != 0
 }
 
 /// Runs `command` by its module.
@@ -80,5 +90,24 @@ fn dispatch(command: Command) -> Result<()> {
         Command::New { command: NewCommand::Operator { name, dir, sdk } } => cli::new::new_operator(&name, dir, sdk),
         // `--reference` is required: printing the reference is all the command does.
         Command::Config { .. } => cli::config::print_reference(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A pipe is seen gone once its reader closed, not before: a broken pipe elsewhere
+    /// while standard output is fine stays an error (a host whose store connection broke
+    /// at its start once exited 0 with nothing said).
+    #[test]
+    fn a_pipe_is_gone_once_its_reader_closed() {
+        let mut fds = [0; 2];
+        // SAFETY: `pipe` fills the two descriptors, closed here once used.
+        unsafe {
+            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+            assert!(!super::reader_gone(fds[1]), "the reader is there");
+            libc::close(fds[0]);
+            assert!(super::reader_gone(fds[1]), "the reader has gone");
+            libc::close(fds[1]);
+        }
     }
 }
