@@ -22,7 +22,9 @@ use crate::metrics::Metrics;
 use crate::operator::deploy::{Deployer, Sandbox};
 use crate::operator::versions::switches::{Claims, SwitchLog};
 use crate::operator::versions::{ActiveVersion, ShadowVersion};
-use crate::partitions::{Checkpointing, Followed, Router, StandbySettings, WorkerSetup, Workers, chosen_copies};
+use crate::partitions::{
+    Checkpointing, ChooseCopies, Followed, Router, StandbySettings, WorkerSetup, Workers, chosen_copies,
+};
 use crate::probes::process_cpu;
 use crate::record::RawRecord;
 use crate::sink::{DeadLetterSink, Sink};
@@ -274,9 +276,6 @@ fn chosen_by_group(kafka: &KafkaOptions, partitions: u32, copies: u32) -> Result
         last.clone().unwrap_or_default()
     }))
 }
-
-/// What [`Followed::Chosen`] asks at each round.
-type ChooseCopies = Box<dyn FnMut() -> BTreeSet<u32> + Send>;
 
 /// How long a round of standby updates waits for the group's description.
 const GROUP_DESCRIBE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -33,4 +33,4 @@ pub use lifecycle::Workers;
 pub use report::PartitionReport;
 pub use router::{DispatchReport, Router};
 pub use setup::{Checkpointing, WorkerSetup};
-pub use standby::{Followed, StandbySettings, chosen_copies};
+pub use standby::{ChooseCopies, Followed, StandbySettings, chosen_copies};

@@ -37,8 +37,11 @@ pub enum Followed {
     All,
     /// Those the function names, asked again at every round (`standby = N`: see
     /// [`chosen_copies`]); a copy of one it no longer names is dropped.
-    Chosen(Box<dyn FnMut() -> BTreeSet<u32> + Send>),
+    Chosen(ChooseCopies),
 }
+
+/// What [`Followed::Chosen`] asks at each round: the partitions to follow.
+pub type ChooseCopies = Box<dyn FnMut() -> BTreeSet<u32> + Send>;
 
 /// The partitions host `own` keeps standby copies of when each of `partitions` is
 /// followed by `copies` hosts of the group: of the `members` that do not run it (this
