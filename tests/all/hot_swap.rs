@@ -6,7 +6,8 @@
 //! callbacks fire only while a version that exports them runs, and timers while one
 //! exports `fired` (under one that does not, each is a dead letter); a replay runs each
 //! record with the version that first did and expires as the first run did. The
-//! registry works the same in an S3 store, a build forged to carry another's CRC-64 is
+//! registry works the same in an S3 store (a start whose upload of the component
+//! breaks off tries again), a build forged to carry another's CRC-64 is
 //! a version of its own, a registry written with CRC-64 names stays readable, `sluice
 //! deploy --config` tries versions out in a private directory, and a deploy reaches
 //! every host of a Kafka group through the shared store.
@@ -465,6 +466,90 @@ fn versions_live_in_an_s3_store_and_a_racing_writer_cannot_overwrite_an_entry() 
         "the restart ran the version in the S3 registry"
     );
     Ok(())
+}
+
+/// A host starting on a new store whose write of the component breaks off (the
+/// connection reset mid-upload, as an S3 server may do when hosts starting beside it
+/// write the same object at once) tries again after a wait and starts, the version
+/// recorded once; before, that host exited with the store's error.
+#[test]
+fn a_start_whose_component_upload_breaks_off_tries_again() -> Result<()> {
+    let s3 = S3Server::start()?;
+    let proxy = ResettingProxy::start(&s3.endpoint, "/components/", 2)?;
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let mut command = run_generator_job(dir, 100, 2_000, SEED, 2);
+    command.args(["--checkpoint-store", "s3://sluice/jobs/reset"]);
+    s3.configure(&mut command).env("AWS_ENDPOINT", &proxy.endpoint);
+    let run = run_ok(&mut command)?;
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(proxy.resets(), 2, "both uploads were cut off:\n{log}");
+    assert_eq!(log.matches("recording the configured operator in the registry").count(), 2, "{log}");
+    assert!(log.contains("processed 2000 records"), "{log}");
+    let operator = s3.bucket_dir.join("jobs/reset/operators/vehicle_stats");
+    assert_eq!(std::fs::read_dir(operator.join("history"))?.count(), 1, "one deploy recorded");
+    let components: Vec<_> = std::fs::read_dir(operator.join("components"))?.collect::<Result<_, _>>()?;
+    assert_eq!(components.len(), 1);
+    assert_eq!(std::fs::read(components[0].path())?, std::fs::read(operator_wasm("vehicle_stats"))?);
+    Ok(())
+}
+
+/// A TCP proxy to an HTTP server that resets, `resets` times, the connection of a
+/// request whose line names a path containing `cut`: the client sees its upload broken
+/// off mid-body (the proxy closes with the body unread, so the kernel resets).
+struct ResettingProxy {
+    endpoint: String,
+    /// Connections reset so far.
+    reset: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ResettingProxy {
+    fn start(upstream: &str, cut: &str, resets: usize) -> Result<Self> {
+        use std::io::{Read, Write};
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let endpoint = format!("http://{}", listener.local_addr()?);
+        let upstream = upstream.trim_start_matches("http://").to_string();
+        let reset = std::sync::Arc::new(AtomicUsize::new(0));
+        let (cut, counted) = (cut.to_string(), reset.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let (upstream, cut, counted) = (upstream.clone(), cut.clone(), counted.clone());
+                std::thread::spawn(move || -> Result<()> {
+                    let server = TcpStream::connect(&upstream)?;
+                    let (mut from_server, mut to_client) = (server.try_clone()?, client.try_clone()?);
+                    std::thread::spawn(move || std::io::copy(&mut from_server, &mut to_client));
+                    let (mut client, mut server) = (client, server);
+                    let mut chunk = vec![0; 64 << 10];
+                    loop {
+                        let n = client.read(&mut chunk)?;
+                        if n == 0 {
+                            return Ok(server.shutdown(std::net::Shutdown::Write)?);
+                        }
+                        let text = String::from_utf8_lossy(&chunk[..n]);
+                        let cut_here = text.lines().any(|l| l.starts_with("PUT ") && l.contains(&cut));
+                        if cut_here
+                            && counted
+                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < resets).then_some(n + 1))
+                                .is_ok()
+                        {
+                            // Dropped with the body unread: the kernel answers with a reset.
+                            server.shutdown(std::net::Shutdown::Both).ok();
+                            return Ok(());
+                        }
+                        server.write_all(&chunk[..n])?;
+                    }
+                });
+            }
+        });
+        Ok(ResettingProxy { endpoint, reset })
+    }
+
+    /// How many connections it reset.
+    fn resets(&self) -> usize {
+        self.reset.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// A replay decides what the first run decided, whatever the wall clock says when it

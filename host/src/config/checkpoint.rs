@@ -23,7 +23,8 @@ pub struct CheckpointConfig {
     /// How long a partition keeps trying while something fails that should come back —
     /// the store failing to answer at its start (then the start fails), the broker at
     /// its resume, another producer fencing its transactions (then it stops alone) —
-    /// the partition paused and the host in its group.
+    /// the partition paused and the host in its group; and how long a starting host
+    /// keeps trying to record its configured operator in the store's registry.
     #[serde(deserialize_with = "duration")]
     pub restore_retry_timeout: Duration,
     /// Upload bandwidth cap in bytes per second; absent is unlimited.

@@ -70,7 +70,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
         &config.operator.name(),
         &sandbox,
         &config.operator.path,
-        runtime.handle(),
+        (runtime.handle(), config.checkpoint.restore_retry_timeout),
     )?;
     let version = operator.version().to_string();
     let active = ActiveVersion::new(operator);

@@ -27,6 +27,7 @@ use super::registry::{DeployError, Deployment, MAX_COMPONENT_BYTES, Registry, Tr
 use super::versions::{ActiveVersion, ShadowVersion};
 use super::wasm::{Limits, WasmOperator};
 use super::{BasisPoints, Shadows};
+use crate::backoff::Backoff;
 use crate::config::{OperatorConfig, RetryPolicy};
 use crate::lock;
 use crate::objects::Objects;
@@ -179,19 +180,37 @@ impl Deployer {
     /// the registry never saw it (it is recorded as a deploy), else the version the
     /// registry has in force — a restart runs what was deployed or rolled back to
     /// since. The file is validated before anything is written.
+    ///
+    /// A store that fails to answer is tried again, after [`Backoff`]'s waits, for up to
+    /// `retry_timeout`: hosts starting at once on a new store all write the component,
+    /// and a write that broke off (its connection reset) may have landed or not —
+    /// [`Registry::adopt`] finds out either way, so trying it again is safe.
     pub fn starting_version(
         registry_url: &str,
         name: &str,
         sandbox: &Sandbox,
         configured: &Path,
-        runtime: &Handle,
+        (runtime, retry_timeout): (&Handle, Duration),
     ) -> Result<(Registry, Arc<WasmOperator>)> {
         let bytes = std::fs::read(configured).with_context(|| format!("reading operator {}", configured.display()))?;
         let registry = Registry::new(Objects::open(registry_url)?, name)?;
         let version = runtime.block_on(registry.version_of(&bytes))?;
         let operator = sandbox.validate(&version, &bytes, &configured.display().to_string())?;
         let origin = format!("configured file {} at start", configured.display());
-        let current = runtime.block_on(registry.adopt(&bytes, &origin))?;
+        let mut backoff = Backoff::new(retry_timeout);
+        let current = loop {
+            match runtime.block_on(registry.adopt(&bytes, &origin)) {
+                Err(DeployError::StoreUnavailable(e)) => {
+                    let Some(wait) = backoff.next_wait() else {
+                        let tried = backoff.elapsed().as_secs();
+                        return Err(e.context(format!("recording the configured operator: tried for {tried} s")));
+                    };
+                    tracing::warn!("recording the configured operator in the registry: {e:#}; trying again");
+                    std::thread::sleep(wait);
+                }
+                answered => break answered?,
+            }
+        };
         if current.version == operator.version() {
             return Ok((registry, Arc::new(operator)));
         }
