@@ -1,33 +1,51 @@
 //! Rebalances end to end on Apache Kafka: three hosts of one group lose one to `kill -9`,
-//! lose one gracefully, or gain a fourth, while records keep arriving — sluice's hosts,
-//! and beside them the system a platform team would otherwise pick, Kafka Streams, on
-//! the same broker, the same records and the same per-vehicle aggregate
-//! (`kafka-streams/VehicleStats.java`).
+//! lose one gracefully, gain a fourth, or are restarted one after another, while records
+//! keep arriving — sluice's hosts, and beside them the system a platform team would
+//! otherwise pick, Kafka Streams, on the same broker, the same records and the same
+//! per-vehicle aggregate (`kafka-streams/VehicleStats.java`); and the feedback loop, one
+//! key whose records take longer than `max.poll.interval.ms`, for five minutes.
 //!
-//! Each run: a topic of six partitions filled with `SLUICE_BENCH_GROUP_RECORDS`
-//! (default 200,000) generator records over `SLUICE_BENCH_GROUP_VEHICLES` (default
-//! 50,000) vehicles; three members started and waited for until the group's committed
-//! offsets cover every record and the group has been quiet for 10 s; then records
-//! produced at 2,000 a second throughout, and the event. What is timed, per partition that
-//! moved: from the event (the signal sent, or the fourth member's process started, so a
-//! scale-out counts the new member's start-up and join) to the moment its new owner
-//! resumed it (sluice logs `resumed at offset`, with the path its state came from) or
-//! processed its first record (Kafka Streams: the application prints it). The
-//! group's session timeout is 6 s in both systems (classic protocol), and a `kill -9`
-//! pause includes it: the table gives it apart. Rebalances: the most any member went
-//! through after the event (sluice: generations it was assigned in; Kafka Streams: its
-//! moves to `REBALANCING`).
+//! Each run has a topic of six partitions of its own, filled with one position per vehicle,
+//! each carrying a note of 4,096 characters of random text that the aggregate keeps (the
+//! latest per vehicle): `SLUICE_BENCH_GROUP_STATE_MB` (default `100`; a comma-separated
+//! list) says how much state that makes in all. Three members start and are waited for
+//! until the group's committed offsets cover every record and no partition has moved for
+//! 10 s; then positions (with notes) are produced at 500 a second throughout (2 MiB of
+//! state rewritten a second), and the event. Per partition move, what is timed is its pause: from the moment it stopped —
+//! its old owner's revocation began (sluice: the revocation it logs; Kafka Streams: the
+//! task's close), else the event (a `kill -9`) — to the moment its new owner resumed it
+//! (sluice logs `resumed at offset`, with the path its state came from) or processed its
+//! first record (Kafka Streams, which the application prints). The group's session
+//! timeout is 6 s in both systems (classic protocol): a `kill -9` pause includes it, and
+//! the table gives it apart. Rebalances: the most any member went through after the
+//! event (sluice: generations it was assigned in; Kafka Streams: its moves to
+//! `REBALANCING`). Outputs repeated: once every record is committed, the outputs the
+//! output topic holds (`read_committed`) beyond one per record produced — records whose
+//! output a consumer sees twice (both systems send one per record: Kafka Streams' record
+//! cache is off).
 //!
-//! sluice checkpoints every 5 s to an S3 store (`s3s-fs`) read at 100 MiB/s at most, with
-//! `standby` as the row says; Kafka Streams keeps RocksDB stores with changelog topics on
-//! the broker, `num.standby.replicas` as the row says. Kafka Streams' rows need
-//! `SLUICE_BENCH_KAFKA_STREAMS` (the directory `./dev.sh bench` builds it into); the
-//! sluice binary is `SLUICE_BIN` (`./dev.sh bench` passes the release build).
+//! The scenarios (`SLUICE_BENCH_GROUP_SCENARIOS`, default all): `kill` (`kill -9` of one
+//! member), `scale-in` (SIGTERM of one, which leaves the group), `scale-out` (a fourth
+//! joins), `rolling` (each member in turn stopped with SIGTERM and started again at once
+//! with its state directory, the next once the group is quiet: a deploy), and `slow-key`
+//! (no state filled; one key's record every 20 s takes 12 s to process, while
+//! `max.poll.interval.ms` is 10 s, for `SLUICE_BENCH_GROUP_SLOW_S`, default 300 s; sluice
+//! runs the tests' probe operator, whose `work` spins for as many iterations as the bench
+//! measured to take 12 s, Kafka Streams sleeps in its fold).
+//!
+//! The systems (`SLUICE_BENCH_GROUP_SYSTEMS`, default all): `sluice-all`, `sluice-1`,
+//! `sluice-none` (`[checkpoint] standby`), `sluice-1-eos` (with `[sink] guarantee =
+//! "exactly-once"`); `streams-1`, `streams-0` (`num.standby.replicas`), `streams-1-eos`
+//! (`exactly_once_v2`). sluice checkpoints every 5 s to an S3 store (`s3s-fs`) read at
+//! 100 MiB/s at most; Kafka Streams keeps RocksDB stores with changelog topics on the
+//! broker. Kafka Streams' systems need `SLUICE_BENCH_KAFKA_STREAMS` (the directory
+//! `./dev.sh bench` builds it into); the sluice binary is `SLUICE_BIN` (`./dev.sh bench`
+//! passes the release build).
 
 use anyhow::{Context, Result, bail};
 use sluice::source::generator::{Fleet, FleetOptions};
 use sluice_e2e::{Host, KafkaBroker, S3Server, bench_setting, operator_wasm, sluice};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,32 +54,66 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const PARTITIONS: i32 = 6;
 const SESSION_TIMEOUT: Duration = Duration::from_secs(6);
 /// Records a second produced while a scenario runs.
-const STEADY_RATE: u64 = 2_000;
+const STEADY_RATE: u64 = 500;
 /// How long a group must stay quiet (no partition resuming) before a scenario is over.
 const SETTLED: Duration = Duration::from_secs(10);
 /// How long a scenario waits for a first partition to move before it counts none.
 const NONE_MOVED: Duration = Duration::from_secs(60);
+/// Characters of random text in each position's note: what the state is made of.
+const NOTE_CHARS: usize = 4096;
+/// What a summary holds besides its note, about.
+const SUMMARY_BYTES: u64 = 250;
+/// The feedback loop: `max.poll.interval.ms` of both systems, ...
+const MAX_POLL_INTERVAL: Duration = Duration::from_secs(10);
+/// ... how long a slow record takes, ...
+const SLOW_RECORD: Duration = Duration::from_secs(12);
+/// ... and how often one comes.
+const SLOW_EVERY: Duration = Duration::from_secs(20);
+/// The feedback loop's vehicles (its state is not what it measures).
+const SLOW_KEY_VEHICLES: u32 = 10_000;
+const SYSTEMS: &str = "sluice-all,sluice-1,sluice-none,sluice-1-eos,streams-1,streams-0,streams-1-eos";
+const SCENARIOS: &str = "kill,scale-in,scale-out,rolling,slow-key";
 
 /// Who runs the group.
 #[derive(Clone, Copy)]
 enum System {
     /// `sluice run` hosts with `[checkpoint] standby` so.
-    Sluice { standby: &'static str },
+    Sluice { standby: &'static str, exactly_once: bool },
     /// Kafka Streams instances with `num.standby.replicas` so.
-    Streams { standbys: u32 },
+    Streams { standbys: u32, exactly_once: bool },
 }
 
 impl System {
+    fn parse(name: &str) -> Result<Self> {
+        Ok(match name.trim() {
+            "sluice-all" => System::Sluice { standby: "all", exactly_once: false },
+            "sluice-1" => System::Sluice { standby: "1", exactly_once: false },
+            "sluice-none" => System::Sluice { standby: "none", exactly_once: false },
+            "sluice-1-eos" => System::Sluice { standby: "1", exactly_once: true },
+            "streams-1" => System::Streams { standbys: 1, exactly_once: false },
+            "streams-0" => System::Streams { standbys: 0, exactly_once: false },
+            "streams-1-eos" => System::Streams { standbys: 1, exactly_once: true },
+            other => bail!("SLUICE_BENCH_GROUP_SYSTEMS: no system {other:?} (known: {SYSTEMS})"),
+        })
+    }
+
     fn label(&self) -> String {
-        match self {
-            System::Sluice { standby } => format!("sluice, standby = {standby}"),
-            System::Streams { standbys } => format!("Kafka Streams, num.standby.replicas = {standbys}"),
-        }
+        let (name, exactly_once) = match self {
+            System::Sluice { standby, exactly_once } => (format!("sluice, standby = {standby}"), exactly_once),
+            System::Streams { standbys, exactly_once } => {
+                (format!("Kafka Streams, num.standby.replicas = {standbys}"), exactly_once)
+            }
+        };
+        if *exactly_once { format!("{name}, exactly-once") } else { name }
+    }
+
+    fn exactly_once(&self) -> bool {
+        matches!(self, System::Sluice { exactly_once: true, .. } | System::Streams { exactly_once: true, .. })
     }
 }
 
 /// What happens to the group.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Scenario {
     /// `kill -9` of one member.
     Kill,
@@ -69,6 +121,23 @@ enum Scenario {
     ScaleIn,
     /// A fourth member joins.
     ScaleOut,
+    /// Each member stopped with SIGTERM and started again, in turn.
+    Rolling,
+    /// One key's records take longer than `max.poll.interval.ms`.
+    SlowKey,
+}
+
+impl Scenario {
+    fn parse(name: &str) -> Result<Self> {
+        Ok(match name.trim() {
+            "kill" => Scenario::Kill,
+            "scale-in" => Scenario::ScaleIn,
+            "scale-out" => Scenario::ScaleOut,
+            "rolling" => Scenario::Rolling,
+            "slow-key" => Scenario::SlowKey,
+            other => bail!("SLUICE_BENCH_GROUP_SCENARIOS: no scenario {other:?} (known: {SCENARIOS})"),
+        })
+    }
 }
 
 /// A partition resumed by a member at `at` (ms since the epoch), its state from `path`
@@ -83,46 +152,73 @@ struct Resume {
     restored: u64,
 }
 
+/// A partition a member stopped processing at `at`.
+struct Stop {
+    partition: u32,
+    at: u64,
+}
+
+/// One event of a scenario: when, and how much of each member's log came before it.
+struct Step {
+    event: u64,
+    logged: Vec<usize>,
+}
+
 fn main() -> Result<()> {
-    let records: u64 = bench_setting("SLUICE_BENCH_GROUP_RECORDS", 200_000)?;
-    let vehicles: u32 = bench_setting("SLUICE_BENCH_GROUP_VEHICLES", 50_000)?;
+    let sizes: String = bench_setting("SLUICE_BENCH_GROUP_STATE_MB", "100".to_string())?;
+    let systems: String = bench_setting("SLUICE_BENCH_GROUP_SYSTEMS", SYSTEMS.to_string())?;
+    let scenarios: String = bench_setting("SLUICE_BENCH_GROUP_SCENARIOS", SCENARIOS.to_string())?;
+    let slow_for = Duration::from_secs(bench_setting("SLUICE_BENCH_GROUP_SLOW_S", 300)?);
     let streams = std::env::var_os("SLUICE_BENCH_KAFKA_STREAMS").map(PathBuf::from);
+    let mut systems: Vec<System> = systems.split(',').map(System::parse).collect::<Result<_>>()?;
+    if streams.is_none() {
+        println!("Kafka Streams rows skipped: SLUICE_BENCH_KAFKA_STREAMS is not set (./dev.sh bench sets it)");
+        systems.retain(|s| matches!(s, System::Sluice { .. }));
+    }
+    let scenarios: Vec<Scenario> = scenarios.split(',').map(Scenario::parse).collect::<Result<_>>()?;
     let broker = KafkaBroker::start()?;
     let store = S3Server::start()?;
-    let mut systems =
-        vec![System::Sluice { standby: "all" }, System::Sluice { standby: "1" }, System::Sluice { standby: "none" }];
-    match &streams {
-        Some(_) => systems.extend([System::Streams { standbys: 1 }, System::Streams { standbys: 0 }]),
-        None => println!("Kafka Streams rows skipped: SLUICE_BENCH_KAFKA_STREAMS is not set (./dev.sh bench sets it)"),
-    }
+    let work = if scenarios.contains(&Scenario::SlowKey) { work_iterations(SLOW_RECORD)? } else { 0 };
     println!(
-        "{records} records over {vehicles} vehicles in {PARTITIONS} partitions, three members, {STEADY_RATE} \
-         records/s during each scenario, session timeout {}s",
+        "three members, {PARTITIONS} partitions, {STEADY_RATE} records/s during each scenario, session timeout {}s; \
+         notes of {NOTE_CHARS} characters of random text",
         SESSION_TIMEOUT.as_secs()
     );
     println!(
-        "| system | scenario | partitions moved | longest pause | median pause | of which session timeout | paths | \
-         restored | rebalances |"
+        "| state | system | scenario | moves | longest pause | median pause | of which session timeout | paths | \
+         restored | rebalances | outputs repeated |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut run = 0;
-    for scenario in [Scenario::Kill, Scenario::ScaleIn, Scenario::ScaleOut] {
+    let mut each = |state_mb: u64, scenario: Scenario| -> Result<()> {
         for &system in &systems {
             run += 1;
-            let group = Group { broker: &broker, store: &store, streams: streams.as_deref(), system, run };
-            group.measure(scenario, records, vehicles)?;
+            let group = Group { broker: &broker, store: &store, streams: streams.as_deref(), system, run, work };
+            group.measure(scenario, state_mb, slow_for)?;
         }
+        Ok(())
+    };
+    for size in sizes.split(',') {
+        let state_mb: u64 = size.trim().parse().with_context(|| format!("SLUICE_BENCH_GROUP_STATE_MB: {size:?}"))?;
+        for &scenario in scenarios.iter().filter(|&&s| s != Scenario::SlowKey) {
+            each(state_mb, scenario)?;
+        }
+    }
+    if scenarios.contains(&Scenario::SlowKey) {
+        each(0, Scenario::SlowKey)?;
     }
     Ok(())
 }
 
-/// One run of one scenario for one system, on topics and a group of its own.
+/// One run of one scenario for one system, on topics, a group and a store of its own.
 struct Group<'a> {
     broker: &'a KafkaBroker,
     store: &'a S3Server,
     streams: Option<&'a Path>,
     system: System,
     run: u32,
+    /// Iterations of the probe's `work` that take [`SLOW_RECORD`].
+    work: u64,
 }
 
 impl Group<'_> {
@@ -130,123 +226,201 @@ impl Group<'_> {
         format!("positions-{}", self.run)
     }
 
+    fn output(&self) -> String {
+        format!("summaries-{}", self.run)
+    }
+
     fn group(&self) -> String {
         format!("group-{}", self.run)
     }
 
-    fn measure(&self, scenario: Scenario, records: u64, vehicles: u32) -> Result<()> {
+    fn measure(&self, scenario: Scenario, state_mb: u64, slow_for: Duration) -> Result<()> {
         let dir = tempfile::tempdir()?;
         let topic = self.topic();
         self.broker.create_topic(&topic, PARTITIONS)?;
-        self.broker.create_topic(&format!("summaries-{}", self.run), PARTITIONS)?;
-        let fleet = Fleet::new(&FleetOptions { vehicles, count: Some(records), seed: 42, churn: None });
-        self.broker.produce(&topic, fleet.map(|record| record.map(|r| (r.key, r.value))))?;
+        self.broker.create_topic(&self.output(), PARTITIONS)?;
+        // Every vehicle's first position, with a note; or for the feedback loop positions
+        // the probe counts, for every member to have records to run.
+        let (vehicles, filled) = match scenario {
+            Scenario::SlowKey => {
+                let fleet = Fleet::new(&FleetOptions {
+                    vehicles: SLOW_KEY_VEHICLES,
+                    count: Some(10_000),
+                    seed: 3,
+                    churn: None,
+                });
+                let counted = fleet.map(|record| {
+                    let r = record?;
+                    let position = String::from_utf8(r.value)?;
+                    Ok((r.key, counted_position(&position)?))
+                });
+                (SLOW_KEY_VEHICLES, self.broker.produce(&topic, counted)?)
+            }
+            _ => {
+                let vehicles = ((state_mb << 20) / (NOTE_CHARS as u64 + SUMMARY_BYTES)).max(1) as u32;
+                (vehicles, self.broker.produce(&topic, (0..vehicles).map(|v| Ok(noted_position(v))))?)
+            }
+        };
+        let filled = filled as u64;
         let mut members = Vec::new();
         for name in ["a", "b", "c"] {
-            members.push(self.start(name, dir.path())?);
+            members.push(self.start(name, dir.path(), scenario)?);
         }
-        // Every member runs partitions, and the group has been quiet since. A sluice host
-        // can fail at its start when three write their component to a new store's
-        // registry at once (s3s-fs breaks a connection, and the start does not try that
-        // write again yet; see docs/benchmarks.md): it is said and started again, outside
-        // the measured window.
+        // Every member runs partitions, and the group has been quiet since.
         let started = Instant::now();
-        while members.iter().any(|m| self.resumes(&m.log()).is_empty()) {
-            if started.elapsed() > Duration::from_secs(120) {
-                bail!("a member runs no partition after 120 s:\n{}", logs(&members));
-            }
-            for member in &mut members {
-                if let Ok(status) = member.wait_exit(Duration::ZERO) {
-                    println!("member {} exited ({status}) before it ran a partition: started again", member.name);
-                    *member = self.start(&member.name.clone(), dir.path())?;
-                }
+        while members.iter().any(|m| self.resumes(&m.log(), 0).is_empty()) {
+            if started.elapsed() > Duration::from_secs(600) {
+                bail!("a member runs no partition after 600 s:\n{}", logs(&members));
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        self.wait_settled(&members, &|_| 0, 0)?;
+        let at_start = Step { event: 0, logged: vec![0; 3] };
+        self.wait_settled(&members, &at_start)?;
         self.broker
-            .wait_committed(&self.group(), &topic, records as i64, Duration::from_secs(600))
+            .wait_committed(&self.group(), &topic, filled as i64, Duration::from_secs(1200))
             .with_context(|| logs(&members))?;
         let stop = AtomicBool::new(false);
-        std::thread::scope(|scope| -> Result<()> {
-            let steady = scope.spawn(|| self.produce_steadily(&stop, vehicles));
+        let (steps, steady) = std::thread::scope(|scope| -> Result<(Vec<Step>, u64)> {
+            let steady = scope.spawn(|| self.produce_steadily(&stop, vehicles, scenario));
             // The producer stops however the scenario ends: the scope waits for it.
-            let mut run_event = || -> Result<()> {
-                std::thread::sleep(Duration::from_secs(2));
-                let logged: Vec<usize> = members.iter().map(|m| m.log().len()).collect();
-                let event = now_ms();
-                match scenario {
-                    Scenario::Kill => members[2].kill_9()?,
-                    Scenario::ScaleIn => members[2].terminate()?,
-                    Scenario::ScaleOut => members.push(self.start("d", dir.path())?),
-                }
-                let survivors = match scenario {
-                    Scenario::Kill | Scenario::ScaleIn => &members[..2],
-                    Scenario::ScaleOut => &members[..],
-                };
-                let since = |i: usize| logged.get(i).copied().unwrap_or(0);
-                let resumes = self.wait_settled(survivors, &since, event)?;
-                self.report(scenario, &resumes, event, survivors, &since);
-                Ok(())
-            };
-            let measured = run_event();
+            let steps = self.run_scenario(scenario, &mut members, dir.path(), slow_for);
             stop.store(true, Ordering::Relaxed);
-            steady.join().expect("the producer thread")?;
-            measured
+            let produced = steady.join().expect("the producer thread")?;
+            Ok((steps?, produced as u64))
         })?;
+        let produced = filled + steady;
+        // A group caught in the feedback loop may never commit the slow key's record.
+        let drained = match scenario {
+            Scenario::SlowKey => Duration::from_secs(120),
+            _ => Duration::from_secs(1200),
+        };
+        let repeated = match self.broker.wait_committed(&self.group(), &topic, produced as i64, drained) {
+            Ok(()) => {
+                let outputs = if self.system.exactly_once() {
+                    self.broker.count_records(&self.output())?
+                } else {
+                    self.broker.ends(&self.output())?.values().map(|&end| end as u64).sum()
+                };
+                (outputs as i64 - produced as i64).to_string()
+            }
+            Err(_) if scenario == Scenario::SlowKey => format!("not all committed {} s after", drained.as_secs()),
+            Err(e) => return Err(e.context(logs(&members))),
+        };
+        let state = match scenario {
+            Scenario::SlowKey => "-".to_string(),
+            _ => format!("{:.2} GiB", vehicles as f64 * (NOTE_CHARS as u64 + SUMMARY_BYTES) as f64 / (1 << 30) as f64),
+        };
+        self.report(&state, scenario, &members, &steps, &repeated);
         for member in &mut members {
             // One already stopped, or a JVM that takes its time to close, is no failure here.
             member.terminate().ok();
         }
-        Ok(())
+        self.remove_data()
+    }
+
+    /// Runs `scenario` on the settled group; returns its steps.
+    fn run_scenario(
+        &self,
+        scenario: Scenario,
+        members: &mut Vec<Host>,
+        dir: &Path,
+        slow_for: Duration,
+    ) -> Result<Vec<Step>> {
+        std::thread::sleep(Duration::from_secs(2));
+        let step = |members: &[Host]| Step { event: now_ms(), logged: members.iter().map(|m| m.log().len()).collect() };
+        let mut steps = Vec::new();
+        match scenario {
+            Scenario::Kill | Scenario::ScaleIn | Scenario::ScaleOut => {
+                steps.push(step(members));
+                match scenario {
+                    Scenario::Kill => members[2].kill_9()?,
+                    Scenario::ScaleIn => members[2].terminate()?,
+                    _ => members.push(self.start("d", dir, scenario)?),
+                }
+                self.wait_settled(members, steps.last().expect("one step"))?;
+            }
+            Scenario::Rolling => {
+                for i in 0..members.len() {
+                    steps.push(step(members));
+                    members[i].terminate()?;
+                    members[i] = self.start(&members[i].name.clone(), dir, scenario)?;
+                    self.wait_settled(members, steps.last().expect("this step"))?;
+                }
+            }
+            Scenario::SlowKey => {
+                steps.push(step(members));
+                std::thread::sleep(slow_for);
+            }
+        }
+        Ok(steps)
     }
 
     /// Starts member `name` with its state in `dir/name`.
-    fn start(&self, name: &str, dir: &Path) -> Result<Host> {
+    fn start(&self, name: &str, dir: &Path, scenario: Scenario) -> Result<Host> {
         let home = dir.join(name);
         std::fs::create_dir_all(&home)?;
         let log = home.join("log");
+        let max_poll_interval = match scenario {
+            Scenario::SlowKey => MAX_POLL_INTERVAL,
+            _ => Duration::from_secs(300),
+        };
         match self.system {
-            System::Sluice { standby } => {
+            System::Sluice { standby, exactly_once } => {
                 let config = home.join("job.toml");
-                std::fs::write(&config, self.sluice_config(standby, &home))?;
+                std::fs::write(&config, self.sluice_config(standby, exactly_once, &home, scenario, max_poll_interval))?;
                 let mut command = sluice();
                 command.arg("run").arg("--config").arg(&config);
                 Host::spawn(name, self.store.configure(&mut command), &log)
             }
-            System::Streams { standbys } => {
+            System::Streams { standbys, exactly_once } => {
                 let streams = self.streams.context("no Kafka Streams build")?;
                 let classpath = format!("{}:{}/*", streams.join("classes").display(), streams.join("libs").display());
+                let guarantee = if exactly_once { "exactly_once_v2" } else { "at_least_once" };
                 let mut command = Command::new("java");
                 command
                     .arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
                     .arg("-cp")
                     .arg(classpath)
                     .arg("VehicleStats")
-                    .args([&self.broker.bootstrap, &self.group(), &self.topic(), &format!("summaries-{}", self.run)])
+                    .args([&self.broker.bootstrap, &self.group(), &self.topic(), &self.output()])
                     .arg(home.join("state"))
-                    .args([standbys.to_string(), "at_least_once".into(), SESSION_TIMEOUT.as_millis().to_string()]);
+                    .args([standbys.to_string(), guarantee.to_string(), SESSION_TIMEOUT.as_millis().to_string()])
+                    .arg(max_poll_interval.as_millis().to_string());
                 Host::spawn(name, &mut command, &log)
             }
         }
     }
 
-    fn sluice_config(&self, standby: &str, home: &Path) -> String {
+    fn sluice_config(
+        &self,
+        standby: &str,
+        exactly_once: bool,
+        home: &Path,
+        scenario: Scenario,
+        max_poll_interval: Duration,
+    ) -> String {
         let standby = if standby == "none" || standby == "all" { format!("{standby:?}") } else { standby.into() };
+        let guarantee = if exactly_once { "exactly-once" } else { "at-least-once" };
+        // The feedback loop runs the probe, whose `work` may take the slow record's time.
+        let (operator, call_timeout_ms) = match scenario {
+            Scenario::SlowKey => (operator_wasm("probe"), 4 * SLOW_RECORD.as_millis()),
+            _ => (operator_wasm("vehicle_stats"), 1000),
+        };
         format!(
-            "[operator]\npath = {:?}\n[source]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"{}\"\ngroup = \"{}\"\n\
-             group_protocol = \"classic\"\n[source.properties]\n\"session.timeout.ms\" = \"{}\"\n\
-             \"heartbeat.interval.ms\" = \"500\"\n[sink]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"summaries-{}\"\n\
+            "[operator]\npath = {operator:?}\ncall_timeout_ms = {call_timeout_ms}\n[source]\nkind = \"kafka\"\n\
+             brokers = \"{}\"\ntopic = \"{}\"\ngroup = \"{}\"\ngroup_protocol = \"classic\"\n[source.properties]\n\
+             \"session.timeout.ms\" = \"{}\"\n\"heartbeat.interval.ms\" = \"500\"\n\"max.poll.interval.ms\" = \"{}\"\n\
+             [sink]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"{}\"\nguarantee = \"{guarantee}\"\n\
              [state]\ndir = {:?}\npartitions = {PARTITIONS}\n[checkpoint]\nstore = \"s3://sluice/run-{}\"\n\
              interval = \"5s\"\ndownload_bytes_per_s = {}\nstandby = {standby}\nstandby_poll = \"1s\"\n\
              [dead_letter]\npath = {:?}\n[report]\ninterval_s = 0\n",
-            operator_wasm("vehicle_stats"),
             self.broker.bootstrap,
             self.topic(),
             self.group(),
             SESSION_TIMEOUT.as_millis(),
+            max_poll_interval.as_millis(),
             self.broker.bootstrap,
-            self.run,
+            self.output(),
             home.join("state"),
             self.run,
             100 << 20,
@@ -254,56 +428,74 @@ impl Group<'_> {
         )
     }
 
-    /// Produces records to the topic at [`STEADY_RATE`] until `stop`.
-    fn produce_steadily(&self, stop: &AtomicBool, vehicles: u32) -> Result<usize> {
+    /// Produces records to the topic at [`STEADY_RATE`] until `stop`: positions with
+    /// notes, or for the feedback loop positions the probe counts and, every
+    /// [`SLOW_EVERY`], one of the slow key that takes [`SLOW_RECORD`].
+    fn produce_steadily(&self, stop: &AtomicBool, vehicles: u32, scenario: Scenario) -> Result<usize> {
         let fleet = Fleet::new(&FleetOptions { vehicles, count: None, seed: 7, churn: None });
         let started = Instant::now();
+        let slow_every = SLOW_EVERY.as_secs() * STEADY_RATE;
         let paced = fleet.enumerate().map_while(|(i, record)| {
             if stop.load(Ordering::Relaxed) {
                 return None;
             }
             let due = Duration::from_secs_f64(i as f64 / STEADY_RATE as f64);
             std::thread::sleep(due.saturating_sub(started.elapsed()));
-            Some(record.map(|r| (r.key, r.value)))
+            Some(record.and_then(|r| {
+                let position = String::from_utf8(r.value)?;
+                let position = position.strip_suffix('}').context("a position is a JSON object")?;
+                Ok(match scenario {
+                    Scenario::SlowKey if (i as u64).is_multiple_of(slow_every) => (
+                        b"veh-slow".to_vec(),
+                        format!(
+                            r#"{position},"action":"work","iterations":{},"work_ms":{}}}"#,
+                            self.work,
+                            SLOW_RECORD.as_millis()
+                        ),
+                    ),
+                    Scenario::SlowKey => (r.key, counted_position(&format!("{position}}}"))?),
+                    _ => (r.key, format!(r#"{position},"note":"{}"}}"#, note(i as u64 + u64::from(vehicles)))),
+                })
+            }))
         });
         self.broker.produce(&self.topic(), paced)
     }
 
-    /// Waits until no partition has resumed for [`SETTLED`] and at least one has since
-    /// the event, or none has in [`NONE_MOVED`]; returns every resume since.
-    fn wait_settled(&self, members: &[Host], since: &dyn Fn(usize) -> usize, event: u64) -> Result<Vec<Resume>> {
+    /// Waits until no partition has resumed since `step` for [`SETTLED`] and at least
+    /// one has, or none has in [`NONE_MOVED`].
+    fn wait_settled(&self, members: &[Host], step: &Step) -> Result<()> {
         let started = Instant::now();
         loop {
-            let resumes: Vec<Resume> = members
+            let last = members
                 .iter()
                 .enumerate()
-                .flat_map(|(i, m)| self.resumes(&m.log()[since(i).min(m.log().len())..]))
-                .filter(|r| r.at >= event)
-                .collect();
-            let last = resumes.iter().map(|r| r.at).max();
+                .flat_map(|(i, m)| self.resumes(&m.log(), step.logged.get(i).copied().unwrap_or(0)))
+                .map(|r| r.at)
+                .filter(|&at| at >= step.event)
+                .max();
             if last.is_some_and(|last| now_ms().saturating_sub(last) >= SETTLED.as_millis() as u64) {
-                return Ok(resumes);
+                return Ok(());
             }
             // Kafka Streams gives a member that joins warm-up tasks first, and their active
             // tasks only at a probing rebalance (`probing.rebalance.interval.ms`, 10 min).
-            if event > 0 && resumes.is_empty() && started.elapsed() > NONE_MOVED {
-                return Ok(resumes);
+            if step.event > 0 && last.is_none() && started.elapsed() > NONE_MOVED {
+                return Ok(());
             }
-            if started.elapsed() > Duration::from_secs(300) {
-                bail!("the group did not settle in 300 s: {resumes:?}\n{}", logs(members));
+            if started.elapsed() > Duration::from_secs(600) {
+                bail!("the group did not settle in 600 s:\n{}", logs(members));
             }
             std::thread::sleep(Duration::from_millis(200));
         }
     }
 
-    /// The resumes `log` tells of.
-    fn resumes(&self, log: &str) -> Vec<Resume> {
+    /// The resumes `log` tells of after its first `from` bytes.
+    fn resumes(&self, log: &str, from: usize) -> Vec<Resume> {
+        let log = &log[from.min(log.len())..];
         match self.system {
             System::Sluice { .. } => log
                 .lines()
                 .filter(|line| line.contains("resumed at offset"))
                 .filter_map(|line| {
-                    let at = humantime::parse_rfc3339(line.split_whitespace().next()?).ok()?;
                     let partition = line.rsplit("partition=").next()?.trim().parse().ok()?;
                     // `checkpoint 2@76064 (standby: fetched 0 B of 583129 B)`, `local@N` or `empty`.
                     let from = line.split("state from ").nth(1)?;
@@ -314,49 +506,81 @@ impl Group<'_> {
                         }
                         _ => (from.split(['@', ',', ')']).next()?, 0),
                     };
-                    Some(Resume { partition, at: ms(at), path: path.to_string(), restored: fetched })
+                    Some(Resume { partition, at: logged_at(line)?, path: path.to_string(), restored: fetched })
                 })
                 .collect(),
-            System::Streams { .. } => events(log, "first", "at")
-                .into_iter()
-                .map(|(partition, at)| {
-                    let restored = events(log, "restored", "records");
-                    let restored = restored.iter().filter(|(p, _)| *p == partition).map(|(_, n)| n).sum();
-                    Resume { partition, at, path: "changelog".into(), restored }
+            System::Streams { .. } => {
+                let restores = events(log, "restored", "records");
+                events(log, "first", "at")
+                    .into_iter()
+                    .map(|(partition, at, _)| {
+                        // What this member restored of the partition before it ran it.
+                        let restored = restores.iter().rev().find(|&&(p, done, _)| p == partition && done <= at);
+                        Resume {
+                            partition,
+                            at,
+                            path: "changelog".into(),
+                            restored: restored.map_or(0, |&(_, _, records)| records),
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The partitions `log` says its member stopped processing.
+    fn stops(&self, log: &str) -> Vec<Stop> {
+        match self.system {
+            // `... revoked partitions [1, 4] of positions-1: handed over [1, 4] in 52 ms`: the
+            // revocation began that long before it was logged.
+            System::Sluice { .. } => log
+                .lines()
+                .filter(|line| line.contains("revoked partitions"))
+                .filter_map(|line| {
+                    let (list, took) = line.rsplit_once(" in ")?;
+                    let took: f64 = took.split(' ').next()?.parse().ok()?;
+                    let at = logged_at(line)?.saturating_sub(took as u64);
+                    let list = list.rsplit_once('[')?.1.strip_suffix(']')?;
+                    let partitions: Vec<u32> = list.split(", ").filter_map(|p| p.parse().ok()).collect();
+                    Some(partitions.into_iter().map(move |partition| Stop { partition, at }))
                 })
+                .flatten()
                 .collect(),
+            System::Streams { .. } => {
+                events(log, "closed", "at").into_iter().map(|(partition, at, _)| Stop { partition, at }).collect()
+            }
         }
     }
 
     /// Prints the scenario's row.
-    fn report(
-        &self,
-        scenario: Scenario,
-        resumes: &[Resume],
-        event: u64,
-        members: &[Host],
-        since: &dyn Fn(usize) -> usize,
-    ) {
-        // A partition's pause ends at its first resume after the event.
-        let mut first: BTreeMap<u32, &Resume> = BTreeMap::new();
-        for resume in resumes {
-            first
-                .entry(resume.partition)
-                .and_modify(|r| {
-                    if resume.at < r.at {
-                        *r = resume
-                    }
-                })
-                .or_insert(resume);
+    fn report(&self, state: &str, scenario: Scenario, members: &[Host], steps: &[Step], repeated: &str) {
+        let stops: Vec<Stop> = members.iter().flat_map(|m| self.stops(&m.log())).collect();
+        let mut moves = Vec::new();
+        for (k, step) in steps.iter().enumerate() {
+            let until = steps.get(k + 1).map_or(u64::MAX, |next| next.event);
+            for (i, member) in members.iter().enumerate() {
+                let resumes = self.resumes(&member.log(), step.logged.get(i).copied().unwrap_or(0));
+                for resume in resumes.into_iter().filter(|r| (step.event..until).contains(&r.at)) {
+                    // The pause began where the partition last stopped, or at the event.
+                    let stopped = stops
+                        .iter()
+                        .filter(|s| s.partition == resume.partition && s.at <= resume.at)
+                        .map(|s| s.at)
+                        .fold(step.event, u64::max);
+                    moves.push(((resume.at - stopped) as f64 / 1e3, resume));
+                }
+            }
         }
-        let mut pauses: Vec<f64> = first.values().map(|r| (r.at - event) as f64 / 1e3).collect();
-        pauses.sort_by(f64::total_cmp);
-        let mut paths: BTreeMap<&str, usize> = BTreeMap::new();
-        for resume in first.values() {
-            *paths.entry(&resume.path).or_default() += 1;
+        moves.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut paths: Vec<(&str, usize)> = Vec::new();
+        for (_, resume) in &moves {
+            match paths.iter_mut().find(|(path, _)| *path == resume.path) {
+                Some((_, n)) => *n += 1,
+                None => paths.push((&resume.path, 1)),
+            }
         }
         let paths: Vec<String> = paths.iter().map(|(path, n)| format!("{n} {path}")).collect();
-        let restored: u64 = first.values().map(|r| r.restored).sum();
+        let restored: u64 = moves.iter().map(|(_, r)| r.restored).sum();
         let restored = match self.system {
             System::Sluice { .. } => format!("{:.1} MiB", restored as f64 / (1 << 20) as f64),
             System::Streams { .. } => format!("{restored} records"),
@@ -364,16 +588,17 @@ impl Group<'_> {
         let rebalances = members
             .iter()
             .enumerate()
-            .map(|(i, m)| self.rebalances(&m.log()[since(i).min(m.log().len())..]))
+            .map(|(i, m)| self.rebalances(&m.log()[steps[0].logged.get(i).copied().unwrap_or(0)..]))
             .max()
             .unwrap_or(0);
-        let session = matches!(scenario, Scenario::Kill).then_some(SESSION_TIMEOUT.as_secs_f64()).unwrap_or(0.0);
+        let session = if scenario == Scenario::Kill { SESSION_TIMEOUT.as_secs() } else { 0 };
         println!(
-            "| {} | {scenario:?} | {} | {:.2} s | {:.2} s | {session:.0} s | {} | {restored} | {rebalances} |",
+            "| {state} | {} | {scenario:?} | {} | {:.2} s | {:.2} s | {session} s | {} | {restored} | {rebalances} | \
+             {repeated} |",
             self.system.label(),
-            pauses.len(),
-            pauses.last().copied().unwrap_or(0.0),
-            pauses.get(pauses.len() / 2).copied().unwrap_or(0.0),
+            moves.len(),
+            moves.last().map_or(0.0, |m| m.0),
+            moves.get(moves.len() / 2).map_or(0.0, |m| m.0),
             paths.join(", ")
         );
     }
@@ -389,18 +614,111 @@ impl Group<'_> {
             System::Streams { .. } => log.lines().filter(|l| l.contains("\"to\":\"REBALANCING\"")).count(),
         }
     }
+
+    /// Deletes the run's topics and checkpoints: a few GiB each at the larger sizes.
+    fn remove_data(&self) -> Result<()> {
+        self.broker.delete_topic(&self.topic())?;
+        self.broker.delete_topic(&self.output())?;
+        if let System::Streams { .. } = self.system {
+            // Kafka Streams names its changelog topic after the application and the store.
+            self.broker.delete_topic(&format!("{}-vehicle-stats-changelog", self.group())).ok();
+        }
+        let checkpoints = self.store.bucket_dir.join(format!("run-{}", self.run));
+        if checkpoints.exists() {
+            std::fs::remove_dir_all(checkpoints)?;
+        }
+        Ok(())
+    }
 }
 
-/// The partition and `field` of each Kafka Streams event named `name` in `log`.
-fn events(log: &str, name: &str, field: &str) -> Vec<(u32, u64)> {
+/// How many iterations of the probe's `work` take `duration` on this machine: a record
+/// of a billion timed through `sluice run`, less one that only counts.
+fn work_iterations(duration: Duration) -> Result<u64> {
+    const ITERATIONS: u64 = 1_000_000_000;
+    let dir = tempfile::tempdir()?;
+    let timed = |action: &str| -> Result<Duration> {
+        let input = dir.path().join("input.jsonl");
+        std::fs::write(&input, format!("{{\"vehicle_id\":\"v\",\"ts\":1,{action}}}\n"))?;
+        std::fs::remove_dir_all(dir.path().join("state")).ok();
+        let config = dir.path().join("job.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[operator]\npath = {:?}\ncall_timeout_ms = 600000\n[source]\nkind = \"file\"\npath = {input:?}\n\
+                 [sink]\nkind = \"file\"\npath = {:?}\n[state]\ndir = {:?}\npartitions = 1\n[report]\ninterval_s = 0\n",
+                operator_wasm("probe"),
+                dir.path().join("out.jsonl"),
+                dir.path().join("state"),
+            ),
+        )?;
+        let began = Instant::now();
+        let run = sluice().arg("run").arg("--config").arg(&config).output()?;
+        if !run.status.success() {
+            bail!("timing the probe's work: {}", String::from_utf8_lossy(&run.stderr));
+        }
+        Ok(began.elapsed())
+    };
+    let counted = timed(r#""action":"count""#)?;
+    let worked = timed(&format!(r#""action":"work","iterations":{ITERATIONS}"#))?;
+    let per_iteration = worked.saturating_sub(counted).as_secs_f64() / ITERATIONS as f64;
+    let iterations = (duration.as_secs_f64() / per_iteration.max(1e-12)) as u64;
+    println!(
+        "the probe's work: {:.2} ns an iteration; {iterations} iterations for a {} s record",
+        per_iteration * 1e9,
+        duration.as_secs()
+    );
+    Ok(iterations)
+}
+
+/// `position` with the action the probe counts.
+fn counted_position(position: &str) -> Result<String> {
+    let position = position.strip_suffix('}').context("a position is a JSON object")?;
+    Ok(format!(r#"{position},"action":"count"}}"#))
+}
+
+/// Vehicle `v`'s first position, with a note.
+fn noted_position(v: u32) -> (String, String) {
+    let id = format!("veh-{v:05}");
+    let position = format!(
+        r#"{{"vehicle_id":"{id}","ts":{},"lat":52.37,"lon":4.9,"speed_kmh":50.0,"note":"{}"}}"#,
+        1_700_000_000_000u64 + u64::from(v),
+        note(u64::from(v))
+    );
+    (id, position)
+}
+
+/// [`NOTE_CHARS`] characters of random text from `seed`, 6 bits of entropy each: nothing
+/// a compressor can shrink by much, and nothing JSON must escape.
+fn note(seed: u64) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut note = String::with_capacity(NOTE_CHARS);
+    while note.len() < NOTE_CHARS {
+        // xorshift64: ten characters from each draw.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        note.extend((0..10).map(|i| ALPHABET[((x >> (i * 6)) & 63) as usize] as char));
+    }
+    note.truncate(NOTE_CHARS);
+    note
+}
+
+/// The partition, `field` and wall clock of each Kafka Streams event named `name` in `log`.
+fn events(log: &str, name: &str, field: &str) -> Vec<(u32, u64, u64)> {
     let tag = format!("{{\"event\":\"{name}\"");
     log.lines()
         .filter(|line| line.starts_with(&tag))
         .filter_map(|line| {
             let event: serde_json::Value = serde_json::from_str(line).ok()?;
-            Some((event["partition"].as_u64()? as u32, event[field].as_u64()?))
+            Some((event["partition"].as_u64()? as u32, event["at"].as_u64()?, event[field].as_u64()?))
         })
         .collect()
+}
+
+/// When sluice logged `line` (its first word), in ms since the epoch.
+fn logged_at(line: &str) -> Option<u64> {
+    Some(ms(humantime::parse_rfc3339(line.split_whitespace().next()?).ok()?))
 }
 
 fn logs(members: &[Host]) -> String {

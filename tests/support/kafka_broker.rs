@@ -443,8 +443,39 @@ impl KafkaBroker {
     /// default, whose position moves past transaction markers and aborted records).
     pub fn read_topic(&self, topic: &str) -> Result<Vec<KafkaRecord>> {
         use rdkafka::Message;
-        use rdkafka::consumer::{BaseConsumer, Consumer};
         use rdkafka::message::Headers;
+        let mut by_partition: BTreeMap<i32, Vec<KafkaRecord>> = BTreeMap::new();
+        self.read_each(topic, |message| {
+            let headers = message
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            by_partition.entry(message.partition()).or_default().push(KafkaRecord {
+                key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
+                value: serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or(Value::Null),
+                headers,
+            });
+        })?;
+        Ok(by_partition.into_values().flatten().collect())
+    }
+
+    /// How many records of committed transactions this test's `topic` holds, read as
+    /// [`read_topic`](Self::read_topic) reads them (without keeping them).
+    pub fn count_records(&self, topic: &str) -> Result<u64> {
+        let mut count = 0;
+        self.read_each(topic, |_| count += 1)?;
+        Ok(count)
+    }
+
+    /// Calls `each` with every record of this test's `topic`, as
+    /// [`read_topic`](Self::read_topic) reads them; fails if the read stops moving for
+    /// 120 s.
+    fn read_each(&self, topic: &str, mut each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>)) -> Result<()> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
         let ends = self.ends(topic)?;
         let consumer: BaseConsumer = self.consumer_config("sluice-tests-reader").create()?;
         let topic = &self.name(topic);
@@ -453,26 +484,12 @@ impl KafkaBroker {
             assignment.add_partition_offset(topic, partition, rdkafka::Offset::Beginning)?;
         }
         consumer.assign(&assignment)?;
-        let started = std::time::Instant::now();
-        let mut by_partition: BTreeMap<i32, Vec<KafkaRecord>> = BTreeMap::new();
+        let mut moved = std::time::Instant::now();
         loop {
             if let Some(message) = consumer.poll(std::time::Duration::from_millis(100)) {
                 let Some(message) = delivered(message)? else { continue };
-                let headers = message
-                    .headers()
-                    .map(|h| {
-                        h.iter()
-                            .map(|h| {
-                                (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                by_partition.entry(message.partition()).or_default().push(KafkaRecord {
-                    key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
-                    value: serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or(Value::Null),
-                    headers,
-                });
+                each(&message);
+                moved = std::time::Instant::now();
                 continue;
             }
             let positions = consumer.position()?;
@@ -485,9 +502,9 @@ impl KafkaBroker {
                 .filter(|&(_, at, end)| at < end)
                 .collect();
             if behind.is_empty() {
-                return Ok(by_partition.into_values().flatten().collect());
+                return Ok(());
             }
-            if started.elapsed() > std::time::Duration::from_secs(120) {
+            if moved.elapsed() > std::time::Duration::from_secs(120) {
                 bail!("reading {topic}: partitions (partition, position, end) not read to their end: {behind:?}");
             }
         }

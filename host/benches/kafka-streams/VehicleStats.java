@@ -2,21 +2,25 @@
 // (host/benches/group.rs), which runs it beside sluice on the same broker and records:
 //
 //   java -cp CLASSES:LIBS/* VehicleStats BOOTSTRAP APPLICATION_ID INPUT OUTPUT STATE_DIR
-//       STANDBY_REPLICAS GUARANTEE SESSION_TIMEOUT_MS
+//       STANDBY_REPLICAS GUARANTEE SESSION_TIMEOUT_MS MAX_POLL_INTERVAL_MS
 //
-// Per vehicle (the record's key) it keeps the count, mean and max speed and the last
-// position, in a RocksDB store with a changelog topic, and sends the updated summary for
-// every record: the same fold vehicle-stats does but the distance. GUARANTEE is
-// at_least_once or exactly_once_v2. It prints to stderr, beside Kafka Streams' own warnings,
-// one JSON line per event the benchmark times, each with the wall clock (`at`, ms since the
-// epoch):
+// Per vehicle (the record's key) it keeps the count, mean and max speed, the last
+// position and the latest `note` (the string a position may carry), in a RocksDB store
+// with a changelog topic, and sends the updated summary for every record (the record
+// cache is off, so none is folded into the next): the same fold vehicle-stats does but the
+// distance. A position with `"work_ms":N` takes N ms to fold (a slow key, for the feedback
+// loop). GUARANTEE is at_least_once or exactly_once_v2. It prints to stderr, beside Kafka
+// Streams' own warnings, one JSON line per event the benchmark times, each with the wall
+// clock (`at`, ms since the epoch):
 //
 //   {"event":"state","to":"REBALANCING","at":...}     every state change of the instance
 //   {"event":"restored","partition":3,"records":N,"at":...}   a store's restore ended
 //   {"event":"first","partition":3,"at":...}           the first record a task processed
+//   {"event":"closed","partition":3,"at":...}          a task that processed records closed
 //
 // A task's first record is the one Kafka Streams hands it after it was assigned (and its
-// store restored): the end of that partition's pause on this instance.
+// store restored): the end of that partition's pause on this instance. Its close on the
+// instance before (a revocation, a shutdown) is where that pause began.
 
 import java.time.Duration;
 import java.util.Properties;
@@ -45,6 +49,9 @@ public final class VehicleStats {
         props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, args[6]);
         props.put(StreamsConfig.consumerPrefix(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG), Integer.parseInt(args[7]));
         props.put(StreamsConfig.consumerPrefix(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG), 500);
+        props.put(StreamsConfig.consumerPrefix(ConsumerConfig.MAX_POLL_INTERVAL_MS_CONFIG), Integer.parseInt(args[8]));
+        // Every update sent on, as vehicle-stats sends one summary per record.
+        props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0L);
         props.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
         props.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
         // The records are in the log already: read them from the start.
@@ -72,6 +79,17 @@ public final class VehicleStats {
 
     /** Folds one position (vehicle-stats' JSON) into the summary `previous` ("" at first). */
     static String fold(String key, String position, String previous) {
+        if (position.contains("\"work_ms\":")) {
+            try {
+                Thread.sleep((long) number(position, "work_ms"));
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }
+        String note = string(position, "note");
+        if (note == null && !previous.isEmpty()) {
+            note = string(previous, "note");
+        }
         double speed = number(position, "speed_kmh");
         long count = previous.isEmpty() ? 0 : (long) number(previous, "count");
         double mean = previous.isEmpty() ? 0 : number(previous, "mean_speed_kmh");
@@ -81,7 +99,19 @@ public final class VehicleStats {
         max = Math.max(max, speed);
         return "{\"vehicle_id\":\"" + key + "\",\"count\":" + count + ",\"mean_speed_kmh\":" + mean
                 + ",\"max_speed_kmh\":" + max + ",\"last_ts\":" + (long) number(position, "ts")
-                + ",\"lat\":" + number(position, "lat") + ",\"lon\":" + number(position, "lon") + "}";
+                + ",\"lat\":" + number(position, "lat") + ",\"lon\":" + number(position, "lon")
+                + (note == null ? "" : ",\"note\":\"" + note + "\"") + "}";
+    }
+
+    /** The string after `"field":"` in flat JSON `json` (one without escapes), or null. */
+    static String string(String json, String field) {
+        String name = "\"" + field + "\":\"";
+        int start = json.indexOf(name);
+        if (start < 0) {
+            return null;
+        }
+        start += name.length();
+        return json.substring(start, json.indexOf('"', start));
     }
 
     /** The number after `"field":` in flat JSON `json`. */
@@ -116,6 +146,13 @@ public final class VehicleStats {
                 event("first", "\"partition\":" + context.taskId().partition());
             }
             context.forward(record);
+        }
+
+        @Override
+        public void close() {
+            if (seen) {
+                event("closed", "\"partition\":" + context.taskId().partition());
+            }
         }
     }
 

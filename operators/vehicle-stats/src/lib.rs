@@ -9,6 +9,10 @@
 //! position, and the operator then emits the final summary with `left_fleet_at` set:
 //! the vehicle left the fleet, and its state is gone.
 //!
+//! A position may carry a `note`, any string (a device's last report, say): the summary
+//! keeps the latest one. The group benchmark (`host/benches/group.rs`) gives each vehicle
+//! a note of random text to make the state as large as it measures.
+//!
 //! Built with `--features v2`, it is version 2, which adds a field to the state:
 //! hot-deployed over version 1, it reads the summaries version 1 wrote and carries
 //! them on (see `Summary::idle_count`), and it stores them in the SDK's binary encoding
@@ -40,6 +44,8 @@ struct Position {
     lat: f64,
     lon: f64,
     speed_kmh: f64,
+    #[serde(default)]
+    note: Option<String>,
 }
 
 /// The state kept per vehicle, and the summary emitted for it.
@@ -54,6 +60,9 @@ struct Summary {
     last_seen: i64,
     last_lat: f64,
     last_lon: f64,
+    /// The latest note a position carried; absent until one does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
     /// Version 2: positions reported below [`IDLE_KMH`]. A summary version 1 wrote has
     /// no such field, and `serde(default)` reads it as 0: version 2 continues version
     /// 1's count, mean and distance, and counts idle positions from its deploy on.
@@ -100,6 +109,9 @@ impl Operator for VehicleStats {
         s.max_speed_kmh = s.max_speed_kmh.max(p.speed_kmh);
         (s.first_seen, s.last_seen) = (s.first_seen.min(p.ts), s.last_seen.max(p.ts));
         (s.last_lat, s.last_lon) = (p.lat, p.lon);
+        if p.note.is_some() {
+            s.note = p.note;
+        }
         #[cfg(feature = "v2")]
         if p.speed_kmh < IDLE_KMH {
             s.idle_count += 1;
@@ -166,6 +178,12 @@ mod tests {
         assert!((distance - 1.112).abs() < 0.001, "{distance}");
         let stored: Option<serde_json::Value> = state.get("veh-1", "summary")?;
         assert_eq!(stored, Some(summary), "the state is the summary emitted");
+        assert!(stored.unwrap().get("note").is_none(), "no note until a position carries one");
+        let noted = r#"{"vehicle_id":"veh-1","ts":3000,"lat":52.01,"lon":4.0,"speed_kmh":1.0,"note":"n1"}"#;
+        state.process::<VehicleStats>(Record::new("veh-1", noted, 3_000))?;
+        state.process::<VehicleStats>(position(4_000, 52.01, 1.0))?;
+        let stored: Option<serde_json::Value> = state.get("veh-1", "summary")?;
+        assert_eq!(stored.unwrap()["note"], "n1", "the latest note is kept");
         let poison = Record::new("veh-1", "not json", 3_000);
         assert!(state.process::<VehicleStats>(poison).is_err(), "a record that is not a position is rejected");
         Ok(())
