@@ -11,7 +11,8 @@
 //! list) says how much state that makes in all. Three members start and are waited for
 //! until the group's committed offsets cover every record and no partition has moved for
 //! 10 s; then positions (with notes) are produced at 500 a second throughout (2 MiB of
-//! state rewritten a second), and the event. Per partition move, what is timed is its pause: from the moment it stopped —
+//! state rewritten a second), and after 30 s and 30 s a GiB of state (for checkpoints and
+//! copies to catch up with the burst that filled it), the event. Per partition move, what is timed is its pause: from the moment it stopped —
 //! its old owner's revocation began (sluice: the revocation it logs; Kafka Streams: the
 //! task's close), else the event (a `kill -9`) — to the moment its new owner resumed it
 //! (sluice logs `resumed at offset`, with the path its state came from) or processed its
@@ -283,7 +284,7 @@ impl Group<'_> {
         let (steps, steady) = std::thread::scope(|scope| -> Result<(Vec<Step>, u64)> {
             let steady = scope.spawn(|| self.produce_steadily(&stop, vehicles, scenario));
             // The producer stops however the scenario ends: the scope waits for it.
-            let steps = self.run_scenario(scenario, &mut members, dir.path(), slow_for);
+            let steps = self.run_scenario(scenario, &mut members, dir.path(), (warm_up(state_mb), slow_for));
             stop.store(true, Ordering::Relaxed);
             let produced = steady.join().expect("the producer thread")?;
             Ok((steps?, produced as u64))
@@ -318,15 +319,16 @@ impl Group<'_> {
         self.remove_data()
     }
 
-    /// Runs `scenario` on the settled group; returns its steps.
+    /// Runs `scenario` on the settled group, after `warm` of steady records; returns its
+    /// steps.
     fn run_scenario(
         &self,
         scenario: Scenario,
         members: &mut Vec<Host>,
         dir: &Path,
-        slow_for: Duration,
+        (warm, slow_for): (Duration, Duration),
     ) -> Result<Vec<Step>> {
-        std::thread::sleep(Duration::from_secs(2));
+        std::thread::sleep(warm);
         let step = |members: &[Host]| Step { event: now_ms(), logged: members.iter().map(|m| m.log().len()).collect() };
         let mut steps = Vec::new();
         match scenario {
@@ -631,8 +633,9 @@ impl Group<'_> {
     }
 }
 
-/// How many iterations of the probe's `work` take `duration` on this machine: a record
-/// of a billion timed through `sluice run`, less one that only counts.
+/// How many iterations of the probe's `work` take `duration` on this machine: a record of
+/// two billion timed through `sluice run`, less one of a billion (the start-up, the
+/// component's compile among it, is in both; the first run fills the compile cache).
 fn work_iterations(duration: Duration) -> Result<u64> {
     const ITERATIONS: u64 = 1_000_000_000;
     let dir = tempfile::tempdir()?;
@@ -645,10 +648,12 @@ fn work_iterations(duration: Duration) -> Result<u64> {
             &config,
             format!(
                 "[operator]\npath = {:?}\ncall_timeout_ms = 600000\n[source]\nkind = \"file\"\npath = {input:?}\n\
-                 [sink]\nkind = \"file\"\npath = {:?}\n[state]\ndir = {:?}\npartitions = 1\n[report]\ninterval_s = 0\n",
+                 [sink]\nkind = \"file\"\npath = {:?}\n[state]\ndir = {:?}\npartitions = 1\n[report]\ninterval_s = 0\n\
+                 [dead_letter]\npath = {:?}\n",
                 operator_wasm("probe"),
                 dir.path().join("out.jsonl"),
                 dir.path().join("state"),
+                dir.path().join("dead.jsonl"),
             ),
         )?;
         let began = Instant::now();
@@ -658,16 +663,27 @@ fn work_iterations(duration: Duration) -> Result<u64> {
         }
         Ok(began.elapsed())
     };
-    let counted = timed(r#""action":"count""#)?;
-    let worked = timed(&format!(r#""action":"work","iterations":{ITERATIONS}"#))?;
-    let per_iteration = worked.saturating_sub(counted).as_secs_f64() / ITERATIONS as f64;
-    let iterations = (duration.as_secs_f64() / per_iteration.max(1e-12)) as u64;
+    let work = |iterations: u64| timed(&format!(r#""action":"work","iterations":{iterations}"#));
+    work(ITERATIONS)?;
+    let (once, twice) = (work(ITERATIONS)?, work(2 * ITERATIONS)?);
+    let per_iteration = twice.saturating_sub(once).as_secs_f64() / ITERATIONS as f64;
+    if twice <= once {
+        bail!("timing the probe's work: two billion iterations took {twice:?}, one billion {once:?}");
+    }
+    let iterations = (duration.as_secs_f64() / per_iteration) as u64;
     println!(
         "the probe's work: {:.2} ns an iteration; {iterations} iterations for a {} s record",
         per_iteration * 1e9,
         duration.as_secs()
     );
     Ok(iterations)
+}
+
+/// How long records arrive steadily before the event, for `state_mb` of state: 30 s and
+/// 30 s a GiB, time for the checkpoints and standby copies of a state just written in a
+/// burst to catch up, as they would be in a group that has been running.
+fn warm_up(state_mb: u64) -> Duration {
+    Duration::from_secs(30 + 30 * state_mb / 1024)
 }
 
 /// `position` with the action the probe counts.
