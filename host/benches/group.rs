@@ -31,8 +31,8 @@
 //! with its state directory, the next once the group is quiet: a deploy), and `slow-key`
 //! (no state filled; one key's record every 20 s takes 12 s to process, while
 //! `max.poll.interval.ms` is 10 s, for `SLUICE_BENCH_GROUP_SLOW_S`, default 300 s; sluice
-//! runs the tests' probe operator, whose `work` spins for as many iterations as the bench
-//! measured to take 12 s, Kafka Streams sleeps in its fold).
+//! runs the tests' probe operator, whose `spin` runs into a CPU deadline of 12 s, the record
+//! then dead-lettered, Kafka Streams sleeps 12 s in its fold).
 //!
 //! The systems (`SLUICE_BENCH_GROUP_SYSTEMS`, default all): `sluice-all`, `sluice-1`,
 //! `sluice-none` (`[checkpoint] standby`), `sluice-1-eos` (with `[sink] guarantee =
@@ -179,7 +179,6 @@ fn main() -> Result<()> {
     let scenarios: Vec<Scenario> = scenarios.split(',').map(Scenario::parse).collect::<Result<_>>()?;
     let broker = KafkaBroker::start()?;
     let store = S3Server::start()?;
-    let work = if scenarios.contains(&Scenario::SlowKey) { work_iterations(SLOW_RECORD)? } else { 0 };
     println!(
         "three members, {PARTITIONS} partitions, {STEADY_RATE} records/s during each scenario, session timeout {}s; \
          notes of {NOTE_CHARS} characters of random text",
@@ -194,7 +193,7 @@ fn main() -> Result<()> {
     let mut each = |state_mb: u64, scenario: Scenario| -> Result<()> {
         for &system in &systems {
             run += 1;
-            let group = Group { broker: &broker, store: &store, streams: streams.as_deref(), system, run, work };
+            let group = Group { broker: &broker, store: &store, streams: streams.as_deref(), system, run };
             group.measure(scenario, state_mb, slow_for)?;
         }
         Ok(())
@@ -218,8 +217,6 @@ struct Group<'a> {
     streams: Option<&'a Path>,
     system: System,
     run: u32,
-    /// Iterations of the probe's `work` that take [`SLOW_RECORD`].
-    work: u64,
 }
 
 impl Group<'_> {
@@ -302,7 +299,13 @@ impl Group<'_> {
                 } else {
                     self.broker.ends(&self.output())?.values().map(|&end| end as u64).sum()
                 };
-                (outputs as i64 - produced as i64).to_string()
+                // A record sluice dead-letters (the slow key's) has no output.
+                let dead: usize = ["a", "b", "c", "d"]
+                    .iter()
+                    .map(|name| std::fs::read_to_string(dir.path().join(name).join("dead.jsonl")).unwrap_or_default())
+                    .map(|dead| dead.lines().count())
+                    .sum();
+                (outputs as i64 + dead as i64 - produced as i64).to_string()
             }
             Err(_) if scenario == Scenario::SlowKey => format!("not all committed {} s after", drained.as_secs()),
             Err(e) => return Err(e.context(logs(&members))),
@@ -403,13 +406,14 @@ impl Group<'_> {
     ) -> String {
         let standby = if standby == "none" || standby == "all" { format!("{standby:?}") } else { standby.into() };
         let guarantee = if exactly_once { "exactly-once" } else { "at-least-once" };
-        // The feedback loop runs the probe, whose `work` may take the slow record's time.
+        // The feedback loop runs the probe, whose `spin` takes the CPU deadline, once.
         let (operator, call_timeout_ms) = match scenario {
-            Scenario::SlowKey => (operator_wasm("probe"), 4 * SLOW_RECORD.as_millis()),
+            Scenario::SlowKey => (operator_wasm("probe"), SLOW_RECORD.as_millis()),
             _ => (operator_wasm("vehicle_stats"), 1000),
         };
         format!(
-            "[operator]\npath = {operator:?}\ncall_timeout_ms = {call_timeout_ms}\n[source]\nkind = \"kafka\"\n\
+            "[operator]\npath = {operator:?}\ncall_timeout_ms = {call_timeout_ms}\n[operator.retry]\nattempts = 1\n\
+             [source]\nkind = \"kafka\"\n\
              brokers = \"{}\"\ntopic = \"{}\"\ngroup = \"{}\"\ngroup_protocol = \"classic\"\n[source.properties]\n\
              \"session.timeout.ms\" = \"{}\"\n\"heartbeat.interval.ms\" = \"500\"\n\"max.poll.interval.ms\" = \"{}\"\n\
              [sink]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"{}\"\nguarantee = \"{guarantee}\"\n\
@@ -449,11 +453,7 @@ impl Group<'_> {
                 Ok(match scenario {
                     Scenario::SlowKey if (i as u64).is_multiple_of(slow_every) => (
                         b"veh-slow".to_vec(),
-                        format!(
-                            r#"{position},"action":"work","iterations":{},"work_ms":{}}}"#,
-                            self.work,
-                            SLOW_RECORD.as_millis()
-                        ),
+                        format!(r#"{position},"action":"spin","work_ms":{}}}"#, SLOW_RECORD.as_millis()),
                     ),
                     Scenario::SlowKey => (r.key, counted_position(&format!("{position}}}"))?),
                     _ => (r.key, format!(r#"{position},"note":"{}"}}"#, note(i as u64 + u64::from(vehicles)))),
@@ -631,52 +631,6 @@ impl Group<'_> {
         }
         Ok(())
     }
-}
-
-/// How many iterations of the probe's `work` take `duration` on this machine: a record of
-/// two billion timed through `sluice run`, less one of a billion (the start-up, the
-/// component's compile among it, is in both; the first run fills the compile cache).
-fn work_iterations(duration: Duration) -> Result<u64> {
-    const ITERATIONS: u64 = 1_000_000_000;
-    let dir = tempfile::tempdir()?;
-    let timed = |action: &str| -> Result<Duration> {
-        let input = dir.path().join("input.jsonl");
-        std::fs::write(&input, format!("{{\"vehicle_id\":\"v\",\"ts\":1,{action}}}\n"))?;
-        std::fs::remove_dir_all(dir.path().join("state")).ok();
-        let config = dir.path().join("job.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[operator]\npath = {:?}\ncall_timeout_ms = 600000\n[source]\nkind = \"file\"\npath = {input:?}\n\
-                 [sink]\nkind = \"file\"\npath = {:?}\n[state]\ndir = {:?}\npartitions = 1\n[report]\ninterval_s = 0\n\
-                 [dead_letter]\npath = {:?}\n",
-                operator_wasm("probe"),
-                dir.path().join("out.jsonl"),
-                dir.path().join("state"),
-                dir.path().join("dead.jsonl"),
-            ),
-        )?;
-        let began = Instant::now();
-        let run = sluice().arg("run").arg("--config").arg(&config).output()?;
-        if !run.status.success() {
-            bail!("timing the probe's work: {}", String::from_utf8_lossy(&run.stderr));
-        }
-        Ok(began.elapsed())
-    };
-    let work = |iterations: u64| timed(&format!(r#""action":"work","iterations":{iterations}"#));
-    work(ITERATIONS)?;
-    let (once, twice) = (work(ITERATIONS)?, work(2 * ITERATIONS)?);
-    let per_iteration = twice.saturating_sub(once).as_secs_f64() / ITERATIONS as f64;
-    if twice <= once {
-        bail!("timing the probe's work: two billion iterations took {twice:?}, one billion {once:?}");
-    }
-    let iterations = (duration.as_secs_f64() / per_iteration) as u64;
-    println!(
-        "the probe's work: {:.2} ns an iteration; {iterations} iterations for a {} s record",
-        per_iteration * 1e9,
-        duration.as_secs()
-    );
-    Ok(iterations)
 }
 
 /// How long records arrive steadily before the event, for `state_mb` of state: 30 s and
