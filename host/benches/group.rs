@@ -16,7 +16,9 @@
 //! its old owner's revocation began (sluice: the revocation it logs; Kafka Streams: the
 //! task's close), else the event (a `kill -9`) — to the moment its new owner resumed it
 //! (sluice logs `resumed at offset`, with the path its state came from) or processed its
-//! first record (Kafka Streams, which the application prints). The group's session
+//! first record (Kafka Streams, which the application prints); for sluice, the part of the
+//! longest pause that ran on its new owner, from its assignment, is given apart (the rest is
+//! the handover and the group's rebalance). The group's session
 //! timeout is 6 s in both systems (classic protocol): a `kill -9` pause includes it, and
 //! the table gives it apart. Rebalances: the most any member went through after the
 //! event (sluice: generations it was assigned in; Kafka Streams: its moves to
@@ -151,6 +153,8 @@ struct Resume {
     at: u64,
     path: String,
     restored: u64,
+    /// sluice: how long the new owner held the partition paused, from its assignment.
+    paused_here: Option<f64>,
 }
 
 /// A partition a member stopped processing at `at`.
@@ -185,10 +189,10 @@ fn main() -> Result<()> {
         SESSION_TIMEOUT.as_secs()
     );
     println!(
-        "| state | system | scenario | moves | longest pause | median pause | of which session timeout | paths | \
-         restored | rebalances | outputs repeated |"
+        "| state | system | scenario | moves | longest pause | its new owner's part | median pause | of which session \
+         timeout | paths | restored | rebalances | outputs repeated |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut run = 0;
     let mut each = |state_mb: u64, scenario: Scenario| -> Result<()> {
         for &system in &systems {
@@ -508,7 +512,14 @@ impl Group<'_> {
                         }
                         _ => (from.split(['@', ',', ')']).next()?, 0),
                     };
-                    Some(Resume { partition, at: logged_at(line)?, path: path.to_string(), restored: fetched })
+                    let paused_here = line.split(" after ").nth(1)?.split(" ms paused").next()?.parse::<f64>().ok();
+                    Some(Resume {
+                        partition,
+                        at: logged_at(line)?,
+                        path: path.to_string(),
+                        restored: fetched,
+                        paused_here: paused_here.map(|ms| ms / 1e3),
+                    })
                 })
                 .collect(),
             System::Streams { .. } => {
@@ -523,6 +534,7 @@ impl Group<'_> {
                             at,
                             path: "changelog".into(),
                             restored: restored.map_or(0, |&(_, _, records)| records),
+                            paused_here: None,
                         }
                     })
                     .collect()
@@ -594,9 +606,13 @@ impl Group<'_> {
             .max()
             .unwrap_or(0);
         let session = if scenario == Scenario::Kill { SESSION_TIMEOUT.as_secs() } else { 0 };
+        let new_owner = match moves.last().and_then(|(_, r)| r.paused_here) {
+            Some(paused) => format!("{paused:.2} s"),
+            None => "-".to_string(),
+        };
         println!(
-            "| {state} | {} | {scenario:?} | {} | {:.2} s | {:.2} s | {session} s | {} | {restored} | {rebalances} | \
-             {repeated} |",
+            "| {state} | {} | {scenario:?} | {} | {:.2} s | {new_owner} | {:.2} s | {session} s | {} | {restored} | \
+             {rebalances} | {repeated} |",
             self.system.label(),
             moves.len(),
             moves.last().map_or(0.0, |m| m.0),
