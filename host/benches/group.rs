@@ -304,9 +304,9 @@ impl Group<'_> {
                     self.broker.ends(&self.output())?.values().map(|&end| end as u64).sum()
                 };
                 // A record sluice dead-letters (the slow key's) has no output.
-                let dead: usize = ["a", "b", "c", "d"]
+                let dead: usize = members
                     .iter()
-                    .map(|name| std::fs::read_to_string(dir.path().join(name).join("dead.jsonl")).unwrap_or_default())
+                    .map(|m| std::fs::read_to_string(dir.path().join(&m.name).join("dead.jsonl")).unwrap_or_default())
                     .map(|dead| dead.lines().count())
                     .sum();
                 (outputs as i64 + dead as i64 - produced as i64).to_string()
