@@ -25,7 +25,10 @@
 //! `REBALANCING`). Outputs repeated: once every record is committed, the outputs the
 //! output topic holds (`read_committed`) beyond one per record produced — records whose
 //! output a consumer sees twice (both systems send one per record: Kafka Streams' record
-//! cache is off).
+//! cache is off). What the group cost its members while records arrived before the event:
+//! sluice's downloads for standby copies (a member's, the mean) and its checkpoints' uploads
+//! (the group's), per hour, from the hosts' metrics; the disk each member's state directory
+//! took at the event (`du`, the mean), in both systems.
 //!
 //! The scenarios (`SLUICE_BENCH_GROUP_SCENARIOS`, default all): `kill` (`kill -9` of one
 //! member), `scale-in` (SIGTERM of one, which leaves the group), `scale-out` (a fourth
@@ -46,8 +49,9 @@
 //! passes the release build).
 
 use anyhow::{Context, Result, bail};
+use sluice::metrics::families::{CHECKPOINT_UPLOADED_BYTES, STANDBY_FETCHED};
 use sluice::source::generator::{Fleet, FleetOptions};
-use sluice_e2e::{Host, KafkaBroker, S3Server, bench_setting, operator_wasm, sluice};
+use sluice_e2e::{Host, KafkaBroker, S3Server, bench_setting, metric_sum, operator_wasm, sluice};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -163,6 +167,17 @@ struct Stop {
     at: u64,
 }
 
+/// What keeping the group running cost its members over the steady records before the
+/// event.
+struct Upkeep {
+    /// sluice: bytes downloaded for standby copies an hour, the mean of the members.
+    fetched: Option<f64>,
+    /// sluice: bytes the group's checkpoints uploaded an hour.
+    uploaded: Option<f64>,
+    /// The disk a member's state directory took at the event, the mean of the members.
+    disk: f64,
+}
+
 /// One event of a scenario: when, and how much of each member's log came before it.
 struct Step {
     event: u64,
@@ -190,9 +205,10 @@ fn main() -> Result<()> {
     );
     println!(
         "| state | system | scenario | moves | longest pause | its new owner's part | median pause | of which session \
-         timeout | paths | restored | rebalances | outputs repeated |"
+         timeout | paths | restored | rebalances | outputs repeated | copies fetched a member | checkpoints uploaded | \
+         disk a member |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut run = 0;
     let mut each = |state_mb: u64, scenario: Scenario| -> Result<()> {
         for &system in &systems {
@@ -282,7 +298,7 @@ impl Group<'_> {
             .wait_committed(&self.group(), &topic, filled as i64, Duration::from_secs(1200))
             .with_context(|| logs(&members))?;
         let stop = AtomicBool::new(false);
-        let (steps, steady) = std::thread::scope(|scope| -> Result<(Vec<Step>, u64)> {
+        let ((steps, upkeep), steady) = std::thread::scope(|scope| -> Result<((Vec<Step>, Upkeep), u64)> {
             let steady = scope.spawn(|| self.produce_steadily(&stop, vehicles, scenario));
             // The producer stops however the scenario ends: the scope waits for it.
             let steps = self.run_scenario(scenario, &mut members, dir.path(), (warm_up(state_mb), slow_for));
@@ -318,7 +334,7 @@ impl Group<'_> {
             Scenario::SlowKey => "-".to_string(),
             _ => format!("{:.2} GiB", vehicles as f64 * (NOTE_CHARS as u64 + SUMMARY_BYTES) as f64 / (1 << 30) as f64),
         };
-        self.report(&state, scenario, &members, &steps, &repeated);
+        self.report(&state, scenario, &members, (&steps, &upkeep), &repeated);
         for member in &mut members {
             // One already stopped, or a JVM that takes its time to close, is no failure here.
             member.terminate().ok();
@@ -327,15 +343,27 @@ impl Group<'_> {
     }
 
     /// Runs `scenario` on the settled group, after `warm` of steady records; returns its
-    /// steps.
+    /// steps, and what the group cost its members during `warm`.
     fn run_scenario(
         &self,
         scenario: Scenario,
         members: &mut Vec<Host>,
         dir: &Path,
         (warm, slow_for): (Duration, Duration),
-    ) -> Result<Vec<Step>> {
+    ) -> Result<(Vec<Step>, Upkeep)> {
+        let before = self.transferred(members)?;
+        let started = Instant::now();
         std::thread::sleep(warm);
+        let per_hour = 3600.0 / started.elapsed().as_secs_f64();
+        let after = self.transferred(members)?;
+        let transferred = before.zip(after).map(|((fetched, uploaded), (fetched_after, uploaded_after))| {
+            ((fetched_after - fetched) * per_hour / members.len() as f64, (uploaded_after - uploaded) * per_hour)
+        });
+        let mut disk = 0.0;
+        for member in members.iter() {
+            disk += disk_bytes(&dir.join(&member.name).join("state"))? / members.len() as f64;
+        }
+        let upkeep = Upkeep { fetched: transferred.map(|t| t.0), uploaded: transferred.map(|t| t.1), disk };
         let step = |members: &[Host]| Step { event: now_ms(), logged: members.iter().map(|m| m.log().len()).collect() };
         let mut steps = Vec::new();
         match scenario {
@@ -361,7 +389,22 @@ impl Group<'_> {
                 std::thread::sleep(slow_for);
             }
         }
-        Ok(steps)
+        Ok((steps, upkeep))
+    }
+
+    /// sluice: the bytes the members downloaded for standby copies and uploaded in
+    /// checkpoints so far, as their metrics say.
+    fn transferred(&self, members: &mut [Host]) -> Result<Option<(f64, f64)>> {
+        if let System::Streams { .. } = self.system {
+            return Ok(None);
+        }
+        let (mut fetched, mut uploaded) = (0.0, 0.0);
+        for member in members {
+            let metrics = sluice::admin::call(&member.admin_url()?, hyper::Method::GET, "/metrics", Vec::new())?;
+            fetched += metric_sum(&metrics, &STANDBY_FETCHED.sample());
+            uploaded += metric_sum(&metrics, &CHECKPOINT_UPLOADED_BYTES.sample());
+        }
+        Ok(Some((fetched, uploaded)))
     }
 
     /// Starts member `name` with its state in `dir/name`.
@@ -423,7 +466,7 @@ impl Group<'_> {
              [sink]\nkind = \"kafka\"\nbrokers = \"{}\"\ntopic = \"{}\"\nguarantee = \"{guarantee}\"\n\
              [state]\ndir = {:?}\npartitions = {PARTITIONS}\n[checkpoint]\nstore = \"s3://sluice/run-{}\"\n\
              interval = \"5s\"\ndownload_bytes_per_s = {}\nstandby = {standby}\nstandby_poll = \"1s\"\n\
-             [dead_letter]\npath = {:?}\n[report]\ninterval_s = 0\n",
+             [dead_letter]\npath = {:?}\n[report]\ninterval_s = 0\n[admin]\nlisten = \"127.0.0.1:0\"\n",
             self.broker.bootstrap,
             self.topic(),
             self.group(),
@@ -567,7 +610,14 @@ impl Group<'_> {
     }
 
     /// Prints the scenario's row.
-    fn report(&self, state: &str, scenario: Scenario, members: &[Host], steps: &[Step], repeated: &str) {
+    fn report(
+        &self,
+        state: &str,
+        scenario: Scenario,
+        members: &[Host],
+        (steps, upkeep): (&[Step], &Upkeep),
+        repeated: &str,
+    ) {
         let stops: Vec<Stop> = members.iter().flat_map(|m| self.stops(&m.log())).collect();
         let mut moves = Vec::new();
         for (k, step) in steps.iter().enumerate() {
@@ -596,7 +646,7 @@ impl Group<'_> {
         let paths: Vec<String> = paths.iter().map(|(path, n)| format!("{n} {path}")).collect();
         let restored: u64 = moves.iter().map(|(_, r)| r.restored).sum();
         let restored = match self.system {
-            System::Sluice { .. } => format!("{:.1} MiB", restored as f64 / (1 << 20) as f64),
+            System::Sluice { .. } => format!("{:.1} MiB", mib(restored as f64)),
             System::Streams { .. } => format!("{restored} records"),
         };
         let rebalances = members
@@ -610,14 +660,18 @@ impl Group<'_> {
             Some(paused) => format!("{paused:.2} s"),
             None => "-".to_string(),
         };
+        let per_hour = |bytes: Option<f64>| bytes.map_or("-".to_string(), |b| format!("{} MiB/h", mib(b).round()));
         println!(
             "| {state} | {} | {scenario:?} | {} | {:.2} s | {new_owner} | {:.2} s | {session} s | {} | {restored} | \
-             {rebalances} | {repeated} |",
+             {rebalances} | {repeated} | {} | {} | {:.0} MiB |",
             self.system.label(),
             moves.len(),
             moves.last().map_or(0.0, |m| m.0),
             moves.get(moves.len() / 2).map_or(0.0, |m| m.0),
-            paths.join(", ")
+            paths.join(", "),
+            per_hour(upkeep.fetched),
+            per_hour(upkeep.uploaded),
+            mib(upkeep.disk),
         );
     }
 
@@ -705,6 +759,17 @@ fn events(log: &str, name: &str, field: &str) -> Vec<(u32, u64, u64)> {
 /// When sluice logged `line` (its first word), in ms since the epoch.
 fn logged_at(line: &str) -> Option<u64> {
     Some(ms(humantime::parse_rfc3339(line.split_whitespace().next()?).ok()?))
+}
+
+/// The disk `dir` takes, a file of several links counted once (`du`).
+fn disk_bytes(dir: &Path) -> Result<f64> {
+    let du = Command::new("du").arg("-sb").arg(dir).output().context("running du")?;
+    let bytes = String::from_utf8_lossy(&du.stdout).split_whitespace().next().and_then(|b| b.parse().ok());
+    bytes.with_context(|| format!("du -sb {}: {}", dir.display(), String::from_utf8_lossy(&du.stderr)))
+}
+
+fn mib(bytes: f64) -> f64 {
+    bytes / (1 << 20) as f64
 }
 
 fn logs(members: &[Host]) -> String {

@@ -165,39 +165,39 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     let started = Instant::now();
     let mut metrics = scrape()?;
     let caught_up = |metrics: &str| {
-        samples(metrics, &CONSUMER_LAG.sample()).len() == 4 && sum(metrics, &CONSUMER_LAG.sample()) == 0.0
+        metric_samples(metrics, &CONSUMER_LAG.sample()).len() == 4 && metric_sum(metrics, &CONSUMER_LAG.sample()) == 0.0
     };
     while !caught_up(&metrics) && started.elapsed() < minute {
         std::thread::sleep(Duration::from_millis(200));
         metrics = scrape()?;
     }
-    assert_eq!(sum(&metrics, &RECORDS_PROCESSED.sample()), count as f64, "{metrics}");
-    assert_eq!(sum(&metrics, &OUTPUTS.sample()), count as f64, "an output per record: {metrics}");
-    assert_eq!(sum(&metrics, &STATE_ENTRIES.sample()), vehicles as f64, "{metrics}");
-    assert!(sum(&metrics, &STATE_BYTES.sample()) > 0.0, "{metrics}");
+    assert_eq!(metric_sum(&metrics, &RECORDS_PROCESSED.sample()), count as f64, "{metrics}");
+    assert_eq!(metric_sum(&metrics, &OUTPUTS.sample()), count as f64, "an output per record: {metrics}");
+    assert_eq!(metric_sum(&metrics, &STATE_ENTRIES.sample()), vehicles as f64, "{metrics}");
+    assert!(metric_sum(&metrics, &STATE_BYTES.sample()) > 0.0, "{metrics}");
     // Each vehicle's first read found nothing cached and went to RocksDB.
-    assert!(sum(&metrics, &STATE_CACHE_MISSES.sample()) >= vehicles as f64, "{metrics}");
-    assert_eq!(samples(&metrics, &CONSUMER_LAG.sample()).len(), 4, "{metrics}");
-    assert_eq!(sum(&metrics, &CONSUMER_LAG.sample()), 0.0, "{metrics}");
-    assert_eq!(sum(&metrics, &PARTITIONS_ASSIGNED.sample()), 4.0, "{metrics}");
-    assert_eq!(sum(&metrics, &PARTITIONS_RUNNING.sample()), 4.0, "{metrics}");
-    assert_eq!(sum(&metrics, &MAX_POLL_INTERVAL.sample()), 300.0, "{metrics}");
-    assert!(sum(&metrics, &RESTORE_DURATION.count()) >= 1.0, "{metrics}");
-    let rebalances = sum(&metrics, &REBALANCE_DURATION.count());
+    assert!(metric_sum(&metrics, &STATE_CACHE_MISSES.sample()) >= vehicles as f64, "{metrics}");
+    assert_eq!(metric_samples(&metrics, &CONSUMER_LAG.sample()).len(), 4, "{metrics}");
+    assert_eq!(metric_sum(&metrics, &CONSUMER_LAG.sample()), 0.0, "{metrics}");
+    assert_eq!(metric_sum(&metrics, &PARTITIONS_ASSIGNED.sample()), 4.0, "{metrics}");
+    assert_eq!(metric_sum(&metrics, &PARTITIONS_RUNNING.sample()), 4.0, "{metrics}");
+    assert_eq!(metric_sum(&metrics, &MAX_POLL_INTERVAL.sample()), 300.0, "{metrics}");
+    assert!(metric_sum(&metrics, &RESTORE_DURATION.count()) >= 1.0, "{metrics}");
+    let rebalances = metric_sum(&metrics, &REBALANCE_DURATION.count());
     assert!(rebalances >= 1.0, "{metrics}");
-    assert!(sum(&metrics, &BATCH_DURATION.count()) >= 4.0, "{metrics}");
+    assert!(metric_sum(&metrics, &BATCH_DURATION.count()) >= 4.0, "{metrics}");
     assert_eq!(
-        sum(&metrics, &CHECKPOINT_DURATION.count()),
-        sum(&metrics, &CHECKPOINTS.sample()),
+        metric_sum(&metrics, &CHECKPOINT_DURATION.count()),
+        metric_sum(&metrics, &CHECKPOINTS.sample()),
         "a duration per checkpoint: {metrics}"
     );
 
     let mut b = host("b")?;
     b.wait_for(RESUMED, 1, minute)?;
     let metrics = scrape()?;
-    assert!(sum(&metrics, &REBALANCE_DURATION.count()) > rebalances, "{metrics}");
-    assert!(sum(&metrics, &PARTITIONS_REVOKED.sample()) >= 1.0, "{metrics}");
-    assert!(sum(&metrics, &PARTITIONS_RUNNING.sample()) < 4.0, "{metrics}");
+    assert!(metric_sum(&metrics, &REBALANCE_DURATION.count()) > rebalances, "{metrics}");
+    assert!(metric_sum(&metrics, &PARTITIONS_REVOKED.sample()) >= 1.0, "{metrics}");
+    assert!(metric_sum(&metrics, &PARTITIONS_RUNNING.sample()) < 4.0, "{metrics}");
     a.wait_for(REBALANCING_OFTEN, 1, minute)?;
     assert!(a.log().contains("rebalances_per_hour = 1"), "{}", a.log());
     let status = run_ok(sluice().arg("status").args(["--admin", &admin, "--admin", &b.admin_url()?]))?;
@@ -207,7 +207,7 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     assert!(status.contains(&format!("{admin}: ")) && status.contains(REBALANCING_OFTEN), "{status}");
 
     let versions = |metrics: &str| -> BTreeSet<String> {
-        samples(metrics, &PARTITION_OPERATOR_INFO.sample())
+        metric_samples(metrics, &PARTITION_OPERATOR_INFO.sample())
             .into_iter()
             .map(|(labels, _)| labels["version"].clone())
             .collect()
@@ -221,17 +221,6 @@ fn metrics_scraped_during_a_run_match_what_it_did() -> Result<()> {
     b.terminate()?;
     a.terminate()?;
     Ok(())
-}
-
-/// The samples of metric `name` in a scrape's `text`: labels and value.
-fn samples(text: &str, name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
-    let samples = sluice::metrics::parse(text).into_iter().filter(|sample| sample.name == name);
-    samples.map(|sample| (sample.labels, sample.value)).collect()
-}
-
-/// The sum of metric `name`'s samples in `text`.
-fn sum(text: &str, name: &str) -> f64 {
-    samples(text, name).iter().map(|(_, value)| value).sum()
 }
 
 /// The status page at `GET /`, as Chromium renders it during a run: a row per partition

@@ -175,6 +175,17 @@ pub(crate) fn signal(pid: u32, signal: &str) -> Result<()> {
     run_ok(Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string())).map(drop)
 }
 
+/// The samples of metric `name` in a `GET /metrics` answer's `text`: labels and value.
+pub fn metric_samples(text: &str, name: &str) -> Vec<(std::collections::BTreeMap<String, String>, f64)> {
+    let samples = sluice::metrics::parse(text).into_iter().filter(|sample| sample.name == name);
+    samples.map(|sample| (sample.labels, sample.value)).collect()
+}
+
+/// The sum of metric `name`'s samples in a `GET /metrics` answer's `text`.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    metric_samples(text, name).iter().map(|(_, value)| value).sum()
+}
+
 /// A `sluice` process running in the background, its stderr in a log file; killed when
 /// dropped.
 pub struct Host {
