@@ -324,8 +324,8 @@ bench_trial() {
 }
 
 # --- Flink beside `sluice run` ----------------------------------------------------------
-# The same files through Apache Flink (host/benches/flink/vehicle_stats.py: PyFlink's Table
-# API, vehicle-stats' aggregate in SQL, parallelism 1), so each row reads as Sluice / Flink
+# The same files through Apache Flink (host/benches/flink/job.py: PyFlink's Table API,
+# vehicle-stats' aggregate or speed-windows' windows in SQL, parallelism 1), so each row reads as Sluice / Flink
 # measured in the same run on the same machine. Only for the bench, so not among the
 # prerequisites: without Java 17 (what Flink 2.x runs on) the Flink rows are skipped.
 FLINK_VERSION=2.3.0
@@ -406,18 +406,19 @@ has_javac() {
     javac -version >/dev/null 2>&1
 }
 
-# Flink over the file bench_run $1 just read, with its state on the heap and in RocksDB;
-# then Sluice's records/s over each Flink's (> 1: Sluice is faster).
+# Flink's job $2 (job.py's: vehicle-stats by default, or speed-windows) over the file
+# bench_run $1 just read, with its state on the heap and in RocksDB; then Sluice's
+# records/s over each Flink's (> 1: Sluice is faster).
 bench_flink() {
-    local input="$CARGO_TARGET_DIR/bench/positions-$1.jsonl" backend line rates=()
+    local input="$CARGO_TARGET_DIR/bench/positions-$1.jsonl" job=${2:-vehicle-stats} backend line rates=()
     for backend in hashmap rocksdb; do
-        echo "--- flink $FLINK_VERSION, the same file, $backend state, parallelism 1, checkpoints every 10 s, outputs dropped"
-        line=$("$FLINK_VENV/bin/python" host/benches/flink/vehicle_stats.py "$backend" "$input" | grep '^flink ')
+        echo "--- flink $FLINK_VERSION, $job, the same file, $backend state, parallelism 1, checkpoints every 10 s, outputs dropped"
+        line=$("$FLINK_VENV/bin/python" host/benches/flink/job.py "$job" "$backend" "$input" | grep '^flink ')
         echo "$line"
         rates+=("$(sed -n 's/.* records_per_s=\([0-9]*\).*/\1/p' <<<"$line")")
     done
-    awk -v s="$SLUICE_RATE" -v h="${rates[0]}" -v r="${rates[1]}" \
-        'BEGIN { printf "sluice / flink heap = %.2f, sluice / flink rocksdb = %.2f\n", s / h, s / r }'
+    awk -v s="$SLUICE_RATE" -v h="${rates[0]}" -v r="${rates[1]}" -v j="$job" \
+        'BEGIN { printf "sluice / flink heap = %.2f, sluice / flink rocksdb = %.2f (%s)\n", s / h, s / r, j }'
 }
 
 # Installs the release binary as $1/bin/sluice without its debug info, which goes to
@@ -678,11 +679,15 @@ bench)
         [ -z "$flink" ] || bench_flink "$vehicles"
     done
     # Windows (a minute's and five minutes' per vehicle, on timers) against the running
-    # aggregate, on the same file.
-    bench_run 10000
-    stats_rate=$SLUICE_RATE
-    bench_run 10000 speed_windows
-    awk -v w="$SLUICE_RATE" -v s="$stats_rate" 'BEGIN { printf "speed-windows / vehicle-stats: %.2f\n", w / s }'
+    # aggregate on the same file, and against Flink's windows: a vehicle's position every
+    # 100 s, and every second.
+    for vehicles in 10000 100; do
+        bench_run "$vehicles"
+        stats_rate=$SLUICE_RATE
+        bench_run "$vehicles" speed_windows
+        awk -v w="$SLUICE_RATE" -v s="$stats_rate" 'BEGIN { printf "speed-windows / vehicle-stats: %.2f\n", w / s }'
+        [ -z "$flink" ] || bench_flink "$vehicles" speed-windows
+    done
     # A shadow of the same build; a canary taking half the keys, the same logic built
     # against WIT 0.1.2 (another version).
     bench_trial 10000 "$WASM_DIR/vehicle_stats.wasm" --shadow

@@ -1,23 +1,29 @@
-"""Apache Flink running vehicle-stats' aggregate over the JSONL file `sluice run` reads.
+"""Apache Flink running one of sluice's example operators' jobs over the JSONL file
+`sluice run` reads.
 
-    python vehicle_stats.py hashmap|rocksdb POSITIONS.jsonl
+    python job.py vehicle-stats|speed-windows hashmap|rocksdb POSITIONS.jsonl
 
 What it measures: one Flink job (PyFlink 2.3 Table API, SQL, local mini-cluster in the
 gateway JVM, parallelism 1, streaming mode) reading the file with the filesystem
-connector and the json format, keeping per vehicle_id the running count, mean and max
-speed, first/last seen and last position, in the state backend named (`hashmap`: objects
-on the JVM heap; `rocksdb`: embedded RocksDB), checkpointing every 10 s to a scratch
-directory, and emitting each vehicle's updated row into a `blackhole` sink. It prints one
-line:
+connector and the json format, its state in the backend named (`hashmap`: objects on the
+JVM heap; `rocksdb`: embedded RocksDB), checkpointing every 10 s to a scratch directory,
+its rows into a `blackhole` sink. The jobs:
 
-    flink <backend> records=N wall_s=X records_per_s=Y cpu_s=Z peak_rss_mib=M setup_s=S
+- `vehicle-stats`: per vehicle_id the running count, mean and max speed, first/last seen
+  and last position, each vehicle's updated row emitted per record. Like for like with
+  vehicle-stats: one record at a time through a keyed aggregate, an update out per record
+  (streaming mode without mini-batch: a group aggregate emits the new row for every
+  input). What is not: vehicle-stats also sums the haversine distance (see the query).
+- `speed-windows`: per vehicle_id the count, mean and max speed of each minute (`TUMBLE`)
+  and of the last 5 minutes every minute (`HOP`), window table-valued functions over the
+  event time `ts` with a watermark at it (no lateness: speed-windows' grace is 0), each
+  window's row emitted once when it closes, as speed-windows emits it. Flink's window
+  aggregation slices hopping windows and keeps timers in its own timer service.
 
-Why this is like for like with `./dev.sh bench`'s `sluice run` rows: the same file, one
-record at a time through a keyed aggregate on one task, state in the backend's store, an
-update out per record (streaming mode without mini-batch: a group aggregate emits the new
-row for every input, as vehicle-stats does), checkpoints on. What is not: vehicle-stats
-also sums the haversine distance (see the query), serializes its summary as JSON and
-writes it to a file; here the rows are dropped by the sink without being serialized.
+Both: vehicle-stats and speed-windows serialize their outputs as JSON and write them to a
+file; here the rows are dropped by the sink without being serialized. It prints one line:
+
+    flink <job> <backend> records=N wall_s=X records_per_s=Y cpu_s=Z peak_rss_mib=M setup_s=S
 
 What each figure counts:
 - wall_s: from execute_insert() returning (the query planned, the mini-cluster started,
@@ -83,9 +89,43 @@ def peak_rss_mib(pid):
     return 0.0
 
 
+# Each job: what its source has besides the file's fields, its sink's columns, and its
+# query from `positions` into `sink`.
+JOBS = {
+    # vehicle-stats' summary but the distance: summing haversine(previous position, this
+    # one) needs the previous row's position inside the aggregate, which takes a
+    # user-defined aggregate function (Java, or Python in a separate worker process)
+    # rather than SQL's built-ins, so it is the one aggregate left out. LAST_VALUE takes
+    # the last row in arrival order, as vehicle-stats' last_lat/last_lon do.
+    "vehicle-stats": ("", """
+        vehicle_id STRING, cnt BIGINT, mean_speed_kmh DOUBLE, max_speed_kmh DOUBLE,
+        first_seen BIGINT, last_seen BIGINT, last_lat DOUBLE, last_lon DOUBLE""", """
+        INSERT INTO sink
+        SELECT vehicle_id, COUNT(*), AVG(speed_kmh), MAX(speed_kmh), MIN(ts), MAX(ts),
+               LAST_VALUE(lat), LAST_VALUE(lon)
+        FROM positions GROUP BY vehicle_id"""),
+    # speed-windows' two window specs, one source read feeding both, on the event time
+    # with its watermark at it.
+    "speed-windows": (""",
+        event_time AS TO_TIMESTAMP_LTZ(ts, 3), WATERMARK FOR event_time AS event_time""", """
+        vehicle_id STRING, window_name STRING, window_start TIMESTAMP(3), window_end TIMESTAMP(3),
+        positions BIGINT, mean_speed_kmh DOUBLE, max_speed_kmh DOUBLE""", """
+        INSERT INTO sink
+        SELECT vehicle_id, 'minute', window_start, window_end, COUNT(*), AVG(speed_kmh), MAX(speed_kmh)
+        FROM TABLE(TUMBLE(TABLE positions, DESCRIPTOR(event_time), INTERVAL '1' MINUTE))
+        GROUP BY vehicle_id, window_start, window_end
+        UNION ALL
+        SELECT vehicle_id, '5min', window_start, window_end, COUNT(*), AVG(speed_kmh), MAX(speed_kmh)
+        FROM TABLE(HOP(TABLE positions, DESCRIPTOR(event_time), INTERVAL '1' MINUTE, INTERVAL '5' MINUTE))
+        GROUP BY vehicle_id, window_start, window_end"""),
+}
+
+
 def main():
-    backend, path = sys.argv[1], os.path.abspath(sys.argv[2])
+    job, backend, path = sys.argv[1], sys.argv[2], os.path.abspath(sys.argv[3])
+    assert job in JOBS, f"job: one of {', '.join(JOBS)}"
     assert backend in ("hashmap", "rocksdb"), "state backend: hashmap or rocksdb"
+    event_time, columns, query = JOBS[job]
     with open(path, "rb") as f:
         records = sum(1 for _ in f)
     scratch = tempfile.mkdtemp(prefix="flink-bench-")
@@ -93,6 +133,8 @@ def main():
     config = Configuration()
     for key, value in {
         "parallelism.default": "1",
+        # Windows of event time aligned to the epoch, as sluice's are.
+        "table.local-time-zone": "UTC",
         "state.backend.type": backend,
         "state.backend.rocksdb.localdir": f"{scratch}/rocksdb",
         "execution.checkpointing.interval": "10s",
@@ -110,30 +152,17 @@ def main():
 
     t_env.execute_sql(f"""
         CREATE TABLE positions (
-            vehicle_id STRING, ts BIGINT, lat DOUBLE, lon DOUBLE, speed_kmh DOUBLE
+            vehicle_id STRING, ts BIGINT, lat DOUBLE, lon DOUBLE, speed_kmh DOUBLE{event_time}
         ) WITH ('connector' = 'filesystem', 'path' = 'file://{path}', 'format' = 'json')""")
-    t_env.execute_sql("""
-        CREATE TABLE summaries (
-            vehicle_id STRING, cnt BIGINT, mean_speed_kmh DOUBLE, max_speed_kmh DOUBLE,
-            first_seen BIGINT, last_seen BIGINT, last_lat DOUBLE, last_lon DOUBLE
-        ) WITH ('connector' = 'blackhole')""")
-    # vehicle-stats' summary but the distance: summing haversine(previous position,
-    # this one) needs the previous row's position inside the aggregate, which takes a
-    # user-defined aggregate function (Java, or Python in a separate worker process)
-    # rather than SQL's built-ins, so it is the one aggregate left out. LAST_VALUE takes
-    # the last row in arrival order, as vehicle-stats' last_lat/last_lon do.
+    t_env.execute_sql(f"CREATE TABLE sink ({columns}) WITH ('connector' = 'blackhole')")
     started = time.monotonic()
-    result = t_env.execute_sql("""
-        INSERT INTO summaries
-        SELECT vehicle_id, COUNT(*), AVG(speed_kmh), MAX(speed_kmh), MIN(ts), MAX(ts),
-               LAST_VALUE(lat), LAST_VALUE(lon)
-        FROM positions GROUP BY vehicle_id""")
+    result = t_env.execute_sql(query)
     submitted, cpu_before = time.monotonic(), cpu_seconds(jvms)
     result.wait()
     wall = time.monotonic() - submitted
     cpu = cpu_seconds(jvms) - cpu_before
     peak = max(peak_rss_mib(pid) for pid in jvms)
-    print(f"flink {backend} records={records} wall_s={wall:.2f} records_per_s={records / wall:.0f} "
+    print(f"flink {job} {backend} records={records} wall_s={wall:.2f} records_per_s={records / wall:.0f} "
           f"cpu_s={cpu:.2f} peak_rss_mib={peak:.0f} setup_s={submitted - started:.2f}", flush=True)
     shutil.rmtree(scratch, ignore_errors=True)
 
