@@ -79,6 +79,22 @@ has_tool() { # crate version feature...
 }
 has_s3s_fs() { has_tool s3s-fs 0.14.1 binary; }
 
+# Python operators are built by componentize-py (PyPI), in a virtual environment of its own
+# under $TOOLS: it counts only at the version the Python SDK is tested with. Debian's
+# python3 makes a virtual environment only with python3-venv.
+COMPONENTIZE_PY_VERSION=0.25.1
+COMPONENTIZE_PY="$TOOLS/componentize-py/bin/componentize-py"
+has_python_venv() { python3 -c 'import ensurepip, venv' 2>/dev/null; }
+has_componentize_py() {
+    [ "$("$COMPONENTIZE_PY" --version 2>/dev/null)" = "componentize-py $COMPONENTIZE_PY_VERSION" ]
+}
+install_componentize_py() {
+    # A virtual environment's scripts name its path: made where it stays.
+    rm -rf "$TOOLS/componentize-py"
+    python3 -m venv "$TOOLS/componentize-py" &&
+        "$TOOLS/componentize-py/bin/python" -m pip install --quiet "componentize-py==$COMPONENTIZE_PY_VERSION"
+}
+
 # The major version of $1 ("17.0.15" → 17; Java 8 and older print "1.8.0" → 8); empty
 # when it does not run.
 java_major() {
@@ -131,6 +147,8 @@ PREREQUISITES=(
     "maven|has_maven|apt-get install maven|kafka"
     "kafka|has_kafka|mvn dependency:copy-dependencies of dev/kafka/pom.xml (Apache Kafka $KAFKA_VERSION) into $SLUICE_KAFKA_LIBS|kafka"
     "chromium|has_chromium|apt-get install chromium|test"
+    "python3-venv|has_python_venv|apt-get install python3-venv|test"
+    "componentize-py|has_componentize_py|pip install componentize-py $COMPONENTIZE_PY_VERSION into $TOOLS/componentize-py|test"
 )
 
 # Prints each prerequisite needed for $1 (build, test: everything, or kafka), whether it
@@ -170,6 +188,7 @@ install_missing() {
         # The servers the tests run on loopback ports: an S3-compatible store, and (below)
         # Apache Kafka.
         has_s3s_fs || CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --force --root "$TOOLS" s3s-fs --version 0.14.1 --features binary
+        has_componentize_py || install_componentize_py
     fi
     [ "$SCOPE" = build ] || has_kafka || install_kafka
 }
@@ -211,6 +230,23 @@ build_operators() {
         cp "$WASM_DIR/vehicle_stats.wasm" "$WASM_DIR/vehicle_stats_${wit//-/_}.wasm"
     done
     cargo build --release --target wasm32-wasip2 -p vehicle-stats -p probe -p dedup -p sessions -p speed-windows
+}
+
+# vehicle-stats in Python (operators/vehicle-stats-py over guest-sdk-python), built by
+# componentize-py with WASI stubbed out (-s: the sandbox gives an operator none), and the
+# same app importing WASI as componentize-py builds it by default, which the sandbox
+# refuses (a test checks how). Each is built again only when a source is newer.
+build_python_operators() {
+    local sources=(wit operators/vehicle-stats-py guest-sdk-python) out stub
+    for out in vehicle_stats_py vehicle_stats_py_wasi; do
+        if [ -f "$WASM_DIR/$out.wasm" ] && [ -z "$(find "${sources[@]}" -newer "$WASM_DIR/$out.wasm" -print -quit)" ]; then
+            continue
+        fi
+        stub=-s
+        [ "$out" = vehicle_stats_py ] || stub=""
+        "$COMPONENTIZE_PY" --quiet -d wit -w operator componentize -p guest-sdk-python -p operators/vehicle-stats-py \
+            ${stub:+"$stub"} app -o "$WASM_DIR/$out.wasm"
+    done
 }
 
 # The demo and the tests share one build. Building tests and binaries in one command
@@ -658,6 +694,7 @@ demo)
 test)
     setup test
     build_operators
+    build_python_operators
     build_host
     lint
     cargo test --workspace
@@ -666,6 +703,7 @@ test)
 bench)
     setup test
     build_operators
+    build_python_operators
     cargo build --release -p sluice --bin sluice
     setup_kafka_streams
     cargo bench -p sluice --bench throughput --bench checkpoint --bench rebalance --bench kafka --bench swap --bench churn --bench expiry --bench metrics

@@ -206,20 +206,26 @@ fn a_deploy_under_load_switches_each_partition_once_and_carries_the_state_on() -
 }
 
 /// A [`PacedJob`] of the component `v1` (as `operator_wasm` names it; `more` added to its
-/// config) over 48,000 positions of 100 vehicles at 8,000/s: `other` deployed a second
-/// in, rolled back from 1.5 s later, the job run to its end. Returns the input, the
-/// deployed version and the host.
-fn deployed_then_rolled_back(dir: &Path, v1: &str, other: &Path, more: &str) -> Result<(PathBuf, String, Host)> {
+/// config) over `records` positions of 100 vehicles at 8,000/s: `other` deployed a second
+/// in, rolled back from 1.5 s after its deploy answered, the job run to its end. Returns
+/// the input, the deployed version and the host.
+pub(crate) fn deployed_then_rolled_back(
+    dir: &Path,
+    v1: &str,
+    other: &Path,
+    more: &str,
+    records: u64,
+) -> Result<(PathBuf, String, Host)> {
     // Under the name of the job's operator, which the file's stem gives.
     let v1_file = dir.join("vehicle_stats.wasm");
     std::fs::copy(operator_wasm(v1), &v1_file)?;
-    let PacedJob { input, mut host, admin, .. } = PacedJob::start(dir, (100, 48_000), 8_000, &v1_file, more)?;
+    let PacedJob { input, mut host, admin, .. } = PacedJob::start(dir, (100, records), 8_000, &v1_file, more)?;
     std::thread::sleep(Duration::from_secs(1));
     let deployed = run_ok(sluice().arg("deploy").arg("vehicle_stats").arg(other).arg("--admin").arg(&admin))?;
     let version = named_version(&String::from_utf8_lossy(&deployed.stdout));
     std::thread::sleep(Duration::from_millis(1500));
     run_ok(sluice().arg("rollback").arg("vehicle_stats").arg("--admin").arg(&admin))?;
-    host.wait_for("processed 48000 records", 1, Duration::from_secs(60))?;
+    host.wait_for(&format!("processed {records} records"), 1, Duration::from_secs(60 + records / 1000))?;
     Ok((input, version, host))
 }
 
@@ -234,7 +240,7 @@ fn expiry_callbacks_fire_exactly_while_a_version_that_exports_them_runs() -> Res
     let dir = dir.path();
     let v2_file = operator_wasm("vehicle_stats_v2");
     let ttl = "[ttl]\ndefault = \"3s\"\n";
-    let (input, v2, host) = deployed_then_rolled_back(dir, "vehicle_stats_0_1_0", &v2_file, ttl)?;
+    let (input, v2, host) = deployed_then_rolled_back(dir, "vehicle_stats_0_1_0", &v2_file, ttl, 48_000)?;
 
     let outputs = read_jsonl(&dir.join("out.jsonl"))?;
     let (records, callbacks): (Vec<Value>, Vec<Value>) = outputs.into_iter().partition(|o| o.get("cause").is_none());
@@ -279,7 +285,7 @@ fn timers_fire_while_a_windowed_build_runs_and_are_refused_by_a_build_without_th
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
     let (input, windowed, _host) =
-        deployed_then_rolled_back(dir, "vehicle_stats_0_1_2", &operator_wasm("speed_windows"), "")?;
+        deployed_then_rolled_back(dir, "vehicle_stats_0_1_2", &operator_wasm("speed_windows"), "", 48_000)?;
 
     // The positions each build processed: vehicle-stats emits one output per position,
     // speed-windows none.

@@ -17,6 +17,7 @@ mod kafka_rebalance;
 mod kafka_sink;
 mod kafka_source;
 mod observability;
+mod python;
 mod replay;
 mod sandbox;
 mod sandbox_limits;

@@ -123,6 +123,30 @@ fn the_s3_server_counts_only_in_the_version_and_features_the_tests_need() -> Res
     Ok(())
 }
 
+/// componentize-py, which builds the Python operators, counts only where set-up installs
+/// it and at the version the Python SDK is tested with: a `componentize-py` that says
+/// another version is missing.
+#[test]
+fn componentize_py_counts_only_at_the_version_the_python_sdk_is_built_with() -> Result<()> {
+    let install = "missing: set-up will pip install componentize-py 0.25.1 into";
+    let root = tempfile::tempdir()?;
+    let tools = root.path().join("tools");
+    assert!(doctor_line("componentize-py", root.path(), &tools)?.contains(install));
+    let script = tools.join("componentize-py").join("bin").join("componentize-py");
+    let fake = |version: &str| -> Result<()> {
+        touch(&script)?;
+        std::fs::write(&script, format!("#!/bin/sh\necho 'componentize-py {version}'\n"))?;
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        Ok(())
+    };
+    fake("0.25.0")?;
+    assert!(doctor_line("componentize-py", root.path(), &tools)?.contains(install), "another version");
+    fake("0.25.1")?;
+    let line = doctor_line("componentize-py", root.path(), &tools)?;
+    assert!(line.ends_with(" ok"), "{line}");
+    Ok(())
+}
+
 /// Apache Kafka counts only as the jars Maven copies from dev/kafka/pom.xml, at the
 /// versions it names: the broker's own, and the log4j2 binding without which it does
 /// not log.
