@@ -244,7 +244,7 @@ build_python_operators() {
         fi
         stub=-s
         [ "$out" = vehicle_stats_py ] || stub=""
-        "$COMPONENTIZE_PY" --quiet -d wit -w operator componentize -p guest-sdk-python -p operators/vehicle-stats-py \
+        "$COMPONENTIZE_PY" --quiet -d wit -w timed-operator componentize -p guest-sdk-python -p operators/vehicle-stats-py \
             ${stub:+"$stub"} app -o "$WASM_DIR/$out.wasm"
     done
 }
@@ -312,9 +312,10 @@ lint() {
     RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 }
 
-# What a user measures: the release binary's `sluice run` over a JSONL file of 1M vehicle
-# positions of $1 vehicles, one partition, outputs to a file, end to end (file parsing and
-# the sink included); wall and CPU time (every thread) and peak memory.
+# What a user measures: the release binary's `sluice run` of $2 (vehicle-stats by default)
+# over positions-$1.jsonl (made, when missing, as 1M positions of $1 vehicles), one
+# partition, outputs to a file, end to end (file parsing and the sink included); wall and
+# CPU time (every thread) and peak memory.
 bench_run() {
     local vehicles=$1 operator=${2:-vehicle_stats} sluice="$CARGO_TARGET_DIR/release/sluice" input out report
     input="$CARGO_TARGET_DIR/bench/positions-$vehicles.jsonl"
@@ -324,7 +325,7 @@ bench_run() {
         mv "$input.part" "$input"
     fi
     out=$(mktemp -d)
-    echo "--- sluice run of $operator, 1,000,000 records of $vehicles vehicles from a JSONL file, one partition, outputs to a file"
+    echo "--- sluice run of $operator over $(basename "$input") ($(wc -l <"$input") records), one partition, outputs to a file"
     report=$("$sluice" run --operator "$WASM_DIR/$operator.wasm" --input "$input" --partitions 1 \
         --state-dir "$out/state" --output "$out/outputs.jsonl" --dead-letter "$out/dead.jsonl" \
         --no-checkpoints --report-interval 0 2>&1 | grep -E "^(processed|CPU)")
@@ -332,6 +333,28 @@ bench_run() {
     rm -rf "$out"
     # "processed N records in Xs (R records/s); ...": R, for bench_flink's ratios.
     SLUICE_RATE=$(sed -n 's/^processed .*(\([0-9]*\) records\/s).*/\1/p' <<<"$report")
+}
+
+# vehicle-stats in Python against the Rust build, and against the same logic as a PyFlink
+# Python aggregate function (job.py's vehicle-stats-udf; without Flink, skipped), on the
+# first 200,000 records of the 10,000-vehicle file (PyFlink's Python function takes
+# minutes over them). Prints each run's lines, the component sizes and the ratios.
+bench_python() {
+    local input="$CARGO_TARGET_DIR/bench/positions-10000-200k.jsonl" rates=() line
+    head -n 200000 "$CARGO_TARGET_DIR/bench/positions-10000.jsonl" >"$input"
+    for operator in vehicle_stats vehicle_stats_py; do
+        bench_run 10000-200k "$operator"
+        rates+=("$SLUICE_RATE")
+        echo "component: $(stat -c %s "$WASM_DIR/$operator.wasm") bytes"
+    done
+    awk -v r="${rates[0]}" -v p="${rates[1]}" 'BEGIN { printf "python / rust: %.3f\n", p / r }'
+    if [ -n "${1:-}" ]; then
+        echo "--- flink $FLINK_VERSION, vehicle-stats as a Python aggregate function, the same file, hashmap state"
+        line=$("$FLINK_VENV/bin/python" host/benches/flink/job.py vehicle-stats-udf hashmap "$input" | grep '^flink ')
+        echo "$line"
+        awk -v p="${rates[1]}" -v f="$(sed -n 's/.* records_per_s=\([0-9]*\).*/\1/p' <<<"$line")" \
+            'BEGIN { printf "sluice python / flink python udf: %.2f\n", p / f }'
+    fi
 }
 
 # The live path's cost of a trial version beside the one in force: `sluice run` of
@@ -728,6 +751,7 @@ bench)
     done
     # A shadow of the same build; a canary taking half the keys, the same logic built
     # against WIT 0.1.2 (another version).
+    bench_python "$flink"
     bench_trial 10000 "$WASM_DIR/vehicle_stats.wasm" --shadow
     bench_trial 10000 "$WASM_DIR/vehicle_stats_0_1_2.wasm" "--canary 50%"
     ;;

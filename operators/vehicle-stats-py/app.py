@@ -5,14 +5,24 @@ float operation for float operation, so on the same input it writes the same sta
 outputs, byte for byte (a test checks it), and either can be deployed over the other.
 
 Input: JSON `{"vehicle_id","ts","lat","lon","speed_kmh"}` (and maybe `"note"`) keyed by
-vehicle id. Output: the vehicle's updated summary as JSON, one per input. Not ported:
-the Rust build's `left_fleet_after_ms` (an `expired` callback), which this SDK does not
-export yet.
+vehicle id. Output: the vehicle's updated summary as JSON, one per input. With
+`left_fleet_after_ms` in its `[operator.config]`, a vehicle's summary expires that long
+after its last position, and the final summary is emitted with `left_fleet_at` set.
 """
 
 import math
 
-from sluice_operator import Output, operator
+from sluice_operator import Output, dumps, operator
+
+# How long after its last position a vehicle has left the fleet, in ms; 0: never.
+LEFT_FLEET_AFTER_MS = "left_fleet_after_ms"
+left_fleet_after_ms = 0
+
+
+def init(config):
+    global left_fleet_after_ms
+    if LEFT_FLEET_AFTER_MS in config:
+        left_fleet_after_ms = int(config[LEFT_FLEET_AFTER_MS])
 
 
 def process(record, state):
@@ -40,8 +50,16 @@ def process(record, state):
     s["last_lat"], s["last_lon"] = lat, lon
     if p.get("note") is not None:
         s["note"] = p["note"]
-    state.put("summary", s)
-    return [Output(record.key, s)]
+    # The summary is both the state and the output: serialized once for both.
+    summary = dumps(s)
+    state.put_bytes("summary", summary, ttl_ms=left_fleet_after_ms or None)
+    return [Output(record.key, summary)]
+
+
+def expired(entry, state):
+    """The vehicle left the fleet (or the host's `[ttl]` expired its summary): its final
+    summary."""
+    return [Output(entry.key, {"left_fleet_at": entry.expired_at_ms, **entry.json()})]
 
 
 def haversine_km(lat1, lon1, lat2, lon2):
@@ -55,4 +73,4 @@ def haversine_km(lat1, lon1, lat2, lon2):
     return 6371.0088 * 2.0 * math.asin(math.sqrt(a))
 
 
-WitWorld = operator(process)
+WitWorld = operator(process, init=init, expired=expired)

@@ -1,7 +1,7 @@
 //! Operators in Python, through the real binary: vehicle-stats written in Python
 //! (`operators/vehicle-stats-py` over the Python SDK, `guest-sdk-python`, built by
 //! componentize-py with WASI stubbed out) writes the state and the outputs the Rust build
-//! writes, byte for byte; a running job is deployed from the Rust build to the Python one
+//! writes, byte for byte, its TTLs and `expired` callbacks included; a running job is deployed from the Rust build to the Python one
 //! and rolled back, each vehicle's count going on one by one across both switches; the
 //! same app built the way componentize-py builds by default, importing WASI, is refused
 //! by the sandbox with the import it called named.
@@ -26,6 +26,27 @@ fn outputs_without_version(dir: &Path) -> Result<Vec<String>> {
     Ok(lines)
 }
 
+/// Runs the Rust and the Python vehicle-stats over `input` with `[operator.config]`
+/// `config` (TOML lines), two partitions each, and fails unless their outputs and state
+/// are the same bytes; returns the outputs.
+fn assert_builds_agree(dir: &Path, input: &Path, config: &str) -> Result<Vec<String>> {
+    let job = dir.join("job.toml");
+    std::fs::write(&job, format!("[operator.config]\n{config}"))?;
+    let (rust, python) = (dir.join("rust"), dir.join("python"));
+    for (build, out) in [("vehicle_stats", &rust), ("vehicle_stats_py", &python)] {
+        run_ok(run_file_job(&operator_wasm(build), input, out, 2).arg("--config").arg(&job))?;
+    }
+    let (expected, actual) = (outputs_without_version(&rust)?, outputs_without_version(&python)?);
+    assert_eq!(actual.len(), expected.len(), "as many outputs");
+    if let Some(i) = (0..expected.len()).find(|&i| expected[i] != actual[i]) {
+        panic!("output {i} differs:\n  rust:   {}\n  python: {}", expected[i], actual[i]);
+    }
+    // The state, as stored: the same bytes under the same keys.
+    assert_eq!(dump_state_lines(&python.join("state"))?, dump_state_lines(&rust.join("state"))?);
+    assert!(read_jsonl(&python.join("dead.jsonl"))?.is_empty());
+    Ok(actual)
+}
+
 #[test]
 fn vehicle_stats_in_python_writes_what_the_rust_build_writes_byte_for_byte() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -33,18 +54,16 @@ fn vehicle_stats_in_python_writes_what_the_rust_build_writes_byte_for_byte() -> 
     // 200 vehicles reporting every 2 s of event time: distances of a few metres, where a
     // float printed otherwise than serde_json prints it would show.
     generate(&input, 200, 20_000, SEED)?;
-    let (rust, python) = (dir.path().join("rust"), dir.path().join("python"));
-    run_ok(&mut run_file_job(&operator_wasm("vehicle_stats"), &input, &rust, 2))?;
-    run_ok(&mut run_file_job(&operator_wasm("vehicle_stats_py"), &input, &python, 2))?;
+    let outputs = assert_builds_agree(&dir.path().join("plain"), &input, "")?;
+    assert_eq!(outputs.len(), 20_000, "an output per position");
 
-    let (expected, actual) = (outputs_without_version(&rust)?, outputs_without_version(&python)?);
-    assert_eq!(actual.len(), 20_000, "an output per position");
-    if let Some(i) = (0..expected.len()).find(|&i| expected[i] != actual[i]) {
-        panic!("output {i} differs:\n  rust:   {}\n  python: {}", expected[i], actual[i]);
-    }
-    // The state, as stored: the same bytes under the same keys.
-    assert_eq!(dump_state_lines(&python.join("state"))?, dump_state_lines(&rust.join("state"))?);
-    assert!(read_jsonl(&python.join("dead.jsonl"))?.is_empty());
+    // A vehicle leaving the fleet for good every 40 positions: each one's summary expires
+    // 10 s after its last position (a TTL on the put), and `expired` emits it final.
+    let seed = SEED.to_string();
+    generate_edited(&input, &["--vehicles", "200", "--count", "20000", "--seed", &seed, "--churn", "40"], |_, _| {})?;
+    let outputs = assert_builds_agree(&dir.path().join("ttl"), &input, "left_fleet_after_ms = \"10000\"")?;
+    let left = outputs.iter().filter(|o| o.contains("\"left_fleet_at\":")).count();
+    assert!(left > 400, "vehicles left the fleet: {left} final summaries");
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 """Apache Flink running one of sluice's example operators' jobs over the JSONL file
 `sluice run` reads.
 
-    python job.py vehicle-stats|speed-windows hashmap|rocksdb POSITIONS.jsonl
+    python job.py vehicle-stats|vehicle-stats-udf|speed-windows hashmap|rocksdb POSITIONS.jsonl
 
 What it measures: one Flink job (PyFlink 2.3 Table API, SQL, local mini-cluster in the
 gateway JVM, parallelism 1, streaming mode) reading the file with the filesystem
@@ -14,6 +14,11 @@ its rows into a `blackhole` sink. The jobs:
   vehicle-stats: one record at a time through a keyed aggregate, an update out per record
   (streaming mode without mini-batch: a group aggregate emits the new row for every
   input). What is not: vehicle-stats also sums the haversine distance (see the query).
+- `vehicle-stats-udf`: vehicle-stats' whole aggregate, the haversine distance included,
+  as a Python user-defined aggregate function (`VehicleStats` below) in the same group
+  aggregate: Flink runs it in Python worker processes beside the JVM (Apache Beam's
+  runner), as a PyFlink user writing the logic in Python would. Like for like with
+  vehicle-stats written in Python (`operators/vehicle-stats-py`).
 - `speed-windows`: per vehicle_id the count, mean and max speed of each minute (`TUMBLE`)
   and of the last 5 minutes every minute (`HOP`), window table-valued functions over the
   event time `ts` with a watermark at it (no lateness: speed-windows' grace is 0), each
@@ -33,22 +38,27 @@ What each figure counts:
 - records_per_s: records / wall_s; records are the file's lines (the json format fails
   the job on a line it cannot parse, so every line is processed).
 - cpu_s: CPU time (user + system, every thread) over that same interval, of this Python
-  process and every process under it: the gateway JVM, which runs the whole job (read from
-  /proc/<pid>/stat while it is alive). Not RUSAGE_CHILDREN: that counts only children
-  already exited and waited for, and PyFlink's gateway JVM outlives the last line printed.
-- peak_rss_mib: VmHWM of the JVM (/proc/<pid>/status, read after the job finished), its
-  peak resident memory over its whole life, as `sluice run` reports its own. The JVM runs
-  with its default heap limit (a quarter of the machine's memory).
+  process and every process under it: the gateway JVM, which runs the whole job, and the
+  Python workers it starts for a user-defined function (read from /proc/<pid>/stat every
+  0.2 s while each is alive: one that exits between two reads loses at most that much).
+  Not RUSAGE_CHILDREN: that counts only children already exited and waited for, and
+  PyFlink's gateway JVM outlives the last line printed.
+- peak_rss_mib: the largest VmHWM (/proc/<pid>/status, its peak resident memory over its
+  life, as `sluice run` reports its own) of the processes under this one, read after the
+  job finished. The JVM runs with its default heap limit (a quarter of the machine's memory).
 """
+import math
 import os
 import resource
 import shutil
 import sys
 import tempfile
+import threading
 import time
 
-from pyflink.common import Configuration
-from pyflink.table import EnvironmentSettings, TableEnvironment
+from pyflink.common import Configuration, Row
+from pyflink.table import AggregateFunction, DataTypes, EnvironmentSettings, TableEnvironment
+from pyflink.table.udf import udaf
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -72,14 +82,34 @@ def descendants(pid):
     return found
 
 
-def cpu_seconds(pids):
-    """User + system CPU of this process and of `pids` (utime and stime: fields 14, 15)."""
+def own_cpu_seconds():
     own = resource.getrusage(resource.RUSAGE_SELF)
-    total = own.ru_utime + own.ru_stime
-    for pid in pids:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / TICK
-    return total
+    return own.ru_utime + own.ru_stime
+
+
+class CpuOfDescendants(threading.Thread):
+    """The user + system CPU (utime and stime: fields 14, 15 of /proc/<pid>/stat) each
+    process under this one had used when last read, read every 0.2 s."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.seen, self.done = {}, threading.Event()
+
+    def read(self):
+        for pid in descendants(os.getpid()):
+            try:
+                fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            self.seen[pid] = (int(fields[11]) + int(fields[12])) / TICK
+
+    def run(self):
+        while not self.done.wait(0.2):
+            self.read()
+
+    def total(self):
+        self.read()
+        return sum(self.seen.values())
 
 
 def peak_rss_mib(pid):
@@ -87,6 +117,50 @@ def peak_rss_mib(pid):
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+class VehicleStats(AggregateFunction):
+    """vehicle-stats' summary in Python, as `operators/vehicle-stats-py` folds it: count,
+    mean and max speed, haversine distance, first/last seen and last position. The
+    accumulator is a Row of those, in that order."""
+
+    def create_accumulator(self):
+        return Row(0, 0.0, 0.0, 0.0, 0, 0, 0.0, 0.0)
+
+    def accumulate(self, acc, ts, lat, lon, speed):
+        if acc[0] == 0:
+            acc[4], acc[5] = ts, ts
+        else:
+            acc[3] += haversine_km(acc[6], acc[7], lat, lon)
+        acc[0] += 1
+        acc[1] += (speed - acc[1]) / acc[0]
+        acc[2] = max(acc[2], speed)
+        acc[4], acc[5] = min(acc[4], ts), max(acc[5], ts)
+        acc[6], acc[7] = lat, lon
+
+    def get_value(self, acc):
+        return Row(*acc)
+
+    def get_accumulator_type(self):
+        return SUMMARY_TYPE
+
+    def get_result_type(self):
+        return SUMMARY_TYPE
+
+
+SUMMARY_TYPE = DataTypes.ROW([
+    DataTypes.FIELD(name, kind) for name, kind in [
+        ("count", DataTypes.BIGINT()), ("mean_speed_kmh", DataTypes.DOUBLE()),
+        ("max_speed_kmh", DataTypes.DOUBLE()), ("distance_km", DataTypes.DOUBLE()),
+        ("first_seen", DataTypes.BIGINT()), ("last_seen", DataTypes.BIGINT()),
+        ("last_lat", DataTypes.DOUBLE()), ("last_lon", DataTypes.DOUBLE())]])
+
+
+def haversine_km(lat1, lon1, lat2, lon2):
+    dlat, dlon = math.radians(lat2 - lat1), math.radians(lon2 - lon1)
+    half_lat, half_lon = math.sin(dlat / 2.0), math.sin(dlon / 2.0)
+    a = half_lat * half_lat + math.cos(math.radians(lat1)) * math.cos(math.radians(lat2)) * (half_lon * half_lon)
+    return 6371.0088 * 2.0 * math.asin(math.sqrt(a))
 
 
 # Each job: what its source has besides the file's fields, its sink's columns, and its
@@ -104,6 +178,13 @@ JOBS = {
         SELECT vehicle_id, COUNT(*), AVG(speed_kmh), MAX(speed_kmh), MIN(ts), MAX(ts),
                LAST_VALUE(lat), LAST_VALUE(lon)
         FROM positions GROUP BY vehicle_id"""),
+    # Sending the summary as one column: the sink drops it unserialized, as it does the
+    # SQL job's columns.
+    "vehicle-stats-udf": ("", """
+        vehicle_id STRING, summary ROW<`count` BIGINT, mean_speed_kmh DOUBLE, max_speed_kmh DOUBLE,
+        distance_km DOUBLE, first_seen BIGINT, last_seen BIGINT, last_lat DOUBLE, last_lon DOUBLE>""", """
+        INSERT INTO sink
+        SELECT vehicle_id, vehicle_stats(ts, lat, lon, speed_kmh) FROM positions GROUP BY vehicle_id"""),
     # speed-windows' two window specs, one source read feeding both, on the event time
     # with its watermark at it.
     "speed-windows": (""",
@@ -143,12 +224,17 @@ def main():
         # Off: with it on, a finished bounded source waits for the next checkpoint (up to
         # 10 s idle) before the job may end; `sluice run` ends with a commit, not a wait.
         "execution.checkpointing.checkpoints-after-tasks-finish": "false",
+        # Python functions run in workers of this interpreter (the virtual environment's).
+        "python.executable": sys.executable,
+        "python.client.executable": sys.executable,
     }.items():
         config.set_string(key, value)
     settings = (EnvironmentSettings.new_instance().in_streaming_mode()
                 .with_configuration(config).build())
     t_env = TableEnvironment.create(settings)  # starts the gateway JVM
-    jvms = descendants(os.getpid())
+    t_env.create_temporary_function("vehicle_stats", udaf(VehicleStats()))
+    cpu_of = CpuOfDescendants()
+    cpu_of.start()
 
     t_env.execute_sql(f"""
         CREATE TABLE positions (
@@ -157,11 +243,12 @@ def main():
     t_env.execute_sql(f"CREATE TABLE sink ({columns}) WITH ('connector' = 'blackhole')")
     started = time.monotonic()
     result = t_env.execute_sql(query)
-    submitted, cpu_before = time.monotonic(), cpu_seconds(jvms)
+    submitted, cpu_before = time.monotonic(), own_cpu_seconds() + cpu_of.total()
     result.wait()
     wall = time.monotonic() - submitted
-    cpu = cpu_seconds(jvms) - cpu_before
-    peak = max(peak_rss_mib(pid) for pid in jvms)
+    cpu = own_cpu_seconds() + cpu_of.total() - cpu_before
+    cpu_of.done.set()
+    peak = max(peak_rss_mib(pid) for pid in descendants(os.getpid()))
     print(f"flink {job} {backend} records={records} wall_s={wall:.2f} records_per_s={records / wall:.0f} "
           f"cpu_s={cpu:.2f} peak_rss_mib={peak:.0f} setup_s={submitted - started:.2f}", flush=True)
     shutil.rmtree(scratch, ignore_errors=True)
