@@ -232,19 +232,20 @@ build_operators() {
     cargo build --release --target wasm32-wasip2 -p vehicle-stats -p probe -p dedup -p sessions -p speed-windows
 }
 
-# vehicle-stats in Python (operators/vehicle-stats-py over guest-sdk-python), built by
-# componentize-py with WASI stubbed out (-s: the sandbox gives an operator none), and the
-# same app importing WASI as componentize-py builds it by default, which the sandbox
-# refuses (a test checks how). Each is built again only when a source is newer.
+# The Python operators (operators/*-py over guest-sdk-python), built by componentize-py with
+# WASI stubbed out (-s: the sandbox gives an operator none); and vehicle-stats built the way
+# componentize-py builds by default, importing WASI, which the sandbox refuses (a test
+# checks how). Each is built again only when a source is newer.
 build_python_operators() {
-    local sources=(wit operators/vehicle-stats-py guest-sdk-python) out stub
-    for out in vehicle_stats_py vehicle_stats_py_wasi; do
-        if [ -f "$WASM_DIR/$out.wasm" ] && [ -z "$(find "${sources[@]}" -newer "$WASM_DIR/$out.wasm" -print -quit)" ]; then
+    local build out app stub
+    for build in "vehicle_stats_py vehicle-stats-py -s" "vehicle_stats_py_wasi vehicle-stats-py" "idle_py idle-py -s" \
+        "speed_windows_py speed-windows-py -s" "sessions_py sessions-py -s"; do
+        read -r out app stub <<<"$build"
+        if [ -f "$WASM_DIR/$out.wasm" ] &&
+            [ -z "$(find wit guest-sdk-python "operators/$app" -newer "$WASM_DIR/$out.wasm" -print -quit)" ]; then
             continue
         fi
-        stub=-s
-        [ "$out" = vehicle_stats_py ] || stub=""
-        "$COMPONENTIZE_PY" --quiet -d wit -w timed-operator componentize -p guest-sdk-python -p operators/vehicle-stats-py \
+        "$COMPONENTIZE_PY" --quiet -d wit -w timed-operator componentize -p guest-sdk-python -p "operators/$app" \
             ${stub:+"$stub"} app -o "$WASM_DIR/$out.wasm"
     done
 }

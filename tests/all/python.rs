@@ -4,12 +4,16 @@
 //! writes, byte for byte, its TTLs and `expired` callbacks included; a running job is deployed from the Rust build to the Python one
 //! and rolled back, each vehicle's count going on one by one across both switches; the
 //! same app built the way componentize-py builds by default, importing WASI, is refused
-//! by the sandbox with the import it called named.
+//! by the sandbox with the import it called named. speed-windows on the Python SDK's
+//! windows writes what the Rust build writes, late records included. Timers from Python (`operators/idle-py`):
+//! its fixture passes `sluice test`, and over a fleet whose vehicles leave, each leaving
+//! vehicle's timer fires once, at its time.
 
 use crate::hot_swap::{SEED, deployed_then_rolled_back};
 use anyhow::Result;
+use serde_json::Value;
 use sluice_e2e::*;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// `dir/out.jsonl`'s lines without the `operator` field (which names the version),
@@ -26,15 +30,17 @@ fn outputs_without_version(dir: &Path) -> Result<Vec<String>> {
     Ok(lines)
 }
 
-/// Runs the Rust and the Python vehicle-stats over `input` with `[operator.config]`
-/// `config` (TOML lines), two partitions each, and fails unless their outputs and state
-/// are the same bytes; returns the outputs.
-fn assert_builds_agree(dir: &Path, input: &Path, config: &str) -> Result<Vec<String>> {
-    let job = dir.join("job.toml");
-    std::fs::write(&job, format!("[operator.config]\n{config}"))?;
+/// Runs the Rust build `operator` and its Python build (`<operator>_py`) over `input` with
+/// `[operator.config]` `config` (TOML lines), two partitions each, and fails unless their
+/// outputs and state are the same bytes, and their dead letters those of the same records
+/// for the same errors, word for word; returns the outputs.
+fn assert_builds_agree(dir: &Path, input: &Path, operator: &str, config: &str) -> Result<Vec<String>> {
     let (rust, python) = (dir.join("rust"), dir.join("python"));
-    for (build, out) in [("vehicle_stats", &rust), ("vehicle_stats_py", &python)] {
-        run_ok(run_file_job(&operator_wasm(build), input, out, 2).arg("--config").arg(&job))?;
+    for (build, out) in [(operator.to_string(), &rust), (format!("{operator}_py"), &python)] {
+        std::fs::create_dir_all(out)?;
+        let (wasm, job) = (operator_wasm(&build), out.join("job.toml"));
+        std::fs::write(&job, format!("[operator]\npath = {wasm:?}\n[operator.config]\n{config}"))?;
+        run_ok(run_file_job(&wasm, input, out, 2).arg("--config").arg(&job))?;
     }
     let (expected, actual) = (outputs_without_version(&rust)?, outputs_without_version(&python)?);
     assert_eq!(actual.len(), expected.len(), "as many outputs");
@@ -43,7 +49,14 @@ fn assert_builds_agree(dir: &Path, input: &Path, config: &str) -> Result<Vec<Str
     }
     // The state, as stored: the same bytes under the same keys.
     assert_eq!(dump_state_lines(&python.join("state"))?, dump_state_lines(&rust.join("state"))?);
-    assert!(read_jsonl(&python.join("dead.jsonl"))?.is_empty());
+    let dead = |dir: &Path| -> Result<BTreeSet<String>> {
+        let letters = read_jsonl(&dir.join("dead.jsonl"))?;
+        Ok(letters
+            .iter()
+            .map(|d| format!("{} {} {} {}", d["partition"], d["offset"], d["error"], d["reason"]))
+            .collect())
+    };
+    assert_eq!(dead(&python)?, dead(&rust)?, "the same records dead-lettered, for the same errors");
     Ok(actual)
 }
 
@@ -54,16 +67,90 @@ fn vehicle_stats_in_python_writes_what_the_rust_build_writes_byte_for_byte() -> 
     // 200 vehicles reporting every 2 s of event time: distances of a few metres, where a
     // float printed otherwise than serde_json prints it would show.
     generate(&input, 200, 20_000, SEED)?;
-    let outputs = assert_builds_agree(&dir.path().join("plain"), &input, "")?;
+    let outputs = assert_builds_agree(&dir.path().join("plain"), &input, "vehicle_stats", "")?;
     assert_eq!(outputs.len(), 20_000, "an output per position");
 
     // A vehicle leaving the fleet for good every 40 positions: each one's summary expires
     // 10 s after its last position (a TTL on the put), and `expired` emits it final.
     let seed = SEED.to_string();
     generate_edited(&input, &["--vehicles", "200", "--count", "20000", "--seed", &seed, "--churn", "40"], |_, _| {})?;
-    let outputs = assert_builds_agree(&dir.path().join("ttl"), &input, "left_fleet_after_ms = \"10000\"")?;
+    let outputs =
+        assert_builds_agree(&dir.path().join("ttl"), &input, "vehicle_stats", "left_fleet_after_ms = \"10000\"")?;
     let left = outputs.iter().filter(|o| o.contains("\"left_fleet_at\":")).count();
     assert!(left > 400, "vehicles left the fleet: {left} final summaries");
+    Ok(())
+}
+
+/// speed-windows on the Python SDK's windows, against the Rust build on the Rust SDK's:
+/// the same windows closed, in the same outputs, the same state and timers, the same late
+/// records — with a grace, positions late within it and beyond it.
+#[test]
+fn speed_windows_in_python_writes_what_the_rust_build_writes_byte_for_byte() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    let seed = SEED.to_string();
+    // A position every 100 ms: minutes and 5-minute windows close along the run. Every
+    // 97th is 90 s late (past its minute's 30 s grace, in time for some 5-minute windows),
+    // every 389th 10 minutes late (late for all).
+    generate_edited(&input, &["--vehicles", "50", "--count", "12000", "--seed", &seed], |i, p| {
+        every_100_ms(i, p);
+        let late = match i {
+            _ if i > 0 && i % 389 == 0 => 600_000,
+            _ if i > 0 && i % 97 == 0 => 90_000,
+            _ => 0,
+        };
+        p["ts"] = (p["ts"].as_i64().unwrap_or_default() - late).into();
+    })?;
+    let outputs = assert_builds_agree(dir.path(), &input, "speed_windows", "grace_ms = \"30000\"")?;
+    assert!(outputs.len() > 1_000, "windows closed: {}", outputs.len());
+    let dead = read_jsonl(&dir.path().join("python").join("dead.jsonl"))?;
+    assert!(!dead.is_empty() && dead.iter().all(|d| d["error"] == "late"), "late records: {dead:?}");
+    Ok(())
+}
+
+/// sessions on the Python SDK's session windows, against the Rust build under `sluice
+/// test`: 3,000 events of 20 users, out of order, with pauses longer than the gap (new
+/// sessions), events bridging two sessions (merges) and events too late for a closed one.
+#[test]
+fn sessions_in_python_close_what_the_rust_build_closes() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("events.jsonl");
+    let (mut x, mut ts, mut lines) = (7u64, 1_767_225_600_000i64, Vec::new());
+    for _ in 0..3_000 {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let user = format!("user-{}", (x >> 33) % 20);
+        ts += ((x >> 40) % 3_000) as i64;
+        // Now and then an event from the past: within a session, bridging two, or late.
+        let back = match (x >> 20) % 50 {
+            0 => 200_000,
+            1..=3 => 40_000,
+            _ => 0,
+        };
+        let page = format!("/p{}", (x >> 50) % 5);
+        lines.push(serde_json::json!({"user": user, "ts": ts - back, "page": page}).to_string());
+    }
+    std::fs::write(&input, lines.join("\n") + "\n")?;
+    let mut runs = Vec::new();
+    for build in ["sessions", "sessions_py"] {
+        let mut test = sluice();
+        test.arg("test").arg(operator_wasm(build)).arg("--input").arg(&input);
+        test.args(["--key-field", "user", "--config", "gap_ms=60000", "--advance-to"]).arg((ts + 600_000).to_string());
+        let run = run_ok(&mut test)?;
+        let printed: Vec<Value> =
+            String::from_utf8(run.stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+        // What each build printed, but the version it names.
+        runs.push(
+            printed
+                .into_iter()
+                .map(|mut line| {
+                    line.as_object_mut().map(|o| o.remove("operator"));
+                    line.to_string()
+                })
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert!(runs[0].len() > 100, "sessions closed: {}", runs[0].len());
+    assert_eq!(runs[1], runs[0], "the Python build's sessions, then the Rust build's");
     Ok(())
 }
 
@@ -71,9 +158,10 @@ fn vehicle_stats_in_python_writes_what_the_rust_build_writes_byte_for_byte() -> 
 fn a_running_job_swaps_from_rust_to_python_and_back_and_every_count_goes_on() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    // Preparing an 18 MB component takes the debug build about 10 s: the job outlasts it.
+    // Preparing an 18 MB component takes the debug build about 10 s, and three times that
+    // beside other tests on two cores: the job (75 s at 8,000 a second) outlasts it.
     let python_file = operator_wasm("vehicle_stats_py");
-    let (input, python, host) = deployed_then_rolled_back(dir, "vehicle_stats", &python_file, "", 200_000)?;
+    let (input, python, host) = deployed_then_rolled_back(dir, "vehicle_stats", &python_file, "", 600_000)?;
     assert!(python.starts_with("vehicle_stats@"), "{}", host.log());
 
     let mut outputs = read_jsonl(&dir.join("out.jsonl"))?;
@@ -117,5 +205,78 @@ fn a_python_build_that_imports_wasi_is_refused_with_the_import_named() -> Result
         "the refusal names the import:\n{error}"
     );
     assert!(!dir.path().join("out.jsonl").exists() || read_jsonl(&dir.path().join("out.jsonl"))?.is_empty());
+    Ok(())
+}
+
+/// `operators/idle-py/fixtures`: two vehicles' positions, the clock moved on between them
+/// (`$advance_to`), each vehicle's timer firing a minute after its last position.
+#[test]
+fn a_python_operators_timers_pass_its_fixture_under_sluice_test() -> Result<()> {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../operators/idle-py/fixtures");
+    let mut test = sluice();
+    test.arg("test").arg(operator_wasm("idle_py")).arg("--input").arg(fixtures.join("input.jsonl"));
+    test.args(["--key-field", "vehicle_id", "--expect"]).arg(fixtures.join("expected.jsonl"));
+    let run = run_ok(&mut test)?;
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert!(said.contains("4 records, 2 outputs, 0 dead letters, as expected"), "{said}");
+    Ok(())
+}
+
+#[test]
+fn each_vehicle_that_leaves_fires_its_python_timer_once_at_its_time() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    let seed = SEED.to_string();
+    let positions = generate_edited(
+        &input,
+        &["--vehicles", "200", "--count", "20000", "--seed", &seed, "--churn", "40"],
+        |_, _| {},
+    )?;
+    run_ok(&mut run_file_job(&operator_wasm("idle_py"), &input, dir.path(), 1))?;
+
+    // Vehicles report every 2 s until they leave: only a vehicle that left a minute before
+    // the clock's end (the last position's time) has gone idle, once, at its last + 60 s.
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    for p in &positions {
+        last.insert(p["vehicle_id"].as_str().unwrap_or_default().to_string(), p["ts"].as_i64().unwrap_or_default());
+    }
+    let end = positions.iter().filter_map(|p| p["ts"].as_i64()).max().unwrap_or_default();
+    let expected: BTreeSet<(String, i64, i64)> =
+        last.into_iter().filter(|(_, ts)| ts + 60_000 <= end).map(|(v, ts)| (v, ts, ts + 60_000)).collect();
+    let outputs = read_jsonl(&dir.path().join("out.jsonl"))?;
+    let fired: Vec<(String, i64, i64)> = outputs
+        .iter()
+        .map(|o| {
+            let v = &o["value"];
+            (
+                v["vehicle_id"].as_str().unwrap_or_default().to_string(),
+                v["idle_since"].as_i64().unwrap_or(0),
+                v["at"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert!(expected.len() > 300, "vehicles that left a minute before the end: {}", expected.len());
+    assert_eq!(fired.len(), expected.len(), "one output per idle vehicle, none twice");
+    assert_eq!(fired.into_iter().collect::<BTreeSet<_>>(), expected);
+    assert!(outputs.iter().all(|o| o["cause"] == "timer"), "each output is a timer's");
+    Ok(())
+}
+
+/// The Python guide's examples are the tested operators' code: each top-level piece of
+/// each `python` block of docs/operator-guide-python.md (pieces two blank lines apart, as
+/// Python's style has them) is, verbatim, in an operator's `app.py` the tests build and run.
+#[test]
+fn the_python_guides_examples_are_code_the_tests_run() -> Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let guide = std::fs::read_to_string(root.join("docs/operator-guide-python.md"))?;
+    let mut apps = Vec::new();
+    for app in ["vehicle-stats-py", "idle-py", "speed-windows-py"] {
+        apps.push(std::fs::read_to_string(root.join("operators").join(app).join("app.py"))?);
+    }
+    let blocks: Vec<&str> = guide.split("```python\n").skip(1).filter_map(|rest| rest.split("```").next()).collect();
+    assert_eq!(blocks.len(), 3, "the guide's Python examples");
+    for piece in blocks.iter().flat_map(|block| block.split("\n\n\n")).map(str::trim) {
+        assert!(apps.iter().any(|app| app.contains(piece)), "not in any operators/*-py/app.py:\n{piece}");
+    }
     Ok(())
 }
