@@ -5,11 +5,13 @@
 //! and rolled back, each vehicle's count going on one by one across both switches; the
 //! same app built the way componentize-py builds by default, importing WASI, is refused
 //! by the sandbox with the import it called named. speed-windows on the Python SDK's
-//! windows writes what the Rust build writes, late records included. Timers from Python (`operators/idle-py`):
+//! windows writes what the Rust build writes, late records included; a Python build run as
+//! the shadow of the Rust one compares every output equal. Timers from Python (`operators/idle-py`):
 //! its fixture passes `sluice test`, and over a fleet whose vehicles leave, each leaving
 //! vehicle's timer fires once, at its time.
 
 use crate::hot_swap::{SEED, deployed_then_rolled_back};
+use crate::shadow::{file_job, reported_shadow, reported_skipped};
 use anyhow::Result;
 use serde_json::Value;
 use sluice_e2e::*;
@@ -151,6 +153,34 @@ fn sessions_in_python_close_what_the_rust_build_closes() -> Result<()> {
     }
     assert!(runs[0].len() > 100, "sessions closed: {}", runs[0].len());
     assert_eq!(runs[1], runs[0], "the Python build's sessions, then the Rust build's");
+    Ok(())
+}
+
+/// A Python build deployed as the shadow of the running Rust build: every output it makes
+/// — records', timers' (speed-windows) and expiries' (vehicle-stats leaving the fleet) —
+/// compares equal to the Rust build's, record by record.
+#[test]
+fn a_python_shadow_of_the_rust_build_compares_every_output_equal() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    generate_edited(&input, &["--vehicles", "40", "--count", "6000", "--churn", "25"], every_100_ms)?;
+    for (operator, more) in
+        [("speed_windows", ""), ("vehicle_stats", "[operator.config]\nleft_fleet_after_ms = \"20000\"")]
+    {
+        let dir = dir.path().join(operator);
+        let config = file_job(&dir, operator, &input, more)?;
+        let python = operator_wasm(&format!("{operator}_py"));
+        run_ok(sluice().args(["deploy", operator]).arg(python).arg("--shadow").arg("--config").arg(&config))?;
+        let log = String::from_utf8(run_ok(sluice().arg("run").arg("--config").arg(&config))?.stderr)?;
+        let [compared, equal, rest @ ..] = reported_shadow(&log)?;
+        // A shadow slower than the live version skips records beyond its share of the
+        // partition's time; what it compared is all equal.
+        let skipped = reported_skipped(&log)?;
+        assert!(
+            compared + skipped >= 6000 && compared > 0 && equal == compared && rest == [0; 5],
+            "{operator}: {compared} compared, {equal} equal, {rest:?}, {skipped} skipped:\n{log}"
+        );
+    }
     Ok(())
 }
 

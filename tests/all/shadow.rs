@@ -18,7 +18,7 @@ use std::time::Duration;
 
 /// The numbers of the final report's shadow line in `log` (the last one):
 /// compared, equal, different, only live, only shadow, failed, writes that differ.
-fn reported_shadow(log: &str) -> Result<[u64; 7]> {
+pub(crate) fn reported_shadow(log: &str) -> Result<[u64; 7]> {
     let line = log.lines().rfind(|l| l.contains(SHADOW_COMPARED)).context("a shadow line")?;
     let numbers: Vec<u64> = line
         .split(": ")
@@ -32,7 +32,7 @@ fn reported_shadow(log: &str) -> Result<[u64; 7]> {
 
 /// The records the final report's shadow line in `log` says the shadow skipped (out of
 /// its share of the live version's time, as a loaded machine may leave it).
-fn reported_skipped(log: &str) -> Result<u64> {
+pub(crate) fn reported_skipped(log: &str) -> Result<u64> {
     let line = log.lines().rfind(|l| l.contains(SHADOW_COMPARED)).context("a shadow line")?;
     let before = line.split(" records skipped").next().context("a count of records skipped")?;
     let count = before.rsplit(' ').next().context("a count of records skipped")?;
@@ -92,7 +92,7 @@ fn shadowed_file_job(dir: &Path, input: &Path, shadow: &Path, more: &str) -> Res
 
 /// The config of a file job of `operator` over `input` in `dir`, 2 partitions, a commit
 /// after every batch of 100 records; `more` is TOML added to it.
-fn file_job(dir: &Path, operator: &str, input: &Path, more: &str) -> Result<PathBuf> {
+pub(crate) fn file_job(dir: &Path, operator: &str, input: &Path, more: &str) -> Result<PathBuf> {
     let config = dir.join("job.toml");
     std::fs::create_dir_all(dir)?;
     std::fs::write(
