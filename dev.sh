@@ -341,7 +341,7 @@ bench_run() {
 # first 200,000 records of the 10,000-vehicle file (PyFlink's Python function takes
 # minutes over them). Prints each run's lines, the component sizes and the ratios.
 bench_python() {
-    local input="$CARGO_TARGET_DIR/bench/positions-10000-200k.jsonl" rates=() line
+    local input="$CARGO_TARGET_DIR/bench/positions-10000-200k.jsonl" rates=() line operator
     head -n 200000 "$CARGO_TARGET_DIR/bench/positions-10000.jsonl" >"$input"
     for operator in vehicle_stats vehicle_stats_py; do
         bench_run 10000-200k "$operator"

@@ -1,5 +1,5 @@
-"""Write Sluice stream operators in Python: records, keyed state with TTLs, timers and
-outputs over the `timed-operator` world of Sluice's WIT package (`wit/operator.wit`),
+"""Write Sluice stream operators in Python: records, keyed state with TTLs, timers,
+outputs and (in `window`) event-time windows over the `timed-operator` world of Sluice's WIT package (`wit/operator.wit`),
 built into a component by componentize-py.
 
 An operator is a module that defines `process(record, state)` returning a list of
@@ -33,8 +33,7 @@ import json
 import math
 
 import wit_world
-from componentize_py_types import Err
-from componentize_py_types import Ok
+from componentize_py_types import Err, Ok
 from wit_world.imports import batch as _batch
 from wit_world.imports import state as _state
 from wit_world.imports import timers as _timers
@@ -77,7 +76,7 @@ class Expired:
         self.key, self.name, self.value, self.expired_at_ms = bytes(key), name, bytes(value), expired_at_ms
 
     def json(self):
-        """The value it held, decoded as [`State.get`] decodes."""
+        """The value it held, decoded as `State.get` decodes."""
         return _decode(self.name, self.value)
 
 
@@ -252,6 +251,9 @@ def operator(process, init=None, expired=None, fired=None):
 
     state = State()
 
+    def failed(e):
+        return Err(f"{type(e).__name__}: {e}")
+
     def outcome(call, *args):
         try:
             return [types.OutputRecord(key=o.key, value=o.value, topic=None) for o in call(*args, state)]
@@ -259,7 +261,7 @@ def operator(process, init=None, expired=None, fired=None):
             _timers.mark_late()
             raise Err(str(e))
         except Exception as e:
-            raise Err(f"{type(e).__name__}: {e}")
+            raise failed(e)
 
     class WitWorld(wit_world.WitWorld):
         def init(self, config):
@@ -267,7 +269,7 @@ def operator(process, init=None, expired=None, fired=None):
                 try:
                     init(dict(config))
                 except Exception as e:
-                    raise Err(f"{type(e).__name__}: {e}")
+                    raise failed(e)
 
         def process(self, input):
             return outcome(process, Record(input))

@@ -18,6 +18,8 @@ A key's windows of a spec are one state entry named after the spec; each window'
 named `<spec>/<start>`.
 """
 
+import copy
+
 from . import Late
 
 ON_CLOSE, ON_UPDATE = "on-close", "on-update"
@@ -43,10 +45,10 @@ class Window:
 class WindowSpec:
     """How one kind of window of an operator is kept (see the module)."""
 
-    def __init__(self, name, kind, size_ms, advance_ms=None, grace_ms=0, emit=ON_CLOSE, late=WAIT, merge=None):
+    def __init__(self, name, kind, size_ms, advance_ms=None, merge=None):
         # A session's size is its gap.
-        self.name, self.kind, self.gap, self.size, self.advance = name, kind, size_ms, max(size_ms, 1), advance_ms
-        self.grace_ms, self.emit, self.late, self.merge = grace_ms, emit, late, merge
+        self.name, self.kind, self.size_ms, self.advance, self.merge = name, kind, size_ms, advance_ms, merge
+        self.grace_ms, self.emit, self.late = 0, ON_CLOSE, WAIT
 
     @classmethod
     def tumbling(cls, name, size_ms):
@@ -61,9 +63,8 @@ class WindowSpec:
         return cls(name, "session", gap_ms, merge=merge)
 
     def _with(self, **changes):
-        spec = WindowSpec(self.name, self.kind, self.gap, self.advance, self.grace_ms, self.emit, self.late, self.merge)
-        for key, value in changes.items():
-            setattr(spec, key, value)
+        spec = copy.copy(self)
+        spec.__dict__.update(changes)
         return spec
 
     def grace(self, grace_ms):
@@ -82,7 +83,7 @@ class WindowSpec:
             raise Late(f"window {self.name}: a record without an event time ({timestamp_ms})")
         now = state.now()
         if self.kind == "session":
-            return self._add_to_session(state, timestamp_ms, self.gap, now, fold, new)
+            return self._add_to_session(state, timestamp_ms, self.size_ms, now, fold, new)
         return self._add_to_fixed(state, timestamp_ms, now, fold, new)
 
     def fired(self, state, timer):
@@ -120,7 +121,7 @@ class WindowSpec:
             state.set_timer(timer.name, self._ends(end_ms))
             return emitted
         del open_[at]
-        forgotten_at = self._ends(end_ms + self.gap)
+        forgotten_at = self._ends(end_ms + self.size_ms)
         if forgotten_at > now:
             closed.append((start_ms, end_ms))
             state.set_timer(timer.name, forgotten_at)
@@ -128,7 +129,8 @@ class WindowSpec:
         return emitted
 
     def _add_to_fixed(self, state, ts, now, fold, new):
-        size, advance = self.size, min(max(self.advance, 1), self.size)
+        size = max(self.size_ms, 1)
+        advance = min(max(self.advance, 1), size)
         last = ts // advance * advance
         starts = [last - i * advance for i in range(-(-size // advance)) if last - i * advance >= 0]
         windows = [Window.read(w) for w in state.get(self.name) or []]

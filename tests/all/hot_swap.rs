@@ -82,7 +82,7 @@ pub(crate) fn named_version(line: &str) -> String {
 
 /// Per partition, the versions its outputs name, in offset order, with repeats
 /// collapsed: `[v1, v2]` means one switch.
-fn version_runs(outputs: &[Value]) -> BTreeMap<u64, Vec<String>> {
+pub(crate) fn version_runs(outputs: &[Value]) -> BTreeMap<u64, Vec<String>> {
     let mut by_partition: BTreeMap<u64, Vec<(u64, String)>> = BTreeMap::new();
     for output in outputs {
         let (partition, offset) = (output["partition"].as_u64().unwrap(), output["offset"].as_u64().unwrap());

@@ -10,7 +10,7 @@
 //! its fixture passes `sluice test`, and over a fleet whose vehicles leave, each leaving
 //! vehicle's timer fires once, at its time.
 
-use crate::hot_swap::{SEED, deployed_then_rolled_back};
+use crate::hot_swap::{SEED, deployed_then_rolled_back, version_runs};
 use crate::shadow::{file_job, reported_shadow, reported_skipped};
 use anyhow::Result;
 use serde_json::Value;
@@ -199,22 +199,16 @@ fn a_running_job_swaps_from_rust_to_python_and_back_and_every_count_goes_on() ->
     let reference = Reference::fold(&input)?;
     let expected = reference.after_each_by_vehicle();
     assert_eq!(outputs.len(), reference.after_each.len(), "one output per position");
-    // Per partition, the versions in offset order: Rust, Python from one offset on, Rust.
-    let mut runs: BTreeMap<u64, Vec<String>> = BTreeMap::new();
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     for output in &outputs {
-        let version = output["operator"].as_str().unwrap_or_default().to_string();
-        let partition = runs.entry(output["partition"].as_u64().unwrap_or_default()).or_default();
-        if partition.last() != Some(&version) {
-            partition.push(version);
-        }
         let vehicle = output["key"].as_str().unwrap_or_default().to_string();
         let n = seen.entry(vehicle.clone()).or_default();
         // Each summary continues the one before it, whichever language wrote that one.
         assert_summary(&output["value"], &vehicle, expected[vehicle.as_str()][*n], "output");
         *n += 1;
     }
-    for (partition, versions) in &runs {
+    // Per partition, the versions in offset order: Rust, Python from one offset on, Rust.
+    for (partition, versions) in version_runs(&outputs) {
         assert_eq!(versions.len(), 3, "partition {partition}: Rust, Python, Rust: {versions:?}");
         assert_eq!(versions[1], python, "partition {partition}: {versions:?}");
         assert!(versions[0] == versions[2] && versions[0] != python, "partition {partition}: {versions:?}");

@@ -113,9 +113,13 @@ class CpuOfDescendants(threading.Thread):
 
 
 def peak_rss_mib(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
+    """VmHWM of `pid`; 0 for a process gone since it was listed (a Python worker ending)."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return 0.0
 
 
