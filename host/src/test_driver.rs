@@ -133,7 +133,10 @@ impl TestDriver {
     /// the first record (a test's starting state); it never expires unless the host's
     /// TTL policy names it.
     pub fn put_state(&mut self, key: &[u8], name: &str, value: &[u8]) -> Result<()> {
-        self.write_state(key, |state| state.put(name, value.to_vec()))
+        self.write_state(key, |state| {
+            state.put(name, value.to_vec());
+            Ok(())
+        })
     }
 
     /// Sets `key`'s timer `name` for `at_ms`, as the operator's `set_timer` would.
@@ -142,11 +145,12 @@ impl TestDriver {
     }
 
     /// Makes `write` to `key`'s state and commits it.
-    fn write_state(&mut self, key: &[u8], write: impl FnOnce(&mut Transaction)) -> Result<()> {
+    fn write_state(&mut self, key: &[u8], write: impl FnOnce(&mut Transaction) -> Result<()>) -> Result<()> {
         let state = self.instance.state();
         state.scope(key);
-        write(state);
-        state.end_record(true);
+        let written = write(state);
+        state.end_record(written.is_ok());
+        written?;
         state.commit(self.next_offset)
     }
 

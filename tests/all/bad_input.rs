@@ -330,10 +330,10 @@ fn a_state_directory_of_another_format_or_partition_count_is_refused_untouched()
     let seeded = Seeded::new()?;
     let manifest = seeded.state.join("sluice-state.json");
     let original = std::fs::read_to_string(&manifest)?;
-    std::fs::write(&manifest, original.replace("\"format\": 2", "\"format\": 99"))?;
+    std::fs::write(&manifest, original.replace("\"format\": 3", "\"format\": 99"))?;
     let before = snapshot(&seeded.state)?;
     let err = run_err(&mut seeded.run_with(&operator_wasm("vehicle_stats"), 2))?;
-    assert!(err.contains("sluice-state") && err.contains("state format 99") && err.contains("reads format 2"), "{err}");
+    assert!(err.contains("sluice-state") && err.contains("state format 99") && err.contains("reads format 3"), "{err}");
     assert_eq!(snapshot(&seeded.state)?, before, "no file of the state directory changed");
 
     std::fs::write(&manifest, &original)?;

@@ -194,7 +194,7 @@ fn state_of_format_1_is_migrated_and_kept_when_a_ttl_comes() -> Result<()> {
     downgrade_to_format_1(&dir.path().join("migrated/state"), 2)?;
     let log = run_ok(job("migrated", 40_000).args(["--ttl", "3s"]).env("SLUICE_LOG", "info"))?;
     let log = String::from_utf8_lossy(&log.stderr);
-    assert!(log.contains("is in format 1: migrating it to 2") && log.contains("20000 records skipped"), "{log}");
+    assert!(log.contains("is in format 1: migrating it to 3") && log.contains("20000 records skipped"), "{log}");
     run_ok(job("never", 40_000).args(["--ttl", "3s"]))?;
     let state = |name: &str| dump_state_lines(&dir.path().join(name).join("state"));
     let migrated = state("migrated")?;
@@ -205,7 +205,8 @@ fn state_of_format_1_is_migrated_and_kept_when_a_ttl_comes() -> Result<()> {
 
 /// Rewrites the state directory `state` (written by this sluice without a TTL) as sluice
 /// wrote it before values carried an expiry: each value without its header byte, no
-/// expiry index and no clock, format 1 recorded in the directory and in each database.
+/// expiry index, no timers' column family and no clock, format 1 recorded in the
+/// directory and in each database.
 fn downgrade_to_format_1(state: &Path, partitions: u32) -> Result<()> {
     let manifest = state.join("sluice-state.json");
     let mut recorded: Value = serde_json::from_slice(&std::fs::read(&manifest)?)?;
@@ -213,7 +214,7 @@ fn downgrade_to_format_1(state: &Path, partitions: u32) -> Result<()> {
     std::fs::write(&manifest, serde_json::to_vec(&recorded)?)?;
     for partition in 0..partitions {
         let path = state.join(format!("partition-{partition:04}"));
-        let mut db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, ["meta", "expiry"])?;
+        let mut db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, ["meta", "expiry", "timers"])?;
         let values = db.iterator(rocksdb::IteratorMode::Start).collect::<Result<Vec<_>, _>>()?;
         for (key, value) in values {
             anyhow::ensure!(value.first() == Some(&0), "a value that expires: the job had no TTL");
@@ -223,6 +224,7 @@ fn downgrade_to_format_1(state: &Path, partitions: u32) -> Result<()> {
         db.put_cf(meta, b"format", 1u32.to_be_bytes())?;
         db.delete_cf(meta, b"clock")?;
         db.drop_cf("expiry")?;
+        db.drop_cf("timers")?;
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ use anyhow::Result;
 use serde_json::{Value, json};
 use sluice_e2e::*;
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 /// The probe sets a timer per key at every record, sometimes for before the key's next
 /// record (it fires) and sometimes for after (the next record sets it again: it never
@@ -20,24 +21,121 @@ use std::collections::{BTreeMap, BTreeSet};
 #[test]
 fn kill_9_with_timers_that_fire_and_write_state_fires_each_once() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    const T0: i64 = 1_767_225_600_000;
     let input = dir.path().join("input.jsonl");
-    let lines: Vec<String> = (0..30_000u64)
-        .map(|i| {
-            // 97 keys in turn, each every 970 ms of event time: a timer 500 ms on fires
-            // before the key's next record, one 2 s on is set again by it first.
-            let ts = T0 + i as i64 * 10;
-            let after_ms = if (i / 97).is_multiple_of(3) { 500 } else { 2_000 };
-            serde_json::json!({"vehicle_id": format!("k{}", i % 97), "ts": ts,
-                "action": "timer", "name": "t", "at_ms": ts + after_ms})
-            .to_string()
-        })
-        .collect();
-    std::fs::write(&input, lines.join("\n") + "\n")?;
+    std::fs::write(&input, probe_timer_lines(30_000))?;
     let (crashed_firings, clean_firings) = probe_killed_and_clean(dir.path(), &input, "timer")?;
     // 30,000 / 97 rounds, a third of them with the short timer: about 100 per key.
     assert!(clean_firings.len() > 9_000, "{}", clean_firings.len());
     assert_eq!(crashed_firings, clean_firings, "the same firings, each once, after kills");
+    Ok(())
+}
+
+/// The probe's input for [`kill_9_with_timers_that_fire_and_write_state_fires_each_once`]:
+/// `count` JSON lines over 97 keys in turn, each every 970 ms of event time, setting a
+/// timer 500 ms on (it fires before the key's next record) a third of the rounds, and
+/// one 2 s on (the next record sets it again first) the others.
+fn probe_timer_lines(count: u64) -> String {
+    const T0: i64 = 1_767_225_600_000;
+    (0..count)
+        .map(|i| {
+            let ts = T0 + i as i64 * 10;
+            let after_ms = if (i / 97).is_multiple_of(3) { 500 } else { 2_000 };
+            let line = json!({"vehicle_id": format!("k{}", i % 97), "ts": ts,
+                "action": "timer", "name": "t", "at_ms": ts + after_ms});
+            line.to_string() + "\n"
+        })
+        .collect()
+}
+
+/// A state directory of format 2 — timers kept as empty values expiring at their time,
+/// indexed with the expiring values — holding pending timers is migrated when a job
+/// opens it, and goes on as if it never was in format 2: the probe's timers over the
+/// first half of the input, the directory rewritten as format 2 wrote it, then the
+/// whole input; the state (timers included) and every firing equal a run that never
+/// was in format 2.
+#[test]
+fn state_of_format_2_with_pending_timers_is_migrated_and_each_timer_fires_once() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let (half, whole) = (dir.join("half.jsonl"), dir.join("whole.jsonl"));
+    std::fs::write(&half, probe_timer_lines(10_000))?;
+    std::fs::write(&whole, probe_timer_lines(20_000))?;
+    let job = |state: &str, input: &Path| {
+        let mut command = run_file_job(&operator_wasm("probe"), input, dir, 2);
+        command.arg("--output").arg(dir.join(format!("{state}.out.jsonl")));
+        command.arg("--state-dir").arg(dir.join(state));
+        command
+    };
+    run_ok(&mut job("migrated", &half))?;
+    let pending = downgrade_timers_to_format_2(&dir.join("migrated"), 2)?;
+    assert!(pending > 50, "{pending} timers pending when the directory was rewritten");
+    let log = run_ok(job("migrated", &whole).env("SLUICE_LOG", "info"))?;
+    let log = String::from_utf8_lossy(&log.stderr);
+    assert!(log.contains("is in format 2: migrating it to 3") && log.contains("timers moved"), "{log}");
+    run_ok(&mut job("clean", &whole))?;
+    assert_eq!(dump_state(&dir.join("migrated"))?, dump_state(&dir.join("clean"))?, "state, timers included");
+    let firings = |state: &str| -> Result<BTreeSet<String>> {
+        let outputs = read_jsonl(&dir.join(format!("{state}.out.jsonl")))?;
+        Ok(outputs.into_iter().filter(|o| o["cause"] == "timer").map(|o| o.to_string()).collect())
+    };
+    let clean = firings("clean")?;
+    assert!(clean.len() > 6_000, "{}", clean.len());
+    assert_eq!(firings("migrated")?, clean, "the same firings, each once");
+    Ok(())
+}
+
+/// Rewrites the state directory `state` as state format 2 kept timers: each an empty
+/// value under its entry key expiring at its time, with an expiry index entry, and no
+/// timers' column family; format 2 recorded in the directory and in each database.
+/// Returns how many timers it moved.
+fn downgrade_timers_to_format_2(state: &Path, partitions: u32) -> Result<usize> {
+    let manifest = state.join("sluice-state.json");
+    let mut recorded: Value = serde_json::from_slice(&std::fs::read(&manifest)?)?;
+    recorded["format"] = 2.into();
+    std::fs::write(&manifest, serde_json::to_vec(&recorded)?)?;
+    let mut moved = 0;
+    for partition in 0..partitions {
+        let path = state.join(format!("partition-{partition:04}"));
+        let mut db = rocksdb::DB::open_cf(&rocksdb::Options::default(), &path, ["meta", "expiry", "timers"])?;
+        let timers = db.cf_handle("timers").expect("opened with it");
+        let timers = db.iterator_cf(timers, rocksdb::IteratorMode::Start).collect::<Result<Vec<_>, _>>()?;
+        for (entry, at) in &timers {
+            // The expiry header: 1, then the time, big-endian; no value after it.
+            db.put(entry, [&[1u8][..], at].concat())?;
+            let expiry = db.cf_handle("expiry").expect("opened with it");
+            db.put_cf(expiry, [&at[..], entry].concat(), b"")?;
+        }
+        moved += timers.len();
+        let meta = db.cf_handle("meta").expect("opened with it");
+        db.put_cf(meta, b"format", 2u32.to_be_bytes())?;
+        db.drop_cf("timers")?;
+    }
+    Ok(moved)
+}
+
+/// Timers are held in memory, bounded by `[state] timers_mib`: with 1 MiB a partition,
+/// 9,000 keys each setting a timer for later fill it, and the records whose timer
+/// would pass it go to the dead letters naming the limit, their writes dropped — the
+/// job goes on, and the timers it holds fire once each.
+#[test]
+fn timers_past_timers_mib_cost_their_records_and_nothing_else() -> Result<()> {
+    const T0: i64 = 1_767_225_600_000;
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    let mut lines: Vec<Value> = (0..9_000)
+        .map(|i| json!({"vehicle_id": format!("k{i}"), "ts": T0, "action": "timer", "name": "t", "at_ms": T0 + 1_000}))
+        .collect();
+    // Another key moves the clock past every timer.
+    lines.push(json!({"vehicle_id": "z", "ts": T0 + 5_000, "action": "count"}));
+    std::fs::write(&input, lines.iter().map(|l| l.to_string() + "\n").collect::<String>())?;
+    let config = dir.path().join("sluice.toml");
+    std::fs::write(&config, "[operator]\npath = \"unused.wasm\"\n[state]\ntimers_mib = 1\n")?;
+    run_ok(run_file_job(&operator_wasm("probe"), &input, dir.path(), 1).arg("--config").arg(&config))?;
+    let dead = read_jsonl(&dir.path().join("dead.jsonl"))?;
+    assert!(dead.len() > 500 && dead.len() < 2_000, "{} dead letters", dead.len());
+    assert!(dead.iter().all(|d| d.to_string().contains("[state] timers_mib")), "{:#}", dead[0]);
+    let fired = read_jsonl(&dir.path().join("out.jsonl"))?.into_iter().filter(|o| o["cause"] == "timer").count();
+    assert_eq!(fired, 9_000 - dead.len(), "every timer held fired, once");
     Ok(())
 }
 

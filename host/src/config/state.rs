@@ -40,6 +40,9 @@ pub struct StateConfig {
     /// The memory for committed state entries kept per partition (reads of them skip
     /// RocksDB), MiB; 0 keeps none.
     pub cache_mib: usize,
+    /// The memory a partition's timers may take (they are all held in memory, about
+    /// 100 bytes each), MiB: a timer set past it fails its record.
+    pub timers_mib: usize,
     /// The memory RocksDB may use for every partition of the host together — memtables,
     /// and data, index and filter blocks — MiB.
     pub rocksdb_memory_mib: usize,
@@ -79,6 +82,7 @@ impl StateConfig {
             ("[state] commit_dirty_mib", self.commit_dirty_mib as u64),
             ("[state] queued_mib", self.queued_mib as u64),
             ("[state] cache_mib", self.cache_mib as u64),
+            ("[state] timers_mib", self.timers_mib as u64),
             ("[state] rocksdb_memory_mib", self.rocksdb_memory_mib as u64),
         ])
     }
@@ -119,6 +123,7 @@ impl Default for StateConfig {
             commit_dirty_mib: 64,
             sync_outputs: true,
             cache_mib: 64,
+            timers_mib: 64,
             rocksdb_memory_mib: 256,
         }
     }

@@ -128,6 +128,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
         // A batch half the poll timeout long is warned about: a rebalance waits for it.
         cadence: Cadence::of(&config.state, max_poll_interval.map(|interval| interval / 2)),
         cache_bytes: config.state.cache_mib << 20,
+        timers_bytes: config.state.timers_mib << 20,
         ttl: Arc::new(config.ttl.clone()),
         null_keys: config.source.null_keys(),
         retry_timeout: config.checkpoint.restore_retry_timeout,

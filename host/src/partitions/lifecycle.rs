@@ -571,6 +571,7 @@ mod tests {
             queued_bytes: usize::MAX,
             cadence: NEVER,
             cache_bytes: 1 << 20,
+            timers_bytes: usize::MAX,
             ttl: Default::default(),
             null_keys: NullKeys::default(),
             shadows: None,

@@ -348,6 +348,7 @@ mod tests {
                 slow_batch: None,
             },
             cache_bytes: 1 << 20,
+            timers_bytes: usize::MAX,
             ttl: Default::default(),
             null_keys: Default::default(),
             retry_timeout: Duration::from_secs(60),

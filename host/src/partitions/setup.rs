@@ -40,6 +40,8 @@ pub struct WorkerSetup {
     /// The memory for committed state entries each partition keeps (see
     /// [`Cache`](crate::state::Cache)).
     pub cache_bytes: usize,
+    /// The memory each partition's timers may take (`[state] timers_mib`).
+    pub timers_bytes: usize,
     /// When each partition's state expires.
     pub ttl: Arc<TtlConfig>,
     /// What becomes of records without a key.

@@ -273,8 +273,11 @@ fn spawn_worker(
     let store = setup.state.open_partition(partition)?;
     let offset = store.committed_offset()?;
     // A batch ends once it wrote what a commit takes: a commit's writes stay bounded.
-    let txn = Transaction::new(store, setup.cache_bytes)?.with_ttl(setup.ttl.clone())?;
-    let mut instance = setup.operator.instantiate(partition, txn.with_dirty_limit(setup.cadence.commit_dirty_bytes))?;
+    let txn = Transaction::new(store, setup.cache_bytes)?
+        .with_ttl(setup.ttl.clone())?
+        .with_dirty_limit(setup.cadence.commit_dirty_bytes)
+        .with_timers_limit(setup.timers_bytes);
+    let mut instance = setup.operator.instantiate(partition, txn)?;
     let checkpointer = setup.checkpoints.as_ref().map(|c| {
         Checkpointer::new(
             c.store.clone(),

@@ -186,7 +186,8 @@ pub fn run(replay: &Replay) -> Result<Replayed> {
     let job = &replay.job;
     let txn = Transaction::new(state.open_partition(partition)?, job.state.cache_mib << 20)?
         .with_ttl(Arc::new(job.ttl.clone()))?
-        .with_dirty_limit(job.state.commit_dirty_mib << 20);
+        .with_dirty_limit(job.state.commit_dirty_mib << 20)
+        .with_timers_limit(job.state.timers_mib << 20);
     let mut instance = WasmInstance::new(Arc::new(operator), partition, txn)?;
 
     let (outputs, dead_letters) = (out.join("outputs.jsonl"), out.join("dead-letters.jsonl"));

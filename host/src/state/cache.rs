@@ -13,8 +13,8 @@
 //! [`SWEEP_TO`](Cache::SWEEP_TO) of its budget. It does not decide what is committed
 //! or when (the transaction and the worker do).
 
+use super::EntryMap;
 use super::expiry::Prior;
-use std::collections::HashMap;
 
 /// What each cached entry costs beyond its key and value: the table slot, the two
 /// vectors' headers and the allocator's rounding, roughly.
@@ -23,7 +23,7 @@ const ENTRY_OVERHEAD: usize = 64;
 /// Committed state entries (encoded entry key → value, `None`: known absent), at most
 /// a budget of bytes.
 pub struct Cache {
-    entries: HashMap<Vec<u8>, Slot>,
+    entries: EntryMap<Slot>,
     /// Bytes the entries take, [`ENTRY_OVERHEAD`] included.
     bytes: usize,
     budget: usize,
@@ -44,7 +44,7 @@ impl Cache {
 
     /// An empty cache that holds at most `budget` bytes (0: remembers nothing).
     pub fn new(budget: usize) -> Self {
-        Cache { entries: HashMap::new(), bytes: 0, budget, hits: 0, misses: 0 }
+        Cache { entries: EntryMap::default(), bytes: 0, budget, hits: 0, misses: 0 }
     }
 
     /// The committed value of `entry` if the cache knows it: `Some(None)` means the

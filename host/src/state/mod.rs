@@ -8,7 +8,8 @@
 //! offset commit in one RocksDB write batch, and reads committed entries through a
 //! [`Cache`] under a byte budget, and removes expired entries ([`TtlConfig`](crate::config::TtlConfig), in the
 //! partition's event time, its [`Clock`]) in the order its sweep (`sweep.rs`) finds them due,
-//! timers (`timer.rs`: entries that expire at their time) with them. [`limit_memory`] bounds
+//! and fires timers (`timer.rs`: in memory, over a column family of their own) in time
+//! order with them. [`limit_memory`] bounds
 //! RocksDB's own memory across every partition of the process.
 //!
 //! Besides the partitions' databases, a state directory holds `snapshots/` (checkpoint
@@ -38,14 +39,19 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// A table keyed by encoded entry keys (record keys, which the input chooses): hashed
+/// with foldhash, seeded per process, at a fraction of SipHash's cost per lookup.
+type EntryMap<V> = std::collections::HashMap<Vec<u8>, V, foldhash::fast::RandomState>;
+
 /// The state format this build writes and reads. Bump it whenever the layout or the
 /// entry encoding changes, so an older or newer sluice refuses the directory instead
-/// of misreading it. Format 2 puts an expiry header before every value; a format-1
-/// directory (values without one) is migrated when opened.
-pub const STATE_FORMAT: u32 = 2;
+/// of misreading it. Format 2 put an expiry header before every value; format 3 keeps
+/// timers in a column family of their own instead of as empty expiring values. A
+/// format-1 or format-2 directory is migrated when opened.
+pub const STATE_FORMAT: u32 = 3;
 
-/// The older format a directory is migrated from when opened.
-const MIGRATED_FORMAT: u32 = 1;
+/// The older formats a directory is migrated from when opened.
+const MIGRATED_FORMATS: [u32; 2] = [1, 2];
 
 /// The file at the root of a state directory that records its format.
 pub const MANIFEST_FILE: &str = "sluice-state.json";
@@ -87,12 +93,13 @@ impl StateDir {
         let manifest_path = root.join(MANIFEST_FILE);
         let manifest = if manifest_path.exists() {
             let mut manifest = Self::read_manifest(root)?;
-            if manifest.format == MIGRATED_FORMAT && manifest.partitions == partitions {
-                // From now on an older sluice refuses the directory; each partition's
-                // values are migrated when it is opened.
+            if MIGRATED_FORMATS.contains(&manifest.format) && manifest.partitions == partitions {
+                // From now on an older sluice refuses the directory; each partition is
+                // migrated when it is opened.
                 tracing::info!(
-                    "state directory {} is in format {MIGRATED_FORMAT}: migrating it to {STATE_FORMAT}",
-                    root.display()
+                    "state directory {} is in format {}: migrating it to {STATE_FORMAT}",
+                    root.display(),
+                    manifest.format
                 );
                 manifest.format = STATE_FORMAT;
                 Self::write_manifest(root, &manifest)?;
@@ -152,7 +159,8 @@ impl StateDir {
         if manifest.format != STATE_FORMAT {
             bail!(
                 "state directory {} is in state format {} (written by sluice {}); this sluice reads format {} only \
-                 without writing (a job it runs migrates format {MIGRATED_FORMAT} at its start); nothing was changed",
+                 without writing (a job it runs migrates formats {MIGRATED_FORMATS:?} at its start); nothing was \
+                 changed",
                 root.display(),
                 manifest.format,
                 manifest.created_by,

@@ -1,8 +1,9 @@
-//! One partition's RocksDB database: state entries, their expiry index, and the offset
-//! and clock they reflect.
+//! One partition's RocksDB database: state entries, their expiry index, timers, and
+//! the offset and clock they reflect.
 
 use super::STATE_FORMAT;
-use super::expiry::{CommittedClock, StoredValue, decode_index_key, encode_value};
+use super::expiry::{CommittedClock, StoredValue, decode_index_key, encode_value, index_entry};
+use super::timer::is_timer_name;
 use crate::config::TimeDomain;
 use anyhow::{Context, Result, bail};
 use rocksdb::{
@@ -31,9 +32,17 @@ const META_MIGRATED: &[u8] = b"migrated-to";
 /// every stored value that expires, in expiry order.
 const EXPIRY_CF: &str = "expiry";
 
+/// Column family of the timers: each timer's time (a big-endian u64) under its
+/// encoded entry key (see the `timer` module).
+const TIMERS_CF: &str = "timers";
+
 /// The format whose values had no expiry header, which [`PartitionStore::open`]
 /// migrates.
 const FORMAT_WITHOUT_EXPIRY: u32 = 1;
+
+/// The format that kept timers as empty expiring values, which [`PartitionStore::open`]
+/// migrates.
+const FORMAT_TIMERS_AS_VALUES: u32 = 2;
 
 /// Entries one write batch of the migration from format 1 rewrites.
 const MIGRATION_CHUNK: usize = 10_000;
@@ -103,7 +112,7 @@ impl PartitionStore {
     pub fn open(path: &Path, partition: u32) -> Result<Self> {
         let mut options = Self::options();
         options.create_missing_column_families(true);
-        let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF, EXPIRY_CF].map(Self::family);
+        let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF, EXPIRY_CF, TIMERS_CF].map(Self::family);
         let db = DB::open_cf_descriptors(&options, path, cfs)
             .with_context(|| format!("opening state of partition {partition} at {}", path.display()))?;
         let store = PartitionStore { db: Arc::new(db), path: path.to_path_buf(), partition, never_writes: false };
@@ -115,7 +124,11 @@ impl PartitionStore {
             }
             Some(bytes) if bytes == STATE_FORMAT.to_be_bytes() => {}
             Some(bytes) if bytes == FORMAT_WITHOUT_EXPIRY.to_be_bytes() => {
-                store.migrate_from_format_1(MIGRATION_CHUNK)?
+                store.migrate_from_format_1(MIGRATION_CHUNK)?;
+                store.migrate_from_format_2(MIGRATION_CHUNK)?
+            }
+            Some(bytes) if bytes == FORMAT_TIMERS_AS_VALUES.to_be_bytes() => {
+                store.migrate_from_format_2(MIGRATION_CHUNK)?
             }
             Some(bytes) => bail!(
                 "state of partition {partition} at {} has format {:?}, this sluice reads format {STATE_FORMAT}",
@@ -151,7 +164,7 @@ impl PartitionStore {
         }
         let options = Self::options();
         let cfs = DB::list_cf(&options, path).with_context(context)?;
-        if ![META_CF, EXPIRY_CF].iter().all(|cf| cfs.iter().any(|found| found == cf)) {
+        if ![META_CF, EXPIRY_CF, TIMERS_CF].iter().all(|cf| cfs.iter().any(|found| found == cf)) {
             bail!(
                 "state of partition {partition} at {} lacks the column families of state format {STATE_FORMAT} \
                  (found {cfs:?})",
@@ -165,7 +178,8 @@ impl PartitionStore {
             Some(bytes) if bytes == STATE_FORMAT.to_be_bytes() => Ok(store),
             found => bail!(
                 "state of partition {partition} at {} has format {found:?}; this sluice reads format {STATE_FORMAT} \
-                 only without writing (a job it runs migrates format {FORMAT_WITHOUT_EXPIRY} at its start)",
+                 only without writing (a job it runs migrates formats {FORMAT_WITHOUT_EXPIRY} and \
+                 {FORMAT_TIMERS_AS_VALUES} at its start)",
                 path.display()
             ),
         }
@@ -202,13 +216,54 @@ impl PartitionStore {
             migrated_to = Some(last.into_vec());
         }
         let mut done = WriteBatch::default();
-        done.put_cf(self.meta(), META_FORMAT, STATE_FORMAT.to_be_bytes());
+        done.put_cf(self.meta(), META_FORMAT, FORMAT_TIMERS_AS_VALUES.to_be_bytes());
         done.delete_cf(self.meta(), META_MIGRATED);
         self.db.write(done)?;
         tracing::info!(
             partition = self.partition,
-            "state migrated from format {FORMAT_WITHOUT_EXPIRY} to {STATE_FORMAT}: {rewritten} values now carry an \
-             expiry header (none expires)"
+            "state migrated from format {FORMAT_WITHOUT_EXPIRY} to {FORMAT_TIMERS_AS_VALUES}: {rewritten} values now \
+             carry an expiry header (none expires)"
+        );
+        Ok(())
+    }
+
+    /// Moves every timer of a format-2 database (kept as an empty value expiring at its
+    /// time, with an expiry index entry) to the timers column family, `chunk` timers per
+    /// write batch, each batch removing what it moved: a crash resumes with the timers
+    /// left. The entry count is unchanged (timers count as entries).
+    fn migrate_from_format_2(&self, chunk: usize) -> Result<()> {
+        let mut moved = 0u64;
+        // The index key looked at last: those before it are moved or values.
+        let mut from: Option<Vec<u8>> = None;
+        loop {
+            let mut batch = WriteBatch::default();
+            for index_key in self.expiry_index(from.as_deref()) {
+                let index_key = index_key?;
+                let (at, entry) = (super::expiry::index_at(&index_key), index_entry(&index_key));
+                let is_timer = decode_entry_key(entry).is_some_and(|(_, name)| is_timer_name(name));
+                if is_timer && from.as_deref() != Some(&index_key[..]) {
+                    batch.delete_cf(self.expiry(), &index_key);
+                    batch.delete(entry);
+                    batch.put_cf(self.timers_family(), entry, at.to_be_bytes());
+                }
+                from = Some(index_key);
+                if batch.len() == 3 * chunk {
+                    break;
+                }
+            }
+            if batch.is_empty() {
+                break;
+            }
+            moved += batch.len() as u64 / 3;
+            self.db.write(batch).with_context(|| format!("migrating the timers of partition {}", self.partition))?;
+        }
+        let mut done = WriteBatch::default();
+        done.put_cf(self.meta(), META_FORMAT, STATE_FORMAT.to_be_bytes());
+        self.db.write(done)?;
+        tracing::info!(
+            partition = self.partition,
+            "state migrated from format {FORMAT_TIMERS_AS_VALUES} to {STATE_FORMAT}: {moved} timers moved to a column \
+             family of their own"
         );
         Ok(())
     }
@@ -264,7 +319,7 @@ impl PartitionStore {
     }
 
     /// RocksDB's estimate of the live data in the partition's table files, every column
-    /// family (values, expiry index, metadata) together, in bytes: what compaction
+    /// family (values, expiry index, metadata, timers) together, in bytes: what compaction
     /// would leave. Memtables are not counted.
     pub fn live_data_bytes(&self) -> Result<u64> {
         self.summed_property(rocksdb::properties::ESTIMATE_LIVE_DATA_SIZE, "live data size")
@@ -279,7 +334,12 @@ impl PartitionStore {
     /// RocksDB's integer `property` summed over every column family; `what` names it
     /// in an error.
     fn summed_property(&self, property: &rocksdb::properties::PropName, what: &str) -> Result<u64> {
-        let families = [self.db.cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME), Some(self.expiry()), Some(self.meta())];
+        let families = [
+            self.db.cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME),
+            Some(self.expiry()),
+            Some(self.meta()),
+            Some(self.timers_family()),
+        ];
         let mut total = 0;
         for family in families.into_iter().flatten() {
             let value = self.db.property_int_value_cf(family, property);
@@ -374,21 +434,54 @@ impl PartitionStore {
         self.db.write(batch).with_context(|| format!("committing state of partition {}", self.partition))
     }
 
-    /// Every stored state entry in key order, expired ones not yet removed included.
+    /// Every stored state entry in key order, expired ones not yet removed included,
+    /// and every timer among them (an entry under its reserved name, with no value,
+    /// expiring at its time).
     pub fn entries(&self) -> impl Iterator<Item = Result<StateEntry>> + '_ {
-        self.db.iterator(IteratorMode::Start).map(|item| {
+        let values = self.db.iterator(IteratorMode::Start).map(|item| -> Result<(Box<[u8]>, StoredEntry)> {
             let (k, v) = item?;
+            Ok((k, StoredEntry::Value(v)))
+        });
+        let timers = self.db.iterator_cf(self.timers_family(), IteratorMode::Start).map(|item| {
+            let (k, v) = item?;
+            Ok((k, StoredEntry::Timer(v)))
+        });
+        merge_by_key(values, timers).map(|item| {
+            let (k, stored) = item?;
             let (key, name) = decode_entry_key(&k).context("corrupt state entry key")?;
             let name = String::from_utf8_lossy(name).into_owned();
-            let stored = StoredValue::decode(&v).with_context(|| {
+            let corrupt = || {
                 format!(
                     "corrupt value of {name:?} under key {:?} in state of partition {}",
                     String::from_utf8_lossy(key),
                     self.partition
                 )
-            })?;
-            Ok(StateEntry { key: key.to_vec(), name, value: stored.value.to_vec(), expires_at_ms: stored.expires_at })
+            };
+            let (value, expires_at_ms) = match stored {
+                StoredEntry::Value(v) => {
+                    let stored = StoredValue::decode(&v).with_context(corrupt)?;
+                    (stored.value.to_vec(), stored.expires_at)
+                }
+                StoredEntry::Timer(at) => (Vec::new(), Some(decode_timer_at(&at).with_context(corrupt)?)),
+            };
+            Ok(StateEntry { key: key.to_vec(), name, value, expires_at_ms })
         })
+    }
+
+    /// Every timer: its encoded entry key and its time, in entry key order.
+    pub(super) fn timers(&self) -> impl Iterator<Item = Result<(Vec<u8>, u64)>> + '_ {
+        self.db.iterator_cf(self.timers_family(), IteratorMode::Start).map(|item| {
+            let (entry, at) = item?;
+            let at = decode_timer_at(&at).with_context(|| {
+                format!("corrupt timer {:?} in state of partition {}", String::from_utf8_lossy(&entry), self.partition)
+            })?;
+            Ok((entry.into_vec(), at))
+        })
+    }
+
+    /// The column family of the timers, for a commit's write batch.
+    pub(super) fn timers_family(&self) -> &ColumnFamily {
+        self.db.cf_handle(TIMERS_CF).expect("timers column family is created on open")
     }
 
     /// Writes every stored entry to `out` as `sluice state dump` shows it, one JSON line
@@ -468,6 +561,35 @@ pub(super) fn encode_entry_key(out: &mut Vec<u8>, key: &[u8], name: &str) {
     out.extend_from_slice(name.as_bytes());
 }
 
+/// A stored entry before decoding: a value (expiry header first) or a timer's time.
+enum StoredEntry {
+    Value(Box<[u8]>),
+    Timer(Box<[u8]>),
+}
+
+/// A timer's time as the timers column family stores it.
+fn decode_timer_at(stored: &[u8]) -> Result<u64> {
+    let bytes: [u8; 8] = stored.try_into().with_context(|| format!("{} bytes, not 8", stored.len()))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+/// Two iterators of `(key, item)` in key order merged into one in key order.
+fn merge_by_key<T>(
+    a: impl Iterator<Item = Result<(Box<[u8]>, T)>>,
+    b: impl Iterator<Item = Result<(Box<[u8]>, T)>>,
+) -> impl Iterator<Item = Result<(Box<[u8]>, T)>> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    std::iter::from_fn(move || {
+        let take_a = match (a.peek(), b.peek()) {
+            (Some(Ok((ka, _))), Some(Ok((kb, _)))) => ka <= kb,
+            (Some(Err(_)), _) | (Some(_), None) => true,
+            (_, Some(_)) => false,
+            (None, None) => return None,
+        };
+        if take_a { a.next() } else { b.next() }
+    })
+}
+
 pub(super) fn decode_entry_key(encoded: &[u8]) -> Option<(&[u8], &[u8])> {
     let len = u32::from_be_bytes(encoded.get(..4)?.try_into().ok()?) as usize;
     let key = encoded.get(4..4 + len)?;
@@ -501,7 +623,7 @@ mod tests {
             .find(|path| path.file_name().unwrap().to_string_lossy().starts_with("OPTIONS-"))
             .expect("RocksDB writes an OPTIONS file");
         let options = std::fs::read_to_string(options).unwrap();
-        for family in [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF, EXPIRY_CF] {
+        for family in [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF, EXPIRY_CF, TIMERS_CF] {
             let section = |kind: &str| {
                 let start =
                     options.find(&format!("[{kind} \"{family}\"]")).unwrap_or_else(|| panic!("{kind} of {family}"));
@@ -513,6 +635,59 @@ mod tests {
             assert!(section("CFOptions").contains(&expected), "{family}");
             assert!(section("TableOptions/BlockBasedTable").contains("filter_policy=bloomfilter"), "{family}");
         }
+    }
+
+    /// A format-2 database (timers kept as empty values expiring at their time, in the
+    /// expiry index with the values under a TTL), migrated a few timers per batch: every
+    /// timer moves to the timers column family, the values and their index stay, and
+    /// the state reads (and dumps) as before.
+    #[test]
+    fn a_format_2_databases_timers_move_to_their_column_family() {
+        let dir = tempfile::tempdir().unwrap();
+        let entry = |i: u32, name: &str| {
+            let mut key = Vec::new();
+            encode_entry_key(&mut key, &i.to_be_bytes(), name);
+            key
+        };
+        let timer = super::super::timer::entry_name("close");
+        let before: Vec<StateEntry>;
+        {
+            let mut options = Options::default();
+            options.create_if_missing(true);
+            options.create_missing_column_families(true);
+            let db = DB::open_cf(&options, dir.path(), [META_CF, EXPIRY_CF]).unwrap();
+            let (meta, expiry) = (db.cf_handle(META_CF).unwrap(), db.cf_handle(EXPIRY_CF).unwrap());
+            db.put_cf(meta, META_FORMAT, FORMAT_TIMERS_AS_VALUES.to_be_bytes()).unwrap();
+            db.put_cf(meta, META_ENTRIES, 50u64.to_be_bytes()).unwrap();
+            for i in 0..25 {
+                // The timers interleave with the values in the index.
+                let (value_at, timer_at) = (1_000 + 2 * u64::from(i), 1_001 + 2 * u64::from(i));
+                db.put(entry(i, "v"), encode_value(b"x", Some(value_at))).unwrap();
+                db.put_cf(expiry, super::super::expiry::index_key(value_at, &entry(i, "v")), b"").unwrap();
+                db.put(entry(i, &timer), encode_value(b"", Some(timer_at))).unwrap();
+                db.put_cf(expiry, super::super::expiry::index_key(timer_at, &entry(i, &timer)), b"").unwrap();
+            }
+            drop(db);
+            let cfs = [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF, EXPIRY_CF, TIMERS_CF].map(PartitionStore::family);
+            let mut options = PartitionStore::options();
+            options.create_missing_column_families(true);
+            let db = DB::open_cf_descriptors(&options, dir.path(), cfs).unwrap();
+            let store = PartitionStore { db: Arc::new(db), path: dir.path().into(), partition: 0, never_writes: false };
+            before = store.entries().map(Result::unwrap).collect();
+            assert_eq!(before.len(), 50);
+            store.migrate_from_format_2(4).unwrap();
+        }
+        let store = PartitionStore::open(dir.path(), 0).unwrap();
+        let after: Vec<StateEntry> = store.entries().map(Result::unwrap).collect();
+        assert_eq!(after, before, "the state reads as before");
+        let timers: Vec<(Vec<u8>, u64)> = store.timers().map(Result::unwrap).collect();
+        assert_eq!(timers, (0..25).map(|i| (entry(i, &timer), 1_001 + 2 * u64::from(i))).collect::<Vec<_>>());
+        let index: Vec<Vec<u8>> = store.expiry_index(None).map(Result::unwrap).collect();
+        let values: Vec<Vec<u8>> =
+            (0..25).map(|i| super::super::expiry::index_key(1_000 + 2 * u64::from(i), &entry(i, "v"))).collect();
+        assert_eq!(index, values, "only the values are left in the expiry index");
+        assert_eq!(store.committed_entries().unwrap(), 50, "timers still count as entries");
+        assert_eq!(store.get_meta(META_FORMAT).unwrap(), Some(STATE_FORMAT.to_be_bytes().to_vec()));
     }
 
     /// A format-1 database (values without an expiry header), as a migration killed

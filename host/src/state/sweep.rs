@@ -126,9 +126,15 @@ impl Sweep {
     }
 
     /// How many of `records`, in order, move `clock` (under `ttl`) short of the next
-    /// expiry known.
-    pub(super) fn records_before_due(&self, mut clock: Clock, ttl: &TtlConfig, records: &[SourceRecord]) -> usize {
-        let next_due = self.next_due();
+    /// expiry known and of `timer_at`, the next timer's time.
+    pub(super) fn records_before_due(
+        &self,
+        mut clock: Clock,
+        ttl: &TtlConfig,
+        records: &[SourceRecord],
+        timer_at: u64,
+    ) -> usize {
+        let next_due = self.next_due().min(timer_at);
         let mut before = 0;
         for record in records {
             clock.observe(record.offset, &record.key, record.timestamp_ms, ttl);
@@ -171,17 +177,17 @@ impl Sweep {
         self.stale_index.drain(..)
     }
 
-    /// The earliest entry of the logical index due at `clock_ms`, if any, against the
-    /// batch of writes (`written` says whether it holds an entry) and the committed
-    /// `store`: in the order of the logical index, skipping the entries taken ahead that
-    /// the batch has overridden since (an `expired` call wrote or deleted them: the
-    /// batch's value decides, as for any write).
-    pub(super) fn next(
+    /// The index key of the earliest entry of the logical index due at `clock_ms`, if
+    /// any, against the batch of writes (`written` says whether it holds an entry) and
+    /// the committed `store`, without taking it: the entries taken ahead that the batch
+    /// has overridden since (an `expired` call wrote or deleted them: the batch's value
+    /// decides, as for any write) are dropped on the way.
+    pub(super) fn peek(
         &mut self,
         store: &PartitionStore,
         written: &dyn Fn(&[u8]) -> bool,
         clock_ms: u64,
-    ) -> Result<Option<Due>> {
+    ) -> Result<Option<&[u8]>> {
         loop {
             if self.due_ahead.is_empty() {
                 if clock_ms < self.next_due() {
@@ -192,15 +198,35 @@ impl Sweep {
                     return Ok(None);
                 }
             }
-            let (index_key, from_batch) = self.due_ahead.pop_front().expect("not empty");
-            if from_batch {
-                if self.batch_index.remove(&index_key) {
-                    return Ok(Some(Due::Written(index_key)));
-                }
-            } else if !written(index_entry(&index_key)) {
-                return Ok(Some(Due::Committed(index_key)));
+            let (index_key, from_batch) = self.due_ahead.front().expect("not empty");
+            let current = match from_batch {
+                true => self.batch_index.contains(index_key),
+                false => !written(index_entry(index_key)),
+            };
+            if current {
+                return Ok(self.due_ahead.front().map(|(key, _)| key.as_slice()));
             }
+            self.due_ahead.pop_front();
         }
+    }
+
+    /// Takes the earliest entry of the logical index due at `clock_ms`, if any: the one
+    /// [`peek`](Self::peek) names.
+    pub(super) fn next(
+        &mut self,
+        store: &PartitionStore,
+        written: &dyn Fn(&[u8]) -> bool,
+        clock_ms: u64,
+    ) -> Result<Option<Due>> {
+        if self.peek(store, written, clock_ms)?.is_none() {
+            return Ok(None);
+        }
+        let (index_key, from_batch) = self.due_ahead.pop_front().expect("peeked");
+        if from_batch {
+            self.batch_index.remove(&index_key);
+            return Ok(Some(Due::Written(index_key)));
+        }
+        Ok(Some(Due::Committed(index_key)))
     }
 
     /// Takes ahead the first [`DUE_AHEAD`] entries of the logical index due at
@@ -594,6 +620,105 @@ mod tests {
         assert_eq!(model_run(0, 37), log, "without a cache");
         assert_eq!(model_run(1 << 20, 5), log, "committing every 5 records");
         assert_eq!(model_run(1 << 20, 1_000), log, "committing every 1,000 records");
+    }
+
+    /// What [`timer_run`] saw fire or expire: (step, key, name, time), in order.
+    type FiredLog = Vec<(u64, u8, String, u64)>;
+
+    /// Random timers set, set again and cancelled, among values under a TTL, over a
+    /// clock that jumps, with dropped records, commits every `commit_every` steps (some
+    /// between two firings) and the transaction reopened from its store after some:
+    /// each timer fires once, at the time the model holds for it, never early, in the
+    /// order of (time, key, name) with the expiries; after every commit the entry count
+    /// is what the store holds, timers included.
+    fn timer_run(commit_every: u64) -> FiredLog {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p");
+        let open = || {
+            Transaction::new(PartitionStore::open(&path, 0).unwrap(), 1 << 20)
+                .unwrap()
+                .with_ttl(Arc::new(ttl_of(5)))
+                .unwrap()
+        };
+        let mut txn = open();
+        txn.advance_clock(T0);
+        // (key, timer) -> time
+        let mut model: HashMap<(u8, String), u64> = HashMap::new();
+        let mut log = FiredLog::new();
+        let mut clock = T0;
+        let mut seed = 7u64;
+        for step in 0..4_000u64 {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let key = (seed >> 33) as u8 % 30;
+            let timer = format!("t{}", (seed >> 41) % 3);
+            clock += [0, 100, 250, 3_000][(seed >> 45) as usize % 4];
+            let keep = !(seed >> 50).is_multiple_of(8);
+            if txn.observe(step, b"k", clock) {
+                let mut fired = Vec::new();
+                while let Some(expired) = txn.expire_next().unwrap() {
+                    if fired.len() % 4 == 3 && step.is_multiple_of(commit_every) {
+                        txn.commit(step).unwrap();
+                    }
+                    assert!(expired.expired_at_ms <= txn.clock().now_ms(), "step {step}: {expired:?} early");
+                    if let Some(name) = expired.timer() {
+                        let at = model.remove(&(expired.key[0], name.to_string()));
+                        assert_eq!(at, Some(expired.expired_at_ms), "step {step}: {expired:?}");
+                    }
+                    let mut entry = Vec::new();
+                    encode_entry_key(&mut entry, &expired.key, &expired.name);
+                    fired.push(index_key(expired.expired_at_ms, &entry));
+                    log.push((step, expired.key[0], expired.name, expired.expired_at_ms));
+                }
+                assert!(fired.is_sorted(), "step {step}: fired out of order");
+            }
+            let now = txn.clock().now_ms();
+            assert!(!model.values().any(|at| *at <= now), "step {step}: a timer is due at the record");
+            txn.scope(&[key]);
+            // Some(Some(at)): set; Some(None): cancelled; None: a value written.
+            let timer_write = match (seed >> 55) % 4 {
+                0 => {
+                    txn.cancel_timer(&timer);
+                    Some(None)
+                }
+                1 => {
+                    txn.put("v", vec![key]);
+                    None
+                }
+                _ => {
+                    let at = now + 1 + (seed >> 20) % 10_000;
+                    txn.set_timer(&timer, at).unwrap();
+                    Some(Some(at))
+                }
+            };
+            txn.end_record(keep);
+            match timer_write.filter(|_| keep) {
+                Some(Some(at)) => {
+                    model.insert((key, timer), at);
+                }
+                Some(None) => {
+                    model.remove(&(key, timer));
+                }
+                None => {}
+            }
+            if step.is_multiple_of(commit_every) {
+                txn.commit(step + 1).unwrap();
+                assert_eq!(txn.entries(), txn.store().entries().count() as u64, "entries at step {step}");
+                if (step / commit_every).is_multiple_of((1_000 / commit_every).max(1)) {
+                    drop(txn);
+                    txn = open();
+                }
+            }
+        }
+        assert!(log.iter().filter(|(.., name, _)| name.starts_with('\u{0}')).count() > 500, "timers fired");
+        assert!(log.iter().filter(|(.., name, _)| name == "v").count() > 100, "values expired");
+        log
+    }
+
+    #[test]
+    fn timers_fire_once_each_in_time_order_with_expiries_whatever_the_commits() {
+        let log = timer_run(13);
+        assert_eq!(timer_run(1), log, "committing every record");
+        assert_eq!(timer_run(400), log, "committing every 400 records");
     }
 
     #[test]

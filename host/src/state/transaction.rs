@@ -2,17 +2,16 @@
 //! entries that expire as the partition's clock passes them (which ones, and in what
 //! order, is the [sweep](super::sweep)'s to say).
 
-use super::PartitionStore;
 use super::cache::Cache;
 use super::expiry::{Clock, Prior, StoredValue, encode_value, index_at, index_entry, index_key};
 use super::partition::encode_entry_key;
 use super::sweep::{Due, Expired, Sweep, expired_entry};
-use super::timer;
+use super::timer::{self, Timers};
+use super::{EntryMap, PartitionStore};
 use crate::config::{TimeDomain, TtlConfig};
 use crate::record::SourceRecord;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use rocksdb::WriteBatch;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,7 +51,7 @@ pub struct Transaction {
     /// what a write of them needs to know when the cache did not keep them.
     record_reads: Vec<(Vec<u8>, Prior)>,
     /// Writes of completed records since the last commit.
-    batch: HashMap<Vec<u8>, Dirty>,
+    batch: EntryMap<Dirty>,
     /// Bytes of the batch's entry keys and values.
     dirty_bytes: usize,
     /// Committed entries read or written recently.
@@ -66,6 +65,15 @@ pub struct Transaction {
     clock: Clock,
     /// Which entries expire when, and how many did.
     sweep: Sweep,
+    /// The partition's timers, the batch's changes applied.
+    timers: Timers,
+    /// The current record's timer changes, in order: (encoded entry key, time or
+    /// `None`: cancelled).
+    record_timers: Vec<(Vec<u8>, Option<u64>)>,
+    /// Timers due but not fired at the last commit, up to the sweep limit.
+    timer_backlog: u64,
+    /// The memory past which a timer set fails (`[state] timers_mib`).
+    timers_limit: usize,
     /// Dirty bytes past which [`dirty_full`](Transaction::dirty_full) says the batch
     /// should end (`[state] commit_dirty_mib`).
     dirty_limit: usize,
@@ -88,19 +96,24 @@ impl Transaction {
         let entries = store.committed_entries()?;
         let clock = Clock::resume(store.committed_clock()?);
         let sweep = Sweep::new(&store)?;
+        let timers = Timers::load(store.timers())?;
         Ok(Transaction {
             store,
             key: Vec::new(),
             entry: Vec::new(),
             record: Vec::new(),
             record_reads: Vec::new(),
-            batch: HashMap::new(),
+            batch: EntryMap::default(),
             dirty_bytes: 0,
             cache: Cache::new(cache_bytes),
             entries,
             ttl: Arc::new(TtlConfig::default()),
             clock,
             sweep,
+            timers,
+            record_timers: Vec::new(),
+            timer_backlog: 0,
+            timers_limit: usize::MAX,
             dirty_limit: usize::MAX,
         })
     }
@@ -112,9 +125,11 @@ impl Transaction {
     /// runs over one, a new one replacing it after each commit of this one; a canary's
     /// instance parks one while the active version's holds the live transaction.
     pub fn detached(&self) -> Result<Transaction> {
+        debug_assert!(!self.timers.has_changes(), "detached between two commits");
         let mut detached = Transaction::new(self.store.committed_view(), 0)?
             .with_ttl(self.ttl.clone())?
-            .with_dirty_limit(self.dirty_limit);
+            .with_dirty_limit(self.dirty_limit)
+            .with_timers_limit(self.timers_limit);
         detached.clock = self.clock;
         Ok(detached)
     }
@@ -135,13 +150,19 @@ impl Transaction {
         };
         let ours = self.batch.iter().filter(|&written| differs(written, other)).count();
         let only_theirs = other.batch.keys().filter(|entry| !self.batch.contains_key(*entry)).count();
-        (ours + only_theirs) as u64
+        (ours + only_theirs + self.timers.differing(&other.timers)) as u64
     }
 
     /// A batch that wrote `bytes` should end: [`dirty_full`](Transaction::dirty_full)
     /// says so from there.
     pub fn with_dirty_limit(mut self, bytes: usize) -> Self {
         self.dirty_limit = bytes;
+        self
+    }
+
+    /// A timer set while the partition's timers take `bytes` of memory fails.
+    pub fn with_timers_limit(mut self, bytes: usize) -> Self {
+        self.timers_limit = bytes;
         self
     }
 
@@ -180,13 +201,14 @@ impl Transaction {
     /// before they all expired, and the next batches go on with them. Counted up to
     /// [`TtlConfig::sweep_limit`] (which then means at least as many).
     pub fn backlog(&self) -> u64 {
-        self.sweep.backlog()
+        (self.sweep.backlog() + self.timer_backlog).min(self.ttl.sweep_limit as u64)
     }
 
     /// Whether entries may be due to expire at the clock (it reached the earliest
     /// expiry known); [`expire_next`](Self::expire_next) says for sure.
     pub fn due(&self) -> bool {
-        self.sweep.due(self.clock.now_ms())
+        let clock = self.clock.now_ms();
+        self.sweep.due(clock) || self.timers.first_due(clock).is_some()
     }
 
     /// Whether the batch holds at least `[state] commit_dirty_mib` of writes: it
@@ -210,14 +232,14 @@ impl Transaction {
 
     /// Whether the batch holds writes (expiries included) not yet committed.
     pub fn has_writes(&self) -> bool {
-        !self.batch.is_empty() || self.sweep.has_stale()
+        !self.batch.is_empty() || self.sweep.has_stale() || self.timers.has_changes()
     }
 
     /// How many of `records`, in order, can be processed before entries come
     /// [due](Self::due) (by what is stored now): a batched call stops there, so the
     /// entries expire between two calls.
     pub fn records_before_due(&self, records: &[SourceRecord]) -> usize {
-        self.sweep.records_before_due(self.clock, &self.ttl, records)
+        self.sweep.records_before_due(self.clock, &self.ttl, records, self.timers.next_at())
     }
 
     /// Bytes written since the last commit and held until it (each entry's last
@@ -274,7 +296,7 @@ impl Transaction {
     /// once its time was [observed](Self::observe), or for an operator's handling of
     /// an expiry of `key`.
     pub fn scope(&mut self, key: &[u8]) {
-        debug_assert!(self.record.is_empty(), "end_record was not called");
+        debug_assert!(self.record.is_empty() && self.record_timers.is_empty(), "end_record was not called");
         self.key.clear();
         self.key.extend_from_slice(key);
     }
@@ -287,7 +309,22 @@ impl Transaction {
     pub fn expire_next(&mut self) -> Result<Option<Expired>> {
         debug_assert!(self.record.is_empty(), "expire_next inside a record");
         let clock = self.clock.now_ms();
-        while let Some(due) = self.sweep.next(&self.store, &|entry| self.batch.contains_key(entry), clock)? {
+        loop {
+            // A timer fires first when its index key sorts first: the order timers and
+            // expiries had when timers were entries of the expiry index.
+            let value_first = self.sweep.peek(&self.store, &|entry| self.batch.contains_key(entry), clock)?;
+            let timer_first = match (self.timers.first_due(clock), value_first) {
+                (Some(timer), Some(value)) => timer < value,
+                (timer, _) => timer.is_some(),
+            };
+            if timer_first {
+                let fired = self.timers.fire_first().expect("a timer is due");
+                self.sweep.count_expired();
+                return expired_entry(index_entry(&fired), Vec::new(), index_at(&fired)).map(Some);
+            }
+            let Some(due) = self.sweep.next(&self.store, &|entry| self.batch.contains_key(entry), clock)? else {
+                return Ok(None);
+            };
             let (index_key, value) = match due {
                 Due::Written(index_key) => {
                     let value = self.expire_written(&index_key)?;
@@ -303,7 +340,6 @@ impl Transaction {
                 return expired_entry(index_entry(&index_key), value, index_at(&index_key)).map(Some);
             }
         }
-        Ok(None)
     }
 
     /// Stages the removal of the batch's value under `index_key` (the sweep took it out
@@ -371,10 +407,22 @@ impl Transaction {
         self.put_expiring_at(name, &value, self.clock.expiry(Some(ttl)));
     }
 
-    /// Sets the timer `name` of the current key to fire at `at_ms` on the clock: an
-    /// entry that expires then (see the `timer` module), replacing its time.
-    pub fn set_timer(&mut self, name: &str, at_ms: u64) {
-        self.put_expiring_at(&timer::entry_name(name), &[], Some(at_ms));
+    /// Sets the timer `name` of the current key to fire at `at_ms` on the clock,
+    /// replacing its time (see the `timer` module). Fails, setting nothing, when the
+    /// partition's timers take the memory `[state] timers_mib` allows.
+    pub fn set_timer(&mut self, name: &str, at_ms: u64) -> Result<()> {
+        encode_entry_key(&mut self.entry, &self.key, &timer::entry_name(name));
+        let pending: usize = self.record_timers.iter().map(|(entry, _)| Timers::cost(entry)).sum();
+        let added = if self.timers.holds(&self.entry) { 0 } else { Timers::cost(&self.entry) };
+        if self.timers.bytes() + pending + added > self.timers_limit {
+            bail!(
+                "partition {} holds {} MiB of timers, the most [state] timers_mib allows: timer {name:?} was not set",
+                self.store.partition(),
+                self.timers.bytes() >> 20
+            );
+        }
+        self.record_timers.push((self.entry.clone(), Some(at_ms)));
+        Ok(())
     }
 
     /// Stages `value` under `name` for the current key, expiring at `expires_at`.
@@ -385,7 +433,8 @@ impl Transaction {
 
     /// Cancels the timer `name` of the current key.
     pub fn cancel_timer(&mut self, name: &str) {
-        self.delete(&timer::entry_name(name));
+        encode_entry_key(&mut self.entry, &self.key, &timer::entry_name(name));
+        self.record_timers.push((self.entry.clone(), None));
     }
 
     /// Stages the removal of `name` for the current key.
@@ -399,7 +448,11 @@ impl Transaction {
         if !keep {
             self.record.clear();
             self.record_reads.clear();
+            self.record_timers.clear();
             return;
+        }
+        for (entry, at) in self.record_timers.drain(..) {
+            self.timers.set(entry, at);
         }
         for (entry, value) in self.record.drain(..) {
             let size = entry.len() + value.as_ref().map_or(0, Vec::len);
@@ -438,6 +491,8 @@ impl Transaction {
         for stale in self.sweep.drain_stale() {
             batch.delete_cf(index, stale);
         }
+        let timers_added = self.timers.write_changes(&mut batch, self.store.timers_family());
+        entries = entries.checked_add_signed(timers_added).context("the entry count went below zero")?;
         // In key order: RocksDB inserts each key into its memtable's skip list from
         // where the previous one went, so sorted writes skip most of the search.
         let mut dirty: Vec<(Vec<u8>, Dirty)> = self.batch.drain().collect();
@@ -472,6 +527,7 @@ impl Transaction {
         self.entries = entries;
         self.dirty_bytes = 0;
         self.sweep.committed(&self.store, self.clock.now_ms(), self.ttl.sweep_limit)?;
+        self.timer_backlog = self.timers.count_due(self.clock.now_ms(), self.ttl.sweep_limit) as u64;
         // Only once they are committed: the cache holds committed values alone.
         for (entry, value) in written {
             self.cache.insert(entry, value);
@@ -499,6 +555,7 @@ fn live(stored: Option<&[u8]>, clock: u64) -> Result<Option<Vec<u8>>> {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     /// Starts a record of `key` at event time `timestamp_ms`, at an offset after every
     /// earlier one (the clock observes each offset once).
@@ -518,6 +575,38 @@ pub(super) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = PartitionStore::open(&dir.path().join("p"), 0).unwrap();
         (dir, Transaction::new(store, 1 << 20).unwrap())
+    }
+
+    /// The timers' memory is bounded: a set past `[state] timers_mib` fails and sets
+    /// nothing, setting one again costs nothing more, and fired ones free theirs once
+    /// committed.
+    #[test]
+    fn a_timer_past_the_timers_memory_fails_and_a_fired_one_frees_its_room() {
+        let (_dir, txn) = open();
+        let mut entry = Vec::new();
+        encode_entry_key(&mut entry, b"k0", &timer::entry_name("t"));
+        let mut txn = txn.with_timers_limit(3 * Timers::cost(&entry));
+        txn.advance_clock(1_000);
+        for key in [b"k0", b"k1", b"k2"] {
+            txn.scope(key);
+            txn.set_timer("t", 5_000).unwrap();
+            txn.end_record(true);
+        }
+        txn.scope(b"k2");
+        txn.set_timer("t", 6_000).unwrap();
+        txn.end_record(true);
+        txn.scope(b"k3");
+        let err = txn.set_timer("t", 5_000).unwrap_err().to_string();
+        assert!(err.contains("[state] timers_mib") && err.contains("\"t\" was not set"), "{err}");
+        txn.end_record(false);
+        txn.commit(1).unwrap();
+        assert_eq!(txn.entries(), 3);
+        txn.advance_clock(5_000);
+        assert_eq!(txn.expire_next().unwrap().map(|fired| fired.key), Some(b"k0".to_vec()));
+        txn.commit(2).unwrap();
+        txn.scope(b"k3");
+        txn.set_timer("t", 9_000).unwrap();
+        txn.end_record(true);
     }
 
     #[test]

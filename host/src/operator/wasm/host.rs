@@ -97,8 +97,7 @@ impl HostCtx {
             self.usage.callback_timers += 1;
             self.check_limit("timers_per_callback", self.per_call.timers_per_callback, self.usage.callback_timers)?;
         }
-        self.txn.set_timer(name, at_ms);
-        Ok(())
+        self.txn.set_timer(name, at_ms)
     }
 
     fn cancel_timer(&mut self, name: &str) -> Result<()> {
