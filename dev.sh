@@ -292,6 +292,11 @@ check_scaffold() {
             "$sluice" test "$CARGO_TARGET_DIR/wasm32-wasip2/release/scaffold_check.wasm" --input fixtures/input.jsonl \
                 --key-field user --expect fixtures/expected.jsonl
     ) || status=$?
+    # The Python project builds with the componentize-py set-up installed, and passes its test.
+    "$sluice" new operator scaffold-check-py --lang python --dir "$dir/scaffold-check-py"
+    (
+        cd "$dir/scaffold-check-py" && COMPONENTIZE_PY="$COMPONENTIZE_PY" ./build.sh && SLUICE="$sluice" ./test.sh
+    ) || status=$?
     rm -rf "$dir"
     return $status
 }
@@ -730,7 +735,7 @@ bench)
     build_python_operators
     cargo build --release -p sluice --bin sluice
     setup_kafka_streams
-    cargo bench -p sluice --bench throughput --bench checkpoint --bench rebalance --bench kafka --bench swap --bench churn --bench expiry --bench metrics
+    cargo bench -p sluice --bench throughput --bench checkpoint --bench rebalance --bench kafka --bench swap --bench churn --bench expiry --bench metrics --bench instances
     # Rebalances of hosts in a group beside Kafka Streams', on the release binary.
     SLUICE_BIN="$CARGO_TARGET_DIR/release/sluice" SLUICE_BENCH_KAFKA_STREAMS="$KAFKA_STREAMS" \
         cargo bench -p sluice --bench group

@@ -87,7 +87,9 @@ fn dispatch(command: Command) -> Result<()> {
         Command::State { command: StateCommand::Dump { state_dir } } => cli::state::dump_state(&state_dir),
         Command::Test(args) => cli::test::test_operator(&args),
         Command::Replay(args) => cli::replay::replay(&args),
-        Command::New { command: NewCommand::Operator { name, dir, sdk } } => cli::new::new_operator(&name, dir, sdk),
+        Command::New { command: NewCommand::Operator { name, dir, sdk, lang } } => {
+            cli::new::new_operator(&name, dir, sdk, lang.into())
+        }
         // `--reference` is required: printing the reference is all the command does.
         Command::Config { .. } => cli::config::print_reference(),
     }

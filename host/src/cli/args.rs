@@ -31,6 +31,22 @@ pub enum LogFormat {
     Json,
 }
 
+/// `sluice new operator --lang`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Lang {
+    Rust,
+    Python,
+}
+
+impl From<Lang> for sluice::scaffold::Language {
+    fn from(lang: Lang) -> Self {
+        match lang {
+            Lang::Rust => sluice::scaffold::Language::Rust,
+            Lang::Python => sluice::scaffold::Language::Python,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 pub enum Command {
     /// Run a job: source -> operator (with keyed state) -> sink.
@@ -130,9 +146,11 @@ pub enum Command {
 
 #[derive(Subcommand)]
 pub enum NewCommand {
-    /// A new operator crate, ready to build and test: the SDK, the wasm32-wasip2 build,
-    /// a native unit test, a test of the built component in the sandbox through `sluice
-    /// test` and its fixtures, and a README.
+    /// A new operator, ready to build and test. In Rust, a crate: the SDK, the
+    /// wasm32-wasip2 build, a native unit test, a test of the built component in the
+    /// sandbox through `sluice test` and its fixtures, and a README. In Python, a
+    /// project: the app, the SDK and the world, build.sh (componentize-py), test.sh
+    /// (`sluice test` over its fixtures) and a README.
     Operator {
         /// The crate's name (lowercase letters, digits, - and _).
         name: String,
@@ -143,6 +161,9 @@ pub enum NewCommand {
         /// or a copy; default the SDK of this binary's version, from the registry.
         #[arg(long)]
         sdk: Option<PathBuf>,
+        /// The language it is written in.
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: Lang,
     },
 }
 

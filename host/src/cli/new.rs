@@ -5,12 +5,23 @@
 //! name are [`sluice::scaffold`]'s.
 
 use anyhow::Result;
+use sluice::scaffold::Language;
 use std::path::PathBuf;
 
 /// `sluice new operator`
-pub fn new_operator(name: &str, dir: Option<PathBuf>, sdk: Option<PathBuf>) -> Result<()> {
+pub fn new_operator(name: &str, dir: Option<PathBuf>, sdk: Option<PathBuf>, language: Language) -> Result<()> {
     let dir = dir.unwrap_or_else(|| PathBuf::from(name));
-    let written = sluice::scaffold::new_operator(name, &dir, sdk.as_deref())?;
+    let written = sluice::scaffold::new_operator(name, &dir, sdk.as_deref(), language)?;
+    if language == Language::Python {
+        eprintln!(
+            "wrote {} files into {}; next: cd {} && ./build.sh && ./test.sh (build.sh needs componentize-py {})",
+            written.len(),
+            dir.display(),
+            dir.display(),
+            sluice::scaffold::COMPONENTIZE_PY_VERSION
+        );
+        return Ok(());
+    }
     if sdk.is_none() {
         eprintln!(
             "note: it depends on sluice-guest {} from crates.io; until that version is published there, write it \

@@ -31,6 +31,11 @@ pub struct OperatorConfig {
     /// whose records take at most an eighth of it.
     #[serde(default = "default_memory_limit_mib")]
     pub memory_limit_mib: u64,
+    /// The most disk, in MiB, for compiled components kept in the state directory
+    /// (`compiled/`), so a restart, deploy or replay of a build compiled before skips
+    /// compiling it; the least recently used go first. 0 keeps none.
+    #[serde(default = "default_compiled_cache_mib")]
+    pub compiled_cache_mib: u64,
     /// Name/value pairs passed to the operator's `init`.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
@@ -183,6 +188,7 @@ impl OperatorConfig {
             instructions_per_call: 0,
             call_timeout_ms: default_call_timeout_ms(),
             memory_limit_mib: default_memory_limit_mib(),
+            compiled_cache_mib: default_compiled_cache_mib(),
             config: BTreeMap::new(),
             limits: OperatorLimits::default(),
             retry: RetryPolicy::default(),
@@ -193,7 +199,10 @@ impl OperatorConfig {
     pub fn validate(&self) -> Result<()> {
         check_duration("[operator] poll_versions", self.poll_versions)?;
         check_duration("[operator.retry] backoff", self.retry.backoff)?;
-        check_mib(&[("[operator] memory_limit_mib", self.memory_limit_mib)])?;
+        check_mib(&[
+            ("[operator] memory_limit_mib", self.memory_limit_mib),
+            ("[operator] compiled_cache_mib", self.compiled_cache_mib),
+        ])?;
         if self.call_timeout_ms == 0 || self.memory_limit_mib == 0 {
             bail!("[operator] call_timeout_ms and memory_limit_mib must be positive");
         }
@@ -247,6 +256,11 @@ fn default_poll_versions() -> Duration {
 /// `[operator] call_timeout_ms` when unset.
 fn default_call_timeout_ms() -> u64 {
     1000
+}
+
+/// `[operator] compiled_cache_mib` when unset.
+fn default_compiled_cache_mib() -> u64 {
+    1024
 }
 
 /// `[operator] memory_limit_mib` when unset.

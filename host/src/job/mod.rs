@@ -22,6 +22,7 @@ use crate::metrics::Metrics;
 use crate::operator::deploy::{Deployer, Sandbox};
 use crate::operator::versions::switches::{Claims, SwitchLog};
 use crate::operator::versions::{ActiveVersion, ShadowVersion};
+use crate::operator::wasm::keep_compiled;
 use crate::partitions::{
     Checkpointing, ChooseCopies, Followed, Router, StandbySettings, WorkerSetup, Workers, chosen_copies,
 };
@@ -64,6 +65,7 @@ pub fn run(config: &Config) -> Result<JobReport> {
     // store of another count refuses the start before that.
     let checkpoints = open_checkpoints(config, &runtime)?;
     let state = StateDir::open(&config.state.dir, partitions)?;
+    keep_compiled(&state.compiled_path(), config.operator.compiled_cache_mib << 20)?;
     let sandbox = Sandbox::new(&config.operator, state.scratch_path());
     let (registry, operator) = Deployer::starting_version(
         &config.registry_url(),

@@ -322,7 +322,8 @@ const SHA256_DIGITS: usize = 64;
 /// The hex digits of a CRC-64 version's digest (versions named before SHA-256).
 const CRC64_DIGITS: usize = 16;
 
-fn sha256_hex(bytes: &[u8]) -> String {
+/// The SHA-256 of `bytes` in 64 hex digits.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     format!("{:x}", sha2::Sha256::digest(bytes))
 }

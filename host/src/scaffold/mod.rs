@@ -1,16 +1,28 @@
-//! `sluice new operator NAME`: a new operator crate that builds and passes its tests
-//! without an edit — the SDK dependency, the wasm32-wasip2 build, a native unit test, a
-//! test of the built component in the sandbox through `sluice test`, fixtures and a
-//! README. It depends on the SDK alone, by version (or by path, with `--sdk`), so it
-//! builds anywhere in seconds, wherever this binary was built. This module owns the
-//! templates (`*.in` beside it, compiled into the binary) and writing them; it knows
-//! nothing of jobs.
+//! `sluice new operator NAME`: a new operator that builds and passes its tests without
+//! an edit. In Rust, a crate — the SDK dependency, the wasm32-wasip2 build, a native
+//! unit test, a test of the built component in the sandbox through `sluice test`,
+//! fixtures and a README; it depends on the SDK alone, by version (or by path, with
+//! `--sdk`), so it builds anywhere in seconds, wherever this binary was built. In
+//! Python (`--lang python`), a project — the app, a copy of the Python SDK and of the
+//! WIT world this binary serves, a build script (componentize-py), a test script
+//! (`sluice test` over the same fixtures) and a README; it needs nothing but
+//! componentize-py. This module owns the templates (`*.in` beside it, and the SDK and
+//! world, compiled into the binary) and writing them; it knows nothing of jobs.
 
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 
+/// The language a new operator is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Language {
+    /// A crate over the Rust SDK, `sluice-guest`.
+    Rust,
+    /// A project over the Python SDK, built by componentize-py.
+    Python,
+}
+
 /// The files of a new operator crate: path in the crate, template.
-const TEMPLATES: &[(&str, &str)] = &[
+const RUST_TEMPLATES: &[(&str, &str)] = &[
     ("Cargo.toml", include_str!("Cargo.toml.in")),
     ("src/lib.rs", include_str!("lib.rs.in")),
     ("tests/sandbox.rs", include_str!("sandbox.rs.in")),
@@ -20,14 +32,37 @@ const TEMPLATES: &[(&str, &str)] = &[
     (".gitignore", "/target\n"),
 ];
 
+/// The files of a new Python operator: path in the project, template. The SDK and the
+/// world are this binary's, verbatim.
+const PYTHON_TEMPLATES: &[(&str, &str)] = &[
+    ("app.py", include_str!("python/app.py.in")),
+    ("build.sh", include_str!("python/build.sh.in")),
+    ("test.sh", include_str!("python/test.sh.in")),
+    ("sluice_operator/__init__.py", include_str!("../../../guest-sdk-python/sluice_operator/__init__.py")),
+    ("sluice_operator/window.py", include_str!("../../../guest-sdk-python/sluice_operator/window.py")),
+    ("wit/operator.wit", include_str!("../../../wit/operator.wit")),
+    ("fixtures/input.jsonl", include_str!("input.jsonl.in")),
+    ("fixtures/expected.jsonl", include_str!("expected.jsonl.in")),
+    ("README.md", include_str!("python/README.md.in")),
+    (".gitignore", "*.wasm\n__pycache__/\n"),
+];
+
+/// The scripts of a new Python operator, written executable.
+const SCRIPTS: &[&str] = &["build.sh", "test.sh"];
+
+/// The componentize-py a new Python operator is built with: the version `./dev.sh`
+/// installs (a test checks they agree).
+pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
+
 /// The version of the SDK (`sluice-guest`) this binary's host serves, which a new crate
 /// depends on: the workspace's version, which the SDK shares.
 pub const SDK_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// Writes the operator crate `name` into `dir` (which must not exist), depending on the
-/// SDK by [`SDK_VERSION`], or on the SDK crate in the directory `sdk` (a checkout's
-/// `guest-sdk`, or an unpacked copy); returns the files written.
-pub fn new_operator(name: &str, dir: &Path, sdk: Option<&Path>) -> Result<Vec<PathBuf>> {
+/// Writes the operator `name` in `language` into `dir` (which must not exist); returns
+/// the files written. A Rust crate depends on the SDK by [`SDK_VERSION`], or on the SDK
+/// crate in the directory `sdk` (a checkout's `guest-sdk`, or an unpacked copy); a
+/// Python project holds its SDK, and takes no `sdk`.
+pub fn new_operator(name: &str, dir: &Path, sdk: Option<&Path>, language: Language) -> Result<Vec<PathBuf>> {
     let valid = name.starts_with(|c: char| c.is_ascii_lowercase())
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
     if !valid {
@@ -35,6 +70,9 @@ pub fn new_operator(name: &str, dir: &Path, sdk: Option<&Path>) -> Result<Vec<Pa
     }
     let dependency = match sdk {
         None => format!("\"{SDK_VERSION}\""),
+        Some(_) if language == Language::Python => {
+            bail!("--sdk names the Rust SDK; a Python operator is written with its SDK inside")
+        }
         Some(sdk) => {
             let manifest = std::fs::read_to_string(sdk.join("Cargo.toml")).unwrap_or_default();
             if !manifest.lines().any(|line| line.replace(' ', "") == "name=\"sluice-guest\"") {
@@ -52,17 +90,26 @@ pub fn new_operator(name: &str, dir: &Path, sdk: Option<&Path>) -> Result<Vec<Pa
         .split(['-', '_'])
         .map(|word| word[..word.len().min(1)].to_ascii_uppercase() + &word[word.len().min(1)..])
         .collect();
+    let templates = match language {
+        Language::Rust => RUST_TEMPLATES,
+        Language::Python => PYTHON_TEMPLATES,
+    };
     let mut written = Vec::new();
-    for (path, template) in TEMPLATES {
+    for (relative, template) in templates {
         let text = template
             .replace("{{name}}", name)
             .replace("{{file}}", &file)
             .replace("{{type}}", &type_name)
             .replace("{{sdk}}", &dependency)
-            .replace("{{sdk_version}}", SDK_VERSION);
-        let path = dir.join(path);
+            .replace("{{sdk_version}}", SDK_VERSION)
+            .replace("{{componentize_py}}", COMPONENTIZE_PY_VERSION);
+        let path = dir.join(relative);
         std::fs::create_dir_all(path.parent().unwrap_or(dir))?;
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        if SCRIPTS.contains(relative) {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+        }
         written.push(path);
     }
     Ok(written)
@@ -79,7 +126,7 @@ mod tests {
     fn a_name_becomes_the_crate_the_file_and_the_type() -> Result<()> {
         let scratch = tempfile::tempdir()?;
         let dir = scratch.path().join("click-counter");
-        new_operator("click-counter", &dir, None)?;
+        new_operator("click-counter", &dir, None, Language::Rust)?;
         let manifest = std::fs::read_to_string(dir.join("Cargo.toml"))?;
         assert!(manifest.contains(&format!("sluice-guest = \"{SDK_VERSION}\"")), "{manifest}");
         let lib = std::fs::read_to_string(dir.join("src/lib.rs"))?;
@@ -88,18 +135,58 @@ mod tests {
         for file in ["Cargo.toml", "README.md", "tests/sandbox.rs"] {
             assert!(!std::fs::read_to_string(dir.join(file))?.contains("{{"), "every placeholder filled: {file}");
         }
-        let again = new_operator("click-counter", &dir, None).unwrap_err().to_string();
+        let again = new_operator("click-counter", &dir, None, Language::Rust).unwrap_err().to_string();
         assert!(again.contains("exists already"), "{again}");
-        let bad = new_operator("Click Counter", &scratch.path().join("x"), None).unwrap_err().to_string();
+        let bad =
+            new_operator("Click Counter", &scratch.path().join("x"), None, Language::Rust).unwrap_err().to_string();
         assert!(bad.contains("is not an operator name"), "{bad}");
         let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk");
         let local = scratch.path().join("local");
-        new_operator("local", &local, Some(&sdk))?;
+        new_operator("local", &local, Some(&sdk), Language::Rust)?;
         let manifest = std::fs::read_to_string(local.join("Cargo.toml"))?;
         let path = std::fs::canonicalize(&sdk)?.display().to_string();
         assert!(manifest.contains(&format!("sluice-guest = {{ path = {path:?} }}")), "{manifest}");
-        let not_sdk = new_operator("x", &scratch.path().join("y"), Some(scratch.path())).unwrap_err().to_string();
+        let not_sdk =
+            new_operator("x", &scratch.path().join("y"), Some(scratch.path()), Language::Rust).unwrap_err().to_string();
         assert!(not_sdk.contains("holds no SDK crate"), "{not_sdk}");
+        Ok(())
+    }
+
+    /// A Python project holds the app, this binary's SDK and world verbatim, and
+    /// executable build and test scripts naming the component; it takes no `--sdk`.
+    #[test]
+    fn a_python_operator_holds_its_sdk_and_world_and_scripts() -> Result<()> {
+        let scratch = tempfile::tempdir()?;
+        let dir = scratch.path().join("click-counter");
+        new_operator("click-counter", &dir, None, Language::Python)?;
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for (written, source) in [
+            ("sluice_operator/__init__.py", "guest-sdk-python/sluice_operator/__init__.py"),
+            ("sluice_operator/window.py", "guest-sdk-python/sluice_operator/window.py"),
+            ("wit/operator.wit", "wit/operator.wit"),
+        ] {
+            assert_eq!(std::fs::read(dir.join(written))?, std::fs::read(root.join(source))?, "{written}");
+        }
+        for script in SCRIPTS {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.join(script))?.permissions().mode();
+            assert_eq!(mode & 0o111, 0o111, "{script} is executable");
+            assert!(std::fs::read_to_string(dir.join(script))?.contains("click_counter.wasm"), "{script}");
+        }
+        for file in ["README.md", "build.sh", "app.py"] {
+            assert!(!std::fs::read_to_string(dir.join(file))?.contains("{{"), "every placeholder filled: {file}");
+        }
+        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk");
+        let err = new_operator("x", &scratch.path().join("x"), Some(&sdk), Language::Python).unwrap_err();
+        assert!(err.to_string().contains("a Python operator is written with its SDK inside"), "{err}");
+        Ok(())
+    }
+
+    /// `./dev.sh` installs the componentize-py a new Python operator's build names.
+    #[test]
+    fn the_python_build_names_the_componentize_py_dev_sh_installs() -> Result<()> {
+        let dev = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../dev.sh"))?;
+        assert!(dev.contains(&format!("COMPONENTIZE_PY_VERSION={COMPONENTIZE_PY_VERSION}\n")), "dev.sh");
         Ok(())
     }
 }

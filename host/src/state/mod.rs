@@ -16,7 +16,8 @@
 //! snapshots being uploaded), `partition-NNNN.restoring` (a checkpoint being restored),
 //! `partition-NNNN.replaced` (the database a restore replaced) and `scratch/` (an
 //! operator's trial start), all removed when the directory is opened, and `standby/`
-//! (copies of partitions other hosts own), which is kept.
+//! (copies of partitions other hosts own) and `compiled/` (compiled operator
+//! components, the sandbox's), which are kept.
 //!
 //! It does not decide *when* to commit (the [worker](crate::worker) does) and knows
 //! nothing about operators beyond the current record's key.
@@ -258,6 +259,12 @@ impl StateDir {
     /// is reused.
     pub fn standby_next_path(&self, partition: u32) -> PathBuf {
         self.root.join("standby").join(format!("partition-{partition:04}.next"))
+    }
+
+    /// Where the sandbox keeps compiled operator components (see
+    /// [`keep_compiled`](crate::operator::wasm::keep_compiled)).
+    pub fn compiled_path(&self) -> PathBuf {
+        self.root.join("compiled")
     }
 
     /// Where a throwaway database lives while an operator is tried out.

@@ -41,8 +41,7 @@ impl WasmOperator {
     ) -> Result<Self> {
         check_component_header(component).with_context(|| format!("operator {origin}"))?;
         let engine = engine(&limits)?;
-        let compiled = Component::new(engine, component)
-            .map_err(anyhow::Error::from)
+        let compiled = compiled::compile(engine, component)
             .with_context(|| format!("operator {origin}: not a valid WebAssembly component"))?;
         check_imports(engine, &compiled).with_context(|| format!("operator {origin}"))?;
 

@@ -26,7 +26,7 @@
 //! it for each state entry that expires, scoped to the entry's key, before the record
 //! whose clock reached the expiry (a batched call is cut there, since a component
 //! cannot be called while it is in a call). One built against 0.1.3 may set timers
-//! (`timers`), which the state keeps as entries expiring at their time, and export
+//! (`timers`), which the state keeps in its timer index, and export
 //! `fired`, which the host calls for a timer's entry instead of `expired`.
 //!
 //! What a call returns is lifted out of the guest's memory by `lift`'s types, which
@@ -36,7 +36,8 @@
 //! expiries before one record.
 //!
 //! One room per concept: `bindings` (the WIT world and the exports' signatures),
-//! `component` (loading, validating and compiling a component), `engine` (engines,
+//! `component` (loading, validating and compiling a component), `compiled` (compiled
+//! components kept on disk), `engine` (engines,
 //! the epoch thread, the CPU clock of deadlines), `limits`, `ctx` (what a call's host
 //! functions see and count), `host` (the imports a guest calls), `lift` (what a call
 //! returns, checked before it is copied), `outcome` (what a call's end becomes for its
@@ -45,6 +46,7 @@
 
 mod batch;
 mod bindings;
+mod compiled;
 mod component;
 mod ctx;
 mod engine;
@@ -57,6 +59,7 @@ mod outcome;
 mod tests;
 
 pub use bindings::{WIT_PACKAGE, WIT_VERSION};
+pub use compiled::keep_compiled;
 pub use component::WasmOperator;
 pub use instance::{KeyRoute, WasmInstance};
 pub use limits::Limits;
