@@ -238,14 +238,15 @@ build_operators() {
 # checks how). Each is built again only when a source is newer.
 build_python_operators() {
     local build out app stub
-    for build in "vehicle_stats_py vehicle-stats-py -s" "vehicle_stats_py_wasi vehicle-stats-py" "idle_py idle-py -s" \
-        "speed_windows_py speed-windows-py -s" "sessions_py sessions-py -s"; do
+    for build in "vehicle_stats_py operators/vehicle-stats-py -s" "vehicle_stats_py_wasi operators/vehicle-stats-py" \
+        "idle_py operators/idle-py -s" "speed_windows_py operators/speed-windows-py -s" \
+        "sessions_py operators/sessions-py -s" "evil_py tests/evil-py -s"; do
         read -r out app stub <<<"$build"
         if [ -f "$WASM_DIR/$out.wasm" ] &&
-            [ -z "$(find wit guest-sdk-python "operators/$app" -newer "$WASM_DIR/$out.wasm" -print -quit)" ]; then
+            [ -z "$(find wit guest-sdk-python "$app" -newer "$WASM_DIR/$out.wasm" -print -quit)" ]; then
             continue
         fi
-        "$COMPONENTIZE_PY" --quiet -d wit -w timed-operator componentize -p guest-sdk-python -p "operators/$app" \
+        "$COMPONENTIZE_PY" --quiet -d wit -w timed-operator componentize -p guest-sdk-python -p "$app" \
             ${stub:+"$stub"} app -o "$WASM_DIR/$out.wasm"
     done
 }

@@ -35,6 +35,7 @@ import math
 import wit_world
 from componentize_py_types import Err, Ok
 from wit_world.imports import batch as _batch
+from wit_world.imports import log as _log
 from wit_world.imports import state as _state
 from wit_world.imports import timers as _timers
 from wit_world.imports import types
@@ -152,6 +153,15 @@ class Output:
     def __init__(self, key, value):
         self.key = key.encode() if isinstance(key, str) else bytes(key)
         self.value = bytes(value) if isinstance(value, (bytes, bytearray)) else dumps(value)
+
+
+def log(message, level="info"):
+    """Writes `message` to the host's log at `level` ("trace", "debug", "info", "warn" or
+    "error"), named with the operator's version and partition and bounded like every
+    operator's lines (`[operator.limits] log_lines_per_s`, `log_bytes_per_s`,
+    `log_line_bytes`). `print` is no way to log: stdout is not an operator's, and a
+    build stubbed with `-s` traps there."""
+    _log.log(_log.Level[level.upper()], str(message))
 
 
 def dumps(value):

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 /// The canary's hash, written out again from its definition: FNV-1a (64 bits) of the
 /// key's bytes, modulo 10,000, against the share in basis points.
-fn in_canary(key: &str, basis_points: u64) -> bool {
+pub(crate) fn in_canary(key: &str, basis_points: u64) -> bool {
     let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
     hash % 10_000 < basis_points
 }

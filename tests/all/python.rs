@@ -6,16 +6,21 @@
 //! same app built the way componentize-py builds by default, importing WASI, is refused
 //! by the sandbox with the import it called named. speed-windows on the Python SDK's
 //! windows writes what the Rust build writes, late records included; a Python build run as
-//! the shadow of the Rust one compares every output equal. Timers from Python (`operators/idle-py`):
-//! its fixture passes `sluice test`, and over a fleet whose vehicles leave, each leaving
-//! vehicle's timer fires once, at its time.
+//! the shadow of the Rust one compares every output equal, and one run as a canary for half
+//! the keys takes exactly those and changes no byte of the outputs or the state. Timers from
+//! Python (`operators/idle-py`): its fixture passes `sluice test`, and over a fleet whose
+//! vehicles leave, each leaving vehicle's timer fires once, at its time. The attacker in
+//! Python (`tests/evil-py`) is contained attack by attack, each with a clear dead letter; a
+//! restarted job reads its Python build compiled instead of compiling it again.
 
+use crate::canary::in_canary;
 use crate::checkpoint_restore::stderr;
-use crate::hot_swap::{SEED, deployed_then_rolled_back, version_runs};
+use crate::hot_swap::{SEED, deployed_then_rolled_back, named_version, version_runs};
 use crate::shadow::{file_job, reported_shadow, reported_skipped};
 use anyhow::Result;
 use serde_json::Value;
-use sluice::events::{COMPILED, READ_COMPILED};
+use serde_json::json;
+use sluice::events::{COMPILED, LOG_LINES_DROPPED, READ_COMPILED};
 use sluice_e2e::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -183,6 +188,82 @@ fn a_python_shadow_of_the_rust_build_compares_every_output_equal() -> Result<()>
             "{operator}: {compared} compared, {equal} equal, {rest:?}, {skipped} skipped:\n{log}"
         );
     }
+    Ok(())
+}
+
+/// The attacker in Python (`tests/evil-py`, built with WASI stubbed out): each attack —
+/// spinning, allocating, recursing without end, opening a file or a socket, reading the
+/// clock, printing a flood — costs its record alone, a dead letter saying what stopped
+/// it; the environment it reads is empty; its flood of log lines through the SDK is cut
+/// at the rate; the records around the attacks count on.
+#[test]
+fn the_attacks_of_an_operator_in_python_each_cost_their_record_with_a_clear_reason() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let actions =
+        ["count", "spin", "hog", "recurse", "read-file", "socket", "clock", "environ", "print-flood", "log-flood"];
+    let lines: String =
+        actions.iter().map(|action| format!("{{\"vehicle_id\":\"u\",\"action\":\"{action}\"}}\n")).collect();
+    let input = dir.join("input.jsonl");
+    std::fs::write(&input, lines)?;
+    let ran = run_ok(run_file_job(&operator_wasm("evil_py"), &input, dir, 1).env("SLUICE_LOG", "warn"))?;
+    let outputs: Vec<Value> = read_jsonl(&dir.join("out.jsonl"))?.into_iter().map(|o| o["value"].clone()).collect();
+    let expected = [json!({"count": 1}), json!({"environ": {}}), json!({"count": 2})];
+    assert_eq!(outputs, expected, "the control records, and an empty environment");
+    let reasons: BTreeMap<String, String> = read_jsonl(&dir.join("dead.jsonl"))?
+        .into_iter()
+        .map(|d| (actions[d["offset"].as_u64().unwrap_or(0) as usize].to_string(), d["reason"].to_string()))
+        .collect();
+    let stubbed = "which this build stubs out with a trap (componentize-py -s)";
+    for (action, reason) in [
+        ("spin", "exceeded its CPU deadline of 1s"),
+        ("hog", "exceeded its memory limit of 64 MiB"),
+        ("recurse", "exceeded its memory limit of 64 MiB"),
+        ("read-file", stubbed),
+        ("socket", stubbed),
+        ("clock", "`wall_clock_now` (WASI, through its libc)"),
+        ("clock", "`state.now()`"),
+        ("print-flood", "`stdout_get_stdout` (WASI, through its libc)"),
+        ("print-flood", "the SDK's `log`"),
+    ] {
+        let said = reasons.get(action).map_or("", String::as_str);
+        assert!(said.contains(reason), "{action}: {reason:?} not in {said}");
+    }
+    assert_eq!(reasons.len(), 7, "{reasons:#?}");
+    assert!(stderr(&ran).contains(LOG_LINES_DROPPED), "{}", stderr(&ran));
+    Ok(())
+}
+
+/// A Python build as the canary of the Rust build, for half the keys, recorded before the
+/// job runs: each key runs the build the canary's hash gives it, from its first record to
+/// its last; and the outputs and the state are, byte for byte, those of the Rust build
+/// alone — the two languages' builds sharing one partition's state, key by key.
+#[test]
+fn a_python_canary_over_the_rust_build_takes_its_keys_and_changes_no_byte() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let input = dir.join("input.jsonl");
+    generate_edited(&input, &["--vehicles", "40", "--count", "4000"], every_100_ms)?;
+    let rust = file_job(&dir.join("rust"), "vehicle_stats", &input, "")?;
+    run_ok(sluice().arg("run").arg("--config").arg(&rust))?;
+    let canary = file_job(&dir.join("canary"), "vehicle_stats", &input, "")?;
+    let mut deploy = sluice();
+    deploy.args(["deploy", "vehicle_stats"]).arg(operator_wasm("vehicle_stats_py"));
+    let deployed = run_ok(deploy.args(["--canary", "50%", "--config"]).arg(&canary))?;
+    let python = named_version(&String::from_utf8(deployed.stdout)?);
+    run_ok(sluice().arg("run").arg("--config").arg(&canary))?;
+
+    let outputs = read_jsonl(&dir.join("canary/out.jsonl"))?;
+    let mut keys_by_build: BTreeMap<bool, BTreeSet<String>> = BTreeMap::new();
+    for output in &outputs {
+        let key = output["key"].as_str().unwrap_or_default().to_string();
+        let by_python = output["operator"] == python.as_str();
+        assert_eq!(by_python, in_canary(&key, 5_000), "{key} runs the build the hash gives it: {output}");
+        keys_by_build.entry(by_python).or_default().insert(key);
+    }
+    assert!(keys_by_build.values().all(|keys| keys.len() > 10), "both builds ran keys: {keys_by_build:?}");
+    assert_eq!(outputs_without_version(&dir.join("canary"))?, outputs_without_version(&dir.join("rust"))?);
+    assert_eq!(dump_state_lines(&dir.join("canary/state"))?, dump_state_lines(&dir.join("rust/state"))?);
     Ok(())
 }
 

@@ -65,10 +65,46 @@ pub(super) fn describe_trap(trap: wasmtime::Error, limits: &Limits, ctx: &mut Ho
             )
         }
         (_, None, Some(panic)) => panic,
-        (_, None, None) => trap.root_cause().to_string(),
+        (_, None, None) => match stubbed_wasi(&trap) {
+            Some(function) => format!(
+                "operator called `{function}` (WASI, through its libc), which this build stubs out with a trap \
+                 (componentize-py -s): the sandbox gives an operator no filesystem, network, clock, stdio or \
+                 environment{}",
+                instead_of_stub(function)
+            ),
+            None => trap.root_cause().to_string(),
+        },
     };
     // wasmtime's account ends with the guest's backtrace, as long as its stack was deep.
     lift::cut_reason(format!("{reason}\n{trap:#}"), limits.per_call.reason_bytes)
+}
+
+/// The libc function a trap stopped in when the trap is a WASI function a build stubbed
+/// out (componentize-py's `-s` puts a function that traps where each WASI import was):
+/// an `unreachable` at the top of the stack in nameless code of a nameless module, called
+/// from libc (whose WASI bindings are named after their functions, `wall_clock_now`).
+fn stubbed_wasi(trap: &wasmtime::Error) -> Option<&str> {
+    if trap.downcast_ref::<wasmtime::Trap>() != Some(&wasmtime::Trap::UnreachableCodeReached) {
+        return None;
+    }
+    let frames = trap.downcast_ref::<wasmtime::WasmBacktrace>()?.frames();
+    let nameless = frames.iter().take_while(|f| f.func_name().is_none() && f.module().name().is_none()).count();
+    let caller = frames.get(nameless).filter(|_| nameless > 0)?;
+    caller.module().name().filter(|module| module.starts_with("libc.so"))?;
+    caller.func_name()
+}
+
+/// What an operator should use instead of the stubbed WASI function `function` (a
+/// libc binding's name), where there is a usual reason to reach for it.
+fn instead_of_stub(function: &str) -> &'static str {
+    if function.starts_with("wall_clock") || function.starts_with("monotonic_clock") {
+        "; for time use the record's event time (`record.timestamp_ms`) or the partition's clock (`state.now()`), \
+         which a replay sees again"
+    } else if function.starts_with("stdout") || function.starts_with("stderr") {
+        "; to log, use the SDK's `log`, whose lines the host names and bounds"
+    } else {
+        ""
+    }
 }
 
 /// What an operator should use instead of denied WASI `import`, where there is a
