@@ -324,8 +324,7 @@ fn a_restarted_python_job_reads_its_build_compiled_instead_of_compiling_it() -> 
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
     let input = dir.join("input.jsonl");
-    let generated = run_ok(sluice().args(["generate", "--vehicles", "10", "--count", "100"]))?;
-    std::fs::write(&input, generated.stdout)?;
+    generate(&input, 10, 100, SEED)?;
     let run = |out: &Path, cache_mib: u64| -> Result<(String, std::time::Duration)> {
         std::fs::create_dir_all(out)?;
         let wasm = operator_wasm("vehicle_stats_py");

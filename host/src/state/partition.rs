@@ -2,7 +2,7 @@
 //! the offset and clock they reflect.
 
 use super::STATE_FORMAT;
-use super::expiry::{CommittedClock, StoredValue, decode_index_key, encode_value, index_entry};
+use super::expiry::{CommittedClock, StoredValue, decode_index_key, encode_value, index_at, index_entry};
 use super::timer::is_timer_name;
 use crate::config::TimeDomain;
 use anyhow::{Context, Result, bail};
@@ -239,7 +239,7 @@ impl PartitionStore {
             let mut batch = WriteBatch::default();
             for index_key in self.expiry_index(from.as_deref()) {
                 let index_key = index_key?;
-                let (at, entry) = (super::expiry::index_at(&index_key), index_entry(&index_key));
+                let (at, entry) = (index_at(&index_key), index_entry(&index_key));
                 let is_timer = decode_entry_key(entry).is_some_and(|(_, name)| is_timer_name(name));
                 if is_timer && from.as_deref() != Some(&index_key[..]) {
                     batch.delete_cf(self.expiry(), &index_key);

@@ -125,7 +125,6 @@ impl Transaction {
     /// runs over one, a new one replacing it after each commit of this one; a canary's
     /// instance parks one while the active version's holds the live transaction.
     pub fn detached(&self) -> Result<Transaction> {
-        debug_assert!(!self.timers.has_changes(), "detached between two commits");
         let mut detached = Transaction::new(self.store.committed_view(), 0)?
             .with_ttl(self.ttl.clone())?
             .with_dirty_limit(self.dirty_limit)
