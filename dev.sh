@@ -95,6 +95,27 @@ install_componentize_py() {
         "$TOOLS/componentize-py/bin/python" -m pip install --quiet "componentize-py==$COMPONENTIZE_PY_VERSION"
 }
 
+# TypeScript operators are compiled by tsc (TypeScript) and built by componentize-js
+# (npm), installed together under $TOOLS/typescript: they count only at the versions the
+# TypeScript SDK is tested with. componentize-js runs on Node 18 or newer.
+COMPONENTIZE_JS_VERSION=0.23.0
+TYPESCRIPT_VERSION=6.0.3
+TYPESCRIPT_TOOLS="$TOOLS/typescript/node_modules/.bin"
+has_node() {
+    local major
+    major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null) && [ "$major" -ge 18 ] && npm --version >/dev/null 2>&1
+}
+has_typescript_tools() {
+    [ "$("$TYPESCRIPT_TOOLS/componentize-js" --version 2>/dev/null)" = "$COMPONENTIZE_JS_VERSION" ] &&
+        [ "$("$TYPESCRIPT_TOOLS/tsc" --version 2>/dev/null)" = "Version $TYPESCRIPT_VERSION" ]
+}
+install_typescript_tools() {
+    rm -rf "$TOOLS/typescript"
+    mkdir -p "$TOOLS/typescript" &&
+        npm install --prefix "$TOOLS/typescript" --no-audit --no-fund --silent \
+            "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" "typescript@$TYPESCRIPT_VERSION"
+}
+
 # The major version of $1 ("17.0.15" → 17; Java 8 and older print "1.8.0" → 8); empty
 # when it does not run.
 java_major() {
@@ -149,6 +170,8 @@ PREREQUISITES=(
     "chromium|has_chromium|apt-get install chromium|test"
     "python3-venv|has_python_venv|apt-get install python3-venv|test"
     "componentize-py|has_componentize_py|pip install componentize-py $COMPONENTIZE_PY_VERSION into $TOOLS/componentize-py|test"
+    "node|has_node|apt-get install nodejs npm|test"
+    "componentize-js|has_typescript_tools|npm install componentize-js $COMPONENTIZE_JS_VERSION and typescript $TYPESCRIPT_VERSION into $TOOLS/typescript|test"
 )
 
 # Prints each prerequisite needed for $1 (build, test: everything, or kafka), whether it
@@ -189,6 +212,7 @@ install_missing() {
         # Apache Kafka.
         has_s3s_fs || CARGO_TARGET_DIR="$TOOLS/target" cargo install --locked --force --root "$TOOLS" s3s-fs --version 0.14.1 --features binary
         has_componentize_py || install_componentize_py
+        has_typescript_tools || install_typescript_tools
     fi
     [ "$SCOPE" = build ] || has_kafka || install_kafka
 }
@@ -249,6 +273,36 @@ build_python_operators() {
         "$COMPONENTIZE_PY" --quiet -d wit -w timed-operator componentize -p guest-sdk-python -p "$app" \
             ${stub:+"$stub"} app -o "$WASM_DIR/$out.wasm"
     done
+}
+
+# The TypeScript operators (operators/*-ts, each with the SDK, guest-sdk-ts/src, linked in as
+# sluice-operator/ as a scaffolded project has it copied), type-checked and compiled by tsc,
+# then built by componentize-js with every WASI feature off (-d: the component imports
+# Sluice's world alone). Each is built again only when a source is newer.
+build_typescript_operators() {
+    local build out app js
+    for build in "vehicle_stats_ts operators/vehicle-stats-ts"; do
+        read -r out app <<<"$build"
+        if [ -f "$WASM_DIR/$out.wasm" ] &&
+            [ -z "$(find wit guest-sdk-ts "$app" -newer "$WASM_DIR/$out.wasm" -print -quit)" ]; then
+            continue
+        fi
+        js=$(mktemp -d)
+        "$TYPESCRIPT_TOOLS/tsc" -p "$app" --outDir "$js"
+        "$TYPESCRIPT_TOOLS/componentize-js" --wit wit --world-name timed-operator \
+            -d stdio random clocks http fetch-event -o "$WASM_DIR/$out.wasm" "$js/app.js" >/dev/null
+        rm -rf "$js"
+    done
+}
+
+# The TypeScript SDK's JSON writes numbers as serde_json does (guest-sdk-ts/test): its
+# json.ts compiled alone, under Node's test runner.
+check_typescript_sdk() {
+    local js
+    js=$(mktemp -d)
+    "$TYPESCRIPT_TOOLS/tsc" -p guest-sdk-ts --outDir "$js"
+    SLUICE_TS_SDK="$js" node --test guest-sdk-ts/test/
+    rm -rf "$js"
 }
 
 # The demo and the tests share one build. Building tests and binaries in one command
@@ -342,19 +396,21 @@ bench_run() {
     SLUICE_RATE=$(sed -n 's/^processed .*(\([0-9]*\) records\/s).*/\1/p' <<<"$report")
 }
 
-# vehicle-stats in Python against the Rust build, and against the same logic as a PyFlink
-# Python aggregate function (job.py's vehicle-stats-udf; without Flink, skipped), on the
-# first 200,000 records of the 10,000-vehicle file (PyFlink's Python function takes
-# minutes over them). Prints each run's lines, the component sizes and the ratios.
-bench_python() {
+# vehicle-stats in Python and in TypeScript against the Rust build, and against the same
+# logic as a PyFlink Python aggregate function (job.py's vehicle-stats-udf; without Flink,
+# skipped), on the first 200,000 records of the 10,000-vehicle file (PyFlink's Python
+# function takes minutes over them). Prints each run's lines, the component sizes and the
+# ratios.
+bench_languages() {
     local input="$CARGO_TARGET_DIR/bench/positions-10000-200k.jsonl" rates=() line operator
     head -n 200000 "$CARGO_TARGET_DIR/bench/positions-10000.jsonl" >"$input"
-    for operator in vehicle_stats vehicle_stats_py; do
+    for operator in vehicle_stats vehicle_stats_py vehicle_stats_ts; do
         bench_run 10000-200k "$operator"
         rates+=("$SLUICE_RATE")
         echo "component: $(stat -c %s "$WASM_DIR/$operator.wasm") bytes"
     done
-    awk -v r="${rates[0]}" -v p="${rates[1]}" 'BEGIN { printf "python / rust: %.3f\n", p / r }'
+    awk -v r="${rates[0]}" -v p="${rates[1]}" -v t="${rates[2]}" \
+        'BEGIN { printf "python / rust: %.3f\ntypescript / rust: %.3f\n", p / r, t / r }'
     if [ -n "${1:-}" ]; then
         echo "--- flink $FLINK_VERSION, vehicle-stats as a Python aggregate function, the same file, hashmap state"
         line=$("$FLINK_VENV/bin/python" host/benches/flink/job.py vehicle-stats-udf hashmap "$input" | grep '^flink ')
@@ -725,8 +781,10 @@ test)
     setup test
     build_operators
     build_python_operators
+    build_typescript_operators
     build_host
     lint
+    check_typescript_sdk
     cargo test --workspace
     check_scaffold
     ;;
@@ -734,6 +792,7 @@ bench)
     setup test
     build_operators
     build_python_operators
+    build_typescript_operators
     cargo build --release -p sluice --bin sluice
     setup_kafka_streams
     cargo bench -p sluice --bench throughput --bench checkpoint --bench rebalance --bench kafka --bench swap --bench churn --bench expiry --bench metrics --bench instances
@@ -758,7 +817,7 @@ bench)
     done
     # A shadow of the same build; a canary taking half the keys, the same logic built
     # against WIT 0.1.2 (another version).
-    bench_python "$flink"
+    bench_languages "$flink"
     bench_trial 10000 "$WASM_DIR/vehicle_stats.wasm" --shadow
     bench_trial 10000 "$WASM_DIR/vehicle_stats_0_1_2.wasm" "--canary 50%"
     ;;

@@ -1,10 +1,12 @@
-//! What a build costs before its first record, per language: vehicle-stats' Rust build
-//! and its Python build (CPython inside the component). For each: compiling the
+//! What a build costs before its first record, per language: vehicle-stats' Rust build,
+//! its Python build (CPython inside the component) and its TypeScript build
+//! (SpiderMonkey inside). For each: compiling the
 //! component, reading it compiled from the cache a job keeps in its state directory
 //! (`[operator] compiled_cache_mib`), and instantiating it for a partition — a new
 //! instance and its `init`, what a partition's start, a handover and a trap's
 //! replacement pay — with the memory each instance adds to the process. The Rust build
-//! in the same process is the baseline: `python / rust` is printed for each.
+//! in the same process is the baseline: `python / rust` and `typescript / rust` are
+//! printed for each.
 
 use anyhow::Result;
 use sluice::operator::versions::ActiveVersion;
@@ -27,7 +29,7 @@ struct Costs {
 }
 
 fn main() -> Result<()> {
-    let builds = ["vehicle_stats", "vehicle_stats_py"];
+    let builds = ["vehicle_stats", "vehicle_stats_py", "vehicle_stats_ts"];
     // Compiled cold first: the cache is set for the process once set.
     let compiles: Vec<Duration> = builds.iter().map(|build| compile_cold(build)).collect::<Result<_>>()?;
     let cache = tempfile::tempdir()?;
@@ -46,18 +48,20 @@ fn main() -> Result<()> {
         );
         costs.push(cost);
     }
-    let (rust, python) = (&costs[0], &costs[1]);
-    println!(
-        "python / rust: compile {:.1}, read compiled {:.1}, instantiate {:.1}, memory per instance {:.1}",
-        python.compile.as_secs_f64() / rust.compile.as_secs_f64(),
-        python.read_compiled.as_secs_f64() / rust.read_compiled.as_secs_f64(),
-        python.instantiate.as_secs_f64() / rust.instantiate.as_secs_f64(),
-        python.instance_kib as f64 / rust.instance_kib.max(1) as f64,
-    );
-    println!(
-        "python: read compiled / compile {:.4}",
-        python.read_compiled.as_secs_f64() / python.compile.as_secs_f64()
-    );
+    let rust = &costs[0];
+    for (language, other) in ["python", "typescript"].iter().zip(&costs[1..]) {
+        println!(
+            "{language} / rust: compile {:.1}, read compiled {:.1}, instantiate {:.1}, memory per instance {:.1}",
+            other.compile.as_secs_f64() / rust.compile.as_secs_f64(),
+            other.read_compiled.as_secs_f64() / rust.read_compiled.as_secs_f64(),
+            other.instantiate.as_secs_f64() / rust.instantiate.as_secs_f64(),
+            other.instance_kib as f64 / rust.instance_kib.max(1) as f64,
+        );
+        println!(
+            "{language}: read compiled / compile {:.4}",
+            other.read_compiled.as_secs_f64() / other.compile.as_secs_f64()
+        );
+    }
     Ok(())
 }
 

@@ -11,11 +11,15 @@
 //! Python (`operators/idle-py`): its fixture passes `sluice test`, and over a fleet whose
 //! vehicles leave, each leaving vehicle's timer fires once, at its time. The attacker in
 //! Python (`tests/evil-py`) is contained attack by attack, each with a clear dead letter; a
-//! restarted job reads its Python build compiled instead of compiling it again.
+//! restarted job reads its Python build compiled instead of compiling it again. What every
+//! language's build must do beside the Rust one is in `languages`.
 
-use crate::canary::in_canary;
 use crate::checkpoint_restore::stderr;
-use crate::hot_swap::{SEED, deployed_then_rolled_back, named_version, version_runs};
+use crate::hot_swap::SEED;
+use crate::languages::{
+    assert_builds_agree, assert_canary_over_rust_changes_no_byte, assert_swap_from_rust_and_back,
+    assert_vehicle_stats_agree,
+};
 use crate::shadow::{file_job, reported_shadow, reported_skipped};
 use anyhow::Result;
 use serde_json::Value;
@@ -25,69 +29,9 @@ use sluice_e2e::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// `dir/out.jsonl`'s lines without the `operator` field (which names the version),
-/// sorted: what two builds must agree on.
-fn outputs_without_version(dir: &Path) -> Result<Vec<String>> {
-    let mut lines: Vec<String> = std::fs::read_to_string(dir.join("out.jsonl"))?
-        .lines()
-        .map(|line| match line.rsplit_once(",\"operator\":") {
-            Some((before, _)) => format!("{before}}}"),
-            None => line.to_string(),
-        })
-        .collect();
-    lines.sort();
-    Ok(lines)
-}
-
-/// Runs the Rust build `operator` and its Python build (`<operator>_py`) over `input` with
-/// `[operator.config]` `config` (TOML lines), two partitions each, and fails unless their
-/// outputs and state are the same bytes, and their dead letters those of the same records
-/// for the same errors, word for word; returns the outputs.
-fn assert_builds_agree(dir: &Path, input: &Path, operator: &str, config: &str) -> Result<Vec<String>> {
-    let (rust, python) = (dir.join("rust"), dir.join("python"));
-    for (build, out) in [(operator.to_string(), &rust), (format!("{operator}_py"), &python)] {
-        std::fs::create_dir_all(out)?;
-        let (wasm, job) = (operator_wasm(&build), out.join("job.toml"));
-        std::fs::write(&job, format!("[operator]\npath = {wasm:?}\n[operator.config]\n{config}"))?;
-        run_ok(run_file_job(&wasm, input, out, 2).arg("--config").arg(&job))?;
-    }
-    let (expected, actual) = (outputs_without_version(&rust)?, outputs_without_version(&python)?);
-    assert_eq!(actual.len(), expected.len(), "as many outputs");
-    if let Some(i) = (0..expected.len()).find(|&i| expected[i] != actual[i]) {
-        panic!("output {i} differs:\n  rust:   {}\n  python: {}", expected[i], actual[i]);
-    }
-    // The state, as stored: the same bytes under the same keys.
-    assert_eq!(dump_state_lines(&python.join("state"))?, dump_state_lines(&rust.join("state"))?);
-    let dead = |dir: &Path| -> Result<BTreeSet<String>> {
-        let letters = read_jsonl(&dir.join("dead.jsonl"))?;
-        Ok(letters
-            .iter()
-            .map(|d| format!("{} {} {} {}", d["partition"], d["offset"], d["error"], d["reason"]))
-            .collect())
-    };
-    assert_eq!(dead(&python)?, dead(&rust)?, "the same records dead-lettered, for the same errors");
-    Ok(actual)
-}
-
 #[test]
 fn vehicle_stats_in_python_writes_what_the_rust_build_writes_byte_for_byte() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let input = dir.path().join("input.jsonl");
-    // 200 vehicles reporting every 2 s of event time: distances of a few metres, where a
-    // float printed otherwise than serde_json prints it would show.
-    generate(&input, 200, 20_000, SEED)?;
-    let outputs = assert_builds_agree(&dir.path().join("plain"), &input, "vehicle_stats", "")?;
-    assert_eq!(outputs.len(), 20_000, "an output per position");
-
-    // A vehicle leaving the fleet for good every 40 positions: each one's summary expires
-    // 10 s after its last position (a TTL on the put), and `expired` emits it final.
-    let seed = SEED.to_string();
-    generate_edited(&input, &["--vehicles", "200", "--count", "20000", "--seed", &seed, "--churn", "40"], |_, _| {})?;
-    let outputs =
-        assert_builds_agree(&dir.path().join("ttl"), &input, "vehicle_stats", "left_fleet_after_ms = \"10000\"")?;
-    let left = outputs.iter().filter(|o| o.contains("\"left_fleet_at\":")).count();
-    assert!(left > 400, "vehicles left the fleet: {left} final summaries");
-    Ok(())
+    assert_vehicle_stats_agree("vehicle_stats_py")
 }
 
 /// speed-windows on the Python SDK's windows, against the Rust build on the Rust SDK's:
@@ -110,9 +54,9 @@ fn speed_windows_in_python_writes_what_the_rust_build_writes_byte_for_byte() -> 
         };
         p["ts"] = (p["ts"].as_i64().unwrap_or_default() - late).into();
     })?;
-    let outputs = assert_builds_agree(dir.path(), &input, "speed_windows", "grace_ms = \"30000\"")?;
+    let outputs = assert_builds_agree(dir.path(), &input, "speed_windows", "speed_windows_py", "grace_ms = \"30000\"")?;
     assert!(outputs.len() > 1_000, "windows closed: {}", outputs.len());
-    let dead = read_jsonl(&dir.path().join("python").join("dead.jsonl"))?;
+    let dead = read_jsonl(&dir.path().join("other").join("dead.jsonl"))?;
     assert!(!dead.is_empty() && dead.iter().all(|d| d["error"] == "late"), "late records: {dead:?}");
     Ok(())
 }
@@ -234,70 +178,16 @@ fn the_attacks_of_an_operator_in_python_each_cost_their_record_with_a_clear_reas
     Ok(())
 }
 
-/// A Python build as the canary of the Rust build, for half the keys, recorded before the
-/// job runs: each key runs the build the canary's hash gives it, from its first record to
-/// its last; and the outputs and the state are, byte for byte, those of the Rust build
-/// alone — the two languages' builds sharing one partition's state, key by key.
+/// A Python build as the canary of the Rust build for half the keys: see
+/// [`assert_canary_over_rust_changes_no_byte`].
 #[test]
 fn a_python_canary_over_the_rust_build_takes_its_keys_and_changes_no_byte() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    let input = dir.join("input.jsonl");
-    generate_edited(&input, &["--vehicles", "40", "--count", "4000"], every_100_ms)?;
-    let rust = file_job(&dir.join("rust"), "vehicle_stats", &input, "")?;
-    run_ok(sluice().arg("run").arg("--config").arg(&rust))?;
-    let canary = file_job(&dir.join("canary"), "vehicle_stats", &input, "")?;
-    let mut deploy = sluice();
-    deploy.args(["deploy", "vehicle_stats"]).arg(operator_wasm("vehicle_stats_py"));
-    let deployed = run_ok(deploy.args(["--canary", "50%", "--config"]).arg(&canary))?;
-    let python = named_version(&String::from_utf8(deployed.stdout)?);
-    run_ok(sluice().arg("run").arg("--config").arg(&canary))?;
-
-    let outputs = read_jsonl(&dir.join("canary/out.jsonl"))?;
-    let mut keys_by_build: BTreeMap<bool, BTreeSet<String>> = BTreeMap::new();
-    for output in &outputs {
-        let key = output["key"].as_str().unwrap_or_default().to_string();
-        let by_python = output["operator"] == python.as_str();
-        assert_eq!(by_python, in_canary(&key, 5_000), "{key} runs the build the hash gives it: {output}");
-        keys_by_build.entry(by_python).or_default().insert(key);
-    }
-    assert!(keys_by_build.values().all(|keys| keys.len() > 10), "both builds ran keys: {keys_by_build:?}");
-    assert_eq!(outputs_without_version(&dir.join("canary"))?, outputs_without_version(&dir.join("rust"))?);
-    assert_eq!(dump_state_lines(&dir.join("canary/state"))?, dump_state_lines(&dir.join("rust/state"))?);
-    Ok(())
+    assert_canary_over_rust_changes_no_byte("vehicle_stats_py")
 }
 
 #[test]
 fn a_running_job_swaps_from_rust_to_python_and_back_and_every_count_goes_on() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let dir = dir.path();
-    // Preparing an 18 MB component takes the debug build about 10 s, and three times that
-    // beside other tests on two cores: the job (75 s at 8,000 a second) outlasts it.
-    let python_file = operator_wasm("vehicle_stats_py");
-    let (input, python, host) = deployed_then_rolled_back(dir, "vehicle_stats", &python_file, "", 600_000)?;
-    assert!(python.starts_with("vehicle_stats@"), "{}", host.log());
-
-    let mut outputs = read_jsonl(&dir.join("out.jsonl"))?;
-    outputs.sort_by_key(|o| (o["partition"].as_u64(), o["offset"].as_u64()));
-    let reference = Reference::fold(&input)?;
-    let expected = reference.after_each_by_vehicle();
-    assert_eq!(outputs.len(), reference.after_each.len(), "one output per position");
-    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    for output in &outputs {
-        let vehicle = output["key"].as_str().unwrap_or_default().to_string();
-        let n = seen.entry(vehicle.clone()).or_default();
-        // Each summary continues the one before it, whichever language wrote that one.
-        assert_summary(&output["value"], &vehicle, expected[vehicle.as_str()][*n], "output");
-        *n += 1;
-    }
-    // Per partition, the versions in offset order: Rust, Python from one offset on, Rust.
-    for (partition, versions) in version_runs(&outputs) {
-        assert_eq!(versions.len(), 3, "partition {partition}: Rust, Python, Rust: {versions:?}");
-        assert_eq!(versions[1], python, "partition {partition}: {versions:?}");
-        assert!(versions[0] == versions[2] && versions[0] != python, "partition {partition}: {versions:?}");
-    }
-    assert!(read_jsonl(&dir.join("dead.jsonl"))?.is_empty());
-    Ok(())
+    assert_swap_from_rust_and_back("vehicle_stats_py")
 }
 
 #[test]

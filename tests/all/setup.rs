@@ -92,6 +92,14 @@ fn libclang_dev_layout_is_present() -> Result<()> {
     Ok(())
 }
 
+/// A program at `path` that prints `says` and exits 0: a tool reporting its version.
+fn fake_program(path: &Path, says: &str) -> Result<()> {
+    touch(path)?;
+    std::fs::write(path, format!("#!/bin/sh\necho '{says}'\n"))?;
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    Ok(())
+}
+
 /// Lays out `tools` as `cargo install --root tools` would after installing `crate_id`
 /// (e.g. `s3s-fs 0.14.1`) with `features`.
 fn fake_install(tools: &Path, bin: &str, crate_id: &str, features: &str) -> Result<()> {
@@ -133,16 +141,48 @@ fn componentize_py_counts_only_at_the_version_the_python_sdk_is_built_with() -> 
     let tools = root.path().join("tools");
     assert!(doctor_line("componentize-py", root.path(), &tools)?.contains(install));
     let script = tools.join("componentize-py").join("bin").join("componentize-py");
-    let fake = |version: &str| -> Result<()> {
-        touch(&script)?;
-        std::fs::write(&script, format!("#!/bin/sh\necho 'componentize-py {version}'\n"))?;
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
-        Ok(())
-    };
+    let fake = |version: &str| fake_program(&script, &format!("componentize-py {version}"));
     fake("0.25.0")?;
     assert!(doctor_line("componentize-py", root.path(), &tools)?.contains(install), "another version");
     fake("0.25.1")?;
     let line = doctor_line("componentize-py", root.path(), &tools)?;
+    assert!(line.ends_with(" ok"), "{line}");
+    Ok(())
+}
+
+/// componentize-js and tsc, which build the TypeScript operators, count only where set-up
+/// installs them and at the versions the TypeScript SDK is tested with: either at another
+/// version, or one without the other, is missing.
+#[test]
+fn the_typescript_tools_count_only_at_the_versions_the_typescript_sdk_is_built_with() -> Result<()> {
+    let install = "missing: set-up will npm install componentize-js 0.23.0 and typescript 6.0.3 into";
+    let root = tempfile::tempdir()?;
+    let tools = root.path().join("tools");
+    assert!(doctor_line("componentize-js", root.path(), &tools)?.contains(install));
+    let bin = tools.join("typescript/node_modules/.bin");
+    let fake = |name: &str, says: &str| -> Result<()> {
+        let script = bin.join(name);
+        touch(&script)?;
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh
+echo '{says}'
+"
+            ),
+        )?;
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        Ok(())
+    };
+    fake("componentize-js", "0.23.0")?;
+    assert!(doctor_line("componentize-js", root.path(), &tools)?.contains(install), "no tsc");
+    fake("tsc", "Version 5.9.3")?;
+    assert!(doctor_line("componentize-js", root.path(), &tools)?.contains(install), "another tsc");
+    fake("tsc", "Version 6.0.3")?;
+    fake("componentize-js", "0.22.0")?;
+    assert!(doctor_line("componentize-js", root.path(), &tools)?.contains(install), "another componentize-js");
+    fake("componentize-js", "0.23.0")?;
+    let line = doctor_line("componentize-js", root.path(), &tools)?;
     assert!(line.ends_with(" ok"), "{line}");
     Ok(())
 }

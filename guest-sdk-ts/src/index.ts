@@ -1,0 +1,249 @@
+/**
+ * Write Sluice stream operators in TypeScript: records, keyed state with TTLs, timers
+ * and outputs over the `timed-operator` world of Sluice's WIT package
+ * (`wit/operator.wit`), built into a component by componentize-js.
+ *
+ * An operator is a module that hands its functions to {@link operator} and exports
+ * what it returns, under the names the world's exports have:
+ *
+ * ```ts
+ * import { Output, operator } from "./sluice-operator/index.js";
+ *
+ * export const { init, process, processBatch, expired, fired } = operator({
+ *   process(record, state) {
+ *     const count = (state.get<number>("count") ?? 0) + 1;
+ *     state.put("count", count);
+ *     return [new Output(record.key, { count })];
+ *   },
+ * });
+ * ```
+ *
+ * This module owns the TypeScript side of the contract: reading records, the state's
+ * value encoding (`json.ts`: JSON as the Rust and Python SDKs write it, byte for byte)
+ * and outputs. It decides nothing the host decides (which key a call is scoped to, when
+ * writes commit, what a failure costs): an exception `process` throws fails that record
+ * alone, which the host sends to the dead letters with the message.
+ */
+
+import * as stateImports from "sluice:operator/state@0.1.3";
+import * as timerImports from "sluice:operator/timers@0.1.3";
+import * as logImports from "sluice:operator/log@0.1.3";
+import { finish } from "sluice:operator/batch@0.1.3";
+import type { InputRecord, OutputRecord } from "sluice:operator/types@0.1.3";
+import { dumps, loads } from "./json.js";
+
+export { dumps, formatFloat, loads, stringify } from "./json.js";
+
+const decoder = new TextDecoder();
+const encoder = new TextEncoder();
+
+/** The record being processed: its key and value as bytes, its event time (ms since the
+ * epoch, 0 when the source had none), and where it came from. */
+export class Record {
+  readonly key: Uint8Array;
+  readonly value: Uint8Array;
+  readonly timestampMs: number;
+  readonly partition: number;
+  readonly offset: number;
+
+  constructor(input: InputRecord) {
+    this.key = input.key;
+    this.value = input.value;
+    this.timestampMs = Number(input.timestampMs);
+    this.partition = input.partition;
+    this.offset = Number(input.offset);
+  }
+
+  /** The key as text (UTF-8). */
+  keyText(): string {
+    return decoder.decode(this.key);
+  }
+
+  /** The value parsed as JSON. */
+  json<T = any>(): T {
+    return JSON.parse(decoder.decode(this.value)) as T;
+  }
+}
+
+/** Thrown by `process` for a record that came after the windows it belongs to closed:
+ * the host sends it to the dead letters as `late`, not `rejected`. */
+export class Late extends Error {
+  override name = "Late";
+}
+
+/** A state entry whose TTL ran out: its key, name and the bytes it held, and when it
+ * expired on the partition's clock. The host removed it before `expired` is called. */
+export class Expired {
+  constructor(
+    readonly key: Uint8Array,
+    readonly name: string,
+    readonly value: Uint8Array,
+    readonly expiredAtMs: number,
+  ) {}
+
+  /** The value it held, decoded as `State.get` decodes. */
+  json<T = any>(): T {
+    return loads(this.name, this.value) as T;
+  }
+}
+
+/** A timer that came due: its key, name and the time it was set for. */
+export class Timer {
+  constructor(
+    readonly key: Uint8Array,
+    readonly name: string,
+    readonly atMs: number,
+  ) {}
+}
+
+/** How a value is put: `ttlMs` to expire that long after the partition's clock now
+ * (else as the host's `[ttl]` says); `floats`, the fields whose numbers are floats
+ * (see `json.ts`). */
+export interface PutOptions {
+  ttlMs?: number;
+  floats?: Iterable<string>;
+}
+
+/** The state of the current record's key: named values, JSON by default, each with a
+ * TTL if given; and the key's timers. */
+export class State {
+  /** The value stored under `name`, decoded from JSON, or undefined. */
+  get<T = any>(name: string): T | undefined {
+    const stored = stateImports.get(name);
+    return stored === undefined ? undefined : (loads(name, stored) as T);
+  }
+
+  /** Stores `value` (anything JSON holds) under `name`, as `options` say. */
+  put(name: string, value: unknown, options: PutOptions = {}): void {
+    this.putBytes(name, dumps(value, options.floats), options);
+  }
+
+  /** The bytes stored under `name`, or undefined. */
+  getBytes(name: string): Uint8Array | undefined {
+    return stateImports.get(name);
+  }
+
+  /** Stores `value` under `name` as it is; `ttlMs` as for `put`. */
+  putBytes(name: string, value: Uint8Array, options: { ttlMs?: number } = {}): void {
+    if (options.ttlMs === undefined) {
+      stateImports.put(name, value);
+    } else {
+      stateImports.putWithTtl(name, value, BigInt(options.ttlMs));
+    }
+  }
+
+  /** Removes the value under `name`, if any. */
+  delete(name: string): void {
+    stateImports.delete(name);
+  }
+
+  /** Sets the key's timer `name` to fire at `atMs` on the partition's clock, replacing
+   * the time it had; `fired` is called then. */
+  setTimer(name: string, atMs: number): void {
+    timerImports.set(name, BigInt(atMs));
+  }
+
+  /** Cancels the key's timer `name`, if set. */
+  cancelTimer(name: string): void {
+    timerImports.cancel(name);
+  }
+
+  /** The partition's clock, ms since the epoch: event time less the host's `[ttl]
+   * lateness` (the watermark), 0 before the first record with a time. */
+  now(): number {
+    return Number(timerImports.now());
+  }
+}
+
+/** A record to send: its key, and its value — bytes as they are, anything else as JSON
+ * ({@link dumps}, with `floats`) — to the job's sink or to `topic`. */
+export class Output {
+  readonly key: Uint8Array;
+  readonly value: Uint8Array;
+  readonly topic?: string;
+
+  constructor(key: string | Uint8Array, value: unknown, options: { floats?: Iterable<string>; topic?: string } = {}) {
+    this.key = typeof key === "string" ? encoder.encode(key) : key;
+    this.value = value instanceof Uint8Array ? value : dumps(value, options.floats);
+    this.topic = options.topic;
+  }
+}
+
+/** A level of the host's log. */
+export type Level = logImports.Level;
+
+/** Writes `message` to the host's log at `level`, named with the operator's version and
+ * partition and bounded like every operator's lines (`[operator.limits]
+ * log_lines_per_s`, `log_bytes_per_s`, `log_line_bytes`). `console.log` is no way to
+ * log: a build without WASI's stdio (the one `./build.sh` makes) drops it. */
+export function log(message: string, level: Level = "info"): void {
+  logImports.log(level, String(message));
+}
+
+/** What an operator does: `process` for each record, and if it wants them `init` once
+ * per instance (with the `[operator.config]` table), `expired` for each entry whose TTL
+ * ran out and `fired` for each of its timers that came due. Each returns the outputs. */
+export interface Handlers {
+  process(record: Record, state: State): Output[];
+  init?(config: { [name: string]: string }): void;
+  expired?(entry: Expired, state: State): Output[];
+  fired?(timer: Timer, state: State): Output[];
+}
+
+/** The exports of the `timed-operator` world, calling `handlers`: an exception fails
+ * that record, expiry or timer alone (its message is the dead letter's, and its writes
+ * are discarded); a {@link Late} one marks a record late. */
+export function operator(handlers: Handlers) {
+  const state = new State();
+
+  // componentize-js makes a thrown string a call's `err`.
+  const failed = (e: unknown): string => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));
+
+  const outcome = (call: () => Output[]): OutputRecord[] => {
+    try {
+      return call().map((o) => ({ key: o.key, value: o.value, topic: o.topic }));
+    } catch (e) {
+      if (e instanceof Late) {
+        timerImports.markLate();
+        throw e.message;
+      }
+      throw failed(e);
+    }
+  };
+
+  return {
+    init(config: [string, string][]): void {
+      try {
+        handlers.init?.(Object.fromEntries(config));
+      } catch (e) {
+        throw failed(e);
+      }
+    },
+
+    process(input: InputRecord): OutputRecord[] {
+      return outcome(() => handlers.process(new Record(input), state));
+    },
+
+    processBatch(inputs: InputRecord[]): void {
+      for (const input of inputs) {
+        try {
+          finish({ tag: "ok", val: outcome(() => handlers.process(new Record(input), state)) });
+        } catch (e) {
+          finish({ tag: "err", val: String(e) });
+        }
+      }
+    },
+
+    expired(key: Uint8Array, name: string, value: Uint8Array, expiredAtMs: bigint): OutputRecord[] {
+      const expired = handlers.expired;
+      if (expired === undefined) return [];
+      return outcome(() => expired(new Expired(key, name, value, Number(expiredAtMs)), state));
+    },
+
+    fired(key: Uint8Array, name: string, atMs: bigint): OutputRecord[] {
+      const fired = handlers.fired;
+      if (fired === undefined) return [];
+      return outcome(() => fired(new Timer(key, name, Number(atMs)), state));
+    },
+  };
+}

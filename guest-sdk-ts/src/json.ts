@@ -1,0 +1,114 @@
+/**
+ * State values and outputs as JSON, written exactly as the Rust SDK writes them
+ * (serde_json: compact, fields in their order, strings escaped alike, floats in ryu's
+ * shortest round-trip notation), so a value one language wrote reads back the same in
+ * another, and an output made from it is the same bytes.
+ *
+ * JavaScript has one number type where Rust and Python have two: an integral number is
+ * written as an integer (`3`) unless its field is named in `floats`, where it is a float
+ * (`3.0`), as serde_json writes an f64. A non-integral number is a float wherever it is.
+ * This module has no imports, so it runs under Node as well as in a component.
+ */
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder("utf-8", { fatal: true });
+
+/** The first byte of a value the Rust SDK wrote in its binary encoding (MessagePack). */
+const BINARY_MARKER = 0xc1;
+
+/** `value` as JSON bytes, as serde_json writes it; numbers under a field named in
+ * `floats` (at any depth, array elements included) are written as floats. NaN and the
+ * infinities, which JSON cannot hold, are refused, as are functions and symbols. */
+export function dumps(value: unknown, floats?: Iterable<string>): Uint8Array {
+  return encoder.encode(stringify(value, floats));
+}
+
+/** `value` as a JSON string: see {@link dumps}. */
+export function stringify(value: unknown, floats?: Iterable<string>): string {
+  return write(value, false, floats === undefined ? EMPTY : new Set(floats));
+}
+
+/** The JSON value `bytes` hold, for the state entry `name`; the Rust SDK's binary
+ * encoding is refused with a clear error, as this SDK reads JSON only. */
+export function loads(name: string, bytes: Uint8Array): unknown {
+  if (bytes[0] === BINARY_MARKER) {
+    throw new Error(
+      `state ${JSON.stringify(name)} is in the Rust SDK's binary encoding, which this SDK does not read; ` +
+        "store it as JSON (the Rust SDK's default) to share it between languages",
+    );
+  }
+  return JSON.parse(decoder.decode(bytes));
+}
+
+const EMPTY: ReadonlySet<string> = new Set();
+
+function write(value: unknown, float: boolean, floats: ReadonlySet<string>): string {
+  switch (typeof value) {
+    case "string":
+      // JSON.stringify escapes a string as serde_json does: `"`, `\`, \b \f \n \r \t and
+      // the other control characters as \u00xx; nothing else.
+      return JSON.stringify(value);
+    case "number":
+      return float || !Number.isInteger(value) ? formatFloat(value) : integer(value);
+    case "bigint":
+      return value.toString();
+    case "boolean":
+      return value ? "true" : "false";
+    case "object": {
+      if (value === null) return "null";
+      // Concatenated, not joined: the runtime interprets this code, and a string built
+      // with += is a rope it joins once.
+      let out = "";
+      if (Array.isArray(value)) {
+        for (const item of value) {
+          out += (out === "" ? "[" : ",") + write(item === undefined ? null : item, float, floats);
+        }
+        return out === "" ? "[]" : out + "]";
+      }
+      for (const key in value) {
+        const item = (value as { [key: string]: unknown })[key];
+        // An absent optional field, as serde's `skip_serializing_if` leaves it out.
+        if (item === undefined || !Object.prototype.hasOwnProperty.call(value, key)) continue;
+        out += (out === "" ? "{" : ",") + JSON.stringify(key) + ":" + write(item, floats.has(key), floats);
+      }
+      return out === "" ? "{}" : out + "}";
+    }
+    default:
+      throw new TypeError(`a ${typeof value} is not something JSON holds`);
+  }
+}
+
+function integer(x: number): string {
+  if (!Number.isSafeInteger(x)) {
+    throw new RangeError(`${x} is past 2^53: give it as a bigint to write it exactly`);
+  }
+  // -0 is an integer 0, as serde_json writes an i64.
+  return x === 0 ? "0" : String(x);
+}
+
+/** `x` as serde_json prints an f64: the shortest digits that read back as `x` (which
+ * JavaScript finds too), placed as ryu places them — plain decimals from 1e-5 up to
+ * 1e16 with a digit after the point, else `1e-7` or `1.5e+17`. */
+export function formatFloat(x: number): string {
+  if (!Number.isFinite(x)) {
+    throw new RangeError(`${x} cannot be stored as JSON (it would read back as null)`);
+  }
+  const magnitude = Math.abs(x);
+  // Where JavaScript writes plain decimals too (it does from 1e-7 to 1e21), its digits
+  // are these: the integral ones lack only the ".0".
+  if (magnitude >= 1e-5 && magnitude < 1e16) return Number.isInteger(x) ? String(x) + ".0" : String(x);
+  const sign = x < 0 || Object.is(x, -0) ? "-" : "";
+  if (x === 0) return sign + "0.0";
+  // toExponential() without a count gives the shortest round-trip digits.
+  const [mantissa, exponent] = magnitude.toExponential().split("e");
+  const digits = mantissa.replace(".", "");
+  const length = digits.length;
+  // 10^(kk-1) <= |x| < 10^kk, and |x| = digits × 10^k.
+  const kk = Number(exponent) + 1;
+  const k = kk - length;
+  if (0 <= k && kk <= 16) return sign + digits + "0".repeat(k) + ".0";
+  if (0 < kk && kk <= 16) return sign + digits.slice(0, kk) + "." + digits.slice(kk);
+  if (-5 < kk && kk <= 0) return sign + "0." + "0".repeat(-kk) + digits;
+  const e = kk - 1 < 0 ? `${kk - 1}` : `+${kk - 1}`;
+  return length === 1 ? `${sign}${digits}e${e}` : `${sign}${digits[0]}.${digits.slice(1)}e${e}`;
+}
