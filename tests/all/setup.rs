@@ -160,20 +160,7 @@ fn the_typescript_tools_count_only_at_the_versions_the_typescript_sdk_is_built_w
     let tools = root.path().join("tools");
     assert!(doctor_line("componentize-js", root.path(), &tools)?.contains(install));
     let bin = tools.join("typescript/node_modules/.bin");
-    let fake = |name: &str, says: &str| -> Result<()> {
-        let script = bin.join(name);
-        touch(&script)?;
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh
-echo '{says}'
-"
-            ),
-        )?;
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
-        Ok(())
-    };
+    let fake = |name: &str, says: &str| fake_program(&bin.join(name), says);
     fake("componentize-js", "0.23.0")?;
     assert!(doctor_line("componentize-js", root.path(), &tools)?.contains(install), "no tsc");
     fake("tsc", "Version 5.9.3")?;
