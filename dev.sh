@@ -275,13 +275,15 @@ build_python_operators() {
     done
 }
 
-# The TypeScript operators (operators/*-ts, each with the SDK, guest-sdk-ts/src, linked in as
-# sluice-operator/ as a scaffolded project has it copied), type-checked and compiled by tsc,
+# The TypeScript operators (operators/*-ts, and the tests' attacker, tests/evil-ts; each
+# with the SDK, guest-sdk-ts/src, linked in as sluice-operator/ as a scaffolded project has
+# it copied), type-checked and compiled by tsc,
 # then built by componentize-js with every WASI feature off (-d: the component imports
 # Sluice's world alone). Each is built again only when a source is newer.
 build_typescript_operators() {
     local build out app js
-    for build in "vehicle_stats_ts operators/vehicle-stats-ts"; do
+    for build in "vehicle_stats_ts operators/vehicle-stats-ts" "speed_windows_ts operators/speed-windows-ts" \
+        "sessions_ts operators/sessions-ts" "evil_ts tests/evil-ts"; do
         read -r out app <<<"$build"
         if [ -f "$WASM_DIR/$out.wasm" ] &&
             [ -z "$(find wit guest-sdk-ts "$app" -newer "$WASM_DIR/$out.wasm" -print -quit)" ]; then
@@ -351,6 +353,12 @@ check_scaffold() {
     "$sluice" new operator scaffold-check-py --lang python --dir "$dir/scaffold-check-py"
     (
         cd "$dir/scaffold-check-py" && COMPONENTIZE_PY="$COMPONENTIZE_PY" ./build.sh && SLUICE="$sluice" ./test.sh
+    ) || status=$?
+    # So does the TypeScript project, with the tsc and componentize-js set-up installed.
+    "$sluice" new operator scaffold-check-ts --lang typescript --dir "$dir/scaffold-check-ts"
+    (
+        cd "$dir/scaffold-check-ts" && TSC="$TYPESCRIPT_TOOLS/tsc" COMPONENTIZE_JS="$TYPESCRIPT_TOOLS/componentize-js" \
+            ./build.sh && SLUICE="$sluice" ./test.sh
     ) || status=$?
     rm -rf "$dir"
     return $status

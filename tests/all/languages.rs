@@ -8,6 +8,7 @@ use crate::canary::in_canary;
 use crate::hot_swap::{SEED, deployed_then_rolled_back, named_version, version_runs};
 use crate::shadow::file_job;
 use anyhow::Result;
+use serde_json::Value;
 use sluice_e2e::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -150,5 +151,78 @@ pub(crate) fn assert_swap_from_rust_and_back(build: &str) -> Result<()> {
         assert!(versions[0] == versions[2] && versions[0] != other, "partition {partition}: {versions:?}");
     }
     assert!(read_jsonl(&dir.join("dead.jsonl"))?.is_empty());
+    Ok(())
+}
+
+/// speed-windows' `build` in another language, on its SDK's windows, against the Rust
+/// build on the Rust SDK's: the same windows closed, in the same outputs, the same state
+/// and timers, the same late records — with a grace, positions late within it and beyond
+/// it.
+pub(crate) fn assert_speed_windows_agree(build: &str) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    let seed = SEED.to_string();
+    // A position every 100 ms: minutes and 5-minute windows close along the run. Every
+    // 97th is 90 s late (past its minute's 30 s grace, in time for some 5-minute windows),
+    // every 389th 10 minutes late (late for all).
+    generate_edited(&input, &["--vehicles", "50", "--count", "12000", "--seed", &seed], |i, p| {
+        every_100_ms(i, p);
+        let late = match i {
+            _ if i > 0 && i % 389 == 0 => 600_000,
+            _ if i > 0 && i % 97 == 0 => 90_000,
+            _ => 0,
+        };
+        p["ts"] = (p["ts"].as_i64().unwrap_or_default() - late).into();
+    })?;
+    let outputs = assert_builds_agree(dir.path(), &input, "speed_windows", build, "grace_ms = \"30000\"")?;
+    assert!(outputs.len() > 1_000, "windows closed: {}", outputs.len());
+    let dead = read_jsonl(&dir.path().join("other").join("dead.jsonl"))?;
+    assert!(!dead.is_empty() && dead.iter().all(|d| d["error"] == "late"), "late records: {dead:?}");
+    Ok(())
+}
+
+/// sessions' `build` in another language, on its SDK's session windows, against the Rust
+/// build under `sluice test`: 3,000 events of 20 users, out of order, with pauses longer
+/// than the gap (new sessions), events bridging two sessions (merges) and events too late
+/// for a closed one.
+pub(crate) fn assert_sessions_agree(build: &str) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("events.jsonl");
+    let (mut x, mut ts, mut lines) = (7u64, 1_767_225_600_000i64, Vec::new());
+    for _ in 0..3_000 {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let user = format!("user-{}", (x >> 33) % 20);
+        ts += ((x >> 40) % 3_000) as i64;
+        // Now and then an event from the past: within a session, bridging two, or late.
+        let back = match (x >> 20) % 50 {
+            0 => 200_000,
+            1..=3 => 40_000,
+            _ => 0,
+        };
+        let page = format!("/p{}", (x >> 50) % 5);
+        lines.push(serde_json::json!({"user": user, "ts": ts - back, "page": page}).to_string());
+    }
+    std::fs::write(&input, lines.join("\n") + "\n")?;
+    let mut runs = Vec::new();
+    for wasm in ["sessions", build] {
+        let mut test = sluice();
+        test.arg("test").arg(operator_wasm(wasm)).arg("--input").arg(&input);
+        test.args(["--key-field", "user", "--config", "gap_ms=60000", "--advance-to"]).arg((ts + 600_000).to_string());
+        let run = run_ok(&mut test)?;
+        let printed: Vec<Value> =
+            String::from_utf8(run.stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+        // What each build printed, but the version it names.
+        runs.push(
+            printed
+                .into_iter()
+                .map(|mut line| {
+                    line.as_object_mut().map(|o| o.remove("operator"));
+                    line.to_string()
+                })
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert!(runs[0].len() > 100, "sessions closed: {}", runs[0].len());
+    assert_eq!(runs[1], runs[0], "{build}'s sessions, then the Rust build's");
     Ok(())
 }

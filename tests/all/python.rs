@@ -17,8 +17,8 @@
 use crate::checkpoint_restore::stderr;
 use crate::hot_swap::SEED;
 use crate::languages::{
-    assert_builds_agree, assert_canary_over_rust_changes_no_byte, assert_swap_from_rust_and_back,
-    assert_vehicle_stats_agree,
+    assert_canary_over_rust_changes_no_byte, assert_sessions_agree, assert_speed_windows_agree,
+    assert_swap_from_rust_and_back, assert_vehicle_stats_agree,
 };
 use crate::shadow::{file_job, reported_shadow, reported_skipped};
 use anyhow::Result;
@@ -34,77 +34,14 @@ fn vehicle_stats_in_python_writes_what_the_rust_build_writes_byte_for_byte() -> 
     assert_vehicle_stats_agree("vehicle_stats_py")
 }
 
-/// speed-windows on the Python SDK's windows, against the Rust build on the Rust SDK's:
-/// the same windows closed, in the same outputs, the same state and timers, the same late
-/// records — with a grace, positions late within it and beyond it.
 #[test]
 fn speed_windows_in_python_writes_what_the_rust_build_writes_byte_for_byte() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let input = dir.path().join("input.jsonl");
-    let seed = SEED.to_string();
-    // A position every 100 ms: minutes and 5-minute windows close along the run. Every
-    // 97th is 90 s late (past its minute's 30 s grace, in time for some 5-minute windows),
-    // every 389th 10 minutes late (late for all).
-    generate_edited(&input, &["--vehicles", "50", "--count", "12000", "--seed", &seed], |i, p| {
-        every_100_ms(i, p);
-        let late = match i {
-            _ if i > 0 && i % 389 == 0 => 600_000,
-            _ if i > 0 && i % 97 == 0 => 90_000,
-            _ => 0,
-        };
-        p["ts"] = (p["ts"].as_i64().unwrap_or_default() - late).into();
-    })?;
-    let outputs = assert_builds_agree(dir.path(), &input, "speed_windows", "speed_windows_py", "grace_ms = \"30000\"")?;
-    assert!(outputs.len() > 1_000, "windows closed: {}", outputs.len());
-    let dead = read_jsonl(&dir.path().join("other").join("dead.jsonl"))?;
-    assert!(!dead.is_empty() && dead.iter().all(|d| d["error"] == "late"), "late records: {dead:?}");
-    Ok(())
+    assert_speed_windows_agree("speed_windows_py")
 }
 
-/// sessions on the Python SDK's session windows, against the Rust build under `sluice
-/// test`: 3,000 events of 20 users, out of order, with pauses longer than the gap (new
-/// sessions), events bridging two sessions (merges) and events too late for a closed one.
 #[test]
 fn sessions_in_python_close_what_the_rust_build_closes() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let input = dir.path().join("events.jsonl");
-    let (mut x, mut ts, mut lines) = (7u64, 1_767_225_600_000i64, Vec::new());
-    for _ in 0..3_000 {
-        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-        let user = format!("user-{}", (x >> 33) % 20);
-        ts += ((x >> 40) % 3_000) as i64;
-        // Now and then an event from the past: within a session, bridging two, or late.
-        let back = match (x >> 20) % 50 {
-            0 => 200_000,
-            1..=3 => 40_000,
-            _ => 0,
-        };
-        let page = format!("/p{}", (x >> 50) % 5);
-        lines.push(serde_json::json!({"user": user, "ts": ts - back, "page": page}).to_string());
-    }
-    std::fs::write(&input, lines.join("\n") + "\n")?;
-    let mut runs = Vec::new();
-    for build in ["sessions", "sessions_py"] {
-        let mut test = sluice();
-        test.arg("test").arg(operator_wasm(build)).arg("--input").arg(&input);
-        test.args(["--key-field", "user", "--config", "gap_ms=60000", "--advance-to"]).arg((ts + 600_000).to_string());
-        let run = run_ok(&mut test)?;
-        let printed: Vec<Value> =
-            String::from_utf8(run.stdout)?.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
-        // What each build printed, but the version it names.
-        runs.push(
-            printed
-                .into_iter()
-                .map(|mut line| {
-                    line.as_object_mut().map(|o| o.remove("operator"));
-                    line.to_string()
-                })
-                .collect::<Vec<_>>(),
-        );
-    }
-    assert!(runs[0].len() > 100, "sessions closed: {}", runs[0].len());
-    assert_eq!(runs[1], runs[0], "the Python build's sessions, then the Rust build's");
-    Ok(())
+    assert_sessions_agree("sessions_py")
 }
 
 /// A Python build deployed as the shadow of the running Rust build: every output it makes

@@ -2,18 +2,37 @@
 //! (`operators/vehicle-stats-ts` over the TypeScript SDK, `guest-sdk-ts`, compiled by tsc
 //! and built by componentize-js with every WASI feature off) writes the state and the
 //! outputs the Rust build writes, byte for byte, its TTLs and `expired` callbacks
-//! included; run as the canary of the Rust build for half the keys, it takes exactly
-//! those and changes no byte of the outputs or the state; a running job is deployed from
-//! the Rust build to it and rolled back, each vehicle's count going on one by one.
+//! included; speed-windows and sessions on the TypeScript SDK's windows close what the
+//! Rust builds close, late records included; run as the canary of the Rust build for half
+//! the keys, vehicle-stats takes exactly those and changes no byte of the outputs or the
+//! state; a running job is deployed from the Rust build to it and rolled back, each
+//! vehicle's count going on one by one. The attacker in TypeScript (`tests/evil-ts`) is
+//! contained attack by attack.
 
+use crate::checkpoint_restore::stderr;
 use crate::languages::{
-    assert_canary_over_rust_changes_no_byte, assert_swap_from_rust_and_back, assert_vehicle_stats_agree,
+    assert_canary_over_rust_changes_no_byte, assert_sessions_agree, assert_speed_windows_agree,
+    assert_swap_from_rust_and_back, assert_vehicle_stats_agree,
 };
 use anyhow::Result;
+use serde_json::{Value, json};
+use sluice::events::LOG_LINES_DROPPED;
+use sluice_e2e::*;
+use std::collections::BTreeMap;
 
 #[test]
 fn vehicle_stats_in_typescript_writes_what_the_rust_build_writes_byte_for_byte() -> Result<()> {
     assert_vehicle_stats_agree("vehicle_stats_ts")
+}
+
+#[test]
+fn speed_windows_in_typescript_writes_what_the_rust_build_writes_byte_for_byte() -> Result<()> {
+    assert_speed_windows_agree("speed_windows_ts")
+}
+
+#[test]
+fn sessions_in_typescript_close_what_the_rust_build_closes() -> Result<()> {
+    assert_sessions_agree("sessions_ts")
 }
 
 /// A TypeScript build as the canary of the Rust build for half the keys: see
@@ -26,4 +45,60 @@ fn a_typescript_canary_over_the_rust_build_takes_its_keys_and_changes_no_byte() 
 #[test]
 fn a_running_job_swaps_from_rust_to_typescript_and_back_and_every_count_goes_on() -> Result<()> {
     assert_swap_from_rust_and_back("vehicle_stats_ts")
+}
+
+/// The attacker in TypeScript (`tests/evil-ts`, built with every WASI feature off): each
+/// attack that breaks something — spinning, allocating, recursing without end, fetching a
+/// file or a URL — costs its record alone, a dead letter saying what stopped it; the clock
+/// it reads is the build's, fixed, and its randomness a sequence fixed at build time, so
+/// two runs decide alike; 100,000 `console.log` lines go nowhere, and its flood of log
+/// lines through the SDK is cut at the rate; the records around the attacks count on.
+#[test]
+fn the_attacks_of_an_operator_in_typescript_each_cost_their_record_with_a_clear_reason() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let actions = ["count", "spin", "hog", "recurse", "fetch", "clock", "clock", "print-flood", "log-flood"];
+    let lines: String =
+        actions.iter().map(|action| format!("{{\"vehicle_id\":\"u\",\"action\":\"{action}\"}}\n")).collect();
+    let input = dir.join("input.jsonl");
+    std::fs::write(&input, lines)?;
+    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+    let mut runs = Vec::new();
+    for run in ["first", "again"] {
+        let out = dir.join(run);
+        let ran = run_ok(run_file_job(&operator_wasm("evil_ts"), &input, &out, 1).env("SLUICE_LOG", "warn"))?;
+        assert!(stderr(&ran).contains(LOG_LINES_DROPPED), "{}", stderr(&ran));
+        assert!(!stderr(&ran).contains("flood 1000"), "console.log reaches nothing: {}", stderr(&ran));
+        runs.push(read_jsonl(&out.join("out.jsonl"))?.into_iter().map(|o| o["value"].clone()).collect::<Vec<Value>>());
+        let reasons: BTreeMap<String, String> = read_jsonl(&out.join("dead.jsonl"))?
+            .into_iter()
+            .map(|d| (actions[d["offset"].as_u64().unwrap_or(0) as usize].to_string(), d["reason"].to_string()))
+            .collect();
+        for (action, reason) in [
+            ("spin", "exceeded its CPU deadline of 1s"),
+            ("hog", "exceeded its memory limit of 64 MiB"),
+            ("recurse", "InternalError: too much recursion"),
+            ("fetch", "operator called `[constructor]fields` (WASI, through its JavaScript runtime)"),
+            ("fetch", "(componentize-js -d)"),
+            ("fetch", "`fetch` has nothing behind it"),
+        ] {
+            let said = reasons.get(action).map_or("", String::as_str);
+            assert!(said.contains(reason), "{action}: {reason:?} not in {said}");
+        }
+        assert_eq!(reasons.len(), 4, "{reasons:#?}");
+    }
+    let outputs = &runs[0];
+    assert_eq!(outputs.len(), 5, "{outputs:?}");
+    assert_eq!(
+        [&outputs[0], &outputs[3], &outputs[4]],
+        [&json!({"count": 1}), &json!({"count": 2}), &json!({"count": 3})]
+    );
+    // The clock is the build's, not the machine's: the same at every call, and before the
+    // test started.
+    let (first, second) = (&outputs[1], &outputs[2]);
+    assert_eq!(first["date"], second["date"], "{first} {second}");
+    assert!(first["date"].as_u64().is_some_and(|date| date < started), "{first}");
+    assert_ne!(first["random"], second["random"], "a sequence, not one number");
+    assert_eq!(runs[0], runs[1], "two runs decide alike");
+    Ok(())
 }

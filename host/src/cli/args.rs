@@ -36,6 +36,8 @@ pub enum LogFormat {
 pub enum Lang {
     Rust,
     Python,
+    #[value(name = "typescript")]
+    TypeScript,
 }
 
 impl From<Lang> for sluice::scaffold::Language {
@@ -43,6 +45,7 @@ impl From<Lang> for sluice::scaffold::Language {
         match lang {
             Lang::Rust => sluice::scaffold::Language::Rust,
             Lang::Python => sluice::scaffold::Language::Python,
+            Lang::TypeScript => sluice::scaffold::Language::TypeScript,
         }
     }
 }
@@ -150,7 +153,8 @@ pub enum NewCommand {
     /// wasm32-wasip2 build, a native unit test, a test of the built component in the
     /// sandbox through `sluice test` and its fixtures, and a README. In Python, a
     /// project: the app, the SDK and the world, build.sh (componentize-py), test.sh
-    /// (`sluice test` over its fixtures) and a README.
+    /// (`sluice test` over its fixtures) and a README; in TypeScript, the same with a
+    /// tsconfig.json, build.sh running tsc and componentize-js.
     Operator {
         /// The crate's name (lowercase letters, digits, - and _).
         name: String,

@@ -12,13 +12,21 @@ use std::path::PathBuf;
 pub fn new_operator(name: &str, dir: Option<PathBuf>, sdk: Option<PathBuf>, language: Language) -> Result<()> {
     let dir = dir.unwrap_or_else(|| PathBuf::from(name));
     let written = sluice::scaffold::new_operator(name, &dir, sdk.as_deref(), language)?;
-    if language == Language::Python {
+    let tools = match language {
+        Language::Rust => None,
+        Language::Python => Some(format!("componentize-py {}", sluice::scaffold::COMPONENTIZE_PY_VERSION)),
+        Language::TypeScript => Some(format!(
+            "tsc {} and componentize-js {}",
+            sluice::scaffold::TYPESCRIPT_VERSION,
+            sluice::scaffold::COMPONENTIZE_JS_VERSION
+        )),
+    };
+    if let Some(tools) = tools {
         eprintln!(
-            "wrote {} files into {}; next: cd {} && ./build.sh && ./test.sh (build.sh needs componentize-py {})",
+            "wrote {} files into {}; next: cd {} && ./build.sh && ./test.sh (build.sh needs {tools})",
             written.len(),
             dir.display(),
             dir.display(),
-            sluice::scaffold::COMPONENTIZE_PY_VERSION
         );
         return Ok(());
     }

@@ -6,7 +6,8 @@
 //! Python (`--lang python`), a project — the app, a copy of the Python SDK and of the
 //! WIT world this binary serves, a build script (componentize-py), a test script
 //! (`sluice test` over the same fixtures) and a README; it needs nothing but
-//! componentize-py. This module owns the templates (`*.in` beside it, and the SDK and
+//! componentize-py. In TypeScript (`--lang typescript`), the same with the TypeScript SDK,
+//! a tsconfig.json and a build script (tsc, then componentize-js). This module owns the templates (`*.in` beside it, and the SDK and
 //! world, compiled into the binary) and writing them; it knows nothing of jobs.
 
 use anyhow::{Context, Result, bail};
@@ -19,6 +20,8 @@ pub enum Language {
     Rust,
     /// A project over the Python SDK, built by componentize-py.
     Python,
+    /// A project over the TypeScript SDK, compiled by tsc and built by componentize-js.
+    TypeScript,
 }
 
 /// The files of a new operator crate: path in the crate, template.
@@ -37,7 +40,7 @@ const RUST_TEMPLATES: &[(&str, &str)] = &[
 const PYTHON_TEMPLATES: &[(&str, &str)] = &[
     ("app.py", include_str!("python/app.py.in")),
     ("build.sh", include_str!("python/build.sh.in")),
-    ("test.sh", include_str!("python/test.sh.in")),
+    ("test.sh", include_str!("test.sh.in")),
     ("sluice_operator/__init__.py", include_str!("../../../guest-sdk-python/sluice_operator/__init__.py")),
     ("sluice_operator/window.py", include_str!("../../../guest-sdk-python/sluice_operator/window.py")),
     ("wit/operator.wit", include_str!("../../../wit/operator.wit")),
@@ -47,12 +50,37 @@ const PYTHON_TEMPLATES: &[(&str, &str)] = &[
     (".gitignore", "*.wasm\n__pycache__/\n"),
 ];
 
-/// The scripts of a new Python operator, written executable.
+/// The files of a new TypeScript operator: path in the project, template. The SDK and
+/// the world are this binary's, verbatim.
+const TYPESCRIPT_TEMPLATES: &[(&str, &str)] = &[
+    ("app.ts", include_str!("typescript/app.ts.in")),
+    ("tsconfig.json", include_str!("typescript/tsconfig.json.in")),
+    ("build.sh", include_str!("typescript/build.sh.in")),
+    ("test.sh", include_str!("test.sh.in")),
+    ("sluice-operator/index.ts", include_str!("../../../guest-sdk-ts/src/index.ts")),
+    ("sluice-operator/json.ts", include_str!("../../../guest-sdk-ts/src/json.ts")),
+    ("sluice-operator/window.ts", include_str!("../../../guest-sdk-ts/src/window.ts")),
+    ("sluice-operator/wit.d.ts", include_str!("../../../guest-sdk-ts/src/wit.d.ts")),
+    ("sluice-operator/runtime.d.ts", include_str!("../../../guest-sdk-ts/src/runtime.d.ts")),
+    ("wit/operator.wit", include_str!("../../../wit/operator.wit")),
+    ("fixtures/input.jsonl", include_str!("input.jsonl.in")),
+    ("fixtures/expected.jsonl", include_str!("expected.jsonl.in")),
+    ("README.md", include_str!("typescript/README.md.in")),
+    (".gitignore", "*.wasm\nbuild/\n"),
+];
+
+/// The scripts of a new Python or TypeScript operator, written executable.
 const SCRIPTS: &[&str] = &["build.sh", "test.sh"];
 
 /// The componentize-py a new Python operator is built with: the version `./dev.sh`
 /// installs (a test checks they agree).
 pub const COMPONENTIZE_PY_VERSION: &str = "0.25.1";
+
+/// The componentize-js and TypeScript a new TypeScript operator is built with: the
+/// versions `./dev.sh` installs (a test checks they agree).
+pub const COMPONENTIZE_JS_VERSION: &str = "0.23.0";
+/// See [`COMPONENTIZE_JS_VERSION`].
+pub const TYPESCRIPT_VERSION: &str = "6.0.3";
 
 /// The version of the SDK (`sluice-guest`) this binary's host serves, which a new crate
 /// depends on: the workspace's version, which the SDK shares.
@@ -61,7 +89,7 @@ pub const SDK_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Writes the operator `name` in `language` into `dir` (which must not exist); returns
 /// the files written. A Rust crate depends on the SDK by [`SDK_VERSION`], or on the SDK
 /// crate in the directory `sdk` (a checkout's `guest-sdk`, or an unpacked copy); a
-/// Python project holds its SDK, and takes no `sdk`.
+/// Python or TypeScript project holds its SDK, and takes no `sdk`.
 pub fn new_operator(name: &str, dir: &Path, sdk: Option<&Path>, language: Language) -> Result<Vec<PathBuf>> {
     let valid = name.starts_with(|c: char| c.is_ascii_lowercase())
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
@@ -70,8 +98,8 @@ pub fn new_operator(name: &str, dir: &Path, sdk: Option<&Path>, language: Langua
     }
     let dependency = match sdk {
         None => format!("\"{SDK_VERSION}\""),
-        Some(_) if language == Language::Python => {
-            bail!("--sdk names the Rust SDK; a Python operator is written with its SDK inside")
+        Some(_) if language != Language::Rust => {
+            bail!("--sdk names the Rust SDK; a {language:?} operator is written with its SDK inside")
         }
         Some(sdk) => {
             let manifest = std::fs::read_to_string(sdk.join("Cargo.toml")).unwrap_or_default();
@@ -93,6 +121,7 @@ pub fn new_operator(name: &str, dir: &Path, sdk: Option<&Path>, language: Langua
     let templates = match language {
         Language::Rust => RUST_TEMPLATES,
         Language::Python => PYTHON_TEMPLATES,
+        Language::TypeScript => TYPESCRIPT_TEMPLATES,
     };
     let mut written = Vec::new();
     for (relative, template) in templates {
@@ -102,7 +131,9 @@ pub fn new_operator(name: &str, dir: &Path, sdk: Option<&Path>, language: Langua
             .replace("{{type}}", &type_name)
             .replace("{{sdk}}", &dependency)
             .replace("{{sdk_version}}", SDK_VERSION)
-            .replace("{{componentize_py}}", COMPONENTIZE_PY_VERSION);
+            .replace("{{componentize_py}}", COMPONENTIZE_PY_VERSION)
+            .replace("{{componentize_js}}", COMPONENTIZE_JS_VERSION)
+            .replace("{{typescript}}", TYPESCRIPT_VERSION);
         let path = dir.join(relative);
         std::fs::create_dir_all(path.parent().unwrap_or(dir))?;
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
@@ -152,41 +183,64 @@ mod tests {
         Ok(())
     }
 
-    /// A Python project holds the app, this binary's SDK and world verbatim, and
-    /// executable build and test scripts naming the component; it takes no `--sdk`.
+    /// A Python or TypeScript project holds the app, this binary's SDK and world verbatim,
+    /// and executable build and test scripts naming the component; it takes no `--sdk`.
     #[test]
-    fn a_python_operator_holds_its_sdk_and_world_and_scripts() -> Result<()> {
-        let scratch = tempfile::tempdir()?;
-        let dir = scratch.path().join("click-counter");
-        new_operator("click-counter", &dir, None, Language::Python)?;
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        for (written, source) in [
+    fn a_python_or_typescript_operator_holds_its_sdk_and_world_and_scripts() -> Result<()> {
+        let python = [
             ("sluice_operator/__init__.py", "guest-sdk-python/sluice_operator/__init__.py"),
             ("sluice_operator/window.py", "guest-sdk-python/sluice_operator/window.py"),
-            ("wit/operator.wit", "wit/operator.wit"),
-        ] {
-            assert_eq!(std::fs::read(dir.join(written))?, std::fs::read(root.join(source))?, "{written}");
+        ];
+        let typescript = [
+            ("sluice-operator/index.ts", "guest-sdk-ts/src/index.ts"),
+            ("sluice-operator/json.ts", "guest-sdk-ts/src/json.ts"),
+            ("sluice-operator/window.ts", "guest-sdk-ts/src/window.ts"),
+            ("sluice-operator/wit.d.ts", "guest-sdk-ts/src/wit.d.ts"),
+            ("sluice-operator/runtime.d.ts", "guest-sdk-ts/src/runtime.d.ts"),
+        ];
+        // Every file of the TypeScript SDK is copied (a new one left out would break the
+        // build of every new project).
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for file in std::fs::read_dir(root.join("guest-sdk-ts/src"))? {
+            let source = format!("guest-sdk-ts/src/{}", file?.file_name().to_string_lossy());
+            assert!(typescript.iter().any(|(_, copied)| *copied == source), "{source} is in the scaffold");
         }
-        for script in SCRIPTS {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(dir.join(script))?.permissions().mode();
-            assert_eq!(mode & 0o111, 0o111, "{script} is executable");
-            assert!(std::fs::read_to_string(dir.join(script))?.contains("click_counter.wasm"), "{script}");
+        let cases = [(Language::Python, &python[..], "app.py"), (Language::TypeScript, &typescript[..], "app.ts")];
+        for (language, sdk, app) in cases {
+            let scratch = tempfile::tempdir()?;
+            let dir = scratch.path().join("click-counter");
+            new_operator("click-counter", &dir, None, language)?;
+            for (written, source) in sdk.iter().chain(&[("wit/operator.wit", "wit/operator.wit")]) {
+                assert_eq!(std::fs::read(dir.join(written))?, std::fs::read(root.join(source))?, "{written}");
+            }
+            for script in SCRIPTS {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = std::fs::metadata(dir.join(script))?.permissions().mode();
+                assert_eq!(mode & 0o111, 0o111, "{script} is executable");
+                assert!(std::fs::read_to_string(dir.join(script))?.contains("click_counter.wasm"), "{script}");
+            }
+            for file in ["README.md", "build.sh", app] {
+                assert!(!std::fs::read_to_string(dir.join(file))?.contains("{{"), "every placeholder filled: {file}");
+            }
+            let sdk = root.join("guest-sdk");
+            let err = new_operator("x", &scratch.path().join("x"), Some(&sdk), language).unwrap_err();
+            assert!(err.to_string().contains("operator is written with its SDK inside"), "{err}");
         }
-        for file in ["README.md", "build.sh", "app.py"] {
-            assert!(!std::fs::read_to_string(dir.join(file))?.contains("{{"), "every placeholder filled: {file}");
-        }
-        let sdk = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-sdk");
-        let err = new_operator("x", &scratch.path().join("x"), Some(&sdk), Language::Python).unwrap_err();
-        assert!(err.to_string().contains("a Python operator is written with its SDK inside"), "{err}");
         Ok(())
     }
 
-    /// `./dev.sh` installs the componentize-py a new Python operator's build names.
+    /// `./dev.sh` installs the componentize-py, componentize-js and TypeScript a new
+    /// Python or TypeScript operator's build names.
     #[test]
-    fn the_python_build_names_the_componentize_py_dev_sh_installs() -> Result<()> {
+    fn the_builds_name_the_tools_dev_sh_installs() -> Result<()> {
         let dev = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../dev.sh"))?;
-        assert!(dev.contains(&format!("COMPONENTIZE_PY_VERSION={COMPONENTIZE_PY_VERSION}\n")), "dev.sh");
+        for line in [
+            format!("COMPONENTIZE_PY_VERSION={COMPONENTIZE_PY_VERSION}\n"),
+            format!("COMPONENTIZE_JS_VERSION={COMPONENTIZE_JS_VERSION}\n"),
+            format!("TYPESCRIPT_VERSION={TYPESCRIPT_VERSION}\n"),
+        ] {
+            assert!(dev.contains(&line), "dev.sh: {line}");
+        }
         Ok(())
     }
 }

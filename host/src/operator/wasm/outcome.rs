@@ -66,10 +66,9 @@ pub(super) fn describe_trap(trap: wasmtime::Error, limits: &Limits, ctx: &mut Ho
         }
         (_, None, Some(panic)) => panic,
         (_, None, None) => match stubbed_wasi(&trap) {
-            Some(function) => format!(
-                "operator called `{function}` (WASI, through its libc), which this build stubs out with a trap \
-                 (componentize-py -s): the sandbox gives an operator no filesystem, network, clock, stdio or \
-                 environment{}",
+            Some(Stub { function, how }) => format!(
+                "operator called `{function}` {how}: the sandbox gives an operator no filesystem, network, clock, \
+                 stdio or environment{}",
                 instead_of_stub(function)
             ),
             None => trap.root_cause().to_string(),
@@ -79,29 +78,50 @@ pub(super) fn describe_trap(trap: wasmtime::Error, limits: &Limits, ctx: &mut Ho
     lift::cut_reason(format!("{reason}\n{trap:#}"), limits.per_call.reason_bytes)
 }
 
-/// The libc function a trap stopped in when the trap is a WASI function a build stubbed
-/// out (componentize-py's `-s` puts a function that traps where each WASI import was):
-/// an `unreachable` at the top of the stack in nameless code of a nameless module, called
-/// from libc (whose WASI bindings are named after their functions, `wall_clock_now`).
-fn stubbed_wasi(trap: &wasmtime::Error) -> Option<&str> {
+/// A WASI function a build stubbed out with a trap, which a trap stopped in.
+struct Stub<'a> {
+    /// The function: a libc binding's name (`wall_clock_now`) or a WASI import's
+    /// (`[constructor]fields`).
+    function: &'a str,
+    /// How the operator reached it, and which build stubbed it out.
+    how: &'static str,
+}
+
+/// The WASI function a trap stopped in, when the trap is one a build stubbed out: an
+/// `unreachable` at the top of the stack, where componentize-py's `-s` puts a function
+/// that traps in place of each WASI import (in nameless code of a nameless module, called
+/// from libc, whose WASI bindings are named after their functions) and componentize-js's
+/// `-d` in place of each import of a feature it turns off (named after the import, in the
+/// component model's syntax for a resource's functions, `[constructor]fields`, which no
+/// compiled function's name starts with).
+fn stubbed_wasi(trap: &wasmtime::Error) -> Option<Stub<'_>> {
     if trap.downcast_ref::<wasmtime::Trap>() != Some(&wasmtime::Trap::UnreachableCodeReached) {
         return None;
     }
     let frames = trap.downcast_ref::<wasmtime::WasmBacktrace>()?.frames();
+    if let Some(function) = frames.first().and_then(|f| f.func_name()).filter(|name| name.starts_with('[')) {
+        let how = "(WASI, through its JavaScript runtime), which this build leaves out with a trap \
+                   (componentize-js -d)";
+        return Some(Stub { function, how });
+    }
     let nameless = frames.iter().take_while(|f| f.func_name().is_none() && f.module().name().is_none()).count();
     let caller = frames.get(nameless).filter(|_| nameless > 0)?;
     caller.module().name().filter(|module| module.starts_with("libc.so"))?;
-    caller.func_name()
+    let how = "(WASI, through its libc), which this build stubs out with a trap (componentize-py -s)";
+    Some(Stub { function: caller.func_name()?, how })
 }
 
-/// What an operator should use instead of the stubbed WASI function `function` (a
-/// libc binding's name), where there is a usual reason to reach for it.
+/// What an operator should use instead of the stubbed WASI function `function` (a libc
+/// binding's name or a WASI import's), where there is a usual reason to reach for it.
 fn instead_of_stub(function: &str) -> &'static str {
     if function.starts_with("wall_clock") || function.starts_with("monotonic_clock") {
         "; for time use the record's event time (`record.timestamp_ms`) or the partition's clock (`state.now()`), \
          which a replay sees again"
     } else if function.starts_with("stdout") || function.starts_with("stderr") {
         "; to log, use the SDK's `log`, whose lines the host names and bounds"
+    } else if function.ends_with("]fields") || function.contains("request") {
+        // wasi:http's: JavaScript's `fetch` builds its headers first.
+        "; `fetch` has nothing behind it"
     } else {
         ""
     }
