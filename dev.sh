@@ -97,13 +97,14 @@ install_componentize_py() {
 
 # TypeScript operators are compiled by tsc (TypeScript) and built by componentize-js
 # (npm), installed together under $TOOLS/typescript: they count only at the versions the
-# TypeScript SDK is tested with. componentize-js runs on Node 18 or newer.
+# TypeScript SDK is tested with. componentize-js 0.23 runs on Node 20.19 or newer (its
+# parser's and bundler's engines say so; Debian 12's nodejs is 18).
 COMPONENTIZE_JS_VERSION=0.23.0
 TYPESCRIPT_VERSION=6.0.3
 TYPESCRIPT_TOOLS="$TOOLS/typescript/node_modules/.bin"
 has_node() {
-    local major
-    major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null) && [ "$major" -ge 18 ] && npm --version >/dev/null 2>&1
+    node -e 'const [major, minor] = process.versions.node.split(".").map(Number);
+        process.exit(major > 20 || (major === 20 && minor >= 19) ? 0 : 1)' 2>/dev/null && npm --version >/dev/null 2>&1
 }
 has_typescript_tools() {
     [ "$("$TYPESCRIPT_TOOLS/componentize-js" --version 2>/dev/null)" = "$COMPONENTIZE_JS_VERSION" ] &&
@@ -112,7 +113,7 @@ has_typescript_tools() {
 install_typescript_tools() {
     rm -rf "$TOOLS/typescript"
     mkdir -p "$TOOLS/typescript" &&
-        npm install --prefix "$TOOLS/typescript" --no-audit --no-fund --silent \
+        npm install --prefix "$TOOLS/typescript" --no-audit --no-fund --loglevel=error \
             "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" "typescript@$TYPESCRIPT_VERSION"
 }
 
@@ -275,11 +276,11 @@ build_python_operators() {
     done
 }
 
-# The TypeScript operators (operators/*-ts, and the tests' attacker, tests/evil-ts; each
-# with the SDK, guest-sdk-ts/src, linked in as sluice-operator/ as a scaffolded project has
-# it copied), type-checked and compiled by tsc,
-# then built by componentize-js with every WASI feature off (-d: the component imports
-# Sluice's world alone). Each is built again only when a source is newer.
+# The TypeScript operators (operators/*-ts, and the tests' attacker, tests/evil-ts), each
+# with the SDK (guest-sdk-ts/src) linked in as sluice-operator/, where a scaffolded project
+# has it copied: type-checked and compiled by tsc, then built by componentize-js with every
+# WASI feature off (-d: the component imports Sluice's world alone). Each is built again
+# only when a source is newer.
 build_typescript_operators() {
     local build out app js
     for build in "vehicle_stats_ts operators/vehicle-stats-ts" "speed_windows_ts operators/speed-windows-ts" \
@@ -297,13 +298,13 @@ build_typescript_operators() {
     done
 }
 
-# The TypeScript SDK's JSON writes numbers as serde_json does (guest-sdk-ts/test): its
-# json.ts compiled alone, under Node's test runner.
+# The TypeScript SDK's JSON writes what serde_json writes (guest-sdk-ts/test): the SDK
+# compiled by tsc, its json.js under Node's test runner.
 check_typescript_sdk() {
     local js
     js=$(mktemp -d)
     "$TYPESCRIPT_TOOLS/tsc" -p guest-sdk-ts --outDir "$js"
-    SLUICE_TS_SDK="$js" node --test guest-sdk-ts/test/
+    SLUICE_TS_SDK="$js" node --test guest-sdk-ts/test/*.test.mjs
     rm -rf "$js"
 }
 

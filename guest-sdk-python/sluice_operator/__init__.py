@@ -166,7 +166,7 @@ def log(message, level="info"):
 
 def dumps(value):
     """`value` as compact JSON bytes, as serde_json writes it: object fields in their
-    order, strings escaped alike, floats in serde_json's (ryu's) notation. NaN and
+    order, strings escaped alike, floats in serde_json's notation. NaN and
     infinities, which JSON cannot hold, are refused."""
     if _repr_is_serde_json(value):
         # The standard library's C encoder, four times as fast: where every float is one
@@ -224,7 +224,7 @@ def _encode(value):
 
 def format_float(x):
     """`x` as serde_json prints an f64: the shortest digits that read back as `x`
-    (Python's repr finds the same ones), placed as ryu places them — plain decimals
+    (Python's repr finds the same ones), placed as serde_json places them — plain decimals
     from 1e-5 up to 1e16, with a digit after the point, else `1e-7` or `1.5e+17`."""
     if math.isnan(x) or math.isinf(x):
         raise ValueError(f"{x} cannot be stored as JSON (it would read back as null)")

@@ -28,11 +28,11 @@
 import * as stateImports from "sluice:operator/state@0.1.3";
 import * as timerImports from "sluice:operator/timers@0.1.3";
 import * as logImports from "sluice:operator/log@0.1.3";
-import { finish } from "sluice:operator/batch@0.1.3";
+import { finish, type Outcome } from "sluice:operator/batch@0.1.3";
 import type { InputRecord, OutputRecord } from "sluice:operator/types@0.1.3";
-import { dumps, loads } from "./json.js";
+import { dumps, loads, parse } from "./json.js";
 
-export { dumps, formatFloat, loads, stringify } from "./json.js";
+export { dumps, formatFloat, loads, parse, stringify } from "./json.js";
 
 const decoder = new TextDecoder();
 const encoder = new TextEncoder();
@@ -59,9 +59,9 @@ export class Record {
     return decoder.decode(this.key);
   }
 
-  /** The value parsed as JSON. */
+  /** The value parsed as JSON (refused unless it is UTF-8). */
   json<T = any>(): T {
-    return JSON.parse(decoder.decode(this.value)) as T;
+    return parse(this.value) as T;
   }
 }
 
@@ -169,6 +169,17 @@ export class Output {
   }
 }
 
+/** The whole number `config` gives `name` (its `[operator.config]` value), or
+ * `fallback` when it gives none; anything else is an error, which refuses `init`. */
+export function configInt(config: { [name: string]: string }, name: string, fallback: number): number {
+  const value = config[name];
+  if (value === undefined) return fallback;
+  if (!/^-?[0-9]+$/.test(value.trim()) || !Number.isSafeInteger(Number(value))) {
+    throw new TypeError(`[operator.config] ${name} = ${JSON.stringify(value)} is not a whole number`);
+  }
+  return Number(value);
+}
+
 /** A level of the host's log. */
 export type Level = logImports.Level;
 
@@ -226,11 +237,13 @@ export function operator(handlers: Handlers) {
 
     processBatch(inputs: InputRecord[]): void {
       for (const input of inputs) {
+        let result: Outcome;
         try {
-          finish({ tag: "ok", val: outcome(() => handlers.process(new Record(input), state)) });
+          result = { tag: "ok", val: outcome(() => handlers.process(new Record(input), state)) };
         } catch (e) {
-          finish({ tag: "err", val: String(e) });
+          result = { tag: "err", val: String(e) };
         }
+        finish(result);
       }
     },
 

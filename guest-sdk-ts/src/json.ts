@@ -1,7 +1,7 @@
 /**
  * State values and outputs as JSON, written exactly as the Rust SDK writes them
- * (serde_json: compact, fields in their order, strings escaped alike, floats in ryu's
- * shortest round-trip notation), so a value one language wrote reads back the same in
+ * (serde_json: compact, fields in their order, strings escaped alike, floats in their
+ * shortest round-trip digits, placed as serde_json places them), so a value one language wrote reads back the same in
  * another, and an output made from it is the same bytes.
  *
  * JavaScript has one number type where Rust and Python have two: an integral number is
@@ -37,6 +37,12 @@ export function loads(name: string, bytes: Uint8Array): unknown {
         "store it as JSON (the Rust SDK's default) to share it between languages",
     );
   }
+  return parse(bytes);
+}
+
+/** The JSON value `bytes` hold; bytes that are not UTF-8 are refused, as the Rust and
+ * Python SDKs refuse them. */
+export function parse(bytes: Uint8Array): unknown {
   return JSON.parse(decoder.decode(bytes));
 }
 
@@ -56,6 +62,11 @@ function write(value: unknown, float: boolean, floats: ReadonlySet<string>): str
       return value ? "true" : "false";
     case "object": {
       if (value === null) return "null";
+      const prototype = Object.getPrototypeOf(value);
+      if (!Array.isArray(value) && prototype !== Object.prototype && prototype !== null) {
+        // A Date, Map, Set or typed array would be written as {} or worse.
+        throw new TypeError(`a ${prototype.constructor?.name ?? "object"} is not something JSON holds`);
+      }
       // Concatenated, not joined: the runtime interprets this code, and a string built
       // with += is a rope it joins once.
       let out = "";
@@ -82,20 +93,20 @@ function integer(x: number): string {
   if (!Number.isSafeInteger(x)) {
     throw new RangeError(`${x} is past 2^53: give it as a bigint to write it exactly`);
   }
-  // -0 is an integer 0, as serde_json writes an i64.
-  return x === 0 ? "0" : String(x);
+  // -0 too is written "0", as serde_json writes an i64.
+  return String(x);
 }
 
 /** `x` as serde_json prints an f64: the shortest digits that read back as `x` (which
- * JavaScript finds too), placed as ryu places them — plain decimals from 1e-5 up to
- * 1e16 with a digit after the point, else `1e-7` or `1.5e+17`. */
+ * JavaScript finds too), placed as serde_json places them — plain decimals from 1e-5 up
+ * to 1e16 with a digit after the point, else `1e-7` or `1.5e+17`. */
 export function formatFloat(x: number): string {
   if (!Number.isFinite(x)) {
     throw new RangeError(`${x} cannot be stored as JSON (it would read back as null)`);
   }
   const magnitude = Math.abs(x);
-  // Where JavaScript writes plain decimals too (it does from 1e-7 to 1e21), its digits
-  // are these: the integral ones lack only the ".0".
+  // Where JavaScript writes plain decimals too (it does from 1e-6 to 1e21), it writes
+  // these digits: the integral ones lack only the ".0".
   if (magnitude >= 1e-5 && magnitude < 1e16) return Number.isInteger(x) ? String(x) + ".0" : String(x);
   const sign = x < 0 || Object.is(x, -0) ? "-" : "";
   if (x === 0) return sign + "0.0";

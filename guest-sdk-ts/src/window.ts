@@ -56,6 +56,7 @@ export class WindowSpec<A> {
     private readonly kind: Kind,
     /** The windows' size; a session's gap. */
     private readonly sizeMs: number,
+    /** How far apart windows start (none for sessions). */
     private readonly advanceMs: number,
     private readonly merge?: (into: A, other: A) => A,
     readonly graceMs = 0,
@@ -76,7 +77,7 @@ export class WindowSpec<A> {
 
   /** A window per burst of activity, closing `gapMs` after its last record. */
   static session<A>(name: string, gapMs: number, merge: (into: A, other: A) => A): WindowSpec<A> {
-    return new WindowSpec<A>(name, "session", gapMs, gapMs, merge);
+    return new WindowSpec<A>(name, "session", gapMs, 0, merge);
   }
 
   private with(changes: { graceMs?: number; emit?: Emit; late?: LateMode; floats?: readonly string[] }): WindowSpec<A> {
@@ -107,6 +108,9 @@ export class WindowSpec<A> {
   /** Folds the record at `timestampMs` into each of the key's windows that hold it;
    * returns the windows to emit now. Throws {@link Late} for a record no window takes. */
   add(state: State, timestampMs: number, fold: (aggregate: A) => A | void, create: () => A): Window<A>[] {
+    if (!Number.isSafeInteger(timestampMs)) {
+      throw new TypeError(`window ${this.name}: the event time ${JSON.stringify(timestampMs)} is not a whole number`);
+    }
     if (timestampMs <= 0) {
       throw new Late(`window ${this.name}: a record without an event time (${timestampMs})`);
     }

@@ -5,9 +5,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-const { dumps, formatFloat, loads, stringify } = await import(`${process.env.SLUICE_TS_SDK}/json.js`);
+const { dumps, formatFloat, loads, parse, stringify } = await import(`${process.env.SLUICE_TS_SDK}/json.js`);
 
-test("floats are placed as ryu places them", () => {
+test("floats are placed as serde_json places them", () => {
   const serdeJson = [
     [1.5e17, "1.5e+17"],
     [1e-7, "1e-7"],
@@ -53,9 +53,12 @@ test("what JSON cannot hold is refused", () => {
   assert.throws(() => stringify({ x: Infinity }), /cannot be stored as JSON/);
   assert.throws(() => stringify({ x: 2 ** 60 }), /past 2\^53/);
   assert.throws(() => stringify({ f: () => 1 }), /not something JSON holds/);
+  assert.throws(() => stringify({ at: new Date(0) }), /a Date is not something JSON holds/);
+  assert.throws(() => stringify({ bytes: new Uint8Array(2) }), /a Uint8Array is not something JSON holds/);
 });
 
 test("values read back, and the Rust SDK's binary encoding is refused by name", () => {
   assert.deepEqual(loads("summary", dumps({ a: 1, b: [2.5] })), { a: 1, b: [2.5] });
   assert.throws(() => loads("summary", new Uint8Array([0xc1, 0x80])), /state "summary" is in the Rust SDK's binary/);
+  assert.throws(() => parse(new Uint8Array([0x22, 0xff, 0x22])), TypeError, "not UTF-8");
 });

@@ -10,7 +10,7 @@
  * inactivity that closes a session.
  */
 
-import { Output, operator } from "./sluice-operator/index.js";
+import { Output, configInt, operator } from "./sluice-operator/index.js";
 import { WindowSpec } from "./sluice-operator/window.js";
 
 let gapMs = 30 * 60 * 1000;
@@ -36,7 +36,7 @@ const empty = (): Session => ({ user: "", start: 0, end: 0, events: 0, pages: []
 
 export const { init, process, processBatch, expired, fired } = operator({
   init(config) {
-    if (config.gap_ms !== undefined) gapMs = Number(config.gap_ms);
+    gapMs = configInt(config, "gap_ms", gapMs);
   },
 
   process(record, state) {

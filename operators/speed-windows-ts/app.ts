@@ -12,7 +12,7 @@
  * much; a position later than that for all its windows is a `late` dead letter.
  */
 
-import { Late, Output, operator } from "./sluice-operator/index.js";
+import { Late, Output, configInt, operator } from "./sluice-operator/index.js";
 import { WindowSpec } from "./sluice-operator/window.js";
 
 let graceMs = 0;
@@ -37,7 +37,7 @@ const speeds = (): Speeds => ({ vehicle_id: "", positions: 0, sum_kmh: 0, max_km
 
 export const { init, process, processBatch, expired, fired } = operator({
   init(config) {
-    graceMs = Number(config.grace_ms ?? 0);
+    graceMs = configInt(config, "grace_ms", 0);
   },
 
   process(record, state) {

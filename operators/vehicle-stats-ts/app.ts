@@ -11,7 +11,7 @@
  * after its last position, and the final summary is emitted with `left_fleet_at` set.
  */
 
-import { Output, dumps, operator } from "./sluice-operator/index.js";
+import { Output, configInt, dumps, operator } from "./sluice-operator/index.js";
 
 /** How long after its last position a vehicle has left the fleet, in ms; 0: never. */
 const LEFT_FLEET_AFTER_MS = "left_fleet_after_ms";
@@ -47,13 +47,11 @@ const FLOATS = ["mean_speed_kmh", "max_speed_kmh", "distance_km", "last_lat", "l
 
 export const { init, process, processBatch, expired, fired } = operator({
   init(config) {
-    if (config[LEFT_FLEET_AFTER_MS] !== undefined) {
-      leftFleetAfterMs = Number(config[LEFT_FLEET_AFTER_MS]);
-    }
+    leftFleetAfterMs = configInt(config, LEFT_FLEET_AFTER_MS, 0);
   },
 
   process(record, state) {
-    const p = record.json<Position>();
+    const p = position(record.json());
     const s: Summary = state.get<Summary>("summary") ?? {
       vehicle_id: "",
       count: 0,
@@ -90,6 +88,17 @@ export const { init, process, processBatch, expired, fired } = operator({
     return [new Output(entry.key, { left_fleet_at: entry.expiredAtMs, ...entry.json<Summary>() }, { floats: FLOATS })];
   },
 });
+
+/** `value` as a position, its fields of the types the Rust build's `Position` has (which
+ * refuses a record otherwise, as this does). */
+function position(value: any): Position {
+  for (const field of ["ts", "lat", "lon", "speed_kmh"]) {
+    if (typeof value?.[field] !== "number") throw new TypeError(`position: ${field} is not a number`);
+  }
+  if (typeof value.vehicle_id !== "string") throw new TypeError("position: vehicle_id is not a string");
+  if (!Number.isSafeInteger(value.ts)) throw new TypeError("position: ts is not a whole number");
+  return value as Position;
+}
 
 /** Great-circle distance between two WGS84 positions, in kilometres, computed as the Rust
  * build computes it: each product in the same order, so each rounds alike. */

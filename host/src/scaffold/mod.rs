@@ -66,7 +66,7 @@ const TYPESCRIPT_TEMPLATES: &[(&str, &str)] = &[
     ("fixtures/input.jsonl", include_str!("input.jsonl.in")),
     ("fixtures/expected.jsonl", include_str!("expected.jsonl.in")),
     ("README.md", include_str!("typescript/README.md.in")),
-    (".gitignore", "*.wasm\nbuild/\n"),
+    (".gitignore", "*.wasm\nbuild/\nnode_modules/\n"),
 ];
 
 /// The scripts of a new Python or TypeScript operator, written executable.

@@ -43,17 +43,17 @@ impl WasmInstance {
         Ok(processed)
     }
 
-    /// Whether `record`, whose `attempt`th call trapped for `reason`, gets another
-    /// call: then it has waited the retry policy's backoff, and `attempt` counts the
-    /// call to come.
-    fn retry(&self, attempt: &mut u32, record: &SourceRecord, reason: &str) -> bool {
+    /// Whether the record at `offset` (or the callback due before it), whose `attempt`th
+    /// call trapped for `reason`, gets another call: then it has waited the retry
+    /// policy's backoff, and `attempt` counts the call to come.
+    pub(super) fn retry(&mut self, attempt: &mut u32, offset: u64, reason: &str) -> bool {
+        let partition = self.ctx().partition;
         let policy = &self.operator.limits.retry;
         if *attempt >= policy.attempts {
             return false;
         }
         *attempt += 1;
         let wait = policy.backoff_before(*attempt);
-        let (partition, offset) = (record.partition, record.offset);
         let first_line = reason.lines().next().unwrap_or_default();
         tracing::info!(
             partition,
@@ -197,7 +197,7 @@ impl WasmInstance {
             tracing::debug!("`{PROCESS_BATCH}` of {} records trapped before finishing one: {reason}", run.len());
             return Ok(true);
         }
-        if self.retry(attempt, &run[finished], &reason) {
+        if self.retry(attempt, run[finished].offset, &reason) {
             return Ok(true);
         }
         self.add_outcome(Outcome::Trapped { reason, attempts: std::mem::replace(attempt, 1) }, outcomes);
@@ -212,7 +212,7 @@ impl WasmInstance {
         let outcome = match crate::operator::process_scoped(self, record)? {
             // A trap, not outputs past a limit: the instance is a fresh one.
             Outcome::Trapped { reason, .. } if self.replaced != replaced => {
-                if self.retry(attempt, record, &reason) {
+                if self.retry(attempt, record.offset, &reason) {
                     return Ok(());
                 }
                 Outcome::Trapped { reason, attempts: std::mem::replace(attempt, 1) }

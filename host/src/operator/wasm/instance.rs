@@ -251,7 +251,7 @@ impl WasmInstance {
             // The version that processes the entry's key is told of it.
             self.route(&entry.key);
             if self.live().exports.told()
-                && let Some(outcome) = self.call_told(&entry)?
+                && let Some(outcome) = self.call_told(&entry, offset)?
             {
                 let bytes = entry.key.len() + entry.name.len() + entry.value.len() + outcome.bytes();
                 let budget = &mut self.ctx().budget;
@@ -261,22 +261,24 @@ impl WasmInstance {
         }
     }
 
-    /// Tells the component of `entry`, in a record scope of its key: its `expired`, or
-    /// for a timer its `fired` — a timer fired in a version without `fired` (one set by
-    /// a newer version before a rollback) is the timer's dead letter; an expiry in one
-    /// without `expired` has no outcome. The call's writes stand only if it returns
-    /// outputs. An `Err` is a host failure.
-    fn call_told(&mut self, entry: &Expired) -> Result<Option<Outcome>> {
+    /// Tells the component of `entry`, due before the record at `offset`, in a record
+    /// scope of its key: its `expired`, or for a timer its `fired` — a timer fired in a
+    /// version without `fired` (one set by a newer version before a rollback) is the
+    /// timer's dead letter; an expiry in one without `expired` has no outcome. The call's
+    /// writes stand only if it returns outputs. An `Err` is a host failure.
+    fn call_told(&mut self, entry: &Expired, offset: u64) -> Result<Option<Outcome>> {
         let exports = self.live().exports;
         let outcome = match (entry.timer(), exports.fired) {
             (None, _) => {
-                let Some(expired) = exports.expired else { return Ok(None) };
+                if exports.expired.is_none() {
+                    return Ok(None);
+                }
                 let params = (entry.key.as_slice(), entry.name.as_str(), entry.value.as_slice(), entry.expired_at_ms);
-                self.call_callback::<ExpiredParams<'_>>(&entry.key, expired, params)?
+                self.call_callback::<ExpiredParams<'_>>(&entry.key, offset, |exports| exports.expired, params)?
             }
-            (Some(timer), Some(fired)) => {
+            (Some(timer), Some(_)) => {
                 let params = (entry.key.as_slice(), timer, entry.expired_at_ms);
-                self.call_callback::<FiredParams<'_>>(&entry.key, fired, params)?
+                self.call_callback::<FiredParams<'_>>(&entry.key, offset, |exports| exports.fired, params)?
             }
             (Some(timer), None) => Outcome::Rejected(format!(
                 "timer {timer:?} fired at {}, but {} does not export `fired` (it was built against {WIT_PACKAGE} \
@@ -287,20 +289,44 @@ impl WasmInstance {
         Ok(Some(outcome))
     }
 
-    /// Calls `func`, the `expired` or `fired` callback, with `params` in a record scope
-    /// of `key`: the call's writes stand only if it returns outputs.
-    fn call_callback<P: ComponentNamedList + Lower>(&mut self, key: &[u8], func: Func, params: P) -> Result<Outcome> {
-        let ctx = self.ctx();
-        ctx.txn.scope(key);
-        ctx.in_callback = true;
-        let outcome = self.call_for_outcome::<P>(func, params);
-        // After a trap whose replacement failed to start there is no instance left.
-        if let Some(live) = self.live.as_mut() {
-            live.store.data_mut().in_callback = false;
+    /// Calls the callback `export` picks from the live instance's exports (`expired` or
+    /// `fired`, which it exports) with `params` in a record scope of `key`: the call's
+    /// writes stand only if it returns outputs. A trap replaces the instance and calls the
+    /// callback again in the fresh one as `[operator.retry]` says, as a record's does:
+    /// what broke the instance need not be the callback's doing (a JavaScript runtime's
+    /// garbage reaching the memory cap between two collections, say).
+    fn call_callback<P: ComponentNamedList + Lower + Copy>(
+        &mut self,
+        key: &[u8],
+        offset: u64,
+        export: fn(&Exports) -> Option<Func>,
+        params: P,
+    ) -> Result<Outcome> {
+        let mut attempt = 1;
+        loop {
+            let func = export(&self.live().exports).expect("every instance of a version has its exports");
+            let ctx = self.ctx();
+            ctx.txn.scope(key);
+            ctx.in_callback = true;
+            let replaced = self.replaced;
+            let outcome = self.call_for_outcome::<P>(func, params);
+            // After a trap whose replacement failed to start there is no instance left.
+            if let Some(live) = self.live.as_mut() {
+                live.store.data_mut().in_callback = false;
+            }
+            let outcome = outcome?;
+            self.state().end_record(matches!(outcome, Outcome::Emitted(_)));
+            return Ok(match outcome {
+                // A trap, not outputs past a limit: the instance is a fresh one.
+                Outcome::Trapped { reason, .. } if self.replaced != replaced => {
+                    if self.retry(&mut attempt, offset, &reason) {
+                        continue;
+                    }
+                    Outcome::Trapped { reason, attempts: attempt }
+                }
+                outcome => outcome,
+            });
         }
-        let outcome = outcome?;
-        self.state().end_record(matches!(outcome, Outcome::Emitted(_)));
-        Ok(outcome)
     }
 
     /// Calls `func` — an export that returns one record's result, `P -> ProcessResults`
