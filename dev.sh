@@ -282,7 +282,7 @@ build_python_operators() {
 # WASI feature off (-d: the component imports Sluice's world alone). Each is built again
 # only when a source is newer.
 build_typescript_operators() {
-    local build out app js
+    local build out app js="$CARGO_TARGET_DIR/typescript"
     for build in "vehicle_stats_ts operators/vehicle-stats-ts" "speed_windows_ts operators/speed-windows-ts" \
         "sessions_ts operators/sessions-ts" "evil_ts tests/evil-ts"; do
         read -r out app <<<"$build"
@@ -290,22 +290,22 @@ build_typescript_operators() {
             [ -z "$(find wit guest-sdk-ts "$app" -newer "$WASM_DIR/$out.wasm" -print -quit)" ]; then
             continue
         fi
-        js=$(mktemp -d)
+        # tsc's output, in the target directory (emptied first, so a failed build leaves
+        # one directory at most, and no stale module).
+        rm -rf "$js" && mkdir -p "$js"
         "$TYPESCRIPT_TOOLS/tsc" -p "$app" --outDir "$js"
         "$TYPESCRIPT_TOOLS/componentize-js" --wit wit --world-name timed-operator \
             -d stdio random clocks http fetch-event -o "$WASM_DIR/$out.wasm" "$js/app.js" >/dev/null
-        rm -rf "$js"
     done
 }
 
 # The TypeScript SDK's JSON writes what serde_json writes (guest-sdk-ts/test): the SDK
 # compiled by tsc, its json.js under Node's test runner.
 check_typescript_sdk() {
-    local js
-    js=$(mktemp -d)
+    local js="$CARGO_TARGET_DIR/typescript"
+    rm -rf "$js" && mkdir -p "$js"
     "$TYPESCRIPT_TOOLS/tsc" -p guest-sdk-ts --outDir "$js"
     SLUICE_TS_SDK="$js" node --test guest-sdk-ts/test/*.test.mjs
-    rm -rf "$js"
 }
 
 # The demo and the tests share one build. Building tests and binaries in one command
