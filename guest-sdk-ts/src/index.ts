@@ -32,7 +32,7 @@ import { finish, type Outcome } from "sluice:operator/batch@0.1.3";
 import type { InputRecord, OutputRecord } from "sluice:operator/types@0.1.3";
 import { dumps, loads, parse } from "./json.js";
 
-export { dumps, formatFloat, loads, parse, stringify } from "./json.js";
+export { dumps, floatSet, formatFloat, loads, parse, stringify } from "./json.js";
 
 const decoder = new TextDecoder();
 const encoder = new TextEncoder();

@@ -18,14 +18,16 @@ const BINARY_MARKER = 0xc1;
 
 /** `value` as JSON bytes, as serde_json writes it; numbers under a field named in
  * `floats` (at any depth, array elements included) are written as floats. NaN and the
- * infinities, which JSON cannot hold, are refused, as are functions and symbols. */
+ * infinities, which JSON cannot hold, are refused, as are functions and symbols. Give
+ * `floats` as a `Set` made once where values are written often: any other iterable is
+ * made into one at each call. */
 export function dumps(value: unknown, floats?: Iterable<string>): Uint8Array {
   return encoder.encode(stringify(value, floats));
 }
 
 /** `value` as a JSON string: see {@link dumps}. */
 export function stringify(value: unknown, floats?: Iterable<string>): string {
-  return write(value, false, floats === undefined ? EMPTY : new Set(floats));
+  return write(value, false, floatSet(floats));
 }
 
 /** The JSON value `bytes` hold, for the state entry `name`; the Rust SDK's binary
@@ -47,6 +49,12 @@ export function parse(bytes: Uint8Array): unknown {
 }
 
 const EMPTY: ReadonlySet<string> = new Set();
+
+/** `floats` as a set: itself when it is one. */
+export function floatSet(floats?: Iterable<string>): ReadonlySet<string> {
+  if (floats === undefined) return EMPTY;
+  return floats instanceof Set ? floats : new Set(floats);
+}
 
 function write(value: unknown, float: boolean, floats: ReadonlySet<string>): string {
   switch (typeof value) {

@@ -21,6 +21,7 @@
  */
 
 import { Late, State, Timer } from "./index.js";
+import { floatSet } from "./json.js";
 
 /** When a window's result is emitted. */
 export type Emit = "on-close" | "on-update";
@@ -62,7 +63,7 @@ export class WindowSpec<A> {
     readonly graceMs = 0,
     readonly emit: Emit = "on-close",
     readonly late: LateMode = "wait",
-    private readonly floats: readonly string[] = [],
+    private readonly floats: ReadonlySet<string> = floatSet(),
   ) {}
 
   /** Back to back windows of `sizeMs`. */
@@ -80,7 +81,7 @@ export class WindowSpec<A> {
     return new WindowSpec<A>(name, "session", gapMs, 0, merge);
   }
 
-  private with(changes: { graceMs?: number; emit?: Emit; late?: LateMode; floats?: readonly string[] }): WindowSpec<A> {
+  private with(changes: { graceMs?: number; emit?: Emit; late?: LateMode; floats?: ReadonlySet<string> }): WindowSpec<A> {
     const { graceMs = this.graceMs, emit = this.emit, late = this.late, floats = this.floats } = changes;
     return new WindowSpec<A>(this.name, this.kind, this.sizeMs, this.advanceMs, this.merge, graceMs, emit, late, floats);
   }
@@ -100,9 +101,10 @@ export class WindowSpec<A> {
     return this.with({ late });
   }
 
-  /** The same, the aggregate's fields `floats` stored as floats. */
-  withFloats(floats: readonly string[]): WindowSpec<A> {
-    return this.with({ floats });
+  /** The same, the aggregate's fields `floats` stored as floats (a `Set` is kept as it
+   * is, so one made once costs nothing per record). */
+  withFloats(floats: Iterable<string>): WindowSpec<A> {
+    return this.with({ floats: floatSet(floats) });
   }
 
   /** Folds the record at `timestampMs` into each of the key's windows that hold it;

@@ -25,11 +25,14 @@ interface Speeds {
   max_kmh: number;
 }
 
+/** The fields that are floats (f64 in the Rust build): a window's, and a summary's. */
+const WINDOW_FLOATS = new Set(["sum_kmh", "max_kmh"]);
+const SUMMARY_FLOATS = new Set(["mean_speed_kmh", "max_speed_kmh"]);
+
 function windows(): WindowSpec<Speeds>[] {
-  const floats = ["sum_kmh", "max_kmh"];
   return [
-    WindowSpec.tumbling<Speeds>("minute", 60_000).grace(graceMs).withFloats(floats),
-    WindowSpec.hopping<Speeds>("5min", 300_000, 60_000).grace(graceMs).withFloats(floats),
+    WindowSpec.tumbling<Speeds>("minute", 60_000).grace(graceMs).withFloats(WINDOW_FLOATS),
+    WindowSpec.hopping<Speeds>("5min", 300_000, 60_000).grace(graceMs).withFloats(WINDOW_FLOATS),
   ];
 }
 
@@ -72,7 +75,7 @@ export const { init, process, processBatch, expired, fired } = operator({
           mean_speed_kmh: s.positions ? s.sum_kmh / s.positions : 0,
           max_speed_kmh: s.max_kmh,
         };
-        outputs.push(new Output(timer.key, summary, { floats: ["mean_speed_kmh", "max_speed_kmh"] }));
+        outputs.push(new Output(timer.key, summary, { floats: SUMMARY_FLOATS }));
       }
     }
     return outputs;

@@ -43,7 +43,7 @@ interface Summary {
 
 /** The summary's fields that are floats (f64 in the Rust build), written as such even
  * when integral. */
-const FLOATS = ["mean_speed_kmh", "max_speed_kmh", "distance_km", "last_lat", "last_lon"];
+const FLOATS = new Set(["mean_speed_kmh", "max_speed_kmh", "distance_km", "last_lat", "last_lon"]);
 
 export const { init, process, processBatch, expired, fired } = operator({
   init(config) {

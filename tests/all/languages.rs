@@ -2,7 +2,8 @@
 //! the Rust build of the same logic, through the real binary: write the same outputs and
 //! state byte for byte, share a partition's state key by key as its canary, and take over
 //! a running job and give it back with every count going on. Each language's module
-//! (`python`, `typescript`) runs these over its build.
+//! (`python`, `typescript`) runs these over its build, and writes and checks its
+//! attacker's input and dead letters with the helpers at the end.
 
 use crate::canary::in_canary;
 use crate::hot_swap::{SEED, deployed_then_rolled_back, named_version, version_runs};
@@ -224,5 +225,34 @@ pub(crate) fn assert_sessions_agree(build: &str) -> Result<()> {
     }
     assert!(runs[0].len() > 100, "sessions closed: {}", runs[0].len());
     assert_eq!(runs[1], runs[0], "{build}'s sessions, then the Rust build's");
+    Ok(())
+}
+
+/// Writes `path`: a record of key `u` and value `{"action": …}` a line, one for each of
+/// `actions` — an attacker's input, one attack a record.
+pub(crate) fn write_attacks(path: &Path, actions: &[&str]) -> Result<()> {
+    let lines: String =
+        actions.iter().map(|action| format!("{{\"vehicle_id\":\"u\",\"action\":\"{action}\"}}\n")).collect();
+    Ok(std::fs::write(path, lines)?)
+}
+
+/// Fails unless `dir/dead.jsonl` holds `count` dead letters, and the reason of the one of
+/// each attack in `reasons` (an action of `actions`, found by its record's offset)
+/// contains the words given.
+pub(crate) fn assert_attacks_stopped(
+    dir: &Path,
+    actions: &[&str],
+    reasons: &[(&str, &str)],
+    count: usize,
+) -> Result<()> {
+    let said: BTreeMap<String, String> = read_jsonl(&dir.join("dead.jsonl"))?
+        .into_iter()
+        .map(|d| (actions[d["offset"].as_u64().unwrap_or(0) as usize].to_string(), d["reason"].to_string()))
+        .collect();
+    for (action, reason) in reasons {
+        let told = said.get(*action).map_or("", String::as_str);
+        assert!(told.contains(reason), "{action}: {reason:?} not in {told}");
+    }
+    assert_eq!(said.len(), count, "{said:#?}");
     Ok(())
 }

@@ -17,8 +17,8 @@
 use crate::checkpoint_restore::stderr;
 use crate::hot_swap::SEED;
 use crate::languages::{
-    assert_canary_over_rust_changes_no_byte, assert_sessions_agree, assert_speed_windows_agree,
-    assert_swap_from_rust_and_back, assert_vehicle_stats_agree,
+    assert_attacks_stopped, assert_canary_over_rust_changes_no_byte, assert_sessions_agree, assert_speed_windows_agree,
+    assert_swap_from_rust_and_back, assert_vehicle_stats_agree, write_attacks,
 };
 use crate::shadow::{file_job, reported_shadow, reported_skipped};
 use anyhow::Result;
@@ -83,20 +83,14 @@ fn the_attacks_of_an_operator_in_python_each_cost_their_record_with_a_clear_reas
     let dir = dir.path();
     let actions =
         ["count", "spin", "hog", "recurse", "read-file", "socket", "clock", "environ", "print-flood", "log-flood"];
-    let lines: String =
-        actions.iter().map(|action| format!("{{\"vehicle_id\":\"u\",\"action\":\"{action}\"}}\n")).collect();
     let input = dir.join("input.jsonl");
-    std::fs::write(&input, lines)?;
+    write_attacks(&input, &actions)?;
     let ran = run_ok(run_file_job(&operator_wasm("evil_py"), &input, dir, 1).env("SLUICE_LOG", "warn"))?;
     let outputs: Vec<Value> = read_jsonl(&dir.join("out.jsonl"))?.into_iter().map(|o| o["value"].clone()).collect();
     let expected = [json!({"count": 1}), json!({"environ": {}}), json!({"count": 2})];
     assert_eq!(outputs, expected, "the control records, and an empty environment");
-    let reasons: BTreeMap<String, String> = read_jsonl(&dir.join("dead.jsonl"))?
-        .into_iter()
-        .map(|d| (actions[d["offset"].as_u64().unwrap_or(0) as usize].to_string(), d["reason"].to_string()))
-        .collect();
     let stubbed = "which this build stubs out with a trap (componentize-py -s)";
-    for (action, reason) in [
+    let reasons = [
         ("spin", "exceeded its CPU deadline of 1s"),
         ("hog", "exceeded its memory limit of 64 MiB"),
         ("recurse", "exceeded its memory limit of 64 MiB"),
@@ -106,11 +100,8 @@ fn the_attacks_of_an_operator_in_python_each_cost_their_record_with_a_clear_reas
         ("clock", "`state.now()`"),
         ("print-flood", "`stdout_get_stdout` (WASI, through its libc)"),
         ("print-flood", "the SDK's `log`"),
-    ] {
-        let said = reasons.get(action).map_or("", String::as_str);
-        assert!(said.contains(reason), "{action}: {reason:?} not in {said}");
-    }
-    assert_eq!(reasons.len(), 7, "{reasons:#?}");
+    ];
+    assert_attacks_stopped(dir, &actions, &reasons, 7)?;
     assert!(stderr(&ran).contains(LOG_LINES_DROPPED), "{}", stderr(&ran));
     Ok(())
 }

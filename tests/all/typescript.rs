@@ -12,14 +12,13 @@
 use crate::checkpoint_restore::stderr;
 use crate::hot_swap::SEED;
 use crate::languages::{
-    assert_canary_over_rust_changes_no_byte, assert_sessions_agree, assert_speed_windows_agree,
-    assert_swap_from_rust_and_back, assert_vehicle_stats_agree, outputs_without_version,
+    assert_attacks_stopped, assert_canary_over_rust_changes_no_byte, assert_sessions_agree, assert_speed_windows_agree,
+    assert_swap_from_rust_and_back, assert_vehicle_stats_agree, outputs_without_version, write_attacks,
 };
 use anyhow::Result;
 use serde_json::{Value, json};
 use sluice::events::{LOG_LINES_DROPPED, RETRYING};
 use sluice_e2e::*;
-use std::collections::BTreeMap;
 
 #[test]
 fn vehicle_stats_in_typescript_writes_what_the_rust_build_writes_byte_for_byte() -> Result<()> {
@@ -85,10 +84,8 @@ fn the_attacks_of_an_operator_in_typescript_each_cost_their_record_with_a_clear_
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
     let actions = ["count", "spin", "hog", "recurse", "fetch", "clock", "clock", "print-flood", "log-flood"];
-    let lines: String =
-        actions.iter().map(|action| format!("{{\"vehicle_id\":\"u\",\"action\":\"{action}\"}}\n")).collect();
     let input = dir.join("input.jsonl");
-    std::fs::write(&input, lines)?;
+    write_attacks(&input, &actions)?;
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
     let mut runs = Vec::new();
     for run in ["first", "again"] {
@@ -97,22 +94,15 @@ fn the_attacks_of_an_operator_in_typescript_each_cost_their_record_with_a_clear_
         assert!(stderr(&ran).contains(LOG_LINES_DROPPED), "{}", stderr(&ran));
         assert!(!stderr(&ran).contains("flood 1000"), "console.log reaches nothing: {}", stderr(&ran));
         runs.push(read_jsonl(&out.join("out.jsonl"))?.into_iter().map(|o| o["value"].clone()).collect::<Vec<Value>>());
-        let reasons: BTreeMap<String, String> = read_jsonl(&out.join("dead.jsonl"))?
-            .into_iter()
-            .map(|d| (actions[d["offset"].as_u64().unwrap_or(0) as usize].to_string(), d["reason"].to_string()))
-            .collect();
-        for (action, reason) in [
+        let reasons = [
             ("spin", "exceeded its CPU deadline of 1s"),
             ("hog", "exceeded its memory limit of 64 MiB"),
             ("recurse", "InternalError: too much recursion"),
             ("fetch", "operator called `[constructor]fields` (WASI, through its JavaScript runtime)"),
             ("fetch", "(componentize-js -d)"),
             ("fetch", "`fetch` has nothing behind it"),
-        ] {
-            let said = reasons.get(action).map_or("", String::as_str);
-            assert!(said.contains(reason), "{action}: {reason:?} not in {said}");
-        }
-        assert_eq!(reasons.len(), 4, "{reasons:#?}");
+        ];
+        assert_attacks_stopped(&out, &actions, &reasons, 4)?;
     }
     let outputs = &runs[0];
     assert_eq!(outputs.len(), 5, "{outputs:?}");
