@@ -258,14 +258,15 @@ build_operators() {
 }
 
 # The Python operators (operators/*-py over guest-sdk-python), built by componentize-py with
-# WASI stubbed out (-s: the sandbox gives an operator none); and vehicle-stats built the way
-# componentize-py builds by default, importing WASI, which the sandbox refuses (a test
-# checks how). Each is built again only when a source is newer.
+# WASI stubbed out (-s: the sandbox gives an operator none); and vehicle-stats and the tests'
+# attacker built the way componentize-py builds by default, importing WASI, which the sandbox
+# refuses unless the job grants the deterministic WASI (tests check both). Each is built
+# again only when a source is newer.
 build_python_operators() {
     local build out app stub
     for build in "vehicle_stats_py operators/vehicle-stats-py -s" "vehicle_stats_py_wasi operators/vehicle-stats-py" \
         "idle_py operators/idle-py -s" "speed_windows_py operators/speed-windows-py -s" \
-        "sessions_py operators/sessions-py -s" "evil_py tests/evil-py -s"; do
+        "sessions_py operators/sessions-py -s" "evil_py tests/evil-py -s" "evil_py_wasi tests/evil-py"; do
         read -r out app stub <<<"$build"
         if [ -f "$WASM_DIR/$out.wasm" ] &&
             [ -z "$(find wit guest-sdk-python "$app" -newer "$WASM_DIR/$out.wasm" -print -quit)" ]; then

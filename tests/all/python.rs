@@ -18,7 +18,7 @@ use crate::checkpoint_restore::stderr;
 use crate::hot_swap::SEED;
 use crate::languages::{
     assert_attacks_stopped, assert_canary_over_rust_changes_no_byte, assert_sessions_agree, assert_speed_windows_agree,
-    assert_swap_from_rust_and_back, assert_vehicle_stats_agree, write_attacks,
+    assert_swap_from_rust_and_back, assert_vehicle_stats_agree, outputs_without_version, write_attacks,
 };
 use crate::shadow::{file_job, reported_shadow, reported_skipped};
 use anyhow::Result;
@@ -129,7 +129,98 @@ fn a_python_build_that_imports_wasi_is_refused_with_the_import_named() -> Result
         error.contains("`wasi:cli/environment@0.2.9#get-environment` is denied by the sandbox"),
         "the refusal names the import:\n{error}"
     );
+    assert!(error.contains("[operator] wasi = \"deterministic\""), "and says what runs it:\n{error}");
     assert!(!dir.path().join("out.jsonl").exists() || read_jsonl(&dir.path().join("out.jsonl"))?.is_empty());
+    Ok(())
+}
+
+/// Runs `build` over `input` in `dir` on one partition with `[operator] wasi =
+/// "deterministic"` and `SLUICE_LOG=info`; returns what it wrote to stderr.
+fn run_under_deterministic_wasi(build: &str, input: &Path, dir: &Path) -> Result<String> {
+    std::fs::create_dir_all(dir)?;
+    let (wasm, job) = (operator_wasm(build), dir.join("job.toml"));
+    std::fs::write(&job, format!("[operator]\npath = {wasm:?}\nwasi = \"deterministic\"\n"))?;
+    let ran = run_ok(run_file_job(&wasm, input, dir, 1).arg("--config").arg(&job).env("SLUICE_LOG", "info"))?;
+    Ok(stderr(&ran))
+}
+
+/// A Python build made the way componentize-py builds by default, importing WASI, runs
+/// under the deterministic WASI and writes what the Rust build writes, byte for byte.
+#[test]
+fn a_python_build_with_wasi_writes_what_the_rust_build_writes_under_the_deterministic_wasi() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let input = dir.path().join("input.jsonl");
+    generate(&input, 50, 2_000, SEED)?;
+    let (rust, python) = (dir.path().join("rust"), dir.path().join("python"));
+    std::fs::create_dir_all(&rust)?;
+    run_ok(&mut run_file_job(&operator_wasm("vehicle_stats"), &input, &rust, 1))?;
+    run_under_deterministic_wasi("vehicle_stats_py_wasi", &input, &python)?;
+    assert_eq!(outputs_without_version(&python)?, outputs_without_version(&rust)?);
+    assert_eq!(dump_state_lines(&python.join("state"))?, dump_state_lines(&rust.join("state"))?);
+    Ok(())
+}
+
+/// The attacker built with WASI (`tests/evil-py` without `-s`) under the deterministic
+/// WASI, run twice over the same records: the clock reads each record's event time (the
+/// wall clock) and the partition's clock (the monotonic one); randomness differs record
+/// by record, a trap's fresh instance included, and is the same in both runs; the
+/// environment is empty; a file, a socket and a sleep each cost their record with a
+/// clear dead letter, as the spin does; printing reaches the operator's log, cut at its
+/// rate; and the two runs write the same bytes.
+#[test]
+fn under_the_deterministic_wasi_a_python_build_reads_its_records_time_and_seeded_randomness_alike_twice() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let dir = dir.path();
+    let actions = [
+        "count",
+        "clock",
+        "monotonic",
+        "random",
+        "random",
+        "environ",
+        "read-file",
+        "socket",
+        "sleep",
+        "print",
+        "spin",
+        "random",
+        "count",
+    ];
+    let input = dir.join("input.jsonl");
+    let lines: String = actions
+        .iter()
+        .enumerate()
+        .map(|(i, action)| {
+            format!("{{\"vehicle_id\":\"u\",\"action\":\"{action}\",\"ts\":{}}}\n", 1_000_000 + i * 1_000)
+        })
+        .collect();
+    std::fs::write(&input, lines)?;
+    let (first, second) = (dir.join("first"), dir.join("second"));
+    let log = run_under_deterministic_wasi("evil_py_wasi", &input, &first)?;
+    run_under_deterministic_wasi("evil_py_wasi", &input, &second)?;
+    assert_eq!(std::fs::read(second.join("out.jsonl"))?, std::fs::read(first.join("out.jsonl"))?, "runs alike");
+    assert_eq!(std::fs::read(second.join("dead.jsonl"))?.len(), std::fs::read(first.join("dead.jsonl"))?.len());
+
+    let outputs: BTreeMap<usize, Value> = read_jsonl(&first.join("out.jsonl"))?
+        .into_iter()
+        .map(|o| (o["offset"].as_u64().unwrap_or_default() as usize, o["value"].clone()))
+        .collect();
+    assert_eq!(outputs[&1], json!({"time": 1_001.0}), "the wall clock is the record's event time");
+    assert_eq!(outputs[&2], json!({"monotonic_ns": 1_002_000_000_000_u64}), "the monotonic clock the partition's");
+    let random: BTreeSet<String> = [3, 4, 11].iter().map(|i| outputs[i]["random"].to_string()).collect();
+    assert_eq!(random.len(), 3, "each record its own random bytes: {random:?}");
+    assert_eq!(outputs[&5], json!({"environ": {}}));
+    assert_eq!((&outputs[&9], &outputs[&12]), (&json!({"count": 2}), &json!({"count": 3})));
+    let reasons = [
+        ("read-file", "FileNotFoundError: [Errno 44] No such file or directory: '/etc/passwd'"),
+        ("socket", "No module named 'socket'"),
+        ("sleep", "no sleeping: an operator's time is its record's"),
+        ("spin", "exceeded its CPU deadline of 1s"),
+    ];
+    assert_attacks_stopped(&first, &actions, &reasons, 4)?;
+    assert!(log.contains("printed 0") && log.contains("to stderr"), "printing reaches the log:\n{log}");
+    assert!(!log.contains("printed 9999") && log.contains(LOG_LINES_DROPPED), "cut at the log's rate");
     Ok(())
 }
 

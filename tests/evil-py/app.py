@@ -13,7 +13,12 @@ Each record's value is JSON {"action": ...}:
 - environ: reads the environment;
 - print-flood: prints a million lines to stdout;
 - log-flood: logs 10,000 lines through the SDK's `log` (past its rate the host drops
-  them), then counts.
+  them), then counts;
+and, for its build with WASI (componentize-py without -s) under the deterministic WASI:
+- random: emits 16 bytes of os.urandom;
+- monotonic: emits the monotonic clock;
+- sleep: sleeps a second;
+- print: prints a line to stderr and 10,000 to stdout, then counts.
 """
 
 import sys
@@ -66,6 +71,23 @@ def process(record, state):
     if action == "log-flood":
         for i in range(10_000):
             log(f"flood {i}", "warn")
+        return count(record, state)
+    if action == "random":
+        import os
+
+        return [Output(record.key, {"random": os.urandom(16).hex()})]
+    if action == "monotonic":
+        import time
+
+        return [Output(record.key, {"monotonic_ns": time.monotonic_ns()})]
+    if action == "sleep":
+        import time
+
+        time.sleep(1)
+    if action == "print":
+        print("to stderr", file=sys.stderr)
+        for i in range(10_000):
+            print("printed", i)
         return count(record, state)
     raise ValueError(f"unknown action {action!r}")
 

@@ -45,6 +45,25 @@ pub struct OperatorConfig {
     /// What a record whose call trapped gets.
     #[serde(default)]
     pub retry: RetryPolicy,
+    /// What a component that imports WASI gets.
+    #[serde(default)]
+    pub wasi: WasiGrant,
+}
+
+/// `[operator] wasi`: what the sandbox gives a component's WASI imports. Rust builds
+/// import a few through the standard library; CPython and JavaScript runtimes built with
+/// WASI (componentize-py without `-s`) call them from the start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WasiGrant {
+    /// Every WASI call traps, naming the function: the record (or `init`) fails.
+    #[default]
+    Deny,
+    /// WASI with nothing of the machine in it: clocks at the record's event time, random
+    /// bytes seeded from the version, partition and record, printing into the operator's
+    /// bounded log, no files, environment or network; a replay decides as the first run
+    /// did. See the sandbox's `wasi` room.
+    Deterministic,
 }
 
 /// `[operator.retry]`: a record whose call trapped — a panic, a limit, the deadline, a
@@ -192,6 +211,7 @@ impl OperatorConfig {
             config: BTreeMap::new(),
             limits: OperatorLimits::default(),
             retry: RetryPolicy::default(),
+            wasi: WasiGrant::default(),
         }
     }
 

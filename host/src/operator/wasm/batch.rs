@@ -100,7 +100,9 @@ impl WasmInstance {
             return Ok(false);
         }
         self.route(&record.key);
-        self.state().scope(&record.key);
+        let ctx = self.ctx();
+        ctx.txn.scope(&record.key);
+        wasi::enter_moment(&mut ctx.wasi, &ctx.txn, record.offset, &record.key, "", record.timestamp_ms);
         Ok(true)
     }
 

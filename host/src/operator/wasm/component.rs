@@ -46,6 +46,9 @@ impl WasmOperator {
         check_imports(engine, &compiled).with_context(|| format!("operator {origin}"))?;
 
         let mut linker = Linker::<HostCtx>::new(engine);
+        if limits.wasi == WasiGrant::Deterministic {
+            wasi::add_to_linker(&mut linker)?;
+        }
         Bindings::add_to_linker::<HostCtx, HasSelf<HostCtx>>(&mut linker, |ctx| ctx)?;
         linker.instance(BATCH_INTERFACE)?.func_wrap("finish", finish)?;
         let mut timers = linker.instance(TIMERS_INTERFACE)?;
@@ -53,7 +56,7 @@ impl WasmOperator {
         timers.func_wrap("cancel", cancel_timer)?;
         timers.func_wrap("now", clock_now)?;
         timers.func_wrap("mark-late", mark_late)?;
-        deny_wasi(&mut linker, engine, &compiled)?;
+        deny_wasi(&mut linker, engine, &compiled, limits.wasi)?;
         // The sluice interfaces are defined once, at this host's version: wasmtime
         // links a component's import of any 0.1.x version to them (semver). A function
         // of a newer minor that the component calls is missing here, and refused now,
@@ -130,6 +133,7 @@ impl WasmOperator {
                 output_bytes: self.limits.per_call.output_bytes_per_record,
                 reason_bytes: self.limits.per_call.reason_bytes,
             },
+            wasi: None,
         }
     }
 
@@ -141,6 +145,8 @@ impl WasmOperator {
         // nor count the earlier instance's memory.
         ctx.forget_last_call();
         ctx.memory_used = 0;
+        // Nor its WASI handles, or another version's seeds.
+        ctx.grant_wasi(self.limits.wasi, &self.version);
         let mut store = Store::new(self.pre.engine(), ctx);
         store.limiter(|ctx| ctx);
         if self.limits.call_timeout.is_some() {
@@ -239,12 +245,13 @@ impl Exports {
 }
 
 /// Defines each function of the WASI interfaces `component` imports (the Rust
-/// standard library links them in) as a trap that records which one was called; the
-/// sandbox grants none of them. [`check_imports`] has refused any other kind of import.
-fn deny_wasi(linker: &mut Linker<HostCtx>, engine: &Engine, component: &Component) -> Result<()> {
+/// standard library links them in) as a trap that records which one was called: all of
+/// them, or under the deterministic WASI those it does not define. [`check_imports`] has
+/// refused any other kind of import.
+fn deny_wasi(linker: &mut Linker<HostCtx>, engine: &Engine, component: &Component, grant: WasiGrant) -> Result<()> {
     for (name, import) in component.component_type().imports(engine) {
         let ComponentItem::ComponentInstance(interface) = import.ty else { continue };
-        if !name.starts_with("wasi:") {
+        if !name.starts_with("wasi:") || (grant == WasiGrant::Deterministic && wasi::provides(name)) {
             continue;
         }
         let mut instance = linker.instance(name)?;
@@ -293,7 +300,7 @@ fn check_imports(engine: &Engine, component: &Component) -> Result<()> {
         } else if !name.starts_with("wasi:") || !matches!(item.ty, ComponentItem::ComponentInstance(_)) {
             bail!(
                 "imports `{name}`, which the sandbox does not provide; operators may import only \
-                 {WIT_PACKAGE}@{WIT_VERSION}.x interfaces (WASI interfaces link, but every call traps)"
+                 {WIT_PACKAGE}@{WIT_VERSION}.x interfaces (WASI interfaces link, but every call traps unless [operator] wasi = \"deterministic\")"
             );
         }
     }

@@ -53,6 +53,8 @@ pub(super) struct HostCtx {
     pub(super) budget: BatchBudget,
     /// How much of a call's outputs and reasons is lifted out of the guest.
     pub(super) lift_bounds: LiftBounds,
+    /// The deterministic WASI, where the job grants it: each instance gets its own.
+    pub(super) wasi: Option<wasi::DeterministicWasi>,
 }
 
 /// Where a batch stands against its bounds: `[operator.limits]`

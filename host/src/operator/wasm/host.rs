@@ -49,6 +49,7 @@ pub(super) fn finish(mut store: StoreContextMut<'_, HostCtx>, (result,): (GuestR
         }
     }
     ctx.txn.scope(key);
+    wasi::enter_moment(&mut ctx.wasi, &ctx.txn, offset, key, "", timestamp_ms);
     ctx.forget_last_call();
     arm_deadline(store);
     Ok(())

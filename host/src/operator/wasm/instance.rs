@@ -86,6 +86,7 @@ impl Live {
         let result = lift::with_bounds(bounds, || typed.call(&mut self.store, params));
         let ctx = self.store.data_mut();
         let mid_record = std::mem::replace(&mut ctx.in_record, false);
+        ctx.forward_printed();
         if let Some(error) = ctx.host_error.take() {
             ctx.txn.end_record(false);
             return Err(error);
@@ -274,11 +275,11 @@ impl WasmInstance {
                     return Ok(None);
                 }
                 let params = (entry.key.as_slice(), entry.name.as_str(), entry.value.as_slice(), entry.expired_at_ms);
-                self.call_callback::<ExpiredParams<'_>>(&entry.key, offset, |exports| exports.expired, params)?
+                self.call_callback::<ExpiredParams<'_>>(entry, offset, |exports| exports.expired, params)?
             }
             (Some(timer), Some(_)) => {
                 let params = (entry.key.as_slice(), timer, entry.expired_at_ms);
-                self.call_callback::<FiredParams<'_>>(&entry.key, offset, |exports| exports.fired, params)?
+                self.call_callback::<FiredParams<'_>>(entry, offset, |exports| exports.fired, params)?
             }
             (Some(timer), None) => Outcome::Rejected(format!(
                 "timer {timer:?} fired at {}, but {} does not export `fired` (it was built against {WIT_PACKAGE} \
@@ -290,14 +291,15 @@ impl WasmInstance {
     }
 
     /// Calls the callback `export` picks from the live instance's exports (`expired` or
-    /// `fired`, which it exports) with `params` in a record scope of `key`: the call's
+    /// `fired`, which it exports) with `params`, for `entry` due before the record at
+    /// `offset`, in a record scope of its key: the call's
     /// writes stand only if it returns outputs. A trap replaces the instance and calls the
     /// callback again in the fresh one as `[operator.retry]` says, as a record's does:
     /// what broke the instance need not be the callback's doing (a JavaScript runtime's
     /// garbage reaching the memory cap between two collections, say).
     fn call_callback<P: ComponentNamedList + Lower + Copy>(
         &mut self,
-        key: &[u8],
+        entry: &Expired,
         offset: u64,
         export: fn(&Exports) -> Option<Func>,
         params: P,
@@ -306,7 +308,8 @@ impl WasmInstance {
         loop {
             let func = export(&self.live().exports).expect("every instance of a version has its exports");
             let ctx = self.ctx();
-            ctx.txn.scope(key);
+            ctx.txn.scope(&entry.key);
+            wasi::enter_moment(&mut ctx.wasi, &ctx.txn, offset, &entry.key, &entry.name, entry.expired_at_ms as i64);
             ctx.in_callback = true;
             let replaced = self.replaced;
             let outcome = self.call_for_outcome::<P>(func, params);

@@ -24,6 +24,8 @@ pub struct Limits {
     /// What a record whose call trapped gets: more calls, then its dead letter or the
     /// partition's stop.
     pub retry: RetryPolicy,
+    /// What a component's WASI imports get: traps, or the deterministic WASI.
+    pub wasi: WasiGrant,
 }
 
 impl From<&OperatorConfig> for Limits {
@@ -35,6 +37,7 @@ impl From<&OperatorConfig> for Limits {
             memory_bytes: (operator.memory_limit_mib as usize) << 20,
             per_call: operator.limits.clone(),
             retry: operator.retry.clone(),
+            wasi: operator.wasi,
         }
     }
 }
@@ -54,3 +57,7 @@ pub(super) const TABLE_SLOT_BYTES: usize = std::mem::size_of::<usize>();
 pub(super) const MAX_CORE_INSTANCES: usize = 50;
 pub(super) const MAX_MEMORIES: usize = 4;
 pub(super) const MAX_TABLES: usize = 20;
+/// The most WASI handles (streams, pollables) an instance given the deterministic WASI
+/// may hold at once: a runtime holds a few; one that leaks them fails its call, rather
+/// than growing the host's memory outside the instance's cap.
+pub(super) const MAX_WASI_HANDLES: usize = 1024;

@@ -7,10 +7,11 @@
 //! another between two batches, keeping the partition's state, when told to: which
 //! versions run, and which keys each takes, are the [versions](super::versions)' to
 //! say, never the sandbox's. Instances get only the `sluice:operator`
-//! imports (keyed state and logging). WASI imports that the Rust standard library
-//! links in are defined as traps, so a guest that touches the filesystem, network,
-//! clock or environment traps with the name of the function; any other import is
-//! refused when the component is loaded. Each record runs under a deadline (epoch
+//! imports (keyed state and logging). WASI imports (the Rust standard library links
+//! some in) are defined as traps, so a guest that touches the filesystem, network,
+//! clock or environment traps with the name of the function — unless the job grants
+//! the deterministic WASI (`wasi`), which gives them nothing of the machine; any other
+//! import is refused when the component is loaded. Each record runs under a deadline (epoch
 //! interruption), a memory cap on the whole instance, its memories and tables together
 //! (a resource limiter), and [`OperatorLimits`] on what it makes the host hold: its
 //! outputs, state writes and reads, and log lines. The host records why it
@@ -42,7 +43,8 @@
 //! functions see and count), `host` (the imports a guest calls), `lift` (what a call
 //! returns, checked before it is copied), `outcome` (what a call's end becomes for its
 //! record), `instance` (a partition's instance of a version, and of a paired one), `batch`
-//! (how a batch runs through an instance: runs per call, retries, strict mode), `tests`.
+//! (how a batch runs through an instance: runs per call, retries, strict mode), `wasi`
+//! (the deterministic WASI a job may grant), `tests`.
 
 mod batch;
 mod bindings;
@@ -57,6 +59,7 @@ mod limits;
 mod outcome;
 #[cfg(test)]
 mod tests;
+mod wasi;
 
 pub use bindings::{WIT_PACKAGE, WIT_VERSION};
 pub use compiled::keep_compiled;
@@ -79,7 +82,7 @@ use outcome::*;
 
 use super::events::{LOG_LINES_DROPPED, RETRYING};
 use super::{Expiration, Operator, OperatorStopped, Outcome, Processed, Switch};
-use crate::config::{OperatorConfig, OperatorLimits, RetryPolicy};
+use crate::config::{OperatorConfig, OperatorLimits, RetryPolicy, WasiGrant};
 use crate::log_rate::{self, Admitted, LogRate};
 use crate::record::SourceRecord;
 use crate::state::{Expired, Transaction};

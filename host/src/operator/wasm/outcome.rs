@@ -57,13 +57,18 @@ pub(super) fn describe_trap(trap: wasmtime::Error, limits: &Limits, ctx: &mut Ho
             format!("operator exceeded its memory limit of {} MiB", limits.memory_bytes >> 20)
         }
         (_, Some(Cause::Limit(reason)), _) => reason,
-        (_, Some(Cause::DeniedImport(import)), _) => {
-            format!(
+        (_, Some(Cause::DeniedImport(import)), _) => match limits.wasi {
+            WasiGrant::Deny => format!(
                 "operator called `{import}`, which the sandbox denies (no filesystem, network, clock, randomness or \
-                 environment){}",
+                 environment){}; a build that needs WASI (componentize-py without -s) runs under [operator] wasi = \
+                 \"deterministic\"",
                 instead_of(&import)
-            )
-        }
+            ),
+            WasiGrant::Deterministic => format!(
+                "operator called `{import}`, which the sandbox denies even under [operator] wasi = \"deterministic\" \
+                 (no sleeping: an operator's time is its record's; no HTTP)"
+            ),
+        },
         (_, None, Some(panic)) => panic,
         (_, None, None) => match stubbed_wasi(&trap) {
             Some(Stub { function, how }) => format!(
