@@ -21,6 +21,14 @@ encoding and outputs. It does not decide anything the host decides (which key a 
 is scoped to, when writes commit, what a failure costs): an exception `process` raises
 fails that record alone, which the host sends to the dead letters with the message.
 
+`random`'s module functions draw, in each call, from a generator seeded by what the call
+is for (the record's partition and offset; a timer's or expiry's key, name and time), so
+`random.random()` draws the same for a record on a replay, in a trap's fresh instance or
+on a handover's new owner, rather than continuing a sequence the instance began with its
+earlier records. (The SDK wraps them when it is imported: a name taken from `random`
+before that, `from random import choice` above the SDK's import, keeps the instance's
+sequence.)
+
 State values are JSON, written exactly as the Rust SDK writes them (`guest-sdk`'s
 default encoding: compact, fields in the order given, floats in their shortest
 round-trip form as serde_json prints them), so a value one language's operator wrote
@@ -31,6 +39,7 @@ are refused with a clear error: this SDK reads JSON only.
 
 import json
 import math
+import random
 
 import wit_world
 from componentize_py_types import Err, Ok
@@ -42,6 +51,32 @@ from wit_world.imports import types
 
 # The first byte of a value the Rust SDK wrote in its binary encoding.
 _BINARY_MARKER = 0xC1
+
+# What the running call is for, until `random` is first drawn from in it: the draw seeds
+# the generator from it. Seeding at every call instead would cost each record about 9 µs
+# (CPython's Mersenne Twister fills 624 words), and most records draw nothing.
+_unseeded = ("init",)
+
+
+def _enter(*call):
+    global _unseeded
+    _unseeded = call
+
+
+def _seeded(draw):
+    def drawn(*args, **kwargs):
+        global _unseeded
+        if _unseeded is not None:
+            random._inst.seed("/".join(map(str, _unseeded)))
+            _unseeded = None
+        return draw(*args, **kwargs)
+
+    return drawn
+
+
+for _name in dir(random):
+    if getattr(getattr(random, _name), "__self__", None) is random._inst:
+        setattr(random, _name, _seeded(getattr(random, _name)))
 
 
 class Record:
@@ -264,6 +299,10 @@ def operator(process, init=None, expired=None, fired=None):
     def failed(e):
         return Err(f"{type(e).__name__}: {e}")
 
+    def record(input):
+        _enter("r", input.partition, input.offset)
+        return Record(input)
+
     def outcome(call, *args):
         try:
             return [types.OutputRecord(key=o.key, value=o.value, topic=None) for o in call(*args, state)]
@@ -275,6 +314,7 @@ def operator(process, init=None, expired=None, fired=None):
 
     class WitWorld(wit_world.WitWorld):
         def init(self, config):
+            _enter("init")
             if init is not None:
                 try:
                     init(dict(config))
@@ -282,20 +322,26 @@ def operator(process, init=None, expired=None, fired=None):
                     raise failed(e)
 
         def process(self, input):
-            return outcome(process, Record(input))
+            return outcome(process, record(input))
 
         def process_batch(self, inputs):
             for input in inputs:
                 try:
-                    result = Ok(outcome(process, Record(input)))
+                    result = Ok(outcome(process, record(input)))
                 except Err as e:
                     result = e
                 _batch.finish(result)
 
         def expired(self, key, name, value, expired_at_ms):
-            return [] if expired is None else outcome(expired, Expired(key, name, value, expired_at_ms))
+            if expired is None:
+                return []
+            _enter("expired", bytes(key).hex(), name, expired_at_ms)
+            return outcome(expired, Expired(key, name, value, expired_at_ms))
 
         def fired(self, key, name, at_ms):
-            return [] if fired is None else outcome(fired, Timer(key, name, at_ms))
+            if fired is None:
+                return []
+            _enter("timer", bytes(key).hex(), name, at_ms)
+            return outcome(fired, Timer(key, name, at_ms))
 
     return WitWorld

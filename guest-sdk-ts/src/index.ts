@@ -20,7 +20,8 @@
  *
  * This module owns the TypeScript side of the contract: reading records, the state's
  * value encoding (`json.ts`: JSON as the Rust and Python SDKs write it, byte for byte)
- * and outputs. It decides nothing the host decides (which key a call is scoped to, when
+ * and outputs; before each call it tells `moment.ts` what the call is for, which
+ * `Date.now()`, `new Date()` and `Math.random()` then read. It decides nothing the host decides (which key a call is scoped to, when
  * writes commit, what a failure costs): an exception `process` throws fails that record
  * alone, which the host sends to the dead letters with the message.
  */
@@ -31,6 +32,7 @@ import * as logImports from "sluice:operator/log@0.1.3";
 import { finish, type Outcome } from "sluice:operator/batch@0.1.3";
 import type { InputRecord, OutputRecord } from "sluice:operator/types@0.1.3";
 import { dumps, loads, parse } from "./json.js";
+import { enter } from "./moment.js";
 
 export { dumps, floatSet, formatFloat, loads, parse, stringify } from "./json.js";
 
@@ -222,8 +224,19 @@ export function operator(handlers: Handlers) {
     }
   };
 
+  // What a call is for, which the clock and `Math.random()` read (moment.ts).
+  const record = (input: InputRecord): Record => {
+    const read = new Record(input);
+    enter(`r/${read.partition}/${read.offset}`, read.timestampMs);
+    return read;
+  };
+  const due = (kind: string, key: Uint8Array, name: string, atMs: bigint): void => {
+    enter(`${kind}/${Array.from(key, (b) => b.toString(16).padStart(2, "0")).join("")}/${name}/${atMs}`, Number(atMs));
+  };
+
   return {
     init(config: [string, string][]): void {
+      enter("init", 0);
       try {
         handlers.init?.(Object.fromEntries(config));
       } catch (e) {
@@ -232,14 +245,14 @@ export function operator(handlers: Handlers) {
     },
 
     process(input: InputRecord): OutputRecord[] {
-      return outcome(() => handlers.process(new Record(input), state));
+      return outcome(() => handlers.process(record(input), state));
     },
 
     processBatch(inputs: InputRecord[]): void {
       for (const input of inputs) {
         let result: Outcome;
         try {
-          result = { tag: "ok", val: outcome(() => handlers.process(new Record(input), state)) };
+          result = { tag: "ok", val: outcome(() => handlers.process(record(input), state)) };
         } catch (e) {
           result = { tag: "err", val: String(e) };
         }
@@ -250,12 +263,14 @@ export function operator(handlers: Handlers) {
     expired(key: Uint8Array, name: string, value: Uint8Array, expiredAtMs: bigint): OutputRecord[] {
       const expired = handlers.expired;
       if (expired === undefined) return [];
+      due("expired", key, name, expiredAtMs);
       return outcome(() => expired(new Expired(key, name, value, Number(expiredAtMs)), state));
     },
 
     fired(key: Uint8Array, name: string, atMs: bigint): OutputRecord[] {
       const fired = handlers.fired;
       if (fired === undefined) return [];
+      due("timer", key, name, atMs);
       return outcome(() => fired(new Timer(key, name, Number(atMs)), state));
     },
   };

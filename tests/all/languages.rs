@@ -228,11 +228,17 @@ pub(crate) fn assert_sessions_agree(build: &str) -> Result<()> {
     Ok(())
 }
 
-/// Writes `path`: a record of key `u` and value `{"action": …}` a line, one for each of
-/// `actions` — an attacker's input, one attack a record.
+/// Writes `path`: a record of key `u` and value `{"action": …, "ts": …}` a line, one for
+/// each of `actions` — an attacker's input, one attack a record, the one at offset `i` at
+/// event time 1,000,000 + 1,000 × `i` ms.
 pub(crate) fn write_attacks(path: &Path, actions: &[&str]) -> Result<()> {
-    let lines: String =
-        actions.iter().map(|action| format!("{{\"vehicle_id\":\"u\",\"action\":\"{action}\"}}\n")).collect();
+    let lines: String = actions
+        .iter()
+        .enumerate()
+        .map(|(i, action)| {
+            format!("{{\"vehicle_id\":\"u\",\"action\":\"{action}\",\"ts\":{}}}\n", 1_000_000 + i * 1_000)
+        })
+        .collect();
     Ok(std::fs::write(path, lines)?)
 }
 

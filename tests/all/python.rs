@@ -162,17 +162,18 @@ fn a_python_build_with_wasi_writes_what_the_rust_build_writes_under_the_determin
 
 /// The attacker built with WASI (`tests/evil-py` without `-s`) under the deterministic
 /// WASI, run twice over the same records: the clock reads each record's event time (the
-/// wall clock) and the partition's clock (the monotonic one); randomness differs record
-/// by record, a trap's fresh instance included, and is the same in both runs; the
-/// environment is empty; a file, a socket and a sleep each cost their record with a
-/// clear dead letter, as the spin does; printing reaches the operator's log, cut at its
-/// rate; and the two runs write the same bytes.
+/// wall clock) and the partition's clock (the monotonic one); `os.urandom` and `random`
+/// differ record by record, a trap's fresh instance included, and are the same in both
+/// runs — and in a third whose earlier records drew nothing: a record's draw does not
+/// depend on what its instance served before; the environment is empty; a file, a socket
+/// and a sleep each cost their record with a clear dead letter, as the spin does;
+/// printing reaches the operator's log, cut at its rate.
 #[test]
 fn under_the_deterministic_wasi_a_python_build_reads_its_records_time_and_seeded_randomness_alike_twice() -> Result<()>
 {
     let dir = tempfile::tempdir()?;
     let dir = dir.path();
-    let actions = [
+    let mut actions = vec![
         "count",
         "clock",
         "monotonic",
@@ -186,30 +187,31 @@ fn under_the_deterministic_wasi_a_python_build_reads_its_records_time_and_seeded
         "spin",
         "random",
         "count",
+        "chance",
+        "chance",
     ];
+    let (first, second, third) = (dir.join("first"), dir.join("second"), dir.join("third"));
     let input = dir.join("input.jsonl");
-    let lines: String = actions
-        .iter()
-        .enumerate()
-        .map(|(i, action)| {
-            format!("{{\"vehicle_id\":\"u\",\"action\":\"{action}\",\"ts\":{}}}\n", 1_000_000 + i * 1_000)
-        })
-        .collect();
-    std::fs::write(&input, lines)?;
-    let (first, second) = (dir.join("first"), dir.join("second"));
+    write_attacks(&input, &actions)?;
     let log = run_under_deterministic_wasi("evil_py_wasi", &input, &first)?;
     run_under_deterministic_wasi("evil_py_wasi", &input, &second)?;
     assert_eq!(std::fs::read(second.join("out.jsonl"))?, std::fs::read(first.join("out.jsonl"))?, "runs alike");
-    assert_eq!(std::fs::read(second.join("dead.jsonl"))?.len(), std::fs::read(first.join("dead.jsonl"))?.len());
+    actions[13] = "count";
+    write_attacks(&input, &actions)?;
+    run_under_deterministic_wasi("evil_py_wasi", &input, &third)?;
 
-    let outputs: BTreeMap<usize, Value> = read_jsonl(&first.join("out.jsonl"))?
-        .into_iter()
-        .map(|o| (o["offset"].as_u64().unwrap_or_default() as usize, o["value"].clone()))
-        .collect();
+    let outputs = |dir: &Path| -> Result<BTreeMap<usize, Value>> {
+        Ok(read_jsonl(&dir.join("out.jsonl"))?
+            .into_iter()
+            .map(|o| (o["offset"].as_u64().unwrap_or_default() as usize, o["value"].clone()))
+            .collect())
+    };
+    let (outputs, third) = (outputs(&first)?, outputs(&third)?);
     assert_eq!(outputs[&1], json!({"time": 1_001.0}), "the wall clock is the record's event time");
     assert_eq!(outputs[&2], json!({"monotonic_ns": 1_002_000_000_000_u64}), "the monotonic clock the partition's");
-    let random: BTreeSet<String> = [3, 4, 11].iter().map(|i| outputs[i]["random"].to_string()).collect();
-    assert_eq!(random.len(), 3, "each record its own random bytes: {random:?}");
+    let random: BTreeSet<String> = [3, 4, 11, 13, 14].iter().map(|i| outputs[i].to_string()).collect();
+    assert_eq!(random.len(), 5, "each record its own random bytes and draws: {random:?}");
+    assert_eq!(third[&14], outputs[&14], "a record draws the same whatever its instance drew before");
     assert_eq!(outputs[&5], json!({"environ": {}}));
     assert_eq!((&outputs[&9], &outputs[&12]), (&json!({"count": 2}), &json!({"count": 3})));
     let reasons = [

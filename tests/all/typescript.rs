@@ -76,9 +76,11 @@ fn a_running_job_swaps_from_rust_to_typescript_and_back_and_every_count_goes_on(
 /// The attacker in TypeScript (`tests/evil-ts`, built with every WASI feature off): each
 /// attack that breaks something — spinning, allocating, recursing without end, fetching a
 /// file or a URL — costs its record alone, a dead letter saying what stopped it; the clock
-/// it reads is the build's, fixed, and its randomness a sequence fixed at build time, so
-/// two runs decide alike; 100,000 `console.log` lines go nowhere, and its flood of log
-/// lines through the SDK is cut at the rate; the records around the attacks count on.
+/// it reads (`Date.now()`, `new Date()`) is the record's event time, and `Math.random()`
+/// a sequence the SDK seeds per record, so two runs decide alike, and a record draws the
+/// same whatever its instance drew before; 100,000 `console.log` lines go nowhere, and its
+/// flood of log lines through the SDK is cut at the rate; the records around the attacks
+/// count on.
 #[test]
 fn the_attacks_of_an_operator_in_typescript_each_cost_their_record_with_a_clear_reason() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -86,7 +88,6 @@ fn the_attacks_of_an_operator_in_typescript_each_cost_their_record_with_a_clear_
     let actions = ["count", "spin", "hog", "recurse", "fetch", "clock", "clock", "print-flood", "log-flood"];
     let input = dir.join("input.jsonl");
     write_attacks(&input, &actions)?;
-    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
     let mut runs = Vec::new();
     for run in ["first", "again"] {
         let out = dir.join(run);
@@ -110,13 +111,21 @@ fn the_attacks_of_an_operator_in_typescript_each_cost_their_record_with_a_clear_
         [&outputs[0], &outputs[3], &outputs[4]],
         [&json!({"count": 1}), &json!({"count": 2}), &json!({"count": 3})]
     );
-    // The clock is the build's, not the machine's: the same at every call, and before the
-    // test started.
+    // The clock is the record's event time; randomness the record's own.
     let (first, second) = (&outputs[1], &outputs[2]);
-    assert_eq!(first["date"], second["date"], "{first} {second}");
-    assert!(first["date"].as_u64().is_some_and(|date| date < started), "{first}");
-    assert_ne!(first["random"], second["random"], "a sequence, not one number");
+    assert_eq!((&first["date"], &first["now"]), (&json!(1_005_000), &json!(1_005_000)), "{first}");
+    assert_eq!((&second["date"], &second["now"]), (&json!(1_006_000), &json!(1_006_000)), "{second}");
+    assert_ne!(first["random"], second["random"], "each record its own draw");
     assert_eq!(runs[0], runs[1], "two runs decide alike");
+    // A record draws the same whatever the instance drew before it: here nothing.
+    let mut counted = actions;
+    counted[5] = "count";
+    write_attacks(&input, &counted)?;
+    let out = dir.join("counted");
+    run_ok(&mut run_file_job(&operator_wasm("evil_ts"), &input, &out, 1))?;
+    let outputs: Vec<Value> = read_jsonl(&out.join("out.jsonl"))?.into_iter().map(|o| o["value"].clone()).collect();
+    let drawn = outputs.iter().find(|o| o.get("random").is_some()).map(|o| &o["random"]);
+    assert_eq!(drawn, Some(&second["random"]), "{outputs:?}");
     Ok(())
 }
 

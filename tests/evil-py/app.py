@@ -16,6 +16,7 @@ Each record's value is JSON {"action": ...}:
   them), then counts;
 and, for its build with WASI (componentize-py without -s) under the deterministic WASI:
 - random: emits 16 bytes of os.urandom;
+- chance: emits `random.random()` (any build);
 - monotonic: emits the monotonic clock;
 - sleep: sleeps a second;
 - print: prints a line to stderr and 10,000 to stdout, then counts.
@@ -76,6 +77,10 @@ def process(record, state):
         import os
 
         return [Output(record.key, {"random": os.urandom(16).hex()})]
+    if action == "chance":
+        import random
+
+        return [Output(record.key, {"chance": random.random()})]
     if action == "monotonic":
         import time
 

@@ -9,7 +9,7 @@
  * - hog: allocates without bound (the memory cap stops it);
  * - recurse: recurses without bound;
  * - fetch: fetches a URL of the machine (a file, then a socket);
- * - clock: reads the wall clock and randomness, and emits them;
+ * - clock: reads the wall clock (`Date.now()`, `new Date()`) and `Math.random()`, and emits them;
  * - print-flood: writes 100,000 lines with console.log, then counts;
  * - log-flood: logs 10,000 lines through the SDK's `log` (past its rate the host drops
  *   them), then counts.
@@ -46,7 +46,7 @@ export const { init, process, processBatch, expired, fired } = operator({
       case "fetch":
         return [new Output(record.key, { file: String(fetch("file:///etc/passwd")), socket: String(fetch("http://127.0.0.1:80/")) })];
       case "clock":
-        return [new Output(record.key, { date: Date.now(), random: Math.random() })];
+        return [new Output(record.key, { date: Date.now(), now: new Date().getTime(), random: Math.random() })];
       case "print-flood":
         for (let i = 0; i < 100_000; i++) console.log("flood", i);
         return count();

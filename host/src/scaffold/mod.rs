@@ -59,6 +59,7 @@ const TYPESCRIPT_TEMPLATES: &[(&str, &str)] = &[
     ("test.sh", include_str!("test.sh.in")),
     ("sluice-operator/index.ts", include_str!("../../../guest-sdk-ts/src/index.ts")),
     ("sluice-operator/json.ts", include_str!("../../../guest-sdk-ts/src/json.ts")),
+    ("sluice-operator/moment.ts", include_str!("../../../guest-sdk-ts/src/moment.ts")),
     ("sluice-operator/window.ts", include_str!("../../../guest-sdk-ts/src/window.ts")),
     ("sluice-operator/wit.d.ts", include_str!("../../../guest-sdk-ts/src/wit.d.ts")),
     ("sluice-operator/runtime.d.ts", include_str!("../../../guest-sdk-ts/src/runtime.d.ts")),
@@ -194,6 +195,7 @@ mod tests {
         let typescript = [
             ("sluice-operator/index.ts", "guest-sdk-ts/src/index.ts"),
             ("sluice-operator/json.ts", "guest-sdk-ts/src/json.ts"),
+            ("sluice-operator/moment.ts", "guest-sdk-ts/src/moment.ts"),
             ("sluice-operator/window.ts", "guest-sdk-ts/src/window.ts"),
             ("sluice-operator/wit.d.ts", "guest-sdk-ts/src/wit.d.ts"),
             ("sluice-operator/runtime.d.ts", "guest-sdk-ts/src/runtime.d.ts"),
