@@ -1,6 +1,6 @@
 //! `sluice replay`: a partition of a stopped file job (and of a Kafka job, from its
 //! topic) replayed from one of its checkpoints. With the version that ran it the outputs, dead letters and final state
-//! are the live run's byte for byte — expiries and timers included — and `--compare`
+//! are the live run's byte for byte — expiries and timers included, Python and TypeScript builds too — and `--compare`
 //! finds no difference; with vehicle-stats v2 it reports exactly the records whose
 //! outputs changed, and how; a missing or corrupt checkpoint, a used output directory
 //! and a file that is not a component are refused by name, the store left as it was.
@@ -72,9 +72,10 @@ fn replay(job: &Path, partition: u32, checkpoint: u64, out: &Path, args: &[&str]
 }
 
 /// vehicle-stats with vehicles leaving the fleet (their summaries expire through its
-/// `expired`) and speed-windows (windows closed by timers), each replayed with its
-/// own version from a checkpoint in the middle of each partition's run: outputs, dead
-/// letters and final state equal the live run's, byte for byte.
+/// `expired`) and speed-windows (windows closed by timers), in Rust, Python and
+/// TypeScript, each replayed with its own version from a checkpoint in the middle of each
+/// partition's run: outputs, dead letters and final state equal the live run's, byte for
+/// byte.
 #[test]
 fn a_replay_with_the_version_that_ran_repeats_the_live_run_byte_for_byte() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -84,6 +85,8 @@ fn a_replay_with_the_version_that_ran_repeats_the_live_run_byte_for_byte() -> Re
     for (operator, config, cause) in [
         ("vehicle_stats", "left_fleet_after_ms = \"20000\"", "\"cause\":\"expiry\""),
         ("speed_windows", "", "\"cause\":\"timer\""),
+        ("speed_windows_py", "", "\"cause\":\"timer\""),
+        ("speed_windows_ts", "", "\"cause\":\"timer\""),
     ] {
         let dir = dir.path().join(operator);
         let job = run_checkpointed_job(&dir, operator, config, &input)?;
