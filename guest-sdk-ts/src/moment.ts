@@ -1,6 +1,6 @@
 /**
- * What a call reads of time and chance — `Date.now()`, `new Date()`, `Math.random()` and
- * `crypto.getRandomValues()` — made to depend on the record (or timer, or expiry) the
+ * What a call reads of time and chance — `Date.now()`, `new Date()`, `performance.now()`,
+ * `Math.random()` and `crypto.getRandomValues()` — made to depend on the record (or timer, or expiry) the
  * call is for, and on nothing else, so that a replay, a trap's fresh instance and a
  * handover's new owner decide as the first run did.
  *
@@ -81,6 +81,9 @@ class MomentDate extends RuntimeDate {
   }
 }
 
+/** The runtime's `performance`, whose clock traps in a build without WASI. */
+declare const performance: { now(): number } | undefined;
+
 /** The runtime's Web Crypto, where it has one. */
 declare const crypto: { getRandomValues<T extends ArrayBufferView>(array: T): T } | undefined;
 
@@ -94,4 +97,5 @@ function getRandomValues<T extends ArrayBufferView>(array: T): T {
 Math.random = next;
 globalThis.Date = MomentDate as DateConstructor;
 if (typeof crypto !== "undefined") crypto.getRandomValues = getRandomValues;
+if (typeof performance !== "undefined") performance.now = () => timeMs;
 enter("init", 0);

@@ -76,7 +76,7 @@ fn a_running_job_swaps_from_rust_to_typescript_and_back_and_every_count_goes_on(
 /// The attacker in TypeScript (`tests/evil-ts`, built with every WASI feature off): each
 /// attack that breaks something — spinning, allocating, recursing without end, fetching a
 /// file or a URL — costs its record alone, a dead letter saying what stopped it; the clock
-/// it reads (`Date.now()`, `new Date()`) is the record's event time, and `Math.random()`
+/// it reads (`Date.now()`, `new Date()`, `performance.now()`) is the record's event time, and `Math.random()`
 /// a sequence the SDK seeds per record, so two runs decide alike, and a record draws the
 /// same whatever its instance drew before; 100,000 `console.log` lines go nowhere, and its
 /// flood of log lines through the SDK is cut at the rate; the records around the attacks
@@ -113,8 +113,10 @@ fn the_attacks_of_an_operator_in_typescript_each_cost_their_record_with_a_clear_
     );
     // The clock is the record's event time; randomness the record's own.
     let (first, second) = (&outputs[1], &outputs[2]);
-    assert_eq!((&first["date"], &first["now"]), (&json!(1_005_000), &json!(1_005_000)), "{first}");
-    assert_eq!((&second["date"], &second["now"]), (&json!(1_006_000), &json!(1_006_000)), "{second}");
+    for (output, time) in [(first, 1_005_000), (second, 1_006_000)] {
+        let read = [&output["date"], &output["now"], &output["performance"]];
+        assert_eq!(read, [&json!(time); 3], "{output}");
+    }
     assert_ne!(first["random"], second["random"], "each record its own draw");
     assert_eq!(runs[0], runs[1], "two runs decide alike");
     // A record draws the same whatever the instance drew before it: here nothing.

@@ -9,7 +9,8 @@
  * - hog: allocates without bound (the memory cap stops it);
  * - recurse: recurses without bound;
  * - fetch: fetches a URL of the machine (a file, then a socket);
- * - clock: reads the wall clock (`Date.now()`, `new Date()`) and `Math.random()`, and emits them;
+ * - clock: reads the clocks (`Date.now()`, `new Date()`, `performance.now()`) and
+ *   `Math.random()`, and emits them;
  * - print-flood: writes 100,000 lines with console.log, then counts;
  * - log-flood: logs 10,000 lines through the SDK's `log` (past its rate the host drops
  *   them), then counts.
@@ -19,6 +20,7 @@ import { Output, log, operator } from "./sluice-operator/index.js";
 
 declare const console: { log(...items: unknown[]): void };
 declare function fetch(url: string): unknown;
+declare const performance: { now(): number };
 
 function recurse(n: number): number {
   return recurse(n + 1) + 1;
@@ -46,7 +48,14 @@ export const { init, process, processBatch, expired, fired } = operator({
       case "fetch":
         return [new Output(record.key, { file: String(fetch("file:///etc/passwd")), socket: String(fetch("http://127.0.0.1:80/")) })];
       case "clock":
-        return [new Output(record.key, { date: Date.now(), now: new Date().getTime(), random: Math.random() })];
+        return [
+          new Output(record.key, {
+            date: Date.now(),
+            now: new Date().getTime(),
+            performance: performance.now(),
+            random: Math.random(),
+          }),
+        ];
       case "print-flood":
         for (let i = 0; i < 100_000; i++) console.log("flood", i);
         return count();
