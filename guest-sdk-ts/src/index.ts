@@ -20,10 +20,11 @@
  *
  * This module owns the TypeScript side of the contract: reading records, the state's
  * value encoding (`json.ts`: JSON as the Rust and Python SDKs write it, byte for byte)
- * and outputs; before each call it tells `moment.ts` what the call is for, which
- * `Date.now()`, `new Date()` and `Math.random()` then read. It decides nothing the host decides (which key a call is scoped to, when
- * writes commit, what a failure costs): an exception `process` throws fails that record
- * alone, which the host sends to the dead letters with the message.
+ * and outputs; before each call it tells `moment.ts` what the call is for, which the
+ * runtime's clocks and randomness then read. It decides nothing the host decides (which
+ * key a call is scoped to, when writes commit, what a failure costs): an exception
+ * `process` throws fails that record alone, which the host sends to the dead letters
+ * with the message.
  */
 
 import * as stateImports from "sluice:operator/state@0.1.3";

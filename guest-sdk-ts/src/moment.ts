@@ -1,8 +1,8 @@
 /**
  * What a call reads of time and chance — `Date.now()`, `new Date()`, `performance.now()`,
- * `Math.random()` and `crypto.getRandomValues()` — made to depend on the record (or timer, or expiry) the
- * call is for, and on nothing else, so that a replay, a trap's fresh instance and a
- * handover's new owner decide as the first run did.
+ * `Math.random()` and `crypto.getRandomValues()` — made to depend on the record (or
+ * timer, or expiry) the call is for, and on nothing else, so that a replay, a trap's
+ * fresh instance and a handover's new owner decide as the first run did.
  *
  * A build without WASI (componentize-js -d) leaves the runtime the build's time, frozen,
  * and a random sequence fixed at build time that restarts in every new instance: what a

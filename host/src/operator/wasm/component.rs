@@ -257,13 +257,7 @@ fn deny_wasi(linker: &mut Linker<HostCtx>, engine: &Engine, component: &Componen
         let mut instance = linker.instance(name)?;
         for (export, item) in interface.exports(engine) {
             match item.ty {
-                ComponentItem::ComponentFunc(_) => {
-                    let function = format!("{name}#{export}");
-                    instance.func_new(export, move |mut store, _, _, _| {
-                        store.data_mut().cause = Some(Cause::DeniedImport(function.clone()));
-                        wasmtime::bail!("`{function}` is denied by the sandbox")
-                    })?;
-                }
+                ComponentItem::ComponentFunc(_) => deny_function(&mut instance, name, export)?,
                 // Handles of WASI resources never reach the guest: every function that
                 // would make one traps.
                 ComponentItem::Resource(_) => instance.resource(export, ResourceType::host::<()>(), |_, _| Ok(()))?,
@@ -271,6 +265,17 @@ fn deny_wasi(linker: &mut Linker<HostCtx>, engine: &Engine, component: &Componen
             }
         }
     }
+    Ok(())
+}
+
+/// Defines the function `export` of the WASI interface `interface` in `instance` as a
+/// trap that records which one was called.
+pub(super) fn deny_function(instance: &mut LinkerInstance<'_, HostCtx>, interface: &str, export: &str) -> Result<()> {
+    let function = format!("{interface}#{export}");
+    instance.func_new(export, move |mut store, _, _, _| {
+        store.data_mut().cause = Some(Cause::DeniedImport(function.clone()));
+        wasmtime::bail!("`{function}` is denied by the sandbox")
+    })?;
     Ok(())
 }
 

@@ -93,7 +93,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use wasmtime::component::types::ComponentItem;
 use wasmtime::component::{
-    Component, ComponentExportIndex, ComponentNamedList, Func, HasSelf, Lift, Linker, Lower, ResourceType, TypedFunc,
+    Component, ComponentExportIndex, ComponentNamedList, Func, HasSelf, Lift, Linker, LinkerInstance, Lower,
+    ResourceType, TypedFunc,
 };
 use wasmtime::{AsContextMut, Engine, ResourceLimiter, Store, StoreContextMut};
 

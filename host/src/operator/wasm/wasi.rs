@@ -57,14 +57,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<HostCtx>) -> Result<()> {
     let clock = format!("wasi:clocks/monotonic-clock@{WASI_VERSION}");
     let mut instance = linker.instance(&clock)?;
     for sleep in SLEEPS {
-        let function = format!("{clock}#{sleep}");
-        instance.func_new(sleep, move |mut store, _, _, _| {
-            store.data_mut().cause = Some(Cause::DeniedImport(function.clone()));
-            wasmtime::bail!(
-                "`{function}` is denied by the sandbox: an operator's time is its record's, and a sleep would hold \
-                 the partition"
-            )
-        })?;
+        deny_function(&mut instance, &clock, sleep)?;
     }
     linker.allow_shadowing(false);
     Ok(())
