@@ -300,9 +300,12 @@ build_typescript_operators() {
     done
 }
 
-# The TypeScript SDK's JSON writes what serde_json writes (guest-sdk-ts/test): the SDK
-# compiled by tsc, its json.js under Node's test runner.
-check_typescript_sdk() {
+# The Python and TypeScript SDKs write state and outputs as the Rust SDK does, byte for
+# byte (guest-sdk-python/tests, guest-sdk-ts/test; the Rust SDK's test checks the shared
+# vectors in guest-sdk/testdata): the Python SDK's encoding module under plain Python,
+# the TypeScript SDK compiled by tsc under Node's test runner.
+check_sdks() {
+    PYTHONDONTWRITEBYTECODE=1 python3 -m unittest discover -s guest-sdk-python/tests
     local js="$CARGO_TARGET_DIR/typescript"
     rm -rf "$js" && mkdir -p "$js"
     "$TYPESCRIPT_TOOLS/tsc" -p guest-sdk-ts --outDir "$js"
@@ -794,7 +797,7 @@ test)
     build_typescript_operators
     build_host
     lint
-    check_typescript_sdk
+    check_sdks
     cargo test --workspace
     check_scaffold
     ;;

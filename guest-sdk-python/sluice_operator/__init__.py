@@ -29,16 +29,15 @@ earlier records. (The SDK wraps them when it is imported: a name taken from `ran
 before that, `from random import choice` above the SDK's import, keeps the instance's
 sequence.)
 
-State values are JSON, written exactly as the Rust SDK writes them (`guest-sdk`'s
-default encoding: compact, fields in the order given, floats in their shortest
-round-trip form as serde_json prints them), so a value one language's operator wrote
-reads back the same in the other's, and an output built from it is the same bytes.
-Values the Rust SDK wrote in its binary encoding (MessagePack behind the byte 0xC1)
-are refused with a clear error: this SDK reads JSON only.
+State values are written exactly as the Rust SDK writes them (`encoding`): JSON by
+default (compact, fields in the order given, floats in their shortest round-trip form as
+serde_json prints them), or with `operator(..., state_encoding="binary")` MessagePack
+behind the byte 0xC1; either is read whichever the operator writes. So a value one
+language's operator wrote reads back the same in another's, and an output built from it
+is the same bytes.
 """
 
 import json
-import math
 import random
 
 import wit_world
@@ -49,8 +48,7 @@ from wit_world.imports import state as _state
 from wit_world.imports import timers as _timers
 from wit_world.imports import types
 
-# The first byte of a value the Rust SDK wrote in its binary encoding.
-_BINARY_MARKER = 0xC1
+from .encoding import ENCODINGS, decode, dumps, encode
 
 # What the running call is for, until `random` is first drawn from in it: the draw seeds
 # the generator from it. Seeding at every call instead would cost each record about 9 µs
@@ -113,7 +111,7 @@ class Expired:
 
     def json(self):
         """The value it held, decoded as `State.get` decodes."""
-        return _decode(self.name, self.value)
+        return decode(self.name, self.value)
 
 
 class Timer:
@@ -126,18 +124,26 @@ class Timer:
 
 
 class State:
-    """The state of the current record's key: named values, JSON by default, each with
-    a TTL if given; and the key's timers."""
+    """The state of the current record's key: named values, in the operator's
+    `state_encoding` (JSON unless it says "binary"), each with a TTL if given; and the
+    key's timers."""
+
+    __slots__ = ("encoding",)
+
+    def __init__(self, encoding="json"):
+        self.encoding = encoding
 
     def get(self, name):
-        """The value stored under `name`, decoded from JSON, or None."""
+        """The value stored under `name`, decoded from whichever encoding wrote it, or
+        None."""
         stored = self.get_bytes(name)
-        return None if stored is None else _decode(name, stored)
+        return None if stored is None else decode(name, stored)
 
     def put(self, name, value, ttl_ms=None):
-        """Stores `value` (anything JSON holds) under `name`; with `ttl_ms`, to expire
-        that long after the partition's clock now (else as the host's `[ttl]` says)."""
-        self.put_bytes(name, dumps(value), ttl_ms)
+        """Stores `value` (None, booleans, numbers, strings, lists and string-keyed dicts
+        of them) under `name` in the state's encoding; with `ttl_ms`, to expire that long
+        after the partition's clock now (else as the host's `[ttl]` says)."""
+        self.put_bytes(name, encode(value, self.encoding), ttl_ms)
 
     def get_bytes(self, name):
         """The bytes stored under `name`, or None."""
@@ -170,15 +176,6 @@ class State:
         return _timers.now()
 
 
-def _decode(name, stored):
-    if stored[:1] == bytes([_BINARY_MARKER]):
-        raise ValueError(
-            f"state {name!r} is in the Rust SDK's binary encoding, which this SDK does not read; "
-            "store it as JSON (the Rust SDK's default) to share it between languages"
-        )
-    return json.loads(stored)
-
-
 class Output:
     """A record to send: its key, and its value — bytes as they are, anything else as
     JSON ([`dumps`])."""
@@ -199,102 +196,20 @@ def log(message, level="info"):
     _log.log(_log.Level[level.upper()], str(message))
 
 
-def dumps(value):
-    """`value` as compact JSON bytes, as serde_json writes it: object fields in their
-    order, strings escaped alike, floats in serde_json's notation. NaN and
-    infinities, which JSON cannot hold, are refused."""
-    if _repr_is_serde_json(value):
-        # The standard library's C encoder, four times as fast: where every float is one
-        # whose repr serde_json writes alike, it writes the same bytes.
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-    return "".join(_encode(value)).encode()
-
-
-def _repr_is_serde_json(value):
-    """Whether `value` holds only what `json.dumps` writes as serde_json does: strings,
-    integers, booleans, None, lists and string-keyed dicts of them, and floats that are
-    0 or between 1e-4 and 1e16 in magnitude (outside, repr and serde_json place the
-    exponent differently)."""
-    if isinstance(value, float):
-        return value == 0.0 or 1e-4 <= abs(value) < 1e16
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _repr_is_serde_json(v) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return all(_repr_is_serde_json(v) for v in value)
-    return value is None or isinstance(value, (str, int))
-
-
-def _encode(value):
-    if value is None:
-        yield "null"
-    elif value is True:
-        yield "true"
-    elif value is False:
-        yield "false"
-    elif isinstance(value, int):
-        yield str(value)
-    elif isinstance(value, float):
-        yield format_float(value)
-    elif isinstance(value, str):
-        yield json.dumps(value, ensure_ascii=False)
-    elif isinstance(value, dict):
-        yield "{"
-        for i, (k, v) in enumerate(value.items()):
-            if i:
-                yield ","
-            yield json.dumps(str(k), ensure_ascii=False)
-            yield ":"
-            yield from _encode(v)
-        yield "}"
-    elif isinstance(value, (list, tuple)):
-        yield "["
-        for i, v in enumerate(value):
-            if i:
-                yield ","
-            yield from _encode(v)
-        yield "]"
-    else:
-        raise TypeError(f"{type(value).__name__} is not something JSON holds")
-
-
-def format_float(x):
-    """`x` as serde_json prints an f64: the shortest digits that read back as `x`
-    (Python's repr finds the same ones), placed as serde_json places them — plain decimals
-    from 1e-5 up to 1e16, with a digit after the point, else `1e-7` or `1.5e+17`."""
-    if math.isnan(x) or math.isinf(x):
-        raise ValueError(f"{x} cannot be stored as JSON (it would read back as null)")
-    sign = "-" if math.copysign(1.0, x) < 0 else ""
-    mantissa, _, exponent = repr(abs(x)).partition("e")
-    whole, _, fraction = mantissa.partition(".")
-    # x = int(digits) × 10^k, digits without leading or trailing zeros.
-    digits = (whole + fraction).lstrip("0")
-    if not digits:
-        return sign + "0.0"
-    k = int(exponent or 0) - len(fraction) + len(digits) - len(digits.rstrip("0"))
-    digits = digits.rstrip("0")
-    length = len(digits)
-    kk = length + k  # 10^(kk-1) <= x < 10^kk
-    if 0 <= k and kk <= 16:
-        return sign + digits + "0" * k + ".0"
-    if 0 < kk <= 16:
-        return sign + digits[:kk] + "." + digits[kk:]
-    if -5 < kk <= 0:
-        return sign + "0." + "0" * -kk + digits
-    exponent = f"{kk - 1:+d}"
-    if length == 1:
-        return f"{sign}{digits}e{exponent}"
-    return f"{sign}{digits[0]}.{digits[1:]}e{exponent}"
-
-
-def operator(process, init=None, expired=None, fired=None):
+def operator(process, init=None, expired=None, fired=None, state_encoding="json"):
     """The `WitWorld` class componentize-py exports, calling `process(record, state)`
     for each record, `init(config)` (a dict of `[operator.config]`) once per instance,
     `expired(entry, state)` for each entry whose TTL ran out and `fired(timer, state)`
     for each timer that came due, each returning a list of `Output`s (none when not
     given). An exception fails that record, expiry or timer alone: its message is the
-    dead letter's, and its writes are discarded; a `Late` one marks a record late."""
+    dead letter's, and its writes are discarded; a `Late` one marks a record late.
+    `state_encoding` is how `State.put` writes: "json" (readable in `sluice state
+    dump` as it is) or "binary" (MessagePack, the Rust SDK's `Encoding::Binary`); either
+    reads both."""
 
-    state = State()
+    if state_encoding not in ENCODINGS:
+        raise ValueError(f"state_encoding {state_encoding!r} is not one of {', '.join(ENCODINGS)}")
+    state = State(state_encoding)
 
     def failed(e):
         return Err(f"{type(e).__name__}: {e}")

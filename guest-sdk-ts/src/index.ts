@@ -19,8 +19,8 @@
  * ```
  *
  * This module owns the TypeScript side of the contract: reading records, the state's
- * value encoding (`json.ts`: JSON as the Rust and Python SDKs write it, byte for byte)
- * and outputs; before each call it tells `moment.ts` what the call is for, which the
+ * value encodings (`encoding.ts`: JSON, or MessagePack, as the Rust and Python SDKs
+ * write them, byte for byte) and outputs; before each call it tells `moment.ts` what the call is for, which the
  * runtime's clocks and randomness then read. It decides nothing the host decides (which
  * key a call is scoped to, when writes commit, what a failure costs): an exception
  * `process` throws fails that record alone, which the host sends to the dead letters
@@ -32,10 +32,12 @@ import * as timerImports from "sluice:operator/timers@0.1.3";
 import * as logImports from "sluice:operator/log@0.1.3";
 import { finish, type Outcome } from "sluice:operator/batch@0.1.3";
 import type { InputRecord, OutputRecord } from "sluice:operator/types@0.1.3";
-import { dumps, loads, parse } from "./json.js";
+import { decode, encode, type Encoding } from "./encoding.js";
+import { dumps, parse } from "./json.js";
 import { enter } from "./moment.js";
 
-export { dumps, floatSet, formatFloat, loads, parse, stringify } from "./json.js";
+export { decode, encode, type Encoding } from "./encoding.js";
+export { dumps, floatSet, formatFloat, parse, stringify } from "./json.js";
 
 const decoder = new TextDecoder();
 const encoder = new TextEncoder();
@@ -86,7 +88,7 @@ export class Expired {
 
   /** The value it held, decoded as `State.get` decodes. */
   json<T = any>(): T {
-    return loads(this.name, this.value) as T;
+    return decode(this.name, this.value) as T;
   }
 }
 
@@ -101,24 +103,29 @@ export class Timer {
 
 /** How a value is put: `ttlMs` to expire that long after the partition's clock now
  * (else as the host's `[ttl]` says); `floats`, the fields whose numbers are floats
- * (see `json.ts`). */
+ * (see `json.ts`; a `Set` made once costs nothing per call). */
 export interface PutOptions {
   ttlMs?: number;
   floats?: Iterable<string>;
 }
 
-/** The state of the current record's key: named values, JSON by default, each with a
- * TTL if given; and the key's timers. */
+/** The state of the current record's key: named values, in the operator's
+ * `stateEncoding` (JSON unless it says `"binary"`), each with a TTL if given; and the
+ * key's timers. */
 export class State {
-  /** The value stored under `name`, decoded from JSON, or undefined. */
+  constructor(readonly encoding: Encoding = "json") {}
+
+  /** The value stored under `name`, decoded from whichever encoding wrote it, or
+   * undefined. */
   get<T = any>(name: string): T | undefined {
     const stored = stateImports.get(name);
-    return stored === undefined ? undefined : (loads(name, stored) as T);
+    return stored === undefined ? undefined : (decode(name, stored) as T);
   }
 
-  /** Stores `value` (anything JSON holds) under `name`, as `options` say. */
+  /** Stores `value` (null, booleans, numbers, bigints, strings, arrays and plain objects
+   * of them) under `name` in the state's encoding, as `options` say. */
   put(name: string, value: unknown, options: PutOptions = {}): void {
-    this.putBytes(name, dumps(value, options.floats), options);
+    this.putBytes(name, encode(value, this.encoding, options.floats), options);
   }
 
   /** The bytes stored under `name`, or undefined. */
@@ -204,11 +211,21 @@ export interface Handlers {
   fired?(timer: Timer, state: State): Output[];
 }
 
+/** How an operator keeps its state: `stateEncoding`, how `State.put` writes (`"json"`
+ * unless given; see {@link Encoding}). */
+export interface Options {
+  stateEncoding?: Encoding;
+}
+
 /** The exports of the `timed-operator` world, calling `handlers`: an exception fails
  * that record, expiry or timer alone (its message is the dead letter's, and its writes
  * are discarded); a {@link Late} one marks a record late. */
-export function operator(handlers: Handlers) {
-  const state = new State();
+export function operator(handlers: Handlers, options: Options = {}) {
+  const { stateEncoding = "json" } = options;
+  if (stateEncoding !== "json" && stateEncoding !== "binary") {
+    throw new TypeError(`stateEncoding ${JSON.stringify(stateEncoding)} is not "json" or "binary"`);
+  }
+  const state = new State(stateEncoding);
 
   // componentize-js makes a thrown string a call's `err`.
   const failed = (e: unknown): string => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));

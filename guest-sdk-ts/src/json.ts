@@ -1,5 +1,5 @@
 /**
- * State values and outputs as JSON, written exactly as the Rust SDK writes them
+ * State values (in the JSON encoding, `encoding.ts`) and outputs as JSON, written exactly as the Rust SDK writes them
  * (serde_json: compact, fields in their order, strings escaped alike, floats in their
  * shortest round-trip digits, placed as serde_json places them), so a value one language wrote reads back the same in
  * another, and an output made from it is the same bytes.
@@ -13,9 +13,6 @@
 const encoder = new TextEncoder();
 const decoder = new TextDecoder("utf-8", { fatal: true });
 
-/** The first byte of a value the Rust SDK wrote in its binary encoding (MessagePack). */
-const BINARY_MARKER = 0xc1;
-
 /** `value` as JSON bytes, as serde_json writes it; numbers under a field named in
  * `floats` (at any depth, array elements included) are written as floats. NaN and the
  * infinities, which JSON cannot hold, are refused, as are functions and symbols. Give
@@ -28,18 +25,6 @@ export function dumps(value: unknown, floats?: Iterable<string>): Uint8Array {
 /** `value` as a JSON string: see {@link dumps}. */
 export function stringify(value: unknown, floats?: Iterable<string>): string {
   return write(value, false, floatSet(floats));
-}
-
-/** The JSON value `bytes` hold, for the state entry `name`; the Rust SDK's binary
- * encoding is refused with a clear error, as this SDK reads JSON only. */
-export function loads(name: string, bytes: Uint8Array): unknown {
-  if (bytes[0] === BINARY_MARKER) {
-    throw new Error(
-      `state ${JSON.stringify(name)} is in the Rust SDK's binary encoding, which this SDK does not read; ` +
-        "store it as JSON (the Rust SDK's default) to share it between languages",
-    );
-  }
-  return parse(bytes);
 }
 
 /** The JSON value `bytes` hold; bytes that are not UTF-8 are refused, as the Rust and

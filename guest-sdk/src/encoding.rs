@@ -172,4 +172,128 @@ mod tests {
         trailing.push(0);
         assert!(decode::<Before>(&trailing).is_err(), "a value with bytes after it");
     }
+    /// The vectors the Python and TypeScript SDKs are checked against
+    /// (`testdata/binary-encoding.json`): each value, typed here as a Rust operator's state
+    /// would be, is the bytes given, and those bytes read back as the value given.
+    #[test]
+    fn the_binary_encoding_writes_the_shared_vectors() {
+        use crate::window::Window;
+        use std::collections::BTreeMap;
+
+        #[derive(Serialize)]
+        struct Speeds {
+            vehicle_id: &'static str,
+            positions: u64,
+            sum_kmh: f64,
+            max_kmh: f64,
+        }
+        #[derive(Serialize)]
+        struct Sum {
+            count: u64,
+            sum: u64,
+        }
+        #[derive(Serialize)]
+        struct Sessions {
+            open: Vec<Window<Sum>>,
+            closed: Vec<(u64, u64)>,
+        }
+        #[derive(Serialize)]
+        struct Floats {
+            zero: f64,
+            negative_zero: f64,
+            half: f64,
+            huge: f64,
+            tiny: f64,
+            speed: f64,
+            whole: f64,
+        }
+        #[derive(Serialize)]
+        struct Lists {
+            fifteen: Vec<u8>,
+            sixteen: Vec<u16>,
+            empty: Vec<u32>,
+            nested: Vec<Vec<&'static str>>,
+        }
+        #[derive(Serialize)]
+        struct Options {
+            some: Option<u64>,
+            none: Option<u64>,
+            yes: bool,
+            no: bool,
+        }
+
+        let window = |start_ms, vehicle_id, positions, sum_kmh, max_kmh| Window {
+            start_ms,
+            end_ms: start_ms + 60_000,
+            aggregate: Speeds { vehicle_id, positions, sum_kmh, max_kmh },
+        };
+        fn binary<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+            encode(value, Encoding::Binary).unwrap()
+        }
+        let floats = Floats {
+            zero: 0.0,
+            negative_zero: -0.0,
+            half: 1.5,
+            huge: 1e300,
+            tiny: -2.5e-300,
+            speed: 40.58,
+            whole: 100.0,
+        };
+        let lists = Lists {
+            fifteen: (0..15).collect(),
+            sixteen: (0..16).collect(),
+            empty: vec![],
+            nested: vec![vec!["a"], vec![]],
+        };
+        let sessions = Sessions {
+            open: vec![Window { start_ms: 1_000, end_ms: 1_400, aggregate: Sum { count: 2, sum: 70 } }],
+            closed: vec![(200, 600), (1 << 32, (1 << 32) + 4)],
+        };
+        let (x31, y32, z255, w256) = ("x".repeat(31), "y".repeat(32), "z".repeat(255), "w".repeat(256));
+        let encoded = [
+            (
+                "windows",
+                binary(&[
+                    window(1_700_000_040_000, "veh-0042", 3, 151.5, 60.25),
+                    window(1_700_000_100_000, "", 0, 0.0, 0.0),
+                ]),
+            ),
+            ("sessions", binary(&sessions)),
+            ("unsigned", binary(&[0u64, 127, 128, 255, 256, 65_535, 65_536, (1 << 32) - 1, 1 << 32, (1 << 53) - 1])),
+            (
+                "signed",
+                binary(&[
+                    -1i64,
+                    -32,
+                    -33,
+                    -128,
+                    -129,
+                    -32_768,
+                    -32_769,
+                    -(1 << 31),
+                    -(1 << 31) - 1,
+                    1 - (1 << 53),
+                    5,
+                    300,
+                    1 << 32,
+                ]),
+            ),
+            ("floats", binary(&floats)),
+            ("strings", binary(&["", "a", &x31, &y32, &z255, &w256, "é", "日本", "\"\\\n"])),
+            ("lists", binary(&lists)),
+            ("sixteen fields", binary(&"abcdefghijklmnop".chars().zip(0u64..).collect::<BTreeMap<_, _>>())),
+            ("options", binary(&Options { some: Some(3), none: None, yes: true, no: false })),
+        ];
+
+        let vectors: Vec<serde_json::Value> =
+            serde_json::from_str(include_str!("../testdata/binary-encoding.json")).unwrap();
+        assert_eq!(vectors.len(), encoded.len(), "a vector for each value typed here");
+        for ((name, bytes), vector) in encoded.iter().zip(&vectors) {
+            assert_eq!(vector["name"], *name);
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(hex, vector["hex"].as_str().unwrap(), "{name}: the bytes rmp-serde writes");
+            let read: serde_json::Value = decode(bytes).unwrap();
+            assert_eq!(read, vector["value"], "{name}: the value they hold");
+        }
+    }
 }

@@ -52,8 +52,10 @@ pub(crate) fn assert_builds_agree(
     if let Some(i) = (0..expected.len()).find(|&i| expected[i] != actual[i]) {
         panic!("output {i} differs:\n  rust:     {}\n  {build}: {}", expected[i], actual[i]);
     }
-    // The state, as stored: the same bytes under the same keys.
+    // The state, as stored: the same bytes under the same keys (the dump first, for a
+    // readable difference; it shows a binary value as the JSON it decodes to).
     assert_eq!(dump_state_lines(&other.join("state"))?, dump_state_lines(&rust.join("state"))?);
+    assert!(stored_values(&other.join("state"))? == stored_values(&rust.join("state"))?, "the state's bytes differ");
     let dead = |dir: &Path| -> Result<BTreeSet<String>> {
         let letters = read_jsonl(&dir.join("dead.jsonl"))?;
         Ok(letters
@@ -177,6 +179,9 @@ pub(crate) fn assert_speed_windows_agree(build: &str) -> Result<()> {
     })?;
     let outputs = assert_builds_agree(dir.path(), &input, "speed_windows", build, "grace_ms = \"30000\"")?;
     assert!(outputs.len() > 1_000, "windows closed: {}", outputs.len());
+    // Its windows are kept in the binary encoding, in every language.
+    let values: Vec<_> = stored_values(&dir.path().join("other").join("state"))?.into_iter().flatten().collect();
+    assert!(!values.is_empty() && values.iter().all(|(_, v)| v.first() == Some(&0xC1)), "binary windows");
     let dead = read_jsonl(&dir.path().join("other").join("dead.jsonl"))?;
     assert!(!dead.is_empty() && dead.iter().all(|d| d["error"] == "late"), "late records: {dead:?}");
     Ok(())

@@ -1,6 +1,6 @@
 //! What a job leaves on disk, read the way the tests check it: the local checkpoint
-//! store's manifests and files, the state directory through `sluice state dump`, and
-//! the offset stored with each partition's state.
+//! store's manifests and files, the state directory through `sluice state dump` and as
+//! stored, and the offset stored with each partition's state.
 
 use crate::binary::{run_ok, sluice};
 use anyhow::{Context, Result};
@@ -89,6 +89,37 @@ pub fn dump_state_lines(state_dir: &Path) -> Result<Vec<String>> {
     let mut lines: Vec<String> = String::from_utf8(output.stdout)?.lines().map(str::to_string).collect();
     lines.sort();
     Ok(lines)
+}
+
+/// A partition's entries as stored: entry key, then the value without its expiry header.
+pub type StoredEntries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The operators' bytes in `state_dir`, as stored: each partition's entries (its
+/// database's default column family, in key order), by partition. What `state dump`
+/// decodes, byte for byte.
+pub fn stored_values(state_dir: &Path) -> Result<Vec<StoredEntries>> {
+    let mut partitions = Vec::new();
+    for partition in 0.. {
+        let path = state_dir.join(format!("partition-{partition:04}"));
+        if !path.exists() {
+            break;
+        }
+        let families = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path)?;
+        let db = rocksdb::DB::open_cf_for_read_only(&rocksdb::Options::default(), &path, families, false)?;
+        let mut entries = Vec::new();
+        for entry in db.iterator(rocksdb::IteratorMode::Start) {
+            let (key, stored) = entry?;
+            // The expiry header: 0, or 1 and the time (8 bytes).
+            let value = match stored.first() {
+                Some(0) => &stored[1..],
+                Some(1) => &stored[9..],
+                _ => anyhow::bail!("partition {partition}: a value without its expiry header"),
+            };
+            entries.push((key.to_vec(), value.to_vec()));
+        }
+        partitions.push(entries);
+    }
+    Ok(partitions)
 }
 
 /// What `sluice state dump` shows: key -> name -> value.

@@ -42,6 +42,7 @@ const PYTHON_TEMPLATES: &[(&str, &str)] = &[
     ("build.sh", include_str!("python/build.sh.in")),
     ("test.sh", include_str!("test.sh.in")),
     ("sluice_operator/__init__.py", include_str!("../../../guest-sdk-python/sluice_operator/__init__.py")),
+    ("sluice_operator/encoding.py", include_str!("../../../guest-sdk-python/sluice_operator/encoding.py")),
     ("sluice_operator/window.py", include_str!("../../../guest-sdk-python/sluice_operator/window.py")),
     ("wit/operator.wit", include_str!("../../../wit/operator.wit")),
     ("fixtures/input.jsonl", include_str!("input.jsonl.in")),
@@ -58,6 +59,7 @@ const TYPESCRIPT_TEMPLATES: &[(&str, &str)] = &[
     ("build.sh", include_str!("typescript/build.sh.in")),
     ("test.sh", include_str!("test.sh.in")),
     ("sluice-operator/index.ts", include_str!("../../../guest-sdk-ts/src/index.ts")),
+    ("sluice-operator/encoding.ts", include_str!("../../../guest-sdk-ts/src/encoding.ts")),
     ("sluice-operator/json.ts", include_str!("../../../guest-sdk-ts/src/json.ts")),
     ("sluice-operator/moment.ts", include_str!("../../../guest-sdk-ts/src/moment.ts")),
     ("sluice-operator/window.ts", include_str!("../../../guest-sdk-ts/src/window.ts")),
@@ -190,22 +192,31 @@ mod tests {
     fn a_python_or_typescript_operator_holds_its_sdk_and_world_and_scripts() -> Result<()> {
         let python = [
             ("sluice_operator/__init__.py", "guest-sdk-python/sluice_operator/__init__.py"),
+            ("sluice_operator/encoding.py", "guest-sdk-python/sluice_operator/encoding.py"),
             ("sluice_operator/window.py", "guest-sdk-python/sluice_operator/window.py"),
         ];
         let typescript = [
             ("sluice-operator/index.ts", "guest-sdk-ts/src/index.ts"),
+            ("sluice-operator/encoding.ts", "guest-sdk-ts/src/encoding.ts"),
             ("sluice-operator/json.ts", "guest-sdk-ts/src/json.ts"),
             ("sluice-operator/moment.ts", "guest-sdk-ts/src/moment.ts"),
             ("sluice-operator/window.ts", "guest-sdk-ts/src/window.ts"),
             ("sluice-operator/wit.d.ts", "guest-sdk-ts/src/wit.d.ts"),
             ("sluice-operator/runtime.d.ts", "guest-sdk-ts/src/runtime.d.ts"),
         ];
-        // Every file of the TypeScript SDK is copied (a new one left out would break the
-        // build of every new project).
+        // Every file of each SDK is copied (a new one left out would break the build of
+        // every new project).
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        for file in std::fs::read_dir(root.join("guest-sdk-ts/src"))? {
-            let source = format!("guest-sdk-ts/src/{}", file?.file_name().to_string_lossy());
-            assert!(typescript.iter().any(|(_, copied)| *copied == source), "{source} is in the scaffold");
+        for (sdk, copies) in [("guest-sdk-python/sluice_operator", &python[..]), ("guest-sdk-ts/src", &typescript[..])]
+        {
+            for file in std::fs::read_dir(root.join(sdk))? {
+                let file = file?;
+                if file.file_type()?.is_dir() {
+                    continue; // __pycache__, where Python was run over the SDK
+                }
+                let source = format!("{sdk}/{}", file.file_name().to_string_lossy());
+                assert!(copies.iter().any(|(_, copied)| *copied == source), "{source} is in the scaffold");
+            }
         }
         let cases = [(Language::Python, &python[..], "app.py"), (Language::TypeScript, &typescript[..], "app.ts")];
         for (language, sdk, app) in cases {
