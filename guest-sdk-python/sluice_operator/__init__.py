@@ -48,7 +48,7 @@ from wit_world.imports import state as _state
 from wit_world.imports import timers as _timers
 from wit_world.imports import types
 
-from .encoding import ENCODINGS, decode, dumps, encode
+from .encoding import ENCODINGS, decode, dumps, encode, format_float  # dumps and format_float: the SDK's own
 
 # What the running call is for, until `random` is first drawn from in it: the draw seeds
 # the generator from it. Seeding at every call instead would cost each record about 9 µs

@@ -21,8 +21,12 @@ ENCODINGS = ("json", "binary")
 
 
 def encode(value, encoding):
-    """`value` as bytes in `encoding` ("json" or "binary")."""
-    return dumps(value) if encoding == "json" else dumps_binary(value)
+    """`value` as bytes in `encoding`, one of `ENCODINGS`."""
+    if encoding == "json":
+        return dumps(value)
+    if encoding == "binary":
+        return dumps_binary(value)
+    raise ValueError(f"encoding {encoding!r} is not one of {', '.join(ENCODINGS)}")
 
 
 def decode(name, stored):
@@ -157,9 +161,9 @@ def _write(value, out):
     elif kind is dict:
         _header(len(value), 0x80, 16, 0xDE, out)
         for key, item in value.items():
-            if type(key) is not str:
+            if not isinstance(key, str):
                 raise TypeError(f"a dict key must be a string, not {type(key).__name__}")
-            _write(key, out)
+            _write(str.__str__(key), out)
             _write(item, out)
     elif kind is list or kind is tuple:
         _header(len(value), 0x90, 16, 0xDC, out)
@@ -171,9 +175,12 @@ def _write(value, out):
         out.append(0xC3)
     elif value is False:
         out.append(0xC2)
-    elif isinstance(value, (int, float, str, dict, list, tuple)):
-        # A subclass (an IntEnum, a str enum, an OrderedDict), written as its base is.
-        base = next(b for b in (int, float, str, dict, list, tuple) if isinstance(value, b))
+    elif isinstance(value, str):
+        # A subclass (a str enum's member): its characters, as JSON writes it.
+        _write(str.__str__(value), out)
+    elif isinstance(value, (int, float, dict, list, tuple)):
+        # A subclass (an IntEnum, an OrderedDict), written as its base is.
+        base = next(b for b in (int, float, dict, list, tuple) if isinstance(value, b))
         _write(base(value), out)
     else:
         raise TypeError(f"{kind.__name__} is not something the binary encoding holds")
@@ -233,6 +240,10 @@ def loads_binary(data):
         raise ValueError(f"the value ends early, in {len(data)} bytes") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"a string that is not UTF-8 ({e.reason})") from None
+    except TypeError:
+        raise ValueError("a map's key is a list or a map, which a dict cannot hold") from None
+    except RecursionError:
+        raise ValueError("the value is nested too deeply to read") from None
     if at > len(data):
         raise ValueError(f"the value ends early, in {len(data)} bytes")
     if at != len(data):

@@ -49,6 +49,23 @@ class BinaryEncoding(unittest.TestCase):
             self.assertEqual(encoding.loads_binary(encoding.dumps_binary({"x": x})), {"x": x})
         self.assertTrue(math.isnan(encoding.loads_binary(encoding.dumps_binary([math.nan]))[0]))
 
+    def test_writes_a_subclass_as_its_base(self):
+        import enum
+
+        class Colour(str, enum.Enum):
+            RED = "red"
+
+        class Size(enum.IntEnum):
+            BIG = 3
+
+        value = {Colour.RED: [Colour.RED, Size.BIG]}
+        self.assertEqual(encoding.dumps_binary(value), encoding.dumps_binary({"red": ["red", 3]}))
+        self.assertEqual(encoding.dumps(value), b'{"red":["red",3]}')
+
+    def test_refuses_an_unknown_encoding(self):
+        with self.assertRaisesRegex(ValueError, "'msgpack' is not one of json, binary"):
+            encoding.encode({}, "msgpack")
+
     def test_refuses_what_it_cannot_write(self):
         for value, error in [
             ({1: 2}, "dict key must be a string"),
@@ -67,6 +84,8 @@ class BinaryEncoding(unittest.TestCase):
             (whole + b"\x00", "1 bytes left over"),
             (b"\xc1\xc7\x01\x00\x00", "0xC7 is not a value"),
             (b"\xc1\xa2\xff\xfe", "not UTF-8"),
+            (b"\xc1\x81\x91\x01\x02", "key is a list or a map"),
+            (b"\xc1" + b"\x91" * 100_000 + b"\x01", "nested too deeply"),
         ]:
             with self.subTest(data.hex()):
                 with self.assertRaisesRegex(ValueError, f"state 'windows': .*{error}"):

@@ -14,16 +14,20 @@
 
 import { dumps, floatSet, parse } from "./json.js";
 
-/** How `State.put` writes values: `"json"`, readable in `sluice state dump` as it is, or
- * `"binary"` (MessagePack), which spends less on numbers. Either reads both. */
-export type Encoding = "json" | "binary";
+/** The encodings `State.put` writes values in: `"json"`, readable in `sluice state dump`
+ * as it is, or `"binary"` (MessagePack), which spends less on numbers in Rust. Either reads
+ * both. */
+export const ENCODINGS = ["json", "binary"] as const;
+export type Encoding = (typeof ENCODINGS)[number];
 
 /** The first byte of a value in the binary encoding. */
-export const BINARY_MARKER = 0xc1;
+const BINARY_MARKER = 0xc1;
 
 /** `value` as bytes in `encoding`; numbers under a field named in `floats` are floats. */
 export function encode(value: unknown, encoding: Encoding, floats?: Iterable<string>): Uint8Array {
-  return encoding === "json" ? dumps(value, floats) : dumpsBinary(value, floats);
+  if (encoding === "json") return dumps(value, floats);
+  if (encoding === "binary") return dumpsBinary(value, floats);
+  throw new TypeError(`encoding ${JSON.stringify(encoding)} is not one of ${ENCODINGS.join(", ")}`);
 }
 
 /** The value `bytes` (the state entry `name`'s) hold, whichever encoding wrote them. */

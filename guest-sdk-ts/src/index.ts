@@ -32,11 +32,11 @@ import * as timerImports from "sluice:operator/timers@0.1.3";
 import * as logImports from "sluice:operator/log@0.1.3";
 import { finish, type Outcome } from "sluice:operator/batch@0.1.3";
 import type { InputRecord, OutputRecord } from "sluice:operator/types@0.1.3";
-import { decode, encode, type Encoding } from "./encoding.js";
+import { ENCODINGS, decode, encode, type Encoding } from "./encoding.js";
 import { dumps, parse } from "./json.js";
 import { enter } from "./moment.js";
 
-export { decode, encode, type Encoding } from "./encoding.js";
+export { ENCODINGS, decode, encode, type Encoding } from "./encoding.js";
 export { dumps, floatSet, formatFloat, parse, stringify } from "./json.js";
 
 const decoder = new TextDecoder();
@@ -99,6 +99,11 @@ export class Timer {
     readonly name: string,
     readonly atMs: number,
   ) {}
+
+  /** The key as text (UTF-8). */
+  keyText(): string {
+    return decoder.decode(this.key);
+  }
 }
 
 /** How a value is put: `ttlMs` to expire that long after the partition's clock now
@@ -222,8 +227,8 @@ export interface Options {
  * are discarded); a {@link Late} one marks a record late. */
 export function operator(handlers: Handlers, options: Options = {}) {
   const { stateEncoding = "json" } = options;
-  if (stateEncoding !== "json" && stateEncoding !== "binary") {
-    throw new TypeError(`stateEncoding ${JSON.stringify(stateEncoding)} is not "json" or "binary"`);
+  if (!ENCODINGS.includes(stateEncoding)) {
+    throw new TypeError(`stateEncoding ${JSON.stringify(stateEncoding)} is not one of ${ENCODINGS.join(", ")}`);
   }
   const state = new State(stateEncoding);
 

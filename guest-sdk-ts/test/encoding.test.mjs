@@ -44,6 +44,7 @@ test("integers past 2^53 travel as bigints, and what JSON cannot hold is kept", 
 });
 
 test("what the encoding cannot hold is refused", () => {
+  assert.throws(() => encode({}, "msgpack"), /"msgpack" is not one of json, binary/);
   assert.throws(() => dumpsBinary({ x: 2 ** 60 }), /past 2\^53/);
   assert.throws(() => dumpsBinary({ x: 2n ** 64n }), /does not fit 64 bits/);
   assert.throws(() => dumpsBinary({ at: new Date(0) }), /a Date is not something state holds/);
