@@ -156,7 +156,7 @@ def _write(value, out):
         _write_int(value, out)
     elif kind is str:
         data = value.encode()
-        _header(len(data), 0xA0, 32, 0xD9, out)
+        _header(len(data), 0xA0, 32, 0xDA, out)
         out += data
     elif kind is dict:
         _header(len(value), 0x80, 16, 0xDE, out)
@@ -186,17 +186,17 @@ def _write(value, out):
         raise TypeError(f"{kind.__name__} is not something the binary encoding holds")
 
 
-def _header(length, fixed, fixed_below, sized, out):
+def _header(length, fixed, fixed_below, sized16, out):
     """A string's, list's or dict's header: the fixed form below `fixed_below`, else the
-    16- or 32-bit one (`sized` + 1 for 32 bits; a string's has an 8-bit one first)."""
+    16-bit one (`sized16`) or the 32-bit one after it; a string's has an 8-bit one first."""
     if length < fixed_below:
         out.append(fixed | length)
-    elif sized == 0xD9 and length < 256:
+    elif sized16 == 0xDA and length < 256:
         out += _U8(0xD9, length)
     elif length < 65536:
-        out += _U16(sized + (1 if sized == 0xD9 else 0), length)
+        out += _U16(sized16, length)
     else:
-        out += _U32(sized + (2 if sized == 0xD9 else 1), length)
+        out += _U32(sized16 + 1, length)
 
 
 def _write_int(x, out):
