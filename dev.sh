@@ -50,7 +50,7 @@ has_libclang() {
     return 1
 }
 
-# RocksDB's C++ (built with -std=c++20) and librdkafka's C (./configure && make).
+# RocksDB's C++ (built with -std=c++20); librdkafka's and jemalloc's C (./configure && make).
 has_cxx() {
     local out
     out=$(mktemp)
