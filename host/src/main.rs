@@ -17,17 +17,22 @@ mod cli;
 
 /// jemalloc, for every allocation of the process: Rust's, and — its `malloc` unprefixed —
 /// RocksDB's and librdkafka's too. Under glibc's malloc and free, which took about a
-/// sixth of a windowed job's CPU, speed-windows spends a fifth more CPU a record at
-/// 10,000 vehicles (docs/benchmarks.md, "The allocator").
+/// sixth of a windowed job's CPU, the 10,000-vehicle jobs spend 14-25% more CPU a record
+/// (docs/benchmarks.md, "The allocator").
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options, which it reads at its start (`MALLOC_CONF` in the environment
-/// adds to them): an arena per CPU rather than jemalloc's four, whose memory freed in
-/// one arena and not reusable in another added about 11 MiB to every job's peak RSS.
+/// adds to them): an arena per CPU the process may run on rather than jemalloc's four,
+/// whose memory freed in one arena and not reusable in another added about 11 MiB to
+/// every job's peak RSS. (Not `percpu_arena`, an arena per CPU with each thread on its
+/// CPU's, which under a CPU affinity narrower than the machine — `taskset`, a
+/// container's cpuset — turns itself off with a line on stderr at every start.)
 #[allow(non_upper_case_globals)]
 #[unsafe(no_mangle)]
-static malloc_conf: Option<&std::ffi::c_char> = Some(unsafe { &*c"percpu_arena:percpu".as_ptr() });
+// SAFETY: the pointer is to a NUL-terminated `'static` literal, which jemalloc reads as
+// its `const char *malloc_conf` (the type tikv-jemalloc-sys declares) before `main`.
+static malloc_conf: Option<&std::ffi::c_char> = Some(unsafe { &*c"narenas_ratio:1".as_ptr() });
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
