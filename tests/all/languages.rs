@@ -181,7 +181,7 @@ pub(crate) fn assert_speed_windows_agree(build: &str) -> Result<()> {
     assert!(outputs.len() > 1_000, "windows closed: {}", outputs.len());
     // Its windows are kept in the binary encoding, in every language.
     let values: Vec<_> = stored_values(&dir.path().join("other").join("state"))?.into_iter().flatten().collect();
-    assert!(!values.is_empty() && values.iter().all(|(_, v)| v.first() == Some(&0xC1)), "binary windows");
+    assert!(!values.is_empty() && values.iter().all(|(_, _, v)| v.first() == Some(&0xC1)), "binary windows");
     let dead = read_jsonl(&dir.path().join("other").join("dead.jsonl"))?;
     assert!(!dead.is_empty() && dead.iter().all(|d| d["error"] == "late"), "late records: {dead:?}");
     Ok(())

@@ -91,11 +91,11 @@ pub fn dump_state_lines(state_dir: &Path) -> Result<Vec<String>> {
     Ok(lines)
 }
 
-/// A partition's entries as stored: entry key, then the value without its expiry header.
-pub type StoredEntries = Vec<(Vec<u8>, Vec<u8>)>;
+/// A partition's values as stored, in key order: record key, name and the operator's
+/// bytes (the expiry header read off); timers left out.
+pub type StoredEntries = Vec<(Vec<u8>, String, Vec<u8>)>;
 
-/// The operators' bytes in `state_dir`, as stored: each partition's entries (its
-/// database's default column family, in key order), by partition. What `state dump`
+/// The operators' bytes in `state_dir`, as stored, by partition: what `state dump`
 /// decodes, byte for byte.
 pub fn stored_values(state_dir: &Path) -> Result<Vec<StoredEntries>> {
     let mut partitions = Vec::new();
@@ -104,18 +104,13 @@ pub fn stored_values(state_dir: &Path) -> Result<Vec<StoredEntries>> {
         if !path.exists() {
             break;
         }
-        let families = rocksdb::DB::list_cf(&rocksdb::Options::default(), &path)?;
-        let db = rocksdb::DB::open_cf_for_read_only(&rocksdb::Options::default(), &path, families, false)?;
+        let store = sluice::state::PartitionStore::open_read_only(&path, partition)?;
         let mut entries = Vec::new();
-        for entry in db.iterator(rocksdb::IteratorMode::Start) {
-            let (key, stored) = entry?;
-            // The expiry header: 0, or 1 and the time (8 bytes).
-            let value = match stored.first() {
-                Some(0) => &stored[1..],
-                Some(1) => &stored[9..],
-                _ => anyhow::bail!("partition {partition}: a value without its expiry header"),
-            };
-            entries.push((key.to_vec(), value.to_vec()));
+        for entry in store.entries() {
+            let entry = entry?;
+            if !sluice::state::is_reserved(&entry.name) {
+                entries.push((entry.key, entry.name, entry.value));
+            }
         }
         partitions.push(entries);
     }
