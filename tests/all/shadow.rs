@@ -206,13 +206,15 @@ fn a_shadow_of_the_running_build_compares_timers_and_expiries_equal() -> Result<
 fn a_shadow_that_traps_spins_or_hogs_memory_costs_the_live_partition_nothing() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let input = dir.path().join("input.jsonl");
-    positions_with_idles(&input, 1500, |i, position| {
+    positions_with_idles(&input, 3000, |i, position| {
         position["action"] = match i {
             100 | 700 => "spin",
             300 | 900 => "hog",
             // Panics in a row: the shadow gets through some after each commit (a trap
-            // replaces its instance, which takes time out of its share).
-            _ if (1000..1300).contains(&i) => "put-then-panic",
+            // replaces its instance, which takes time out of its share), as few as two
+            // a batch on a loaded machine, so the run spans six batches or more of each
+            // partition, for ten in a row.
+            _ if (1000..2800).contains(&i) => "put-then-panic",
             _ => "count",
         }
         .into();
