@@ -405,8 +405,48 @@ bench_run() {
         --no-checkpoints --report-interval 0 2>&1 | grep -E "^(processed|CPU)")
     echo "$report"
     rm -rf "$out"
-    # "processed N records in Xs (R records/s); ...": R, for bench_flink's ratios.
+    # "processed N records in Xs (R records/s); ...": R, for bench_flink's ratios; and
+    # "CPU time ... (C µs per record); peak memory M MiB (RSS)": C and M, for bench_windows'.
     SLUICE_RATE=$(sed -n 's/^processed .*(\([0-9]*\) records\/s).*/\1/p' <<<"$report")
+    SLUICE_CPU_US=$(sed -n 's/^CPU time .*(\([0-9.]*\) µs per record).*/\1/p' <<<"$report")
+    SLUICE_PEAK_MIB=$(sed -n 's/.*peak memory \([0-9.]*\) MiB.*/\1/p' <<<"$report")
+}
+
+# The median of the numbers on stdin, separated by spaces.
+median() {
+    tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# speed-windows (a minute's and five minutes' windows per vehicle, on timers), vehicle-stats
+# (a running aggregate) and window-floor (the least any design of the windows does: one
+# entry and one timer per vehicle, speed-windows' outputs) over positions-$1.jsonl, in
+# $SLUICE_BENCH_ROUNDS alternating rounds (3 by default): this 2-core machine's runs spread
+# by a fifth from one to the next, more than the goals' margins, so one run each would
+# decide a ratio by chance. Prints each job's median rate, CPU a record and peak RSS, and
+# the ratios of the medians; leaves speed-windows' median rate in SLUICE_RATE for
+# bench_flink.
+bench_windows() {
+    local vehicles=$1 round operator
+    local -A rates cpus peaks
+    for round in $(seq "${SLUICE_BENCH_ROUNDS:-3}"); do
+        for operator in vehicle_stats speed_windows window_floor; do
+            bench_run "$vehicles" "$operator"
+            rates[$operator]+="$SLUICE_RATE "
+            cpus[$operator]+="$SLUICE_CPU_US "
+            peaks[$operator]+="$SLUICE_PEAK_MIB "
+        done
+    done
+    local -A rate cpu peak
+    for operator in vehicle_stats speed_windows window_floor; do
+        rate[$operator]=$(median <<<"${rates[$operator]}")
+        cpu[$operator]=$(median <<<"${cpus[$operator]}")
+        peak[$operator]=$(median <<<"${peaks[$operator]}")
+        echo "median of ${SLUICE_BENCH_ROUNDS:-3} over positions-$vehicles.jsonl, $operator: ${rate[$operator]} records/s, ${cpu[$operator]} µs CPU a record, ${peak[$operator]} MiB peak RSS"
+    done
+    awk -v w="${rate[speed_windows]}" -v s="${rate[vehicle_stats]}" -v f="${rate[window_floor]}" \
+        -v wm="${peak[speed_windows]}" -v sm="${peak[vehicle_stats]}" 'BEGIN {
+        printf "speed-windows / vehicle-stats: %.2f (rate), %.2f (peak RSS); window-floor / vehicle-stats: %.2f; speed-windows / window-floor: %.2f\n", w / s, wm / sm, f / s, w / f }'
+    SLUICE_RATE=${rate[speed_windows]}
 }
 
 # vehicle-stats in Python and in TypeScript against the Rust build, and against the same
@@ -818,20 +858,10 @@ bench)
         bench_run "$vehicles"
         [ -z "$flink" ] || bench_flink "$vehicles"
     done
-    # Windows (a minute's and five minutes' per vehicle, on timers) against the running
-    # aggregate on the same file, and against Flink's windows: a vehicle's position every
-    # 100 s, and every second.
+    # Windows against the running aggregate and the floor on the same file, and against
+    # Flink's windows: a vehicle's position every 100 s, and every second.
     for vehicles in 10000 100; do
-        bench_run "$vehicles"
-        stats_rate=$SLUICE_RATE
-        bench_run "$vehicles" speed_windows
-        windows_rate=$SLUICE_RATE
-        # The least any design of the job does (window-floor: one entry and one timer per
-        # vehicle, speed-windows' outputs): the most speed-windows could reach on this file.
-        bench_run "$vehicles" window_floor
-        awk -v w="$windows_rate" -v s="$stats_rate" -v f="$SLUICE_RATE" 'BEGIN {
-            printf "speed-windows / vehicle-stats: %.2f; window-floor / vehicle-stats: %.2f; speed-windows / window-floor: %.2f\n", w / s, f / s, w / f }'
-        SLUICE_RATE=$windows_rate
+        bench_windows "$vehicles"
         [ -z "$flink" ] || bench_flink "$vehicles" speed-windows
     done
     # A shadow of the same build; a canary taking half the keys, the same logic built
