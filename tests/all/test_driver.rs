@@ -90,6 +90,48 @@ fn sluice_test_compares_a_components_outputs_with_the_fixtures() -> Result<()> {
     Ok(())
 }
 
+/// `sluice test` keeps the component it compiled in the user's cache directory, so the
+/// next run of the same build reads it back instead of compiling it (seconds for a
+/// Python or TypeScript component); `--compiled-cache` names another directory, and
+/// `--no-compiled-cache` compiles and keeps nothing.
+#[test]
+fn sluice_test_reads_back_a_build_it_compiled_before() -> Result<()> {
+    let user_cache = tempfile::tempdir()?;
+    let test = || {
+        let mut command = sluice();
+        command.env("SLUICE_LOG", "info").env("XDG_CACHE_HOME", user_cache.path());
+        command.arg("test").arg(operator_wasm("vehicle_stats")).arg("--input").arg(fixture("input.jsonl"));
+        command
+    };
+    let said =
+        |command: &mut std::process::Command| -> Result<String> { Ok(String::from_utf8(run_ok(command)?.stderr)?) };
+    let compiled_files = |dir: &Path| -> Result<usize> {
+        let Ok(entries) = std::fs::read_dir(dir) else { return Ok(0) };
+        let mut count = 0;
+        for entry in entries {
+            count += usize::from(entry?.path().extension().is_some_and(|extension| extension == "cwasm"));
+        }
+        Ok(count)
+    };
+    let kept = user_cache.path().join("sluice/compiled");
+
+    let first = said(&mut test())?;
+    assert!(first.contains("compiled in") && !first.contains("read compiled from"), "{first}");
+    assert_eq!(compiled_files(&kept)?, 1, "kept in $XDG_CACHE_HOME/sluice/compiled");
+    let second = said(&mut test())?;
+    assert!(second.contains("read compiled from") && !second.contains("compiled in"), "{second}");
+    assert!(second.contains("5 records, 4 outputs, 1 dead letters"), "the same run: {second}");
+
+    let other = tempfile::tempdir()?;
+    let named = said(test().arg("--compiled-cache").arg(other.path()))?;
+    assert!(named.contains("compiled in"), "{named}");
+    assert_eq!(compiled_files(other.path())?, 1, "kept where --compiled-cache says");
+    let none = said(test().arg("--no-compiled-cache"))?;
+    assert!(none.contains("compiled in") && !none.contains("read compiled from"), "{none}");
+    assert_eq!((compiled_files(&kept)?, compiled_files(other.path())?), (1, 1), "nothing more kept");
+    Ok(())
+}
+
 /// The test driver's clock decides expiry, to the millisecond: a vehicle's summary,
 /// put with a TTL of a minute, lives until its clock reaches the minute and expires at
 /// it, through the operator's `expired`, whose output says so; the state is then empty.

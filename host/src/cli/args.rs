@@ -217,6 +217,16 @@ pub struct TestArgs {
     /// Print the state after the run, as `sluice state dump` does.
     #[arg(long)]
     pub show_state: bool,
+    /// Where compiled components are kept between runs, so a build tested before is read
+    /// back in milliseconds instead of compiled again (seconds for a Python or TypeScript
+    /// component): by default `$XDG_CACHE_HOME/sluice/compiled`, else
+    /// `$HOME/.cache/sluice/compiled`. Machine code the host runs: give a directory only
+    /// you can write.
+    #[arg(long, value_name = "DIR")]
+    pub compiled_cache: Option<PathBuf>,
+    /// Compile the component at every run and keep nothing.
+    #[arg(long, conflicts_with = "compiled_cache")]
+    pub no_compiled_cache: bool,
 }
 
 /// `sluice replay`

@@ -10,8 +10,9 @@
 
 use super::args::TestArgs;
 use anyhow::{Context, Result, bail};
-use sluice::config::{self, Config};
+use sluice::config::{self, Config, OperatorConfig};
 use sluice::operator::deploy::Sandbox;
+use sluice::operator::wasm::keep_compiled;
 use sluice::test_driver::{self, TestDriver};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,9 +20,15 @@ use std::path::{Path, PathBuf};
 /// `sluice test`
 pub fn test_operator(args: &TestArgs) -> Result<()> {
     let started = std::time::Instant::now();
+    let job = args.job.as_deref().map(Config::load).transpose()?;
+    if let Some(dir) = compiled_cache(args) {
+        // A job's `[operator] compiled_cache_mib` bounds it, as in that job.
+        let operator =
+            job.as_ref().map_or_else(|| OperatorConfig::for_path(&args.operator), |job| job.operator.clone());
+        keep_compiled(&dir, operator.compiled_cache_mib << 20)?;
+    }
     let mut driver = TestDriver::builder(&args.operator);
-    if let Some(path) = &args.job {
-        let job = Config::load(path)?;
+    if let Some(job) = job {
         let sandbox = Sandbox::new(&job.operator, PathBuf::new());
         driver = driver.limits(sandbox.limits).ttl(job.ttl);
         for (name, value) in &sandbox.config {
@@ -71,6 +78,20 @@ pub fn test_operator(args: &TestArgs) -> Result<()> {
         started.elapsed().as_secs_f64() * 1e3
     );
     Ok(())
+}
+
+/// Where this run keeps compiled components: `--compiled-cache`, else the user's cache
+/// directory (`$XDG_CACHE_HOME`, else `$HOME/.cache`); none with `--no-compiled-cache` or
+/// without either variable.
+fn compiled_cache(args: &TestArgs) -> Option<PathBuf> {
+    if args.no_compiled_cache {
+        return None;
+    }
+    let user_cache = || {
+        let non_empty = |name| std::env::var_os(name).filter(|value| !value.is_empty()).map(PathBuf::from);
+        non_empty("XDG_CACHE_HOME").or_else(|| non_empty("HOME").map(|home| home.join(".cache")))
+    };
+    args.compiled_cache.clone().or_else(|| Some(user_cache()?.join("sluice").join("compiled")))
 }
 
 /// The JSON lines of the file at `path`, blank lines skipped.

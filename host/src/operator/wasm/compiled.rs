@@ -10,15 +10,19 @@
 //! the job's to say ([`keep_compiled`]); without it every component is compiled.
 //!
 //! A compiled file is machine code the host runs, so the cache must be as trusted as
-//! the binary: it lives in the job's state directory, which only the host writes.
-//! wasmtime refuses a file another version or configuration wrote, and a file it
-//! refuses is compiled again and replaced.
+//! the binary: a job's lives in its state directory, which only the host writes;
+//! `sluice test`'s in the user's cache directory, which only the user writes, shared by
+//! the runs of that user (so processes may write one file at once: each writes its own
+//! temporary file, and the last rename wins with the same bytes). wasmtime refuses a
+//! file another version or configuration wrote, and a file it refuses is compiled
+//! again and replaced.
 
 use crate::operator::events::{COMPILED, READ_COMPILED};
 use anyhow::{Context, Result, bail};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime};
 use wasmtime::Engine;
 use wasmtime::component::Component;
@@ -109,16 +113,18 @@ impl CompiledCache {
         self.dir.join(format!("{digest}-{:016x}.{EXTENSION}", hasher.finish()))
     }
 
-    /// Writes `compiled` to `path` through a temporary file renamed over it — never in
-    /// place: a component read from a file maps it, and would fault on a file cut
-    /// short under it — then removes the least recently used files past the budget
-    /// (removing a mapped file leaves the mapping whole).
+    /// Writes `compiled` to `path` through a temporary file of this write's own renamed
+    /// over it — never in place: a component read from a file maps it, and would fault
+    /// on a file cut short under it — then removes the least recently used files past
+    /// the budget (removing a mapped file leaves the mapping whole).
     fn keep(&self, path: &Path, compiled: &Component) -> Result<()> {
+        static WRITES: AtomicU64 = AtomicU64::new(0);
         let bytes = compiled.serialize()?;
         if bytes.len() as u64 > self.budget {
             return Ok(());
         }
-        let tmp = path.with_extension("tmp");
+        let write = WRITES.fetch_add(1, Ordering::Relaxed);
+        let tmp = path.with_extension(format!("{}-{write}.tmp", std::process::id()));
         std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
         std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
         self.evict()
