@@ -82,11 +82,12 @@ impl Cache {
             return;
         }
         // A new entry in a full table doubles the table. Where the doubled table would
-        // not fit, the entries come down to half the table first, which the insert then
-        // reuses: a table grown past the budget would be swept of every entry it holds.
+        // not fit, the entries come down to under half the table first, which the insert
+        // then rehashes in place: a table grown past the budget would be swept of every
+        // entry it holds.
         let full = self.entries.len() == self.entries.capacity();
         if full && 2 * self.entries.allocation_size() + self.heap > self.budget && !self.entries.contains_key(&entry) {
-            self.sweep(self.entries.capacity() / 2);
+            self.sweep((self.entries.capacity() / 2).saturating_sub(1));
         }
         let key_cost = allocation(entry.len());
         self.heap += key_cost + value.as_ref().map_or(0, |v| allocation(v.len()));
