@@ -96,6 +96,7 @@ fn sluice_test_compares_a_components_outputs_with_the_fixtures() -> Result<()> {
 /// `--no-compiled-cache` compiles and keeps nothing.
 #[test]
 fn sluice_test_reads_back_a_build_it_compiled_before() -> Result<()> {
+    use sluice::events::{COMPILED, READ_COMPILED};
     let user_cache = tempfile::tempdir()?;
     let test = || {
         let mut command = sluice();
@@ -116,18 +117,18 @@ fn sluice_test_reads_back_a_build_it_compiled_before() -> Result<()> {
     let kept = user_cache.path().join("sluice/compiled");
 
     let first = said(&mut test())?;
-    assert!(first.contains("compiled in") && !first.contains("read compiled from"), "{first}");
+    assert!(first.contains(COMPILED) && !first.contains(READ_COMPILED), "{first}");
     assert_eq!(compiled_files(&kept)?, 1, "kept in $XDG_CACHE_HOME/sluice/compiled");
     let second = said(&mut test())?;
-    assert!(second.contains("read compiled from") && !second.contains("compiled in"), "{second}");
+    assert!(second.contains(READ_COMPILED) && !second.contains(COMPILED), "{second}");
     assert!(second.contains("5 records, 4 outputs, 1 dead letters"), "the same run: {second}");
 
     let other = tempfile::tempdir()?;
     let named = said(test().arg("--compiled-cache").arg(other.path()))?;
-    assert!(named.contains("compiled in"), "{named}");
+    assert!(named.contains(COMPILED), "{named}");
     assert_eq!(compiled_files(other.path())?, 1, "kept where --compiled-cache says");
     let none = said(test().arg("--no-compiled-cache"))?;
-    assert!(none.contains("compiled in") && !none.contains("read compiled from"), "{none}");
+    assert!(none.contains(COMPILED) && !none.contains(READ_COMPILED), "{none}");
     assert_eq!((compiled_files(&kept)?, compiled_files(other.path())?), (1, 1), "nothing more kept");
     Ok(())
 }

@@ -23,9 +23,11 @@ pub fn test_operator(args: &TestArgs) -> Result<()> {
     let job = args.job.as_deref().map(Config::load).transpose()?;
     if let Some(dir) = compiled_cache(args) {
         // A job's `[operator] compiled_cache_mib` bounds it, as in that job.
-        let operator =
-            job.as_ref().map_or_else(|| OperatorConfig::for_path(&args.operator), |job| job.operator.clone());
-        keep_compiled(&dir, operator.compiled_cache_mib << 20)?;
+        let mib = job.as_ref().map_or_else(
+            || OperatorConfig::for_path(&args.operator).compiled_cache_mib,
+            |job| job.operator.compiled_cache_mib,
+        );
+        keep_compiled(&dir, mib << 20)?;
     }
     let mut driver = TestDriver::builder(&args.operator);
     if let Some(job) = job {

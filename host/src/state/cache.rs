@@ -89,11 +89,11 @@ impl Cache {
         if full && 2 * self.entries.allocation_size() + self.heap > self.budget && !self.entries.contains_key(&entry) {
             self.sweep((self.entries.capacity() / 2).saturating_sub(1));
         }
-        let key_cost = allocation(entry.len());
-        self.heap += key_cost + value.as_ref().map_or(0, |v| allocation(v.len()));
+        let key_len = entry.len();
+        self.heap += heap_cost(key_len, value.as_deref());
         if let Some(old) = self.entries.insert(entry, Slot { value, used: true }) {
             // The table kept its key and dropped this one, the same bytes.
-            self.heap -= key_cost + old.value.map_or(0, |v| allocation(v.len()));
+            self.heap -= heap_cost(key_len, old.value.as_deref());
         }
         if self.bytes() > self.budget {
             self.sweep(usize::MAX);
@@ -128,7 +128,7 @@ impl Cache {
                 if std::mem::take(&mut slot.used) {
                     return true;
                 }
-                *heap -= allocation(entry.len()) + slot.value.as_ref().map_or(0, |v| allocation(v.len()));
+                *heap -= heap_cost(entry.len(), slot.value.as_deref());
                 len -= 1;
                 false
             });
@@ -137,6 +137,11 @@ impl Cache {
             }
         }
     }
+}
+
+/// What an entry's key of `key_len` bytes and its value take from the allocator.
+fn heap_cost(key_len: usize, value: Option<&[u8]>) -> usize {
+    allocation(key_len) + value.map_or(0, |v| allocation(v.len()))
 }
 
 /// What the allocator hands out for `len` bytes: jemalloc's size classes (the `sluice`
